@@ -1,0 +1,28 @@
+"""The typed event bus, its events, their wire codec and the run's event log."""
+
+from platoon.bus import events
+from platoon.bus.codec import decode, encode, to_json
+from platoon.bus.components import Component, run_components
+from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Subscription
+from platoon.bus.eventlog import EventLog, read_events
+from platoon.bus.events import Event, Reply, Request, register_event
+
+__all__ = [
+    "Bus",
+    "BusClosed",
+    "Component",
+    "Event",
+    "EventLog",
+    "NoResponder",
+    "Reply",
+    "Request",
+    "RequestTimeout",
+    "Subscription",
+    "decode",
+    "encode",
+    "events",
+    "read_events",
+    "register_event",
+    "run_components",
+    "to_json",
+]

@@ -1,0 +1,363 @@
+"""The in-process event bus.
+
+Components meet only here: they publish typed events and subscribe to the types they care
+about. The bus is built on anyio memory streams, so it runs under asyncio and trio and can be
+embedded in another application:
+
+    async with platoon.Bus() as bus:
+        bus.subscribe(EpisodeGraded, on_graded)
+        await bus.publish(event)
+
+Guarantees, and why:
+
+* Routing is by class: a subscription to `T` receives `T` and its subclasses (so a
+  subscription to `Event` sees everything, which is how the event log works).
+* Every subscriber has a bounded buffer. A slow subscriber makes `publish` wait rather than
+  letting memory grow without bound: backpressure travels back to whoever produces too much.
+* A subscriber receives events in publish order, one at a time.
+* A handler that raises is reported as a `ComponentFailed` event and in the log; the bus and
+  the other subscribers carry on.
+* Leaving the `async with` block drains what is buffered (up to `drain_timeout`), then
+  cancels what is left, so shutdown never hangs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+
+from platoon.bus.events import ComponentFailed, Event, Reply, Request
+
+__all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Subscription"]
+
+E = TypeVar("E", bound=Event)
+R = TypeVar("R", bound=Reply)
+Handler = Callable[[Any], Awaitable[None] | None]
+
+log = structlog.get_logger("platoon.bus")
+
+
+class BusClosed(RuntimeError):
+    """The bus is not running: enter `async with Bus()` first, or it has shut down."""
+
+
+class NoResponder(LookupError):
+    """A request was published but nothing subscribes to its type."""
+
+
+class RequestTimeout(TimeoutError):
+    """No reply arrived within the request's timeout."""
+
+
+class Subscription(Generic[E]):
+    """One subscriber's buffer. Close it to unsubscribe; what is buffered is then dropped."""
+
+    def __init__(self, bus: Bus, event_type: type[E], name: str, buffer: int) -> None:
+        self.bus = bus
+        self.event_type = event_type
+        self.name = name
+        self._send, self._receive = anyio.create_memory_object_stream[E](buffer)
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.bus._remove(self)
+            self._send.close()
+            # What is still buffered will never be taken: count it as done.
+            self.bus._done(self._receive.statistics().current_buffer_used)
+            self._receive.close()
+
+
+class Stream(Generic[E]):
+    """`async with bus.stream(T) as events: async for event in events: ...`"""
+
+    def __init__(self, bus: Bus, event_type: type[E], buffer: int | None, name: str | None) -> None:
+        self._bus = bus
+        self._event_type = event_type
+        self._buffer = buffer
+        self._name = name
+        self._sub: Subscription[E] | None = None
+
+    async def __aenter__(self) -> Stream[E]:
+        self._sub = self._bus._add(
+            self._event_type, self._name or f"stream:{self._event_type.__name__}", self._buffer
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sub is not None:
+            self._sub.close()
+
+    def __aiter__(self) -> AsyncIterator[E]:
+        if self._sub is None:
+            raise RuntimeError("use `async with bus.stream(T) as events:` before iterating")
+        return self
+
+    async def __anext__(self) -> E:
+        if self._sub is None:
+            raise RuntimeError("use `async with bus.stream(T) as events:` before iterating")
+        receive = self._sub._receive
+        try:
+            event = receive.receive_nowait()
+        except anyio.WouldBlock:
+            try:
+                event = await receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise StopAsyncIteration from None
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        self._bus._done(1)
+        return event
+
+    async def receive(self) -> E:
+        """The next event; raises `StopAsyncIteration` when the bus has closed."""
+        return await self.__anext__()
+
+
+class Bus:
+    """The typed, in-process publish/subscribe bus. See the module docstring."""
+
+    def __init__(self, *, buffer_size: int = 1024, drain_timeout: float = 5.0) -> None:
+        if buffer_size < 1:
+            raise ValueError("buffer_size must be at least 1")
+        self.buffer_size = buffer_size
+        self.drain_timeout = drain_timeout
+        self._subs: list[Subscription[Any]] = []
+        self._routes: dict[type, tuple[Subscription[Any], ...]] = {}
+        self._waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
+        self._tg: TaskGroup | None = None
+        self._pending = 0
+        self._idle = anyio.Event()
+        self._closing = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Bus:
+        if self._tg is not None:
+            raise RuntimeError("this bus is already running")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._tg is not None
+        if exc_type is None:
+            with anyio.move_on_after(self.drain_timeout):
+                await self.drained()
+        self._closing = True
+        for sub in list(self._subs):
+            sub.close()
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tg = None
+
+    @property
+    def running(self) -> bool:
+        return self._tg is not None and not self._closing
+
+    async def drained(self) -> None:
+        """Wait until every published event has been handled by every subscriber."""
+        while self._pending:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Run a task for the lifetime of the bus (cancelled when it shuts down)."""
+        if self._tg is None:
+            raise BusClosed("the bus is not running")
+        self._tg.start_soon(func, *args, name=name)
+
+    # --- subscribing -----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        event_type: type[E],
+        handler: Callable[[E], Awaitable[None] | None],
+        *,
+        name: str | None = None,
+        buffer: int | None = None,
+    ) -> Subscription[E]:
+        """Call `handler(event)` for every event of `event_type` (or a subclass), in order.
+
+        The handler may be a plain function or a coroutine function. It runs in a task of the
+        bus; while it works, further events wait in this subscription's buffer.
+        """
+        if self._tg is None or self._closing:
+            raise BusClosed("subscribe needs a running bus: use `async with Bus() as bus:`")
+        name = name or getattr(handler, "__qualname__", repr(handler))
+        sub = self._add(event_type, name, buffer)
+        self._tg.start_soon(self._handle, sub, handler, name=f"platoon.bus:{name}")
+        return sub
+
+    def stream(self, event_type: type[E], *, buffer: int | None = None, name: str | None = None) -> Stream[E]:
+        """An async iterator over events of `event_type`; use it as `async with bus.stream(T) as s`."""
+        return Stream(self, event_type, buffer, name)
+
+    def _add(self, event_type: type[E], name: str, buffer: int | None) -> Subscription[E]:
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise TypeError(f"can only subscribe to Event types, got {event_type!r}")
+        if self._tg is None or self._closing:
+            raise BusClosed("the bus is not running")
+        sub = Subscription(self, event_type, name, buffer or self.buffer_size)
+        self._subs.append(sub)
+        self._routes.clear()
+        return sub
+
+    def _remove(self, sub: Subscription[Any]) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
+            self._routes.clear()
+
+    def _done(self, n: int) -> None:
+        self._pending -= n
+        if self._pending <= 0:
+            self._pending = 0
+            self._idle.set()
+
+    async def _handle(self, sub: Subscription[E], handler: Callable[[E], Any]) -> None:
+        is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 - callable objects with async __call__
+        )
+        receive = sub._receive
+        try:
+            while True:
+                try:
+                    event = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    event = await receive.receive()
+                try:
+                    if is_async:
+                        await handler(event)
+                    else:
+                        result = handler(event)
+                        if inspect.isawaitable(result):
+                            await result
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as exc:
+                    self._report_failure(sub.name, event, exc)
+                finally:
+                    self._done(1)
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return
+
+    def _report_failure(self, component: str, event: Event | None, exc: BaseException) -> None:
+        log.error(
+            "handler failed",
+            component=component,
+            event_type=type(event).__name__ if event is not None else None,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        failed = ComponentFailed(
+            component=component,
+            error=f"{type(exc).__name__}: {exc}",
+            event_type=type(event).__name__ if event is not None else None,
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        if isinstance(event, ComponentFailed):
+            return  # a failing failure handler must not feed itself forever
+        # Never wait here: the failing subscriber may itself be the one whose buffer is full.
+        self.publish_nowait(failed)
+
+    # --- publishing ------------------------------------------------------------------------
+
+    def _targets(self, event_type: type) -> tuple[Subscription[Any], ...]:
+        targets = self._routes.get(event_type)
+        if targets is None:
+            targets = tuple(s for s in self._subs if issubclass(event_type, s.event_type))
+            self._routes[event_type] = targets
+        return targets
+
+    async def publish(self, event: Event) -> None:
+        """Deliver `event` to every matching subscriber, waiting where a buffer is full."""
+        if self._tg is None:
+            raise BusClosed("publish needs a running bus: use `async with Bus() as bus:`")
+        if isinstance(event, Reply):
+            self._resolve(event)
+        for sub in self._targets(type(event)):
+            self._pending += 1
+            try:
+                sub._send.send_nowait(event)
+            except anyio.WouldBlock:
+                try:
+                    await sub._send.send(event)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    self._done(1)
+                except BaseException:
+                    self._done(1)
+                    raise
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._done(1)
+
+    def publish_nowait(self, event: Event) -> None:
+        """Deliver without waiting: a full buffer gets the event from a background task.
+
+        For callers that must not block (failure reports, callbacks from other threads'
+        results); ordering against concurrent `publish` calls is then not guaranteed.
+        """
+        if self._tg is None:
+            raise BusClosed("the bus is not running")
+        if isinstance(event, Reply):
+            self._resolve(event)
+        for sub in self._targets(type(event)):
+            self._pending += 1
+            try:
+                sub._send.send_nowait(event)
+            except anyio.WouldBlock:
+                self._tg.start_soon(self._send_later, sub, event)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._done(1)
+
+    async def _send_later(self, sub: Subscription[Any], event: Event) -> None:
+        try:
+            await sub._send.send(event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._done(1)
+
+    # --- request / reply -------------------------------------------------------------------
+
+    async def request(self, event: Request, *, timeout: float | None = 30.0) -> Reply:
+        """Publish a request and wait for the reply whose `reply_to` is its `request_id`.
+
+        Raises `NoResponder` when nothing subscribes to the request's type and
+        `RequestTimeout` when no reply comes within `timeout` seconds (None waits forever).
+        """
+        if not self._targets(type(event)):
+            raise NoResponder(f"nothing on the bus answers {type(event).__name__}")
+        send, receive = anyio.create_memory_object_stream[Reply](1)
+        self._waiters[event.request_id] = send
+        try:
+            with anyio.fail_after(math.inf if timeout is None else timeout):
+                await self.publish(event)
+                return await receive.receive()
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {type(event).__name__} {event.request_id} within {timeout} s"
+            ) from None
+        finally:
+            self._waiters.pop(event.request_id, None)
+            send.close()
+            receive.close()
+
+    def _resolve(self, reply: Reply) -> None:
+        waiter = self._waiters.pop(reply.reply_to, None)
+        if waiter is not None:
+            try:
+                waiter.send_nowait(reply)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass

@@ -1,0 +1,363 @@
+"""The typed events that platoon's components exchange.
+
+One class per fact that happened. Events are frozen, tagged msgspec Structs, so the same
+object is what a handler receives in process, what the event log writes to disk and what the
+NATS bridge carries between machines. The tag is the class name unless a class sets its own.
+
+A plugin adds its own event types by subclassing `Event` and decorating the class with
+`register_event`; the codec then round-trips it like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+__all__ = [
+    "AgentFinished",
+    "AgentSpawned",
+    "BatchReady",
+    "BridgeDisconnected",
+    "BridgeReconnected",
+    "CallKind",
+    "ChatReplied",
+    "ChatRequested",
+    "CheckpointSaved",
+    "ComponentFailed",
+    "Datum",
+    "EpisodeFinished",
+    "EpisodeGraded",
+    "EpisodeRequested",
+    "EpisodeStarted",
+    "EpisodeStatus",
+    "EvalFinished",
+    "Event",
+    "GroupCompleted",
+    "ModelCallFinished",
+    "PolicyUpdated",
+    "Reply",
+    "Request",
+    "RunFinished",
+    "TaskRef",
+    "ToolCalled",
+    "ToolReturned",
+    "TrainStepFinished",
+    "event_types",
+    "new_id",
+    "register_event",
+]
+
+E = TypeVar("E", bound=type)
+
+_REGISTRY: dict[str, type[Event]] = {}
+
+
+def new_id() -> str:
+    """A fresh random id (hex) for episodes, agents, calls and requests."""
+    return uuid.uuid4().hex
+
+
+class Event(msgspec.Struct, frozen=True, tag=True, kw_only=True):
+    """Base class of every event. Subscribing to `Event` receives everything."""
+
+
+class Request(Event, frozen=True, kw_only=True):
+    """An event that expects exactly one `Reply` whose `reply_to` is this `request_id`."""
+
+    request_id: str = msgspec.field(default_factory=new_id)
+
+
+class Reply(Event, frozen=True, kw_only=True):
+    """The answer to a `Request`; `error` is set when the responder could not answer."""
+
+    reply_to: str
+    error: str | None = None
+
+
+def register_event(cls: E) -> E:
+    """Register an event type so the codec and the event log know it.
+
+    Tags must be unique: two classes with the same tag could not be told apart on the wire.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Event)):
+        raise TypeError(f"register_event expects a subclass of platoon.bus.Event, got {cls!r}")
+    tag = msgspec.inspect.type_info(cls).tag
+    existing = _REGISTRY.get(tag)
+    if existing is not None and existing is not cls:
+        raise ValueError(
+            f"event tag {tag!r} is already used by {existing.__module__}.{existing.__qualname__}"
+        )
+    _REGISTRY[tag] = cls
+    return cls
+
+
+def event_types() -> tuple[type[Event], ...]:
+    """Every registered event type, built-in and from plugins."""
+    return tuple(_REGISTRY.values())
+
+
+# --- episodes and agents ---------------------------------------------------------------------
+
+EpisodeStatus = Literal["completed", "limit", "timeout", "error", "cancelled"]
+CallKind = Literal["policy", "aux", "judge"]
+
+
+class TaskRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Which task of which environment entry: `env` is the entry's name in the config."""
+
+    env: str
+    split: str
+    task_id: str
+    index: int | None = None
+
+
+@register_event
+class EpisodeRequested(Event, frozen=True, kw_only=True):
+    """The scheduler asks for one rollout of a task; exactly one runner takes it."""
+
+    episode_id: str
+    group_id: str
+    task: TaskRef
+    purpose: Literal["train", "eval", "rollout"] = "train"
+    step: int = 0
+    policy_version: int = 0
+    harness: str | None = None
+    attempt: int = 0
+
+
+@register_event
+class EpisodeStarted(Event, frozen=True, kw_only=True):
+    episode_id: str
+    group_id: str
+    task: TaskRef
+    root_agent_id: str
+    instruction: str
+    worker: str = ""
+
+
+@register_event
+class AgentSpawned(Event, frozen=True, kw_only=True):
+    """An agent of an episode's tree began: the root (no parent) or a subagent."""
+
+    episode_id: str
+    agent_id: str
+    parent_id: str | None
+    depth: int
+    harness: str
+    instruction: str
+
+
+@register_event
+class AgentFinished(Event, frozen=True, kw_only=True):
+    episode_id: str
+    agent_id: str
+    status: EpisodeStatus
+    final_message: str | None = None
+    reason: str | None = None
+    reward: float | None = None
+
+
+@register_event
+class ModelCallFinished(Event, frozen=True, kw_only=True):
+    """One sampled completion, with the exact tokens that training will use.
+
+    `prompt_tokens` are the ids the sampler saw, `completion_tokens` and `logprobs` the ids it
+    returned with their logprobs: never a re-tokenization of text.
+    """
+
+    call_id: str
+    episode_id: str
+    agent_id: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+    policy_version: int
+    kind: CallKind = "policy"
+    completion_text: str = ""
+    started_at: float = 0.0
+    duration_s: float = 0.0
+
+
+@register_event
+class ToolCalled(Request, frozen=True, kw_only=True):
+    """An agent calls one of its environment's tools; the env session replies `ToolReturned`."""
+
+    episode_id: str
+    agent_id: str
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+@register_event
+class ToolReturned(Reply, frozen=True, kw_only=True):
+    episode_id: str
+    agent_id: str
+    name: str
+    output: str = ""
+    reward: float | None = None
+    finished: bool = False
+    duration_s: float = 0.0
+
+
+@register_event
+class ChatRequested(Request, frozen=True, kw_only=True):
+    """A function harness's `ctx.chat`: OpenAI-style messages for the gateway to sample."""
+
+    episode_id: str
+    agent_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    kind: CallKind = "policy"
+
+
+@register_event
+class ChatReplied(Reply, frozen=True, kw_only=True):
+    """The parsed assistant message and the id of the `ModelCallFinished` that recorded it."""
+
+    message: dict[str, Any] = msgspec.field(default_factory=dict)
+    call_id: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    parse_errors: list[str] = msgspec.field(default_factory=list)
+    error_kind: str | None = None
+
+
+@register_event
+class EpisodeFinished(Event, frozen=True, kw_only=True):
+    """The harness of an episode's root agent ended; `reason` says why when it did not complete."""
+
+    episode_id: str
+    group_id: str
+    task: TaskRef
+    status: EpisodeStatus
+    reason: str | None = None
+    final_message: str | None = None
+    num_model_calls: int = 0
+    duration_s: float = 0.0
+    purpose: Literal["train", "eval", "rollout"] = "train"
+    step: int = 0
+
+
+@register_event
+class EpisodeGraded(Event, frozen=True, kw_only=True):
+    """The grade of an episode. `reward is None` means it cannot train (an infrastructure
+    failure is never a reward of 0); `reason` then says why."""
+
+    episode_id: str
+    group_id: str
+    task: TaskRef
+    reward: float | None
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    agent_rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    status: EpisodeStatus = "completed"
+    reason: str | None = None
+    purpose: Literal["train", "eval", "rollout"] = "train"
+    step: int = 0
+    policy_version: int = 0
+
+
+@register_event
+class GroupCompleted(Event, frozen=True, kw_only=True):
+    """All rollouts of one task group are in (or the straggler timeout closed it)."""
+
+    group_id: str
+    step: int
+    episode_ids: list[str]
+    rewards: list[float | None]
+    purpose: Literal["train", "eval", "rollout"] = "train"
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+class Datum(msgspec.Struct, frozen=True, kw_only=True):
+    """One training sequence in Tinker's layout: every list is aligned with `target_tokens`.
+
+    For the full token sequence `s`: `model_input = s[:-1]`, `target_tokens = s[1:]`;
+    `logprobs`, `advantages` and `weights` are zero where the token was not sampled.
+    """
+
+    model_input: list[int]
+    target_tokens: list[int]
+    logprobs: list[float]
+    advantages: list[float]
+    weights: list[float]
+    episode_id: str = ""
+    agent_id: str = ""
+    depth: int = 0
+    policy_version: int = 0
+
+
+@register_event
+class BatchReady(Event, frozen=True, kw_only=True):
+    step: int
+    datums: list[Datum]
+    stats: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+@register_event
+class TrainStepFinished(Event, frozen=True, kw_only=True):
+    step: int
+    metrics: dict[str, float]
+
+
+@register_event
+class PolicyUpdated(Event, frozen=True, kw_only=True):
+    """New sampler weights: samplers switch to `sampler_path` (a `tinker://` path) at `version`."""
+
+    version: int
+    sampler_path: str
+    base_model: str = ""
+    base_url: str | None = None
+
+
+@register_event
+class CheckpointSaved(Event, frozen=True, kw_only=True):
+    step: int
+    state_path: str
+    sampler_path: str
+    policy_version: int
+    task_cursor: int = 0
+
+
+@register_event
+class EvalFinished(Event, frozen=True, kw_only=True):
+    step: int
+    metrics: dict[str, float]
+    report_path: str | None = None
+
+
+# --- the run and its infrastructure -----------------------------------------------------------
+
+
+@register_event
+class ComponentFailed(Event, frozen=True, kw_only=True):
+    """A handler or component raised. The bus and the other subscribers carry on."""
+
+    component: str
+    error: str
+    event_type: str | None = None
+    traceback: str = ""
+
+
+@register_event
+class RunFinished(Event, frozen=True, kw_only=True):
+    status: Literal["completed", "failed", "cancelled"]
+    reason: str | None = None
+
+
+@register_event
+class BridgeDisconnected(Event, frozen=True, kw_only=True):
+    url: str
+    reason: str = ""
+
+
+@register_event
+class BridgeReconnected(Event, frozen=True, kw_only=True):
+    url: str
+    buffered: int = 0
