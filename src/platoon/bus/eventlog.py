@@ -10,7 +10,6 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import msgspec
 
 from platoon.bus.codec import decode, encode
@@ -45,8 +44,7 @@ class EventLog:
                         if self.count % self.flush_every == 0:
                             file.flush()
                 finally:
-                    with anyio.CancelScope(shield=True):
-                        file.flush()
+                    file.flush()
 
 
 def read_events(run_dir_or_file: str | Path) -> Iterator[Event]:

@@ -34,15 +34,23 @@ __all__ = [
     "EpisodeStatus",
     "EvalFinished",
     "Event",
+    "ForkMode",
+    "GradeRequested",
+    "Graded",
     "GroupCompleted",
     "ModelCallFinished",
     "PolicyUpdated",
     "Reply",
     "Request",
     "RunFinished",
+    "SessionOpenRequested",
+    "SessionOpened",
     "TaskRef",
+    "TasksListed",
+    "TasksRequested",
     "ToolCalled",
     "ToolReturned",
+    "ToolSpec",
     "TrainStepFinished",
     "event_types",
     "new_id",
@@ -187,6 +195,7 @@ class ToolCalled(Request, frozen=True, kw_only=True):
 
     episode_id: str
     agent_id: str
+    env: str
     name: str
     arguments: dict[str, Any] = msgspec.field(default_factory=dict)
 
@@ -200,6 +209,65 @@ class ToolReturned(Reply, frozen=True, kw_only=True):
     reward: float | None = None
     finished: bool = False
     duration_s: float = 0.0
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool of an environment session, with its JSON schema."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object", "properties": {}})
+    terminal: bool = False
+
+
+ForkMode = Literal["fresh", "copy", "shared"]
+
+
+@register_event
+class SessionOpenRequested(Request, frozen=True, kw_only=True):
+    """Open an env session for an agent. A subagent's session forks its parent's (`fork_of`)."""
+
+    episode_id: str
+    agent_id: str
+    task: TaskRef
+    fork_of: str | None = None
+    fork: ForkMode = "fresh"
+    instruction: str | None = None
+
+
+@register_event
+class SessionOpened(Reply, frozen=True, kw_only=True):
+    instruction: str = ""
+    tools: list[ToolSpec] = msgspec.field(default_factory=list)
+
+
+@register_event
+class GradeRequested(Request, frozen=True, kw_only=True):
+    """Ask the env service for an agent's session grade (the root's grades the episode)."""
+
+    episode_id: str
+    agent_id: str
+    env: str
+
+
+@register_event
+class Graded(Reply, frozen=True, kw_only=True):
+    """`reward is None` with a `reason` when the session cannot be graded."""
+
+    reward: float | None = None
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    reason: str | None = None
+
+
+@register_event
+class TasksRequested(Request, frozen=True, kw_only=True):
+    env: str
+    split: str
+
+
+@register_event
+class TasksListed(Reply, frozen=True, kw_only=True):
+    tasks: list[TaskRef] = msgspec.field(default_factory=list)
 
 
 @register_event

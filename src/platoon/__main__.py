@@ -1,0 +1,5 @@
+import sys
+
+from platoon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,142 @@
+"""The `platoon` command line.
+
+Every command is a function `(args) -> int` in a module of this package, imported only when
+it runs, so `platoon --help` stays fast. Errors are one line on stderr unless `--debug`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit code `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="the YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="override any config entry")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="platoon",
+        description="Train LLM agents and systems of agents with reinforcement learning.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--log-format", choices=["console", "json"], default="console")
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run what a config describes: train with its evals, or eval alone")
+    _config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(handler="platoon.cli.run:run")
+
+    p = sub.add_parser("train", help="train the policy on a config's environments")
+    _config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(handler="platoon.cli.run:train")
+
+    p = sub.add_parser("eval", help="evaluate the policy on a split and write a JSON report")
+    _config_args(p)
+    p.add_argument("--split", help="the split to evaluate (default: the config's eval split)")
+    p.add_argument("--policy", help="scripted:MODULE:ATTR to evaluate a scripted policy")
+    p.set_defaults(handler="platoon.cli.run:evaluate")
+
+    p = sub.add_parser("rollout", help="run one task and print it as an agent tree")
+    _config_args(p)
+    p.add_argument("--task", required=True, metavar="SPLIT:ID", help="e.g. train:41")
+    p.add_argument("--env", help="the environment entry's name (default: the first)")
+    p.add_argument("--policy", help="scripted:MODULE:ATTR to roll out a scripted policy")
+    p.set_defaults(handler="platoon.cli.run:rollout")
+
+    p = sub.add_parser("prepare", help="fetch datasets, build images and pin them in a lock")
+    _config_args(p)
+    p.set_defaults(handler="platoon.cli.prepare:prepare")
+
+    p = sub.add_parser("worker", help="run rollouts for a trainer on another machine, over NATS")
+    _config_args(p)
+    p.add_argument("--nats", metavar="URL", help="the NATS server (default: the config's nats.url)")
+    p.set_defaults(handler="platoon.cli.worker:worker")
+
+    p = sub.add_parser("harness", help="list or show the installed harnesses")
+    hs = p.add_subparsers(dest="harness_command", metavar="ACTION", required=True)
+    q = hs.add_parser("list", help="every harness with the distribution that provides it")
+    q.set_defaults(handler="platoon.cli.harness:list_harnesses")
+    q = hs.add_parser("show", help="one harness: its options and where it comes from")
+    q.add_argument("name")
+    q.set_defaults(handler="platoon.cli.harness:show_harness")
+
+    p = sub.add_parser("events", help="print a run's event log")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--type", action="append", dest="types", metavar="EVENT", help="only these event types")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.set_defaults(handler="platoon.cli.events:events")
+
+    p = sub.add_parser("serve", help="serve a platoon service")
+    ss = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    q = ss.add_parser("tinker", help="the embedded Tinker-API training service (torch + transformers)")
+    q.add_argument("--model", required=True, help="a local model directory (or a name in the HF cache)")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8000)
+    q.add_argument("--device", default="cpu")
+    q.set_defaults(handler="platoon.cli.serve:serve_tinker")
+
+    p = sub.add_parser("env", help="environment servers")
+    es = p.add_subparsers(dest="env_command", metavar="ACTION", required=True)
+    q = es.add_parser("serve", help="serve an ORS Environment class over the ORS HTTP protocol")
+    q.add_argument("target", metavar="MODULE:CLASS")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8080)
+    q.set_defaults(handler="platoon.cli.serve:serve_env")
+
+    p = sub.add_parser("version", help="print platoon's version and its dependencies'")
+    p.set_defaults(handler="platoon.cli.version:version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    from platoon.stats.logging import configure_logging
+
+    try:
+        configure_logging(args.log_format, args.log_level)
+        module_name, _, func_name = args.handler.partition(":")
+        handler = getattr(importlib.import_module(module_name), func_name)
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        print("platoon: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        code = getattr(exc, "code", None)
+        code = code if isinstance(code, int) else _exit_code(exc)
+        message = str(exc) or type(exc).__name__
+        print(f"platoon: error: {message}", file=sys.stderr)
+        if code != EXIT_CONFIG and not isinstance(exc, CommandError):
+            print("(run with --debug for the traceback)", file=sys.stderr)
+        return code
+
+
+def _exit_code(exc: Exception) -> int:
+    if type(exc).__name__ == "ConfigError":
+        return EXIT_CONFIG
+    return EXIT_ERROR

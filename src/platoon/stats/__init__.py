@@ -1,0 +1,1 @@
+"""Logging, metrics sinks and progress display."""

@@ -1,0 +1,45 @@
+"""structlog set-up: readable lines on a terminal, one JSON object a line with `--log-format json`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+__all__ = ["configure_logging"]
+
+
+def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "info") -> None:
+    """Route structlog and the standard library's logging to stderr in one format."""
+    numeric = logging.getLevelNamesMapping().get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}")
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso" if fmt == "json" else "%H:%M:%S"),
+    ]
+    renderer = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=shared,
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric, logging.WARNING) if numeric < logging.WARNING else numeric)
+    logging.getLogger("platoon").setLevel(numeric)
