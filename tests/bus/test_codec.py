@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from platoon.bus import codec
-from platoon.bus.events import Event, event_types, register_event
+from platoon.bus.events import Datum, Event, event_types, register_event
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8),
@@ -41,6 +41,19 @@ def strategy(t: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
             return st.one_of([strategy(x) for x in t.types])
         case i.AnyType():
             return json_values
+        case i.StructType() if t.cls is Datum:
+            return st.integers(0, 5).flatmap(
+                lambda n: st.builds(
+                    Datum,
+                    model_input=st.lists(st.integers(0, 2**31), min_size=n, max_size=n),
+                    target_tokens=st.lists(st.integers(0, 2**31), min_size=n, max_size=n),
+                    logprobs=st.lists(st.floats(-50, 0), min_size=n, max_size=n),
+                    advantages=st.lists(st.floats(-5, 5), min_size=n, max_size=n),
+                    weights=st.lists(st.floats(0, 1), min_size=n, max_size=n),
+                    episode_id=st.text(max_size=8),
+                    policy_version=st.integers(0, 100),
+                )
+            )
         case i.StructType():
             fields = {f.name: strategy(f.type) for f in t.fields}
             return st.fixed_dictionaries(fields).map(lambda kw: t.cls(**kw))

@@ -1,5 +1,3 @@
-import anyio
-import anyio.lowlevel
 import pytest
 
 from platoon.bus import Bus, EventLog, read_events, run_components
@@ -11,8 +9,8 @@ pytestmark = pytest.mark.anyio
 async def test_event_log_writes_every_event_and_reads_back(tmp_path):
     log = EventLog(tmp_path, flush_every=3)
     async with Bus() as bus:
+        log.attach(bus)  # subscribed before anything is published
         bus.start_soon(log.run, bus)
-        await anyio.lowlevel.checkpoint()
         for i in range(10):
             await bus.publish(TrainStepFinished(step=i, metrics={"loss:sum": float(i)}))
         await bus.publish(RunFinished(status="completed"))
@@ -24,8 +22,8 @@ async def test_event_log_writes_every_event_and_reads_back(tmp_path):
 async def test_a_truncated_last_record_ends_reading(tmp_path):
     log = EventLog(tmp_path)
     async with Bus() as bus:
+        log.attach(bus)  # subscribed before anything is published
         bus.start_soon(log.run, bus)
-        await anyio.lowlevel.checkpoint()
         await bus.publish(RunFinished(status="completed"))
         await bus.publish(RunFinished(status="failed"))
     data = log.path.read_bytes()

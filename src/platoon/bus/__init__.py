@@ -2,7 +2,7 @@
 
 from platoon.bus import events
 from platoon.bus.codec import decode, encode, to_json
-from platoon.bus.components import Component, run_components
+from platoon.bus.components import Component, attach, run_components
 from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Subscription
 from platoon.bus.eventlog import EventLog, read_events
 from platoon.bus.events import Event, Reply, Request, register_event
@@ -18,6 +18,7 @@ __all__ = [
     "Request",
     "RequestTimeout",
     "Subscription",
+    "attach",
     "decode",
     "encode",
     "events",

@@ -5,6 +5,10 @@ publishes what it learns; it never holds a reference to another component. `run_
 runs a set of them in one task group, trio style: they start together, and if one fails the
 failure is published as `ComponentFailed` and the others are cancelled, so a broken run stops
 instead of limping on.
+
+A component may also have a plain `attach(bus)` method, which subscribes without awaiting.
+`run_components` attaches every component before any of them runs, so no component misses an
+event that another publishes as soon as it starts.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import structlog
 from platoon.bus.core import Bus
 from platoon.bus.events import ComponentFailed
 
-__all__ = ["Component", "component_name", "run_components"]
+__all__ = ["Component", "attach", "component_name", "run_components"]
 
 log = structlog.get_logger("platoon.components")
 
@@ -27,6 +31,14 @@ log = structlog.get_logger("platoon.components")
 @runtime_checkable
 class Component(Protocol):
     async def run(self, bus: Bus) -> None: ...
+
+
+def attach(components: Iterable[object], bus: Bus) -> None:
+    """Call `attach(bus)` on every component that has one."""
+    for component in components:
+        hook = getattr(component, "attach", None)
+        if hook is not None:
+            hook(bus)
 
 
 def component_name(component: object) -> str:
@@ -54,6 +66,8 @@ async def run_components(bus: Bus, components: Iterable[Component]) -> None:
                 )
             raise
 
+    components = list(components)
+    attach(components, bus)
     async with anyio.create_task_group() as tg:
         for component in components:
             tg.start_soon(guarded, component, name=f"platoon:{component_name(component)}")

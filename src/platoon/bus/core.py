@@ -37,7 +37,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from platoon.bus.events import ComponentFailed, Event, Reply, Request
 
-__all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Subscription"]
+__all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Stream", "Subscription"]
 
 E = TypeVar("E", bound=Event)
 R = TypeVar("R", bound=Reply)
@@ -88,15 +88,31 @@ class Stream(Generic[E]):
         self._name = name
         self._sub: Subscription[E] | None = None
 
-    async def __aenter__(self) -> Stream[E]:
-        self._sub = self._bus._add(
-            self._event_type, self._name or f"stream:{self._event_type.__name__}", self._buffer
-        )
+    def open(self) -> Stream[E]:
+        """Subscribe now, without awaiting: events published from here on are kept.
+
+        Components call this in `attach(bus)`, so nothing published before their `run`
+        starts is missed. Pair it with `close()`, or use `with`/`async with`."""
+        if self._sub is None:
+            name = self._name or f"stream:{self._event_type.__name__}"
+            self._sub = self._bus._add(self._event_type, name, self._buffer)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    def close(self) -> None:
         if self._sub is not None:
             self._sub.close()
+
+    def __enter__(self) -> Stream[E]:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Stream[E]:
+        return self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
     def __aiter__(self) -> AsyncIterator[E]:
         if self._sub is None:

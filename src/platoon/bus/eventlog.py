@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from platoon.bus.codec import decode, encode
-from platoon.bus.core import Bus
+from platoon.bus.core import Bus, Stream
 from platoon.bus.events import Event
 
 __all__ = ["EVENT_LOG_NAME", "EventLog", "read_events"]
@@ -31,11 +31,18 @@ class EventLog:
         self.path = Path(run_dir) / EVENT_LOG_NAME
         self.flush_every = flush_every
         self.count = 0
+        self._events: Stream[Event] | None = None
+
+    def attach(self, bus: Bus) -> None:
+        self._events = bus.stream(Event, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
+        if self._events is None:
+            self.attach(bus)
+        assert self._events is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab") as file:
-            async with bus.stream(Event, name=self.name) as events:
+            with self._events as events:
                 try:
                     async for event in events:
                         data = encode(event)

@@ -17,6 +17,8 @@ import msgspec
 
 __all__ = [
     "AgentFinished",
+    "AgentOpenRequested",
+    "AgentOpened",
     "AgentSpawned",
     "BatchReady",
     "BridgeDisconnected",
@@ -271,6 +273,32 @@ class TasksListed(Reply, frozen=True, kw_only=True):
 
 
 @register_event
+class AgentOpenRequested(Request, frozen=True, kw_only=True):
+    """Ask the gateway to admit an agent: it answers with the agent's own key.
+
+    Agents that share a `budget_id` draw on one budget of model calls and tokens; the first
+    request for a `budget_id` sets its limits (None: no limit).
+    """
+
+    episode_id: str
+    agent_id: str
+    parent_id: str | None = None
+    depth: int = 0
+    budget_id: str = ""
+    max_model_calls: int | None = None
+    max_tokens: int | None = None
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+@register_event
+class AgentOpened(Reply, frozen=True, kw_only=True):
+    """`key` authenticates the agent's HTTP calls; `base_url` is the gateway's `/v1` root."""
+
+    key: str = ""
+    base_url: str | None = None
+
+
+@register_event
 class ChatRequested(Request, frozen=True, kw_only=True):
     """A function harness's `ctx.chat`: OpenAI-style messages for the gateway to sample."""
 
@@ -292,7 +320,8 @@ class ChatReplied(Reply, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     parse_errors: list[str] = msgspec.field(default_factory=list)
-    error_kind: str | None = None
+    error_kind: Literal["budget", "context_length", "bad_request", "auth", "sampler"] | None = None
+    budget_remaining: int | None = None
 
 
 @register_event
@@ -344,10 +373,12 @@ class GroupCompleted(Event, frozen=True, kw_only=True):
 
 
 class Datum(msgspec.Struct, frozen=True, kw_only=True):
-    """One training sequence in Tinker's layout: every list is aligned with `target_tokens`.
+    """One training sequence in Tinker's layout, and where it came from.
 
     For the full token sequence `s`: `model_input = s[:-1]`, `target_tokens = s[1:]`;
-    `logprobs`, `advantages` and `weights` are zero where the token was not sampled.
+    `logprobs`, `advantages` and `weights` are aligned with the targets and zero where the
+    token was not sampled. `policy_version` is the oldest version among the merged calls, so
+    staleness is never underestimated.
     """
 
     model_input: list[int]
@@ -356,9 +387,20 @@ class Datum(msgspec.Struct, frozen=True, kw_only=True):
     advantages: list[float]
     weights: list[float]
     episode_id: str = ""
+    group_id: str = ""
     agent_id: str = ""
     depth: int = 0
     policy_version: int = 0
+    num_trained_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.model_input)
+        lengths = (len(self.target_tokens), len(self.logprobs), len(self.advantages), len(self.weights))
+        if any(length != n for length in lengths):
+            raise ValueError(
+                f"datum arrays differ in length: model_input {n}, target_tokens/logprobs/"
+                f"advantages/weights {'/'.join(map(str, lengths))}"
+            )
 
 
 @register_event

@@ -1,0 +1,60 @@
+"""Strict configs: the schema, loading with ``extends:`` and overrides, the site profile, run files."""
+
+from .load import dumps_yaml, load_config, read_file, to_builtins, validate_config
+from .merge import deep_merge
+from .rundir import run_dir, write_run_files
+from .schema import (
+    AdamParams,
+    AgentsConfig,
+    CheckpointConfig,
+    Config,
+    EnvironmentConfig,
+    EvalConfig,
+    GatewayConfig,
+    InferenceParams,
+    NatsConfig,
+    NatsTLS,
+    PluginConfig,
+    RolloutConfig,
+    SplitsConfig,
+    StatsConfig,
+    TrainConfig,
+    WandbConfig,
+    WorkflowConfig,
+    workflow_for,
+)
+from .site import Site, load_site, site_path
+from .validate import ConfigError
+
+__all__ = [
+    "AdamParams",
+    "AgentsConfig",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "EnvironmentConfig",
+    "EvalConfig",
+    "GatewayConfig",
+    "InferenceParams",
+    "NatsConfig",
+    "NatsTLS",
+    "PluginConfig",
+    "RolloutConfig",
+    "Site",
+    "SplitsConfig",
+    "StatsConfig",
+    "TrainConfig",
+    "WandbConfig",
+    "WorkflowConfig",
+    "deep_merge",
+    "dumps_yaml",
+    "load_config",
+    "load_site",
+    "read_file",
+    "run_dir",
+    "site_path",
+    "to_builtins",
+    "validate_config",
+    "workflow_for",
+    "write_run_files",
+]

@@ -1,0 +1,273 @@
+"""Reading config files: ``extends:``, ``key=value`` overrides and strict validation.
+
+A config is read in three layers, lowest first: the files it extends (each resolved the same way,
+relative to the file that names it), the file itself, then the overrides from the command line.
+Mappings merge deeply and lists replace. The result is checked against ``Config`` as a whole, and
+every problem is raised at once as a ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from .merge import deep_merge
+from .schema import Config
+from .validate import ConfigError, build, check, info_of, kind, resolve_paths, type_at
+
+__all__ = ["dumps_yaml", "load_config", "read_file", "to_builtins", "validate_config"]
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Config:
+    """Load a config file with what it extends, apply ``key=value`` overrides and validate it.
+
+    Relative paths in the file are resolved against its folder; those in overrides against the
+    current directory.
+    """
+    problems: list[str] = []
+    data = _load_layers(Path(os.path.abspath(path)), (), problems)
+    if problems:
+        raise ConfigError(problems)
+    for override in overrides:
+        _apply_override(data, override, problems)
+    return validate_config(data, problems=problems)
+
+
+def validate_config(
+    data: Mapping[str, Any], *, base_dir: Path | None = None, problems: Sequence[str] = ()
+) -> Config:
+    """Check plain data (as a config file holds it) and build the ``Config``, or raise every problem.
+
+    Relative paths are resolved against ``base_dir`` (default: the current directory).
+    """
+    data = resolve_paths(dict(data), info_of(Config), base_dir or Path.cwd())
+    found = [*problems, *check(data, info_of(Config)), *_cross_checks(data)]
+    if data.get("extends") is not None:
+        found.append("extends: only a config file can extend another")
+    if found:
+        raise ConfigError(found)
+    return build(data, Config)
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping a YAML, JSON or TOML file holds (by extension; YAML otherwise), or ConfigError."""
+    problems: list[str] = []
+    data = _read(Path(path), problems)
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def to_builtins(config: Config) -> dict[str, Any]:
+    """The config as plain data, every default written out; ``validate_config`` reads it back."""
+    data = msgspec.to_builtins(config)
+    data.pop("extends", None)
+    return data
+
+
+def dumps_yaml(config: Config | Mapping[str, Any]) -> str:
+    """YAML text of a config (or of plain data), in schema order."""
+    data = to_builtins(config) if isinstance(config, Config) else dict(config)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+# --- files and extends ----------------------------------------------------------------------------
+
+
+def _load_layers(path: Path, chain: tuple[Path, ...], problems: list[str]) -> dict[str, Any]:
+    if path in chain:
+        problems.append("extends cycle: " + " -> ".join(_show(p) for p in (*chain, path)))
+        return {}
+    data = _read(path, problems, extended_by=chain[-1] if chain else None)
+    extends = data.pop("extends", None)
+    if extends is None:
+        bases = []
+    elif isinstance(extends, str):
+        bases = [extends]
+    elif isinstance(extends, list) and all(isinstance(base, str) for base in extends):
+        bases = extends
+    else:
+        problems.append(f"{_show(path)}: extends: expected a path or a list of paths, got {kind(extends)}")
+        bases = []
+    merged: dict[str, Any] = {}
+    for base in bases:
+        base_path = Path(os.path.normpath(path.parent / os.path.expanduser(base)))
+        merged = deep_merge(merged, _load_layers(base_path, (*chain, path), problems))
+    return deep_merge(merged, resolve_paths(data, info_of(Config), path.parent))
+
+
+def _read(path: Path, problems: list[str], extended_by: Path | None = None) -> dict[str, Any]:
+    shown = _show(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        by = f" (extended by {_show(extended_by)})" if extended_by else ""
+        problems.append(f"{shown}: file not found{by}")
+        return {}
+    except IsADirectoryError:
+        problems.append(f"{shown}: is a directory, not a config file")
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{shown}: cannot read: {getattr(exc, 'strerror', None) or exc}")
+        return {}
+    try:
+        data = _parse(text, path.suffix.lower())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problems.append(f"{shown}{line}: bad YAML: {exc.problem or exc.context}")
+        return {}
+    except yaml.YAMLError as exc:
+        problems.append(f"{shown}: bad YAML: {exc}")
+        return {}
+    except json.JSONDecodeError as exc:
+        problems.append(f"{shown}:{exc.lineno}: bad JSON: {exc.msg}")
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(f"{shown}: bad TOML: {exc}")
+        return {}
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(f"{shown}: expected a mapping at the top level, got {kind(data)}")
+        return {}
+    return data
+
+
+def _parse(text: str, suffix: str) -> Any:
+    if suffix == ".json":
+        return json.loads(text)
+    if suffix == ".toml":
+        return tomllib.loads(text)
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice is an error rather than a silent win."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str) or key == "<<":
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _show(path: Path) -> str:
+    """A path as the user most likely wrote it: relative to here when below here."""
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else Path(relative).as_posix()
+
+
+# --- overrides ------------------------------------------------------------------------------------
+
+
+def _apply_override(data: dict[str, Any], override: str, problems: list[str]) -> None:
+    key, sep, raw = override.partition("=")
+    append = key.endswith("+")
+    key = key.removesuffix("+")
+    parts = key.split(".")
+    if not sep or not all(parts):
+        problems.append(f"override {override}: expected key=value or key+=value with a dotted key")
+        return
+    try:
+        value = yaml.load(raw, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        problems.append(f"override {override}: bad value: {getattr(exc, 'problem', None) or exc}")
+        return
+    target = type_at(info_of(Config), [*parts, "0"] if append else parts)
+    # A value YAML reads as a number or a bool stays the text it was where the schema wants text
+    # (``stats.trial_name=007``).
+    if target is not None and check(value, target) and not check(raw, target):
+        value = raw
+    error = _set(data, parts, value, append)
+    if error:
+        problems.append(f"override {override}: {error}")
+
+
+def _set(data: dict[str, Any], parts: list[str], value: Any, append: bool) -> str | None:
+    """Set ``value`` at a dotted path, creating missing mappings on the way; an error or None."""
+    node: Any = data
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the top level"
+        if isinstance(node, dict):
+            slot: Any = part
+        elif isinstance(node, list):
+            try:
+                slot = int(part)
+            except ValueError:
+                return f"{where} is a list; expected an index, got {part!r}"
+            if not -len(node) <= slot < len(node):
+                return f"index {slot} out of range for {where} (length {len(node)})"
+        else:
+            return f"{where} is {_a(kind(node))}, not a mapping or a list"
+        if depth < len(parts) - 1:
+            if (node.get(slot) if isinstance(node, dict) else node[slot]) is None:
+                node[slot] = {}  # a missing (or null) mapping on the way is created
+            node = node[slot]
+        elif not append:
+            node[slot] = value
+        else:
+            current = node.get(slot) if isinstance(node, dict) else node[slot]
+            if current is None:
+                node[slot] = [value]
+            elif isinstance(current, list):
+                node[slot] = [*current, value]
+            else:
+                return f"{'.'.join(parts)} is {_a(kind(current))}; += appends to a list"
+    return None
+
+
+# --- rules across keys ----------------------------------------------------------------------------
+
+
+def _cross_checks(data: Mapping[str, Any]) -> list[str]:
+    """Rules that no single key's type can say; tolerant of data that is badly typed elsewhere."""
+    problems: list[str] = []
+    environments = data.get("environments")
+    if environments in (None, []) and (data.get("train") is not None or data.get("eval") is not None):
+        problems.append("environments: at least one entry is needed to train or evaluate")
+    environments = environments if isinstance(environments, list) else []
+    names: dict[str, int] = {}
+    for index, entry in enumerate(environments):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("env") is None and entry.get("service") is None:
+            problems.append(f"environments.{index}: set env or service")
+        name = entry.get("name")
+        if isinstance(name, str) and name in names:
+            problems.append(
+                f"environments.{index}.name: {name!r} is already used by environments.{names[name]}"
+            )
+        elif isinstance(name, str):
+            names[name] = index
+    stats = data.get("stats")
+    for key in ("experiment_name", "trial_name"):
+        name = stats.get(key) if isinstance(stats, dict) else None
+        if isinstance(name, str) and (name in ("", ".", "..") or "/" in name or "\\" in name):
+            problems.append(f"stats.{key}: {name!r} must be a single folder name")
+    plugins = data.get("plugins")
+    for index, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+        if not isinstance(plugin, dict):
+            continue
+        given = [key for key in ("handler", "component") if plugin.get(key) is not None]
+        if len(given) != 1:
+            problems.append(f"plugins.{index}: set exactly one of handler or component")
+    return problems
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun

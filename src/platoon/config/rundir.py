@@ -1,0 +1,98 @@
+"""The run directory and the record written into it: the resolved config and ``lock.json``.
+
+``<log_path or site runs>/<experiment_name>/<trial_name>/`` holds everything a run leaves. Its
+``config.yaml`` reloads to the same config, and ``lock.json`` says what ran: platoon's version,
+Python's, those of the libraries that shape results, and every option in force.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .load import dumps_yaml, to_builtins
+from .schema import Config
+from .site import Site
+
+__all__ = ["KEY_DEPENDENCIES", "run_dir", "write_run_files"]
+
+# Distributions whose versions change what a run does; absent ones are recorded as null.
+KEY_DEPENDENCIES = (
+    "msgspec",
+    "anyio",
+    "trio",
+    "pyyaml",
+    "httpx",
+    "starlette",
+    "hypercorn",
+    "structlog",
+    "tinker",
+    "openreward",
+    "mcp",
+    "transformers",
+    "tokenizers",
+    "torch",
+    "peft",
+    "nats-py",
+    "aiodocker",
+)
+
+
+def run_dir(config: Config, site: Site, *, now: datetime | None = None) -> Path:
+    """Where a run of ``config`` writes: ``<log_path or site.runs>/<experiment>/<trial>``.
+
+    A config without ``stats.trial_name`` gets the UTC start time (``now``) as its trial name.
+    """
+    trial = config.stats.trial_name or (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    return Path(config.log_path or site.runs) / config.stats.experiment_name / trial
+
+
+def write_run_files(
+    directory: str | os.PathLike[str], config: Config, extra: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``config.yaml`` and ``lock.json`` into the run directory (created if missing).
+
+    ``extra`` adds keys to ``lock.json`` (the command line, choices made at start such as the
+    tool-call parser). Each file is replaced whole or not at all.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    header = f"# The resolved config of this run (platoon {_version('platoon')}); defaults written out.\n"
+    _write_atomic(directory / "config.yaml", (header + dumps_yaml(config)).encode())
+    lock = {
+        "platoon": _version("platoon"),
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "platform": platform.platform(),
+        "packages": {name: _version(name) for name in KEY_DEPENDENCIES},
+        "config": to_builtins(config),
+        **(extra or {}),
+    }
+    _write_atomic(directory / "lock.json", msgspec.json.format(msgspec.json.encode(lock), indent=2) + b"\n")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _write_atomic(path: Path, content: bytes) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

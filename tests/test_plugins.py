@@ -1,0 +1,91 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from platoon import hooks, plugins
+from platoon.bus import Bus, run_components
+from platoon.bus.events import RunFinished, TrainStepFinished
+
+SAMPLE = Path(__file__).parent / "plugins" / "sample_plugin"
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory):
+    """Install the sample plugin distribution into a directory on sys.path, as pip would."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(SAMPLE),
+        ],
+        check=True,
+    )
+    sys.path.insert(0, str(target))
+    yield target
+    sys.path.remove(str(target))
+    for name in list(sys.modules):
+        if name.startswith("platoon_sample_plugin"):
+            del sys.modules[name]
+
+
+def test_entry_points_are_listed_without_importing(installed_plugin):
+    found = plugins.available("event_handlers")
+    assert {"sample-counter", "sample-recorder"} <= set(found)
+    assert "platoon_sample_plugin" not in sys.modules
+
+
+@pytest.mark.anyio
+async def test_installed_handler_plugin_receives_the_events_it_declares(installed_plugin):
+    counter = plugins.plugin_component("sample-counter")
+    recorder = plugins.plugin_component("sample-recorder", options={"prefix": "x"})
+    async with Bus() as bus:
+        await run_components(bus, [counter, recorder])
+        await bus.publish(TrainStepFinished(step=1, metrics={}))
+        await bus.publish(RunFinished(status="completed"))
+        await anyio.lowlevel.checkpoint()
+    import platoon_sample_plugin
+
+    assert platoon_sample_plugin.seen[-1] == TrainStepFinished(step=1, metrics={})
+    assert recorder.events == [RunFinished(status="completed")]
+
+
+def test_unknown_names_and_refs_are_clear_errors():
+    with pytest.raises(plugins.PluginError, match="no event handler named 'nope'"):
+        plugins.load("event_handlers", "nope")
+    with pytest.raises(plugins.PluginError, match="cannot import 'no_such_module'"):
+        plugins.import_ref("no_such_module:x")
+    with pytest.raises(plugins.PluginError, match="has no attribute 'missing'"):
+        plugins.import_ref("platoon.hooks:missing")
+    with pytest.raises(plugins.PluginError, match="not a reference"):
+        plugins.import_ref("platoon.hooks")
+
+
+def test_handler_ref_with_event_names():
+    component = plugins.plugin_component("platoon.hooks:call", event_names=["RunFinished"])
+    assert component.types == (RunFinished,)
+    with pytest.raises(plugins.PluginError, match="unknown event type 'Nope'"):
+        plugins.plugin_component("platoon.hooks:call", event_names=["Nope"])
+
+
+def test_hooks_call_in_order_and_first():
+    hooks.clear("t")
+    hooks.register("t")(lambda x: None)
+    hooks.register("t")(lambda x: x * 2)
+    hooks.register("t")(lambda x: x * 3)
+    assert hooks.call("t", 2) == [None, 4, 6]
+    assert hooks.first("t", 2) == 4
+    assert hooks.first("unknown") is None
+    hooks.clear("t")
+    assert hooks.registered("t") == ()
