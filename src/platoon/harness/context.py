@@ -1,0 +1,226 @@
+"""What a harness sees: `AgentContext`, and what it returns: `AgentResult`.
+
+A function harness is `async def my_harness(ctx: AgentContext) -> AgentResult`. Everything
+it does goes through the context: `chat` samples the policy (through the gateway, which
+records the exact tokens), `call_tool` runs one of the environment's tools, `budget` says how
+many model calls are left. The context talks to the rest of platoon over the bus only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import msgspec
+
+from platoon.bus import Bus
+from platoon.bus.events import ChatReplied, ChatRequested, TaskRef, ToolCalled, ToolReturned, ToolSpec
+
+__all__ = [
+    "AgentContext",
+    "AgentResult",
+    "Budget",
+    "BudgetExhausted",
+    "ChatError",
+    "ChatReply",
+    "ToolResult",
+]
+
+ResultStatus = Literal["completed", "limit", "timeout", "error"]
+
+
+class BudgetExhausted(Exception):
+    """The episode's budget of model calls or tokens (or the context window) is used up."""
+
+
+class ChatError(Exception):
+    """The gateway could not answer a chat call (bad request, sampler failure)."""
+
+
+class AgentResult(msgspec.Struct, frozen=True):
+    """How an agent ended: `completed`, `limit` (out of budget), `timeout` or `error`."""
+
+    status: ResultStatus = "completed"
+    final_message: str | None = None
+    reason: str | None = None
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool's answer. `finished` means the environment considers the episode over."""
+
+    name: str
+    output: str = ""
+    reward: float | None = None
+    finished: bool = False
+    error: str | None = None
+
+    def as_text(self) -> str:
+        return f"Error: {self.error}" if self.error else self.output
+
+
+class ChatReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The assistant message as an OpenAI-style dict, with shortcuts to its parts."""
+
+    message: dict[str, Any]
+    call_id: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    parse_errors: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        content = self.message.get("content")
+        return content if isinstance(content, str) else ""
+
+    @property
+    def reasoning(self) -> str | None:
+        return self.message.get("reasoning_content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+
+class Budget:
+    """Model calls left to this agent, as the gateway last reported them."""
+
+    def __init__(self, max_steps: int | None, *, deadline: float | None = None) -> None:
+        self.max_steps = max_steps
+        self.used = 0
+        self.deadline = deadline
+        self._reported: int | None = None
+
+    def remaining(self) -> int:
+        """Calls left (a large number when unlimited, 0 when the episode's time is up)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return 0
+        if self._reported is not None:
+            return self._reported
+        if self.max_steps is None:
+            return 2**31
+        return max(self.max_steps - self.used, 0)
+
+    def _record(self, reported: int | None) -> None:
+        self.used += 1
+        self._reported = reported
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+
+class AgentContext:
+    """Everything a harness may use. Built by the episode runner, one per agent."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        task: TaskRef,
+        episode_id: str,
+        agent_id: str,
+        instruction: str,
+        tools: list[ToolSpec],
+        budget: Budget,
+        options: Any = None,
+        depth: int = 0,
+        parent_id: str | None = None,
+        gateway_url: str | None = None,
+        api_key: str = "",
+        params: dict[str, Any] | None = None,
+        request_timeout: float | None = None,
+        spawner: Callable[..., Awaitable[Any]] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.task = task
+        self.episode_id = episode_id
+        self.agent_id = agent_id
+        self.instruction = instruction
+        self.budget = budget
+        self.options = options
+        self.depth = depth
+        self.parent_id = parent_id
+        self.gateway_url = gateway_url
+        self.api_key = api_key
+        self.params = dict(params or {})
+        self.request_timeout = request_timeout
+        self._tools = list(tools)
+        self._spawner = spawner
+
+    async def list_tools(self) -> list[ToolSpec]:
+        return list(self._tools)
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """The tools as OpenAI `tools=[...]` entries."""
+        return [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+            }
+            for t in self._tools
+        ]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolResult:
+        """Run a tool of the environment. Errors come back in `ToolResult.error`, not raised."""
+        reply = await self.bus.request(
+            ToolCalled(
+                episode_id=self.episode_id,
+                agent_id=self.agent_id,
+                env=self.task.env,
+                name=name,
+                arguments=arguments or {},
+            ),
+            timeout=self.request_timeout,
+        )
+        assert isinstance(reply, ToolReturned)
+        return ToolResult(
+            name=name, output=reply.output, reward=reply.reward, finished=reply.finished, error=reply.error
+        )
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        kind: Literal["policy", "aux", "judge"] = "policy",
+        **params: Any,
+    ) -> ChatReply:
+        """Sample the policy on OpenAI-style messages; the call is recorded for training.
+
+        Raises `BudgetExhausted` when the episode has no model calls (or context) left and
+        `ChatError` when the gateway cannot answer.
+        """
+        reply = await self.bus.request(
+            ChatRequested(
+                episode_id=self.episode_id,
+                agent_id=self.agent_id,
+                messages=messages,
+                tools=tools,
+                params={**self.params, **params},
+                kind=kind,
+            ),
+            timeout=self.request_timeout,
+        )
+        assert isinstance(reply, ChatReplied)
+        if reply.error is not None:
+            if reply.error_kind in ("budget", "context_length"):
+                self.budget._reported = 0
+                raise BudgetExhausted(reply.error)
+            raise ChatError(reply.error)
+        if kind == "policy":
+            self.budget._record(reply.budget_remaining)
+        return ChatReply(
+            message=reply.message,
+            call_id=reply.call_id,
+            finish_reason=reply.finish_reason,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            parse_errors=reply.parse_errors,
+        )
+
+    async def spawn(self, instruction: str, **options: Any) -> Any:
+        """Run a subagent on `instruction` and return its result (recursive programs only)."""
+        if self._spawner is None:
+            return AgentResult("error", reason="this episode's program does not spawn subagents")
+        return await self._spawner(self, instruction, **options)

@@ -1,0 +1,64 @@
+"""The sampler protocol and the types it speaks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from platoon.bus.events import PolicyUpdated
+
+__all__ = ["SampleParams", "SampledCompletion", "Sampler", "SamplerFactory", "StopReason"]
+
+StopReason = Literal["stop", "length"]
+
+
+class SampleParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling parameters, as Tinker's `SamplingParams` names them.
+
+    `stop=None` keeps the renderer's stop tokens; a list of strings or of token ids replaces them.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] | list[int] | None = None
+    seed: int | None = None
+
+
+class SampledCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    """What a sampler returned: the token ids (a matched stop token included) and logprobs."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """One policy version that can sample completions.
+
+    `messages` is the conversation the prompt was rendered from; real samplers ignore it,
+    scripted test policies may answer from it.
+    """
+
+    version: int
+
+    async def sample(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SampleParams,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> SampledCompletion: ...
+
+
+@runtime_checkable
+class SamplerFactory(Protocol):
+    """Makes the sampler for a `PolicyUpdated` event (new weights, new version)."""
+
+    async def initial(self) -> Sampler: ...
+
+    async def updated(self, event: PolicyUpdated) -> Sampler: ...

@@ -1,0 +1,112 @@
+"""Samplers over the Tinker API: hosted Tinker, any Tinker-API server, or the embedded one.
+
+The `tinker` SDK runs its own event loop in a thread and hands back concurrent futures;
+`wait_future` turns one into something any anyio backend (asyncio or trio) can await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import sniffio
+
+from platoon.bus.events import PolicyUpdated
+from platoon.policy.base import SampledCompletion, SampleParams
+
+__all__ = ["TinkerSampler", "TinkerSamplerFactory", "wait_future"]
+
+
+async def wait_future(future: Any) -> Any:
+    """Await a tinker `APIFuture` (or a `concurrent.futures.Future`) under any anyio backend."""
+    cf: concurrent.futures.Future[Any] = future.future() if hasattr(future, "future") else future
+    if sniffio.current_async_library() == "asyncio":
+        return await asyncio.wrap_future(cf)
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+
+    def wake(_: concurrent.futures.Future[Any]) -> None:
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except RuntimeError:  # the loop has closed; nobody is waiting any more
+            pass
+
+    cf.add_done_callback(wake)
+    await done.wait()
+    return cf.result()
+
+
+class TinkerSampler:
+    """A `Sampler` over one `tinker.SamplingClient` (one set of weights: one version)."""
+
+    def __init__(self, client: Any, version: int = 0) -> None:
+        self.client = client
+        self.version = version
+
+    async def sample(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SampleParams,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> SampledCompletion:
+        import tinker
+
+        result = await wait_future(
+            self.client.sample(
+                prompt=tinker.ModelInput.from_ints(list(prompt_tokens)),
+                num_samples=1,
+                sampling_params=tinker.SamplingParams(
+                    max_tokens=params.max_tokens,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    stop=params.stop,
+                    seed=params.seed,
+                ),
+            )
+        )
+        sequence = result.sequences[0]
+        logprobs = sequence.logprobs
+        if logprobs is None:
+            raise RuntimeError("the Tinker service returned no logprobs; they are needed for training")
+        return SampledCompletion(
+            tokens=list(sequence.tokens),
+            logprobs=[float(x) for x in logprobs],
+            stop_reason="length" if sequence.stop_reason == "length" else "stop",
+        )
+
+
+class TinkerSamplerFactory:
+    """Makes a `TinkerSampler` for the base model, then one per `PolicyUpdated`."""
+
+    def __init__(
+        self, service_client: Any, base_model: str, *, model_path: str | None = None, version: int = 0
+    ):
+        self.service_client = service_client
+        self.base_model = base_model
+        self.model_path = model_path
+        self.version = version
+
+    async def initial(self) -> TinkerSampler:
+        if self.model_path:
+            future = self.service_client.create_sampling_client(model_path=self.model_path)
+        else:
+            future = self.service_client.create_sampling_client(base_model=self.base_model)
+        return TinkerSampler(await _resolve(future), self.version)
+
+    async def updated(self, event: PolicyUpdated) -> TinkerSampler:
+        future = self.service_client.create_sampling_client(model_path=event.sampler_path)
+        return TinkerSampler(await _resolve(future), event.version)
+
+
+async def _resolve(value: Any) -> Any:
+    """`create_sampling_client` returns a future of the client (older SDKs: the client)."""
+    if hasattr(value, "sample"):
+        return value
+    return await wait_future(value)
