@@ -3,7 +3,7 @@
 from platoon.bus import events
 from platoon.bus.codec import decode, encode, to_json
 from platoon.bus.components import Component, attach, run_components
-from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Subscription
+from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Stream, Subscription
 from platoon.bus.eventlog import EventLog, read_events
 from platoon.bus.events import Event, Reply, Request, register_event
 
@@ -17,6 +17,7 @@ __all__ = [
     "Reply",
     "Request",
     "RequestTimeout",
+    "Stream",
     "Subscription",
     "attach",
     "decode",

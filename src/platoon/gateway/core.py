@@ -1,0 +1,408 @@
+"""The model gateway: every model call of every agent goes through here.
+
+It renders OpenAI-style messages into prompt tokens, samples the policy, parses the sampled
+tokens back into an assistant message, and publishes `ModelCallFinished` with the exact
+tokens and logprobs, so that what trains is exactly what was sampled.
+
+Harnesses reach it two ways, which share `Gateway.complete`:
+
+* in process, `ctx.chat(...)` publishes `ChatRequested` and awaits `ChatReplied`;
+* over HTTP (`platoon.gateway.http`), with the agent's own key as the bearer token.
+
+Token-exact history: when a request carries an assistant message that this agent was sampled
+before, the prompt reuses the sampled tokens for that turn instead of re-rendering its text,
+so each call of an agent extends the previous one token for token and prefix merging can fold
+the whole agent into one datum.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import structlog
+
+from platoon.bus import Bus, Stream
+from platoon.bus.events import (
+    AgentOpened,
+    AgentOpenRequested,
+    CallKind,
+    ChatReplied,
+    ChatRequested,
+    EpisodeFinished,
+    ModelCallFinished,
+    PolicyUpdated,
+    new_id,
+)
+from platoon.gateway.renderers import Renderer, RendererError
+from platoon.policy.base import SampleParams, Sampler, SamplerFactory
+
+__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
+
+log = structlog.get_logger("platoon.gateway")
+
+ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler", "overloaded"]
+
+
+class GatewayError(Exception):
+    """A call the gateway will not or cannot answer; `kind` picks the HTTP status and dialect."""
+
+    def __init__(self, kind: ErrorKind, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.param = param
+
+
+@dataclass
+class Budget:
+    """Model calls and completion tokens shared by the agents with one `budget_id`."""
+
+    max_calls: int | None
+    max_tokens: int | None
+    calls: int = 0
+    tokens: int = 0
+
+    def check(self) -> None:
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            raise GatewayError("budget", f"budget exhausted: all {self.max_calls} model calls are used")
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            raise GatewayError("budget", f"budget exhausted: all {self.max_tokens} tokens are used")
+
+    def remaining(self) -> int | None:
+        return None if self.max_calls is None else max(self.max_calls - self.calls, 0)
+
+
+@dataclass
+class AgentSession:
+    """One agent as the gateway knows it: its key, budget and the turns sampled for it."""
+
+    episode_id: str
+    agent_id: str
+    key: str
+    budget: Budget
+    depth: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    calls: int = 0
+    closed: bool = False
+
+
+@dataclass
+class Completion:
+    """One answered call: the assistant message and what was recorded."""
+
+    message: dict[str, Any]
+    call_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    parse_errors: list[str]
+    budget_remaining: int | None
+    tokens: list[int]
+    logprobs: list[float]
+
+
+class Gateway:
+    """The gateway component. See the module docstring.
+
+    `context_window` (tokens) makes a longer prompt a context-length error and clamps
+    `max_tokens` to the room left; `max_concurrent_samples` bounds calls in flight (HTTP
+    callers get 429 past it, in-process callers wait).
+    """
+
+    name = "gateway"
+
+    def __init__(
+        self,
+        *,
+        renderer: Renderer,
+        sampler_factory: SamplerFactory,
+        defaults: SampleParams | None = None,
+        context_window: int | None = None,
+        max_concurrent_samples: int = 256,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        serve_http: bool = True,
+        model_name: str = "platoon-policy",
+    ) -> None:
+        self.renderer = renderer
+        self.factory = sampler_factory
+        self.defaults = defaults or SampleParams()
+        self.context_window = context_window
+        self.limiter = anyio.CapacityLimiter(max_concurrent_samples)
+        self.host = host
+        self.port = port
+        self.serve_http = serve_http
+        self.model_name = model_name
+        self.base_url: str | None = None
+        self.sampler: Sampler | None = None
+        self.agents: dict[str, AgentSession] = {}  # by key
+        self.by_agent: dict[str, AgentSession] = {}
+        self.budgets: dict[str, Budget] = {}
+        self._episodes: dict[str, list[AgentSession]] = {}
+        self._bus: Bus | None = None
+        self._ready = anyio.Event()
+        self._chats: Stream[ChatRequested] | None = None
+
+    # --- the component -----------------------------------------------------------------------
+
+    def attach(self, bus: Bus) -> None:
+        self._bus = bus
+        self._chats = bus.stream(ChatRequested, name="gateway:chat").open()
+        bus.subscribe(AgentOpenRequested, self._on_open, name="gateway:open")
+        bus.subscribe(EpisodeFinished, self._on_episode_finished, name="gateway:close")
+        bus.subscribe(PolicyUpdated, self._on_policy_updated, name="gateway:policy")
+
+    async def run(self, bus: Bus) -> None:
+        if self._chats is None:
+            self.attach(bus)
+        assert self._chats is not None
+        self.sampler = await self.factory.initial()
+        async with anyio.create_task_group() as tg:
+            if self.serve_http:
+                from platoon.gateway.http import serve_gateway
+
+                self.base_url = await tg.start(serve_gateway, self, self.host, self.port)
+            self._ready.set()
+            with self._chats as chats:
+                async for request in chats:
+                    tg.start_soon(self._answer_chat, bus, request)
+
+    async def _on_open(self, request: AgentOpenRequested) -> None:
+        await self._ready.wait()
+        session = self.open_agent(request)
+        assert self._bus is not None
+        await self._bus.publish(
+            AgentOpened(reply_to=request.request_id, key=session.key, base_url=self.base_url)
+        )
+
+    def _on_episode_finished(self, event: EpisodeFinished) -> None:
+        self.close_episode(event.episode_id)
+
+    async def _on_policy_updated(self, event: PolicyUpdated) -> None:
+        self.sampler = await self.factory.updated(event)
+        log.info("sampler updated", version=event.version, path=event.sampler_path)
+
+    async def _answer_chat(self, bus: Bus, request: ChatRequested) -> None:
+        session = self.by_agent.get(request.agent_id)
+        try:
+            if session is None or session.closed or session.episode_id != request.episode_id:
+                raise GatewayError("auth", f"agent {request.agent_id} is not open at the gateway")
+            done = await self.complete(session, request.messages, request.tools, request.params, request.kind)
+        except GatewayError as exc:
+            remaining = session.budget.remaining() if session else None
+            await bus.publish(
+                ChatReplied(
+                    reply_to=request.request_id,
+                    error=str(exc),
+                    error_kind=_kind(exc),
+                    budget_remaining=remaining,
+                )
+            )
+            return
+        await bus.publish(
+            ChatReplied(
+                reply_to=request.request_id,
+                message=done.message,
+                call_id=done.call_id,
+                finish_reason=done.finish_reason,
+                prompt_tokens=done.prompt_tokens,
+                completion_tokens=done.completion_tokens,
+                parse_errors=done.parse_errors,
+                budget_remaining=done.budget_remaining,
+            )
+        )
+
+    # --- agents ------------------------------------------------------------------------------
+
+    def open_agent(self, request: AgentOpenRequested) -> AgentSession:
+        budget_id = request.budget_id or request.episode_id
+        budget = self.budgets.get(budget_id)
+        if budget is None:
+            budget = self.budgets[budget_id] = Budget(request.max_model_calls, request.max_tokens)
+        session = AgentSession(
+            episode_id=request.episode_id,
+            agent_id=request.agent_id,
+            key="pt-" + secrets.token_urlsafe(32),
+            budget=budget,
+            depth=request.depth,
+            params=dict(request.params),
+        )
+        self.agents[session.key] = session
+        self.by_agent[session.agent_id] = session
+        self._episodes.setdefault(request.episode_id, []).append(session)
+        return session
+
+    def close_episode(self, episode_id: str) -> None:
+        """Revoke the keys of an episode's agents: a finished episode's key stops working."""
+        for session in self._episodes.pop(episode_id, []):
+            session.closed = True
+            self.agents.pop(session.key, None)
+            self.by_agent.pop(session.agent_id, None)
+            self.budgets.pop(episode_id, None)
+            for budget_id in [b for b in self.budgets if b.startswith(episode_id + ":")]:
+                del self.budgets[budget_id]
+
+    def authenticate(self, key: str | None) -> AgentSession:
+        session = self.agents.get(key or "")
+        if session is None or session.closed:
+            raise GatewayError("auth", "invalid or expired API key")
+        return session
+
+    # --- one call ----------------------------------------------------------------------------
+
+    async def complete(
+        self,
+        session: AgentSession,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        params: Mapping[str, Any],
+        kind: CallKind = "policy",
+        *,
+        wait: bool = True,
+    ) -> Completion:
+        """Render, sample, parse and record one call of `session`'s agent."""
+        if self.sampler is None:
+            raise GatewayError("sampler", "the gateway has no sampler yet")
+        if kind == "policy":
+            session.budget.check()
+        if not messages:
+            raise GatewayError("bad_request", "messages must not be empty", param="messages")
+        completions = {
+            i: tokens
+            for i, m in enumerate(messages)
+            if m.get("role") == "assistant" and (tokens := session.sampled.get(_turn_key(m))) is not None
+        }
+        try:
+            prompt = self.renderer.render(messages, tools or None, completions=completions)
+        except RendererError as exc:
+            raise GatewayError("bad_request", str(exc), param="messages") from None
+        sample_params = self._params(session, params, len(prompt))
+
+        if wait:
+            await self.limiter.acquire()
+        else:
+            try:
+                self.limiter.acquire_nowait()
+            except anyio.WouldBlock:
+                raise GatewayError("overloaded", "the sampler is saturated; retry later") from None
+        sampler = self.sampler
+        started = time.time()
+        clock = time.perf_counter()
+        try:
+            sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
+        except Exception as exc:
+            log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
+            raise GatewayError("sampler", f"sampling failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.limiter.release()
+        duration = time.perf_counter() - clock
+
+        parsed = self.renderer.parse(sampled.tokens, tools or None)
+        if sampled.stop_reason == "length":
+            parsed.finish_reason = "length"
+        message = parsed.to_openai()
+        call_id = new_id()
+        session.sampled[_turn_key(message)] = list(sampled.tokens)
+        session.calls += 1
+        if kind == "policy":
+            session.budget.calls += 1
+            session.budget.tokens += len(sampled.tokens)
+        if self._bus is not None:
+            await self._bus.publish(
+                ModelCallFinished(
+                    call_id=call_id,
+                    episode_id=session.episode_id,
+                    agent_id=session.agent_id,
+                    prompt_tokens=list(prompt),
+                    completion_tokens=list(sampled.tokens),
+                    logprobs=list(sampled.logprobs),
+                    stop_reason=sampled.stop_reason,
+                    policy_version=sampler.version,
+                    kind=kind,
+                    completion_text=parsed.content,
+                    started_at=started,
+                    duration_s=duration,
+                )
+            )
+        return Completion(
+            message=message,
+            call_id=call_id,
+            finish_reason=parsed.finish_reason,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(sampled.tokens),
+            parse_errors=list(parsed.errors),
+            budget_remaining=session.budget.remaining(),
+            tokens=list(sampled.tokens),
+            logprobs=list(sampled.logprobs),
+        )
+
+    def _params(self, session: AgentSession, request: Mapping[str, Any], prompt_len: int) -> SampleParams:
+        """Request values first, then the agent's defaults, then the gateway's."""
+        merged: dict[str, Any] = {}
+        for source in (self.defaults_dict(), session.params, request):
+            for key, value in source.items():
+                if value is not None:
+                    merged[_PARAM_ALIASES.get(key, key)] = value
+        unknown = set(merged) - _PARAM_FIELDS
+        for key in unknown:
+            merged.pop(key)
+        try:
+            params = SampleParams(**merged)
+        except TypeError as exc:
+            raise GatewayError("bad_request", f"bad sampling parameters: {exc}") from None
+        if params.max_tokens is not None and params.max_tokens < 1:
+            raise GatewayError("bad_request", "max_tokens must be at least 1", param="max_tokens")
+        if self.context_window is not None:
+            room = self.context_window - prompt_len
+            if room <= 0:
+                raise GatewayError(
+                    "context_length",
+                    f"the prompt has {prompt_len} tokens; the context window is {self.context_window}",
+                    param="messages",
+                )
+            if params.max_tokens is None or params.max_tokens > room:
+                params = SampleParams(**{**_asdict(params), "max_tokens": room})
+        return params
+
+    def defaults_dict(self) -> dict[str, Any]:
+        return _asdict(self.defaults)
+
+
+_PARAM_ALIASES = {"max_completion_tokens": "max_tokens"}
+_PARAM_FIELDS = set(SampleParams.__struct_fields__)
+
+
+def _asdict(params: SampleParams) -> dict[str, Any]:
+    return {f: getattr(params, f) for f in SampleParams.__struct_fields__}
+
+
+def _kind(exc: GatewayError) -> Any:
+    return "bad_request" if exc.kind == "overloaded" else exc.kind
+
+
+def _turn_key(message: Mapping[str, Any]) -> str:
+    """What identifies an assistant turn across requests: its text and its calls.
+
+    Harnesses echo replies back in different shapes (None or "" content, arguments as a JSON
+    string or an object, their own call ids), so the key ignores those differences.
+    """
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                pass
+        calls.append([function.get("name"), arguments])
+    return json.dumps([(content or "").strip(), calls], sort_keys=True, ensure_ascii=False)
