@@ -10,3 +10,6 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request):
     return request.param
+
+
+from tokenizer_fixtures import llama3_tokenizer, qwen3_tokenizer, toy_tokenizer  # noqa: E402, F401

@@ -1,0 +1,612 @@
+"""Renderers: OpenAI-style messages and tool schemas to prompt tokens, and sampled tokens back
+to an assistant message.
+
+A renderer reproduces a model's chat template in Python, so a prompt is built from token
+chunks the gateway can reason about: `render_segments` gives one chunk per message (plus the
+tools preamble and the generation prompt), each tokenized on its own. Chunks start and end at
+special tokens, so their concatenation equals `tokenizer.apply_chat_template(...)` for the
+chat formats here (`role_colon` has no template: it is defined by its chunks).
+
+Token-exact history: `render(..., completions={i: tokens})` puts the tokens that were sampled
+for assistant message `i` in place of its re-rendered text, so a conversation that grows
+turn by turn gives prompts that extend each other token for token, even where re-tokenizing the
+text would differ, or where the template rewrites old turns (Qwen3 drops the reasoning of
+assistant turns before the latest user message; a spliced turn keeps exactly what was sampled).
+
+Conventions (the same for every renderer):
+- `content` may be a string, None, or a list of parts; text parts are joined with "\\n"
+  (as vLLM and SGLang do), other part types raise `RendererError`.
+- Reasoning is read from `reasoning_content`, `thinking` or `reasoning` (first not None), as
+  transformers does.
+- Tool call arguments may be JSON strings (OpenAI) or objects.
+- `tools=[]` means no tools.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import msgspec
+
+from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
+
+__all__ = [
+    "Llama3Renderer",
+    "ParsedMessage",
+    "Qwen3InstructRenderer",
+    "Qwen3Renderer",
+    "Renderer",
+    "RendererError",
+    "RoleColonRenderer",
+    "Segment",
+    "UnknownRendererError",
+    "get_renderer",
+    "register_renderer",
+    "renderer_names",
+]
+
+Message = Mapping[str, Any]
+Tool = Mapping[str, Any]
+
+
+class RendererError(ValueError):
+    """The messages cannot be rendered in this format (bad shape, or a feature the format lacks)."""
+
+
+class UnknownRendererError(KeyError):
+    """No renderer is registered under the requested name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Segment(msgspec.Struct, frozen=True):
+    """One chunk of a prompt: the tokens of one message, of a preamble, or of the generation prompt.
+
+    `message` is the index into the rendered messages, or None for chunks no message owns (the
+    tools preamble when there is no system message, and the generation prompt).
+    """
+
+    message: int | None
+    role: str
+    tokens: list[int]
+
+
+class ParsedMessage(msgspec.Struct):
+    """An assistant reply read back from sampled tokens.
+
+    `finish_reason` is "length" when no stop token was sampled, "tool_calls" when the reply
+    carries calls, else "stop". `errors` holds one line per call that could not be accepted;
+    such calls stay in `content` as the model wrote them.
+    """
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = []
+    errors: list[str] = []
+    finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
+
+    def to_openai(self) -> dict[str, Any]:
+        """The reply as an OpenAI chat message (content None when there is only tool calls)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+            if not self.content:
+                message["content"] = None
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        return message
+
+
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _text(content: Any, where: str) -> str:
+    """Flatten message content to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif (
+                isinstance(part, Mapping)
+                and part.get("type", "text") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise RendererError(f"{where}: content part of type {kind!r} is not supported (text only)")
+        return "\n".join(texts)
+    raise RendererError(
+        f"{where}: content must be a string, a list of parts or null, not {type(content).__name__}"
+    )
+
+
+def _reasoning(message: Message) -> Any:
+    return next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
+
+
+def _function(call: Any, where: str) -> tuple[str, Any]:
+    """(name, arguments) of a tool call in OpenAI (`{"function": {...}}`) or flat form."""
+    function = call.get("function", call) if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise RendererError(f"{where}: a tool call needs function.name")
+    return function["name"], function.get("arguments", {})
+
+
+def _arguments_object(arguments: Any, where: str) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise RendererError(f"{where}: tool call arguments are not valid JSON ({exc.msg})") from None
+    return arguments
+
+
+def _check(messages: Sequence[Message]) -> None:
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise RendererError(f"messages.{i}: a message must be an object, not {type(message).__name__}")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise RendererError(
+                f"messages.{i}.role: must be one of system, user, assistant, tool; got {role!r}"
+            )
+        calls = message.get("tool_calls")
+        if calls and role != "assistant":
+            raise RendererError(f"messages.{i}.tool_calls: only assistant messages carry tool calls")
+        if calls is not None and not isinstance(calls, list):
+            raise RendererError(f"messages.{i}.tool_calls: must be a list")
+
+
+_CACHE_ENTRIES = 1024
+_CACHE_MAX_CHARS = 100_000
+
+
+def _dumps(value: Any, indent: int | None = None) -> str:
+    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class Renderer(ABC):
+    """Base of the built-in renderers. Subclasses give `_texts` (the chat format) and `_split`
+    (how a sampled reply reads back); tokenizing, splicing and parsing are shared."""
+
+    name: ClassVar[str] = ""
+    default_tool_call_parser: ClassVar[str | None] = None
+    stop_token_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, tokenizer: Any, *, tool_call_parser: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        parser_name = tool_call_parser or self.default_tool_call_parser
+        self.tool_call_parser: ToolCallParser | None = (
+            get_tool_call_parser(parser_name) if parser_name else None
+        )
+        self.stop_token_ids: list[int] = [
+            t for t in map(self._token_id, self.stop_token_names) if t is not None
+        ]
+        if self.stop_token_names and not self.stop_token_ids:
+            raise RendererError(
+                f"the tokenizer has none of {self.name}'s stop tokens {list(self.stop_token_names)}"
+            )
+        self.stop_strings: list[str] = []
+        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    # Rendering
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        completions: Mapping[int, Sequence[int]] | None = None,
+    ) -> list[int]:
+        """Prompt tokens for `messages`; `completions` maps assistant message indices to the
+        tokens sampled for them, which replace their re-rendered text."""
+        segments = self.render_segments(messages, tools, add_generation_prompt=add_generation_prompt)
+        completions = completions or {}
+        for index in completions:
+            if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
+                raise RendererError(f"completions: message {index} is not an assistant message")
+        tokens: list[int] = []
+        for segment in segments:
+            if segment.message is not None and segment.message in completions:
+                tokens += self.completion_segment(completions[segment.message])
+            else:
+                tokens += segment.tokens
+        return tokens
+
+    def render_segments(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[Segment]:
+        """The prompt as chunks: one per message (tool results may share their neighbours'
+        chat turn but keep their own chunk), the tools preamble, and the generation prompt."""
+        _check(messages)
+        texts = self._texts(list(messages), list(tools) if tools else None, add_generation_prompt)
+        return [Segment(index, role, self._encode(text)) for index, role, text in texts if text]
+
+    def generation_prompt(self) -> list[int]:
+        """The tokens that open an assistant turn (the end of every generation prompt)."""
+        return self._encode(self._generation_text())
+
+    def completion_segment(self, completion: Sequence[int]) -> list[int]:
+        """The chunk an assistant turn takes in later prompts when its sampled tokens are reused:
+        the generation prompt, the sampled tokens, an end-of-turn token if sampling was cut
+        short, and whatever the format puts between turns."""
+        body = list(completion)
+        if not body or body[-1] not in self.stop_token_ids:
+            body += self._encode(self._end_of_turn_text())
+        return self.generation_prompt() + body + self._encode(self._after_turn_text())
+
+    def _token_id(self, token: str) -> int | None:
+        # Not get_vocab(): it copies the whole vocabulary (0.1 s for Qwen's).
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and self.tokenizer.convert_ids_to_tokens(token_id) == token:
+            return token_id
+        return None
+
+    def _encode(self, text: str) -> list[int]:
+        # An agent's prompts repeat its history, so chunks are cached: re-rendering a long
+        # conversation then costs only its new messages.
+        if not text:
+            return []
+        cached = self._encoded.get(text)
+        if cached is None:
+            cached = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(text) <= _CACHE_MAX_CHARS:
+                if len(self._encoded) >= _CACHE_ENTRIES:
+                    self._encoded.popitem(last=False)
+                self._encoded[text] = cached
+        else:
+            self._encoded.move_to_end(text)
+        return list(cached)
+
+    # Parsing
+
+    def parse(self, tokens: Sequence[int], tools: Sequence[Tool] | None = None) -> ParsedMessage:
+        """Read sampled tokens back into an assistant message. Never raises on model output."""
+        tokens = list(tokens)
+        stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_token_ids), None)
+        body = tokens if stop_at is None else tokens[:stop_at]
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        text, stopped = self._cut_at_stop_string(text, stopped=stop_at is not None)
+        reasoning, content = self._split(text)
+        calls: list[dict[str, Any]] = []
+        errors: list[str] = []
+        if self.tool_call_parser is not None:
+            result = self.tool_call_parser.parse(content, tools)
+            content, calls, errors = result.content, result.tool_calls, result.errors
+        finish = "length" if not stopped else ("tool_calls" if calls else "stop")
+        return ParsedMessage(content, reasoning, calls, errors, finish)
+
+    def _cut_at_stop_string(self, text: str, *, stopped: bool) -> tuple[str, bool]:
+        cuts = [text.find(s) for s in self.stop_strings if s in text]
+        if cuts:
+            return text[: min(cuts)], True
+        return text, stopped
+
+    def _split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, content) of a decoded reply."""
+        return None, text.strip()
+
+    # The chat format, given by each subclass
+
+    @abstractmethod
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> list[tuple[int | None, str, str]]:
+        """(message index or None, role, text) per chunk, in prompt order."""
+
+    @abstractmethod
+    def _generation_text(self) -> str:
+        """The text that opens an assistant turn."""
+
+    def _end_of_turn_text(self) -> str:
+        return ""
+
+    def _after_turn_text(self) -> str:
+        return ""
+
+
+class Qwen3Renderer(Renderer):
+    """Qwen3 (hybrid thinking) ChatML, as Qwen3's own chat template renders it.
+
+    Assistant turns after the latest user query keep their reasoning in `<think>` blocks (and
+    the final assistant turn always gets one); earlier turns lose it, as in the template. Tool
+    results become `<tool_response>` blocks in a user turn; consecutive results share one turn.
+    """
+
+    name = "qwen3"
+    default_tool_call_parser = "hermes"
+    stop_token_names = ("<|im_end|>", "<|endoftext|>")
+    thinking: ClassVar[bool] = True
+
+    def _generation_text(self) -> str:
+        return "<|im_start|>assistant\n"
+
+    def _end_of_turn_text(self) -> str:
+        return "<|im_end|>"
+
+    def _after_turn_text(self) -> str:
+        return "\n"
+
+    def _tools_preamble(self, tools: list[Tool]) -> str:
+        listed = "".join("\n" + _dumps(tool) for tool in tools)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            f"{listed}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        )
+
+    def _last_query_index(self, messages: list[Message], contents: list[str]) -> int:
+        for i in range(len(messages) - 1, -1, -1):
+            content = contents[i]
+            is_response = content.startswith("<tool_response>") and content.endswith("</tool_response>")
+            if messages[i]["role"] == "user" and not is_response:
+                return i
+        return len(messages) - 1
+
+    def _assistant_body(
+        self, i: int, message: Message, content: str, last_query: int, last: bool
+    ) -> tuple[str, str]:
+        """(text after the turn header, content without reasoning) of an assistant message."""
+        if not self.thinking:
+            return content, content
+        given = _reasoning(message)
+        if isinstance(given, str):
+            reasoning = given
+        elif "</think>" in content:
+            reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+        else:
+            reasoning = ""
+        if i > last_query and (last or reasoning):
+            return "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n"), content
+        return content, content
+
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> list[tuple[int | None, str, str]]:
+        contents = [_text(m.get("content"), f"messages.{i}.content") for i, m in enumerate(messages)]
+        out: list[tuple[int | None, str, str]] = []
+        first_is_system = bool(messages) and messages[0]["role"] == "system"
+        if tools:
+            system = contents[0] + "\n\n" if first_is_system else ""
+            out.append(
+                (
+                    0 if first_is_system else None,
+                    "system",
+                    "<|im_start|>system\n" + system + self._tools_preamble(tools),
+                )
+            )
+        elif first_is_system:
+            out.append((0, "system", "<|im_start|>system\n" + contents[0] + "<|im_end|>\n"))
+        last_query = self._last_query_index(messages, contents)
+        for i, message in enumerate(messages):
+            role, content = message["role"], contents[i]
+            if role == "user" or (role == "system" and i > 0):
+                out.append((i, role, f"<|im_start|>{role}\n{content}<|im_end|>\n"))
+            elif role == "assistant":
+                body, content = self._assistant_body(i, message, content, last_query, i == len(messages) - 1)
+                text = "<|im_start|>assistant\n" + body
+                for n, call in enumerate(message.get("tool_calls") or []):
+                    name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                    if n > 0 or content:
+                        text += "\n"
+                    rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
+                    text += (
+                        '<tool_call>\n{"name": "' + name + '", "arguments": ' + rendered + "}\n</tool_call>"
+                    )
+                out.append((i, role, text + "<|im_end|>\n"))
+            elif role == "tool":
+                opens = i == 0 or messages[i - 1]["role"] != "tool"
+                closes = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+                text = (
+                    ("<|im_start|>user" if opens else "")
+                    + "\n<tool_response>\n"
+                    + content
+                    + "\n</tool_response>"
+                )
+                out.append((i, role, text + ("<|im_end|>\n" if closes else "")))
+        if add_generation_prompt:
+            out.append((None, "assistant", self._generation_text()))
+        return out
+
+    def _split(self, text: str) -> tuple[str | None, str]:
+        if "</think>" in text:
+            reasoning = text.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            return reasoning, text.split("</think>")[-1].strip()
+        if "<think>" in text:
+            before, after = text.split("<think>", 1)
+            return after.strip("\n"), before.strip()
+        return None, text.strip()
+
+
+class Qwen3InstructRenderer(Qwen3Renderer):
+    """Qwen3 ChatML without thinking (Qwen3 Instruct-2507 style): no `<think>` blocks are written
+    or read; reasoning fields on messages are ignored."""
+
+    name = "qwen3_instruct"
+    thinking = False
+
+    def _split(self, text: str) -> tuple[str | None, str]:
+        return None, text.strip()
+
+
+class Llama3Renderer(Renderer):
+    """Llama 3.1 / 3.3 Instruct, as their chat template renders it (tools in the first user turn,
+    the template's fixed dates, tool results in `ipython` turns, one tool call per message;
+    an assistant message with a tool call renders the call only, not its content)."""
+
+    name = "llama3"
+    default_tool_call_parser = "llama3"
+    stop_token_names = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+    date_string: ClassVar[str] = "26 Jul 2024"
+
+    def _generation_text(self) -> str:
+        return "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+    def _end_of_turn_text(self) -> str:
+        return "<|eot_id|>"
+
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> list[tuple[int | None, str, str]]:
+        out: list[tuple[int | None, str, str]] = []
+        bos = self.tokenizer.bos_token or ""
+        offset = 0
+        system_message = ""
+        if messages and messages[0]["role"] == "system":
+            system_message = _text(messages[0].get("content"), "messages.0.content").strip()
+            offset = 1
+        system = "<|start_header_id|>system<|end_header_id|>\n\n"
+        if tools:
+            system += "Environment: ipython\n"
+        system += f"Cutting Knowledge Date: December 2023\nToday Date: {self.date_string}\n\n"
+        out.append((0 if offset else None, "system", bos + system + system_message + "<|eot_id|>"))
+        if tools:
+            if len(messages) == offset:
+                raise RendererError("llama3 puts tools in the first user message, and there is none")
+            first = _text(messages[offset].get("content"), f"messages.{offset}.content").strip()
+            listed = "".join(_dumps(tool, indent=4) + "\n\n" for tool in tools)
+            out.append(
+                (
+                    offset,
+                    "user",
+                    "<|start_header_id|>user<|end_header_id|>\n\n"
+                    "Given the following functions, please respond with a JSON for a function call "
+                    "with its proper arguments that best answers the given prompt.\n\n"
+                    'Respond in the format {"name": function name, "parameters": dictionary of argument '
+                    "name and its value}.Do not use variables.\n\n" + listed + first + "<|eot_id|>",
+                )
+            )
+            offset += 1
+        for i in range(offset, len(messages)):
+            message = messages[i]
+            role = message["role"]
+            calls = message.get("tool_calls")
+            if role == "tool":
+                content = message.get("content")
+                # The template applies `tojson` to anything iterable, strings included.
+                body = _dumps(content) if isinstance(content, str | list | Mapping) else str(content)
+                out.append((i, role, "<|start_header_id|>ipython<|end_header_id|>\n\n" + body + "<|eot_id|>"))
+            elif calls:
+                if len(calls) != 1:
+                    raise RendererError(
+                        f"messages.{i}.tool_calls: llama3 renders exactly one tool call per message"
+                    )
+                name, arguments = _function(calls[0], f"messages.{i}.tool_calls.0")
+                arguments = _arguments_object(arguments, f"messages.{i}.tool_calls.0")
+                call = '{"name": "' + name + '", "parameters": ' + _dumps(arguments) + "}"
+                out.append((i, role, self._generation_text() + call + "<|eot_id|>"))
+            else:
+                content = _text(message.get("content"), f"messages.{i}.content").strip()
+                out.append((i, role, f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"))
+        if add_generation_prompt:
+            out.append((None, "assistant", self._generation_text()))
+        return out
+
+
+class RoleColonRenderer(Renderer):
+    """`User: ...\\n\\nAssistant: ...\\n\\n` for base models (tinker-cookbook's role_colon).
+
+    There is no template to match: a prompt is the concatenation of its chunks, after the BOS
+    token if the tokenizer has one. Sampling stops at the string "\\n\\nUser:". No tools.
+    """
+
+    name = "role_colon"
+
+    def __init__(self, tokenizer: Any, *, tool_call_parser: str | None = None) -> None:
+        super().__init__(tokenizer, tool_call_parser=tool_call_parser)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.stop_token_ids = [eos] if isinstance(eos, int) else []
+        self.stop_strings = ["\n\nUser:"]
+
+    def _generation_text(self) -> str:
+        return "Assistant:"
+
+    def _end_of_turn_text(self) -> str:
+        return "\n\n"
+
+    def completion_segment(self, completion: Sequence[int]) -> list[int]:
+        """The sampled tokens (without a final EOS) closed by "\n\n" unless they end with it.
+
+        Chunks here do not end at special tokens, so the caller should pass a completion cut
+        before the stop string.
+        """
+        body = list(completion)
+        if body and body[-1] in self.stop_token_ids:
+            body = body[:-1]
+        if not self.tokenizer.decode(body, skip_special_tokens=False).endswith("\n\n"):
+            body += self._encode("\n\n")
+        return self.generation_prompt() + body
+
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> list[tuple[int | None, str, str]]:
+        if tools:
+            raise RendererError("role_colon cannot render tools")
+        out: list[tuple[int | None, str, str]] = []
+        bos = getattr(self.tokenizer, "bos_token", None)
+        if bos:
+            out.append((None, "bos", bos))
+        for i, message in enumerate(messages):
+            role = message["role"]
+            if role == "tool" or message.get("tool_calls"):
+                raise RendererError(f"messages.{i}: role_colon cannot render tool calls or tool results")
+            content = _text(message.get("content"), f"messages.{i}.content")
+            out.append((i, role, f"{role.capitalize()}: {content}\n\n"))
+        if add_generation_prompt:
+            out.append((None, "assistant", self._generation_text()))
+        return out
+
+
+_RENDERERS: dict[str, Callable[..., Renderer]] = {}
+
+
+def register_renderer(name: str, factory: Callable[..., Renderer]) -> None:
+    """Register a renderer class (or a factory `f(tokenizer, *, tool_call_parser=None)`) under `name`."""
+    _RENDERERS[name] = factory
+
+
+def get_renderer(name: str, tokenizer: Any, *, tool_call_parser: str | None = None) -> Renderer:
+    """A renderer for the named chat format over `tokenizer` (a transformers tokenizer).
+
+    `tool_call_parser` overrides the format's own parser (see `platoon.gateway.toolcalls`).
+    """
+    try:
+        factory = _RENDERERS[name]
+    except KeyError:
+        raise UnknownRendererError(
+            f"unknown renderer {name!r} (known: {', '.join(sorted(_RENDERERS))})"
+        ) from None
+    return factory(tokenizer, tool_call_parser=tool_call_parser)
+
+
+def renderer_names() -> list[str]:
+    """The registered renderer names, sorted."""
+    return sorted(_RENDERERS)
+
+
+register_renderer("qwen3", Qwen3Renderer)
+register_renderer("qwen3_instruct", Qwen3InstructRenderer)
+register_renderer("llama3", Llama3Renderer)
+register_renderer("role_colon", RoleColonRenderer)
