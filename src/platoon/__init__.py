@@ -1,0 +1,51 @@
+"""platoon: train LLM agents, and systems of agents, with reinforcement learning.
+
+    import platoon as pt
+
+    @pt.harness("my-agent")
+    async def my_agent(ctx: pt.AgentContext) -> pt.AgentResult: ...
+
+The names here are loaded on first use, so `import platoon` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "harness": "platoon.harness",
+    "AgentContext": "platoon.harness",
+    "AgentResult": "platoon.harness",
+    "ToolResult": "platoon.harness",
+    "ChatReply": "platoon.harness",
+    "BudgetExhausted": "platoon.harness",
+    "program": "platoon.programs",
+    "Episode": "platoon.programs",
+    "Bus": "platoon.bus",
+    "Event": "platoon.bus",
+    "register_event": "platoon.bus",
+    "events": "platoon.bus",
+    "load_config": "platoon.config",
+    "run": "platoon.train.loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from platoon.bus import Bus, Event, events, register_event
+    from platoon.config import load_config
+    from platoon.harness import AgentContext, AgentResult, BudgetExhausted, ChatReply, ToolResult, harness
+    from platoon.programs import Episode, program
+    from platoon.train.loop import run
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'platoon' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -6,18 +6,20 @@ runs a set of them in one task group, trio style: they start together, and if on
 failure is published as `ComponentFailed` and the others are cancelled, so a broken run stops
 instead of limping on.
 
-A component may also have a plain `attach(bus)` method, which subscribes without awaiting.
-`run_components` attaches every component before any of them runs, so no component misses an
-event that another publishes as soon as it starts.
+A component may also have a plain `attach(bus)` method, which subscribes without awaiting
+(and does nothing when called again). `run_components` attaches every component before any
+of them runs, so no component misses an event that another publishes as soon as it starts.
 """
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import anyio
+import anyio.abc
 import structlog
 
 from platoon.bus.core import Bus
@@ -45,12 +47,28 @@ def component_name(component: object) -> str:
     return getattr(component, "name", None) or type(component).__name__
 
 
-async def run_components(bus: Bus, components: Iterable[Component]) -> None:
-    """Run every component's `run(bus)` concurrently until all have returned."""
+async def run_components(
+    bus: Bus,
+    components: Iterable[Component],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run every component's `run(bus)` concurrently until all have returned.
 
-    async def guarded(component: Component) -> None:
+    A component whose `run` takes a `task_status` (trio's convention) is started with
+    `TaskGroup.start`, so it can say when it is ready; `task_status.started()` is called once
+    every component is attached and started.
+    """
+
+    async def guarded(
+        component: Component, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         try:
-            await component.run(bus)
+            if _takes_task_status(component):
+                await component.run(bus, task_status=task_status)  # type: ignore[call-arg]
+            else:
+                task_status.started()
+                await component.run(bus)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
@@ -70,4 +88,12 @@ async def run_components(bus: Bus, components: Iterable[Component]) -> None:
     attach(components, bus)
     async with anyio.create_task_group() as tg:
         for component in components:
-            tg.start_soon(guarded, component, name=f"platoon:{component_name(component)}")
+            await tg.start(guarded, component, name=f"platoon:{component_name(component)}")
+        task_status.started()
+
+
+def _takes_task_status(component: object) -> bool:
+    try:
+        return "task_status" in inspect.signature(component.run).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False

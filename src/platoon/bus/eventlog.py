@@ -34,6 +34,8 @@ class EventLog:
         self._events: Stream[Event] | None = None
 
     def attach(self, bus: Bus) -> None:
+        if self._events is not None:
+            return
         self._events = bus.stream(Event, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:

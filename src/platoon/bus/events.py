@@ -334,10 +334,12 @@ class EpisodeFinished(Event, frozen=True, kw_only=True):
     status: EpisodeStatus
     reason: str | None = None
     final_message: str | None = None
+    root_agent_id: str = ""
     num_model_calls: int = 0
     duration_s: float = 0.0
     purpose: Literal["train", "eval", "rollout"] = "train"
     step: int = 0
+    policy_version: int = 0
 
 
 @register_event

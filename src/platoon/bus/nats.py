@@ -1,0 +1,699 @@
+"""The NATS bridge: the same bus spread over several machines through an existing broker.
+
+    bridge = NatsBridge(
+        "nats://broker:4222", run="exp1",
+        mirror=[PolicyUpdated],               # every bus sees these, both ways
+        work=[EpisodeRequested],              # each reaches exactly one worker (a queue group)
+        durable=[ModelCallFinished, EpisodeGraded],   # JetStream: none lost, none twice
+        consume_work=True,                    # a worker: take work from NATS
+    )
+    async with Bus() as bus:
+        bus.start_soon(bridge.run, bus)
+
+Events travel on subjects `platoon.<run>.<EventTag>` in the bus's msgpack wire form. How each
+kind travels, and why:
+
+* **mirror**: core NATS publish/subscribe. Every bridged bus sees the event; at most once,
+  like NATS itself, so use it for facts whose loss the next one repairs (a newer policy).
+* **work**: core NATS with a queue group. Each event reaches exactly one of the bridges with
+  `consume_work=True`; none, if no such bridge is connected. A bridge may both produce and
+  consume work: the server never hands an event back to the connection that sent it.
+* **durable**: JetStream. The sender waits for the stream's acknowledgement and publishes
+  again after a timeout or a disconnect; a bridge with `consume_durable=True` reads a durable
+  consumer (`durable_name`) and acknowledges a message only after the local bus accepted it.
+  Each message carries the event's natural id (`call_id`, `episode_id` or `request_id`, else
+  a hash of its bytes) as `Nats-Msg-Id`, so the stream drops re-sends, and a bounded set of
+  seen ids drops redeliveries. Bridges that share a `durable_name` share its messages.
+
+No echo: every message carries this bridge's origin id, and an event that came in from NATS
+is never sent back out; messages of our own origin that come back are dropped. Run one
+bridge per bus: the origin id belongs to the bridge.
+
+Disconnects: the client reconnects forever, with exponential backoff from `reconnect_wait` to
+`reconnect_max_wait`, and the bridge publishes `BridgeDisconnected` / `BridgeReconnected` on
+the local bus. Meanwhile outgoing events wait in a buffer of `buffer_limit` events; when it is
+full, `publish` on the local bus waits (backpressure, as everywhere on the bus) instead of
+dropping, because silently losing a result costs training data. At shutdown the bridge
+spends up to `close_timeout` sending what is buffered and logs what it could not.
+
+nats-py is asyncio-only, so the bridge needs anyio's asyncio backend; under trio `run` fails
+with `NatsBridgeError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import random
+import re
+import ssl
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from platoon.bus.codec import decode, encode
+from platoon.bus.core import Bus, Subscription
+from platoon.bus.events import BridgeDisconnected, BridgeReconnected, Event, event_types, new_id
+
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client as NatsClient
+    from nats.aio.msg import Msg
+    from nats.js import JetStreamContext, api
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("platoon.bus.nats needs nats-py: pip install 'platoon[nats]'") from exc
+
+__all__ = ["BridgeStats", "NatsBridge", "NatsBridgeError", "event_id", "subject_for"]
+
+log = structlog.get_logger("platoon.bus.nats")
+
+ORIGIN_HEADER = "Platoon-Origin"
+MSG_ID_HEADER = "Nats-Msg-Id"
+ID_FIELDS = ("call_id", "episode_id", "request_id")
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+class NatsBridgeError(RuntimeError):
+    """The bridge cannot run: a bad URL or option, no server, or the wrong async backend."""
+
+
+class BridgeStats(msgspec.Struct):
+    """Counters of one bridge, for logs and benchmarks."""
+
+    sent: int = 0
+    received: int = 0
+    echoes: int = 0
+    duplicates: int = 0
+    republished: int = 0
+    undecodable: int = 0
+    slow_consumer_drops: int = 0
+    disconnects: int = 0
+    unsent_at_close: int = 0
+
+
+class _Out(msgspec.Struct):
+    subject: str
+    durable: bool
+    event: Event
+
+
+class _Pending(msgspec.Struct):
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    ack: asyncio.Future[Any] | None
+
+
+def _tag(event_type: type[Event]) -> str:
+    return str(msgspec.inspect.type_info(event_type).tag)
+
+
+def subject_for(run: str, event_type: type[Event]) -> str:
+    """The NATS subject of an event type in a run: `platoon.<run>.<EventTag>`."""
+    return f"platoon.{run}.{_tag(event_type)}"
+
+
+def event_id(event: Event) -> str:
+    """The id that deduplicates a durable event: its tag and natural id, else a hash of it."""
+    tag = _tag(type(event))
+    for field in ID_FIELDS:
+        value = getattr(event, field, None)
+        if isinstance(value, str) and value:
+            return f"{tag}:{value}"
+    return f"{tag}:{hashlib.blake2b(encode(event), digest_size=16).hexdigest()}"
+
+
+class NatsBridge:
+    """A component that carries chosen event types between the local bus and NATS."""
+
+    name = "nats-bridge"
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        run: str,
+        mirror: Sequence[type[Event]] = (),
+        work: Sequence[type[Event]] = (),
+        durable: Sequence[type[Event]] = (),
+        consume_work: bool = False,
+        consume_durable: bool = False,
+        durable_name: str = "platoon",
+        credentials: str | Path | None = None,
+        tls: ssl.SSLContext | None = None,
+        buffer_limit: int = 1024,
+        connect_timeout: float = 10.0,
+        reconnect_wait: float = 0.1,
+        reconnect_max_wait: float = 5.0,
+        ack_timeout: float = 5.0,
+        ack_wait: float = 60.0,
+        duplicate_window: float = 120.0,
+        max_age: float = 7 * 24 * 3600.0,
+        seen_limit: int = 100_000,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url)
+        for one in self.urls:
+            _check_url(one)
+        if not _NAME.match(run):
+            raise NatsBridgeError(
+                f"run name {run!r} must be letters, digits, '-' or '_' (it is a subject token)"
+            )
+        if not _NAME.match(durable_name):
+            raise NatsBridgeError(f"durable_name {durable_name!r} must be letters, digits, '-' or '_'")
+        if buffer_limit < 1:
+            raise NatsBridgeError("buffer_limit must be at least 1")
+        self.run_name = run
+        self.mirror = _check_types("mirror", mirror)
+        self.work = _check_types("work", work)
+        self.durable = _check_types("durable", durable)
+        seen: dict[type[Event], str] = {}
+        for kind, types in (("mirror", self.mirror), ("work", self.work), ("durable", self.durable)):
+            for event_type in types:
+                if event_type in seen:
+                    raise NatsBridgeError(
+                        f"{event_type.__name__} is both {seen[event_type]} and {kind}: pick one"
+                    )
+                seen[event_type] = kind
+        if credentials is not None:
+            if not Path(credentials).is_file():
+                raise NatsBridgeError(f"NATS credentials file {credentials} does not exist")
+            if importlib.util.find_spec("nkeys") is None:
+                raise NatsBridgeError("NATS credentials files need the nkeys package: pip install nkeys")
+        self.consume_work = consume_work
+        self.consume_durable = consume_durable
+        self.durable_name = durable_name
+        self.credentials = credentials
+        self.tls = tls
+        self.buffer_limit = buffer_limit
+        self.connect_timeout = connect_timeout
+        self.reconnect_wait = reconnect_wait
+        self.reconnect_max_wait = reconnect_max_wait
+        self.ack_timeout = ack_timeout
+        self.ack_wait = ack_wait
+        self.duplicate_window = duplicate_window
+        self.max_age = max_age
+        self.seen_limit = seen_limit
+        self.close_timeout = close_timeout
+        self.stream_name = f"platoon-{run}"
+        self.origin = new_id()
+        self.stats = BridgeStats()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._server = _public_url(self.urls[0])
+        self._last_error = ""
+        # Per run: what came in from NATS (by identity, until our own forwarder sees it), the
+        # local subscriptions and the outbox they fill, and our NATS subscriptions.
+        self._from_nats: dict[int, Event] = {}
+        self._bus: Bus | None = None
+        self._nc: NatsClient | None = None
+        self._outgoing: list[Subscription[Any]] = []
+        self._outbox: MemoryObjectSendStream[_Out] | None = None
+        self._outbox_out: MemoryObjectReceiveStream[_Out] | None = None
+        self._notices: MemoryObjectSendStream[Event] | None = None
+        self._subs: list[Any] = []
+        self._unsent = 0  # events handed to the bridge and not yet out (see `flush`)
+        self._idle: anyio.Event | None = None
+        self._closing = False
+
+    # --- the component ---------------------------------------------------------------------
+
+    def attach(self, bus: Bus) -> None:
+        """Subscribe to the outgoing types now, so that what is published before the bridge
+        has connected waits in its buffer instead of being missed."""
+        if self._outgoing:
+            return
+        self._bus, self._from_nats, self._unsent, self._idle = bus, {}, 0, anyio.Event()
+        self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
+        for durable, types in ((False, self.mirror + self.work), (True, self.durable)):
+            for event_type in types:
+                self._outgoing.append(
+                    bus.subscribe(
+                        event_type,
+                        self._forwarder(subject_for(self.run_name, event_type), durable),
+                        name=f"{self.name}:{event_type.__name__}",
+                        buffer=min(self.buffer_limit, 64),
+                    )
+                )
+
+    def _detach(self) -> None:
+        for sub in self._outgoing:
+            sub.close()
+        self._outgoing = []
+        if self._outbox is not None:
+            self._outbox.close()  # the sender ends once it has sent what is left
+
+    async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Bridge until cancelled. With `await tg.start(bridge.run, bus)`, returns once live."""
+        try:
+            _require_asyncio()
+            self.attach(bus)
+            self._closing, self._subs = False, []
+            nc = self._nc = await self._connect()
+            try:
+                await self._bridge(bus, nc, task_status)
+            finally:
+                self._closing = True
+                if self._unsent:
+                    self.stats.unsent_at_close += self._unsent
+                    log.warning(
+                        "bridge closed with events not sent to NATS", server=self._server, unsent=self._unsent
+                    )
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
+                    await self._leave(nc)
+        finally:
+            self._detach()
+
+    async def _bridge(self, bus: Bus, nc: NatsClient, task_status: TaskStatus[None]) -> None:
+        assert self._outbox_out is not None
+        js = nc.jetstream() if self.durable else None
+        if js is not None:
+            await self._jetstream_call(self._ensure_stream(js))
+        notices_send, notices = anyio.create_memory_object_stream[Event](64)
+        inflight_send, inflight = anyio.create_memory_object_stream[_Pending](self.buffer_limit)
+        self._notices = notices_send
+        # The senders are shielded from cancellation so that, at shutdown, they can empty the
+        # buffers; closing the outbox ends them, and `close_timeout` bounds how long they try.
+        send_scope, ack_scope = anyio.CancelScope(shield=True), anyio.CancelScope(shield=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._send_loop, send_scope, nc, js, self._outbox_out, inflight_send)
+            tg.start_soon(self._ack_loop, ack_scope, nc, js, inflight)
+            try:
+                tg.start_soon(self._announce, bus, notices)
+                await self._subscribe_nats(tg, bus, nc, js)
+                await nc.flush()
+                log.info("bridge up", server=self._server, run=self.run_name, origin=self.origin)
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                self._detach()
+                send_scope.deadline = ack_scope.deadline = anyio.current_time() + self.close_timeout
+
+    async def flush(self) -> None:
+        """Wait until every event published on the bus so far is out: published to NATS or,
+        if durable, stored by JetStream. While NATS is away this waits for it to come back."""
+        if self._bus is not None:
+            await self._bus.drained()
+        while self._unsent and self._idle is not None:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _sent(self) -> None:
+        self._unsent -= 1
+        self.stats.sent += 1
+        if not self._unsent and self._idle is not None:
+            self._idle.set()
+
+    # --- connecting ------------------------------------------------------------------------
+
+    async def _connect(self) -> NatsClient:
+        nc = NatsClient()
+        options: dict[str, Any] = {
+            "servers": self.urls,
+            "name": f"platoon:{self.run_name}:{self.origin[:8]}",
+            "no_echo": True,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": self.reconnect_wait,
+            "connect_timeout": min(self.connect_timeout, 2.0),
+            "reconnect_to_server_handler": self._next_server,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        if self.tls is not None:
+            options["tls"] = self.tls
+        if self.credentials is not None:
+            options["user_credentials"] = str(self.credentials)
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                await nc.connect(**options)
+        except TimeoutError:
+            await _close_quietly(nc)
+            raise NatsBridgeError(
+                f"could not connect to NATS at {self._server} within {self.connect_timeout} s"
+                + (f": {self._last_error}" if self._last_error else "")
+            ) from None
+        except (OSError, nats.errors.Error, ssl.SSLError) as exc:
+            await _close_quietly(nc)
+            raise NatsBridgeError(f"could not connect to NATS at {self._server}: {exc}") from exc
+        self._remember_server(nc)
+        return nc
+
+    async def _jetstream_call(self, call: Any) -> Any:
+        """Await a JetStream set-up call, turning "no JetStream here" into a clear error."""
+        try:
+            return await call
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+            raise NatsBridgeError(
+                f"NATS at {self._server} has no JetStream (start nats-server with -js): {exc}"
+            ) from exc
+        except nats.js.errors.APIError as exc:
+            raise NatsBridgeError(f"JetStream set-up failed at {self._server}: {exc}") from exc
+
+    async def _leave(self, nc: NatsClient) -> None:
+        """Unsubscribe and wait until the server has seen it, then close. Closing alone leaves
+        our queue-group member in place until the server notices the dead socket, and work
+        sent to it meanwhile would be lost."""
+        try:
+            for sub in self._subs:
+                await sub.unsubscribe()
+            if nc.is_connected:
+                await nc.flush(timeout=max(1, int(self.close_timeout)))
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.debug("leaving NATS uncleanly", error=f"{type(exc).__name__}: {exc}")
+        await _close_quietly(nc)
+
+    def _next_server(self, servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+        """Reconnect policy: the least-tried server, after an exponential, jittered backoff."""
+        server = min(servers, key=lambda s: s.reconnects)
+        if server.reconnects == 0:
+            return server, 0.0
+        delay = min(self.reconnect_wait * 2 ** min(server.reconnects - 1, 30), self.reconnect_max_wait)
+        return server, delay * random.uniform(0.75, 1.25)
+
+    def _remember_server(self, nc: NatsClient) -> None:
+        if nc.connected_url is not None:
+            self._server = _public_url(nc.connected_url.geturl())
+
+    async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, nats.errors.SlowConsumerError):
+            self.stats.slow_consumer_drops += 1
+            return
+        self._last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        log.debug("nats error", server=self._server, error=self._last_error)
+
+    async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
+        self.stats.disconnects += 1
+        log.warning("bridge disconnected", server=self._server, reason=self._last_error)
+        self._notify(BridgeDisconnected(url=self._server, reason=self._last_error))
+
+    async def _on_reconnected(self) -> None:
+        if self._closing:
+            return
+        if self._nc is not None:
+            self._remember_server(self._nc)
+        log.info("bridge reconnected", server=self._server, buffered=self._unsent)
+        self._notify(BridgeReconnected(url=self._server, buffered=self._unsent))
+
+    def _notify(self, event: Event) -> None:
+        # nats-py calls back from its own asyncio tasks: hand the event to a task of ours.
+        if self._notices is not None:
+            try:
+                self._notices.send_nowait(event)
+            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                log.warning("bridge notice dropped", event=type(event).__name__)
+
+    async def _announce(self, bus: Bus, notices: MemoryObjectReceiveStream[Event]) -> None:
+        async with notices:
+            async for event in notices:
+                await bus.publish(event)
+
+    async def _connected(self, nc: NatsClient) -> None:
+        while not nc.is_connected:
+            if nc.is_closed:
+                raise NatsBridgeError(f"the connection to NATS at {self._server} is closed")
+            await anyio.sleep(0.01)
+
+    # --- local bus -> NATS -----------------------------------------------------------------
+
+    def _forwarder(self, subject: str, durable: bool) -> Any:
+        async def forward(event: Event) -> None:
+            if self._from_nats.get(id(event)) is event:
+                del self._from_nats[id(event)]  # it came from NATS: never send it back
+                return
+            assert self._outbox is not None
+            self._unsent += 1
+            try:
+                await self._outbox.send(_Out(subject, durable, event))
+            except BaseException:
+                self._unsent -= 1
+                raise
+
+        return forward
+
+    async def _send_loop(
+        self,
+        scope: anyio.CancelScope,
+        nc: NatsClient,
+        js: JetStreamContext | None,
+        outbox: MemoryObjectReceiveStream[_Out],
+        inflight: MemoryObjectSendStream[_Pending],
+    ) -> None:
+        core_headers = {ORIGIN_HEADER: self.origin}
+        with scope:
+            async with outbox, inflight:
+                async for out in outbox:
+                    data = encode(out.event)
+                    if out.durable:
+                        assert js is not None
+                        headers = {ORIGIN_HEADER: self.origin, MSG_ID_HEADER: event_id(out.event)}
+                        ack = await self._publish_async(nc, js, out.subject, data, headers)
+                        await inflight.send(_Pending(out.subject, data, headers, ack))
+                    else:
+                        await self._publish_core(nc, out.subject, data, core_headers)
+                        self._sent()
+
+    async def _publish_core(self, nc: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        while True:
+            await self._connected(nc)
+            try:
+                await nc.publish(subject, data, headers=headers)
+                return
+            except nats.errors.OutboundBufferLimitError:
+                await anyio.sleep(self.reconnect_wait)  # disconnected between the check and now
+
+    async def _publish_async(
+        self, nc: NatsClient, js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str]
+    ) -> asyncio.Future[Any] | None:
+        await self._connected(nc)
+        try:
+            return await js.publish_async(subject, data, headers=dict(headers))
+        except nats.errors.Error as exc:
+            log.debug("durable publish failed, will retry", subject=subject, error=str(exc))
+            return None  # the ack loop publishes it again
+
+    async def _ack_loop(
+        self,
+        scope: anyio.CancelScope,
+        nc: NatsClient,
+        js: JetStreamContext | None,
+        inflight: MemoryObjectReceiveStream[_Pending],
+    ) -> None:
+        with scope:
+            async with inflight:
+                async for pending in inflight:
+                    assert js is not None
+                    if not await self._acknowledged(pending.ack):
+                        await self._republish(nc, js, pending)
+                    self._sent()
+
+    async def _acknowledged(self, ack: asyncio.Future[Any] | None) -> bool:
+        if ack is None:
+            return False
+        try:
+            with anyio.fail_after(self.ack_timeout):
+                await ack
+            return True
+        except (TimeoutError, nats.errors.Error):
+            return False
+
+    async def _republish(self, nc: NatsClient, js: JetStreamContext, pending: _Pending) -> None:
+        """Publish until the stream acknowledges; the message id makes repeats harmless."""
+        attempt = 0
+        while True:
+            await self._connected(nc)
+            try:
+                await js.publish(
+                    pending.subject, pending.data, headers=dict(pending.headers), timeout=self.ack_timeout
+                )
+                self.stats.republished += 1
+                return
+            except nats.js.errors.NoStreamResponseError:
+                with anyio.move_on_after(self.ack_timeout):
+                    await self._ensure_stream(js)  # a server that came back without its store
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.debug("durable publish retry", subject=pending.subject, error=str(exc))
+            attempt += 1
+            await anyio.sleep(min(self.reconnect_wait * 2 ** min(attempt, 30), self.reconnect_max_wait))
+
+    # --- NATS -> local bus -----------------------------------------------------------------
+
+    async def _subscribe_nats(
+        self, tg: TaskGroup, bus: Bus, nc: NatsClient, js: JetStreamContext | None
+    ) -> None:
+        for event_type in self.mirror:
+            sub = await nc.subscribe(subject_for(self.run_name, event_type))
+            self._subs.append(sub)
+            tg.start_soon(self._receive_core, bus, sub)
+        if self.consume_work:
+            for event_type in self.work:
+                sub = await nc.subscribe(subject_for(self.run_name, event_type), queue="platoon-work")
+                self._subs.append(sub)
+                tg.start_soon(self._receive_core, bus, sub)
+        if self.consume_durable and js is not None:
+            pull = await self._jetstream_call(self._durable_consumer(js))
+            self._subs.append(pull)
+            tg.start_soon(self._receive_durable, bus, nc, pull)
+
+    async def _receive_core(self, bus: Bus, sub: Any) -> None:
+        async for msg in sub.messages:
+            event = self._decode(msg)
+            if event is not None:
+                await self._deliver(bus, event)
+
+    async def _receive_durable(self, bus: Bus, nc: NatsClient, pull: Any) -> None:
+        batch = min(self.buffer_limit, 256)
+        while True:
+            try:
+                msgs = await pull.fetch(batch, timeout=1.0)
+            except (TimeoutError, nats.errors.Error):
+                if not nc.is_connected:
+                    await self._connected(nc)
+                continue
+            for msg in msgs:
+                event = self._decode(msg)
+                if event is None:
+                    await _settle(msg.term)  # never deliverable here: do not let it come back forever
+                    continue
+                key = event_id(event)
+                if key in self._seen:
+                    self.stats.duplicates += 1
+                else:
+                    await self._deliver(bus, event)
+                    self._remember(key)
+                await _settle(msg.ack)
+
+    def _decode(self, msg: Msg) -> Event | None:
+        if msg.headers and msg.headers.get(ORIGIN_HEADER) == self.origin:
+            self.stats.echoes += 1
+            return None
+        try:
+            return decode(msg.data)
+        except msgspec.DecodeError as exc:
+            self.stats.undecodable += 1
+            log.error(
+                "undecodable event from NATS; is its plugin installed?", subject=msg.subject, error=str(exc)
+            )
+            return None
+
+    async def _deliver(self, bus: Bus, event: Event) -> None:
+        self._from_nats[id(event)] = event
+        await bus.publish(event)
+        self.stats.received += 1
+
+    def _remember(self, key: str) -> None:
+        self._seen[key] = None
+        if len(self._seen) > self.seen_limit:
+            self._seen.popitem(last=False)
+
+    # --- JetStream set-up ------------------------------------------------------------------
+
+    def _durable_subjects(self) -> list[str]:
+        return [subject_for(self.run_name, t) for t in self.durable]
+
+    async def _ensure_stream(self, js: JetStreamContext) -> None:
+        """Create the run's stream, or widen it to this bridge's durable subjects."""
+        subjects = self._durable_subjects()
+        try:
+            info = await js.stream_info(self.stream_name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await js.add_stream(
+                    name=self.stream_name,
+                    subjects=subjects,
+                    duplicate_window=self.duplicate_window,
+                    max_age=self.max_age,
+                    storage=api.StorageType.FILE,
+                )
+                return
+            except nats.js.errors.BadRequestError:
+                info = await js.stream_info(self.stream_name)  # another bridge made it first
+        known = list(info.config.subjects or [])
+        missing = [s for s in subjects if s not in known]
+        if missing:
+            await js.update_stream(config=info.config.evolve(subjects=known + missing))
+
+    async def _durable_consumer(self, js: JetStreamContext) -> Any:
+        subjects = self._durable_subjects()
+        config = api.ConsumerConfig(
+            durable_name=self.durable_name,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_ack_pending=max(self.buffer_limit, 256),
+            **({"filter_subject": subjects[0]} if len(subjects) == 1 else {"filter_subjects": subjects}),
+        )
+        await js.add_consumer(self.stream_name, config=config)
+        return await js.pull_subscribe_bind(durable=self.durable_name, stream=self.stream_name)
+
+
+def _require_asyncio() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise NatsBridgeError(
+            "the NATS bridge needs anyio's asyncio backend (nats-py is asyncio-only); "
+            "run the bus under asyncio, e.g. anyio.run(main, backend='asyncio')"
+        ) from None
+
+
+def _check_url(url: str) -> None:
+    try:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        port = parts.port
+    except ValueError as exc:
+        raise NatsBridgeError(f"bad NATS URL {url!r}: {exc}") from None
+    if port is not None and port < 1:
+        raise NatsBridgeError(f"bad NATS URL {url!r}: port {port}")
+    if parts.scheme not in _SCHEMES:
+        raise NatsBridgeError(f"bad NATS URL {url!r}: the scheme must be one of {', '.join(_SCHEMES)}")
+    if not parts.hostname:
+        raise NatsBridgeError(f"bad NATS URL {url!r}: no host")
+
+
+def _public_url(url: str) -> str:
+    """The URL without user and password, fit for events and logs."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"
+
+
+def _check_types(kind: str, types: Sequence[type[Event]]) -> tuple[type[Event], ...]:
+    registered = set(event_types())
+    for event_type in types:
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise NatsBridgeError(f"{kind}: {event_type!r} is not an Event type")
+        if event_type not in registered:
+            raise NatsBridgeError(
+                f"{kind}: {event_type.__name__} is not registered; decorate it with @register_event"
+            )
+    return tuple(dict.fromkeys(types))
+
+
+async def _settle(acknowledge: Any) -> None:
+    """Ack or term a JetStream message; if that is lost, the seen-set drops the redelivery."""
+    try:
+        await acknowledge()
+    except nats.errors.Error as exc:
+        log.debug("ack lost", error=str(exc))
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    try:
+        await nc.close()
+    except Exception as exc:  # a half-made connection may fail to close; nothing to keep
+        log.debug("closing the NATS connection failed", error=f"{type(exc).__name__}: {exc}")

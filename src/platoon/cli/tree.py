@@ -1,0 +1,104 @@
+"""An episode's events printed as its agent tree (`platoon rollout`)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+
+from platoon.bus.events import (
+    AgentFinished,
+    AgentSpawned,
+    EpisodeFinished,
+    EpisodeGraded,
+    EpisodeStarted,
+    Event,
+    ModelCallFinished,
+    ToolCalled,
+    ToolReturned,
+)
+
+__all__ = ["render_tree"]
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_tree(events: Sequence[Event]) -> str:
+    """Each agent with its model calls, tool calls and results, children nested, then the grade."""
+    agents: dict[str, AgentSpawned] = {}
+    children: defaultdict[str | None, list[str]] = defaultdict(list)
+    lines_of: defaultdict[str, list[str]] = defaultdict(list)
+    ends: dict[str, AgentFinished] = {}
+    header: list[str] = []
+    footer: list[str] = []
+    names: dict[str, str] = {}
+    for event in events:
+        match event:
+            case EpisodeStarted():
+                t = event.task
+                header.append(f"episode {event.episode_id[:8]}  task {t.env} {t.split}:{t.task_id}")
+            case AgentSpawned():
+                agents[event.agent_id] = event
+                children[event.parent_id].append(event.agent_id)
+            case ModelCallFinished():
+                n = sum(1 for line in lines_of[event.agent_id] if line.startswith("model")) + 1
+                text = f"  {_clip(event.completion_text)!r}" if event.completion_text else ""
+                lines_of[event.agent_id].append(
+                    f"model call {n}: {len(event.prompt_tokens)} prompt + {len(event.completion_tokens)} "
+                    f"completion tokens ({event.kind}, {event.stop_reason}, policy v{event.policy_version}){text}"
+                )
+            case ToolCalled():
+                names[event.request_id] = event.name
+                args = _clip(json.dumps(event.arguments, ensure_ascii=False), 80)
+                lines_of[event.agent_id].append(f"tool {event.name}({args})")
+            case ToolReturned():
+                out = f"error: {event.error}" if event.error else _clip(event.output)
+                extra = "".join(
+                    [
+                        f" reward={event.reward:g}" if event.reward is not None else "",
+                        " finished" if event.finished else "",
+                    ]
+                )
+                lines_of[event.agent_id].append(f"  -> {out}{extra}")
+            case AgentFinished():
+                ends[event.agent_id] = event
+            case EpisodeFinished():
+                why = f" ({event.reason})" if event.reason else ""
+                footer.append(
+                    f"finished: {event.status}{why} after {event.num_model_calls} model calls, {event.duration_s:.2f} s"
+                )
+            case EpisodeGraded():
+                if event.reward is None:
+                    footer.append(f"not graded: {event.reason}")
+                else:
+                    extra = {k: v for k, v in event.rewards.items() if k != "reward"}
+                    footer.append(f"reward: {event.reward:g}" + (f"  {extra}" if extra else ""))
+
+    out = list(header)
+
+    def walk(agent_id: str, prefix: str, last: bool) -> None:
+        spawned = agents[agent_id]
+        branch = "└─ " if last else "├─ "
+        out.append(f"{prefix}{branch}agent {agent_id[:8]} depth {spawned.depth} harness {spawned.harness}")
+        inner = prefix + ("   " if last else "│  ")
+        if spawned.depth > 0:
+            out.append(f"{inner}instruction: {_clip(spawned.instruction)}")
+        for line in lines_of[agent_id]:
+            out.append(f"{inner}{line}")
+        kids = children.get(agent_id, [])
+        for i, child in enumerate(kids):
+            walk(child, inner, i == len(kids) - 1)
+        end = ends.get(agent_id)
+        if end is not None:
+            why = f" ({end.reason})" if end.reason else ""
+            final = f": {_clip(end.final_message)}" if end.final_message else ""
+            out.append(f"{inner}{end.status}{why}{final}")
+
+    roots = children.get(None, [])
+    for i, root in enumerate(roots):
+        walk(root, "", i == len(roots) - 1)
+    out += footer
+    return "\n".join(out) + "\n"

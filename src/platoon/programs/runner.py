@@ -1,0 +1,273 @@
+"""The episode runner: turns each `EpisodeRequested` into one played episode.
+
+For every request whose environment it serves, the runner opens the root agent's env
+session and its gateway key, runs the entry's episode program (by default the single-agent
+program: the harness plays the task) within the budget and the wall-clock timeout, and
+publishes `EpisodeFinished` with a status that says how it ended:
+
+* `completed`: the harness returned;
+* `limit`: the budget of model calls or tokens (or the context window) ran out;
+* `timeout`: the episode's wall-clock limit passed;
+* `error`: the harness raised, or the env session could not be opened (`reason` says why);
+* `cancelled`: the run was shut down mid-episode.
+
+A failing episode never takes the runner down, and its env sessions are closed by the env
+service once the episode is graded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from platoon.bus import Bus, NoResponder, RequestTimeout, Stream
+from platoon.bus.events import (
+    AgentFinished,
+    AgentOpened,
+    AgentOpenRequested,
+    AgentSpawned,
+    EpisodeFinished,
+    EpisodeRequested,
+    EpisodeStarted,
+    SessionOpened,
+    SessionOpenRequested,
+    new_id,
+)
+from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, choose_harness, get_harness
+from platoon.harness.registry import validate_options
+from platoon.programs.registry import Episode, get_program
+
+__all__ = ["EntrySettings", "EpisodeRunner"]
+
+log = structlog.get_logger("platoon.runner")
+
+
+@dataclass
+class EntrySettings:
+    """What the runner needs to know about one environment entry of the config."""
+
+    name: str
+    harness: str | Mapping[str, float]
+    harness_options: dict[str, Any] = field(default_factory=dict)
+    program: str = "single"
+    program_options: dict[str, Any] = field(default_factory=dict)
+    max_steps: int | None = 20
+    max_tokens: int | None = None
+    timeout: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    agents: Any = None
+    path: str = "environments"
+
+
+class EpisodeRunner:
+    """The runner component. `entries` are the environment entries it plays."""
+
+    name = "episode-runner"
+
+    def __init__(
+        self,
+        entries: list[EntrySettings],
+        *,
+        max_concurrent: int = 256,
+        seed: int = 0,
+        request_timeout: float | None = 600.0,
+        worker: str = "",
+    ) -> None:
+        self.entries = {e.name: e for e in entries}
+        self.limiter = anyio.CapacityLimiter(max_concurrent)
+        self.seed = seed
+        self.request_timeout = request_timeout
+        self.worker = worker
+        self.options: dict[tuple[str, str], Any] = {}
+        self._requests: Stream[EpisodeRequested] | None = None
+        for entry in entries:
+            self._check(entry)
+
+    def _check(self, entry: EntrySettings) -> None:
+        """Resolve every harness an entry may pick and validate its options before anything runs."""
+        names = [entry.harness] if isinstance(entry.harness, str) else list(entry.harness)
+        for name in names:
+            harness = get_harness(name)
+            self.options[entry.name, name] = validate_options(
+                harness, entry.harness_options, f"{entry.path}.harness_options"
+            )
+        get_program(entry.program)
+
+    def attach(self, bus: Bus) -> None:
+        if self._requests is not None:
+            return
+        self._requests = bus.stream(EpisodeRequested, name="runner").open()
+
+    async def run(self, bus: Bus) -> None:
+        if self._requests is None:
+            self.attach(bus)
+        assert self._requests is not None
+        async with anyio.create_task_group() as tg:
+            with self._requests as requests:
+                async for request in requests:
+                    if request.task.env in self.entries:
+                        await self.limiter.acquire_on_behalf_of(request.episode_id)
+                        tg.start_soon(self._play, bus, request)
+
+    async def _play(self, bus: Bus, request: EpisodeRequested) -> None:
+        try:
+            await self.play(bus, request)
+        finally:
+            self.limiter.release_on_behalf_of(request.episode_id)
+
+    async def play(self, bus: Bus, request: EpisodeRequested) -> EpisodeFinished:
+        """Play one episode and publish (and return) its `EpisodeFinished`."""
+        entry = self.entries[request.task.env]
+        harness_name = request.harness or choose_harness(entry.harness, request.episode_id, self.seed)
+        agent_id = new_id()
+        started = time.monotonic()
+        deadline = started + entry.timeout if entry.timeout else None
+        result = AgentResult("error", reason="the episode did not start")
+        calls = 0
+        try:
+            with anyio.fail_after(entry.timeout) if entry.timeout else contextlib.nullcontext():
+                ctx = await self._open_root(bus, request, entry, harness_name, agent_id, deadline)
+                episode = Episode(
+                    bus=bus,
+                    request=request,
+                    entry=entry,
+                    harness=get_harness(harness_name),
+                    root=ctx,
+                    options=entry.program_options,
+                )
+                try:
+                    result = await get_program(entry.program)(episode)
+                finally:
+                    calls = ctx.budget.used
+        except TimeoutError:
+            result = AgentResult("timeout", reason=f"the episode passed its {entry.timeout} s timeout")
+        except BudgetExhausted as exc:
+            result = AgentResult("limit", reason=str(exc))
+        except anyio.get_cancelled_exc_class():
+            result = AgentResult("error", reason="cancelled")
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await self._finish(bus, request, agent_id, result, calls, started, cancelled=True)
+            raise
+        except _EpisodeSetupError as exc:
+            result = AgentResult("error", reason=str(exc))
+        except Exception as exc:
+            log.info("harness raised", episode=request.episode_id, error=f"{type(exc).__name__}: {exc}")
+            result = AgentResult("error", reason=f"the harness raised {type(exc).__name__}: {exc}")
+        return await self._finish(bus, request, agent_id, result, calls, started)
+
+    async def _open_root(
+        self,
+        bus: Bus,
+        request: EpisodeRequested,
+        entry: EntrySettings,
+        harness_name: str,
+        agent_id: str,
+        deadline: float | None,
+    ) -> AgentContext:
+        try:
+            opened = await bus.request(
+                SessionOpenRequested(episode_id=request.episode_id, agent_id=agent_id, task=request.task),
+                timeout=self.request_timeout,
+            )
+        except (NoResponder, RequestTimeout) as exc:
+            raise _EpisodeSetupError(f"no env session for {request.task.env!r}: {exc}") from None
+        assert isinstance(opened, SessionOpened)
+        if opened.error is not None:
+            raise _EpisodeSetupError(f"the env session failed to open: {opened.error}")
+        try:
+            key = await bus.request(
+                AgentOpenRequested(
+                    episode_id=request.episode_id,
+                    agent_id=agent_id,
+                    depth=0,
+                    budget_id=request.episode_id,
+                    max_model_calls=entry.max_steps,
+                    max_tokens=entry.max_tokens,
+                    params=entry.params,
+                ),
+                timeout=self.request_timeout,
+            )
+        except (NoResponder, RequestTimeout) as exc:
+            raise _EpisodeSetupError(f"the model gateway did not answer: {exc}") from None
+        assert isinstance(key, AgentOpened)
+        await bus.publish(
+            EpisodeStarted(
+                episode_id=request.episode_id,
+                group_id=request.group_id,
+                task=request.task,
+                root_agent_id=agent_id,
+                instruction=opened.instruction,
+                worker=self.worker,
+            )
+        )
+        await bus.publish(
+            AgentSpawned(
+                episode_id=request.episode_id,
+                agent_id=agent_id,
+                parent_id=None,
+                depth=0,
+                harness=harness_name,
+                instruction=opened.instruction,
+            )
+        )
+        return AgentContext(
+            bus=bus,
+            task=request.task,
+            episode_id=request.episode_id,
+            agent_id=agent_id,
+            instruction=opened.instruction,
+            tools=list(opened.tools),
+            budget=Budget(entry.max_steps, deadline=deadline),
+            options=self.options[entry.name, harness_name],
+            gateway_url=key.base_url,
+            api_key=key.key,
+            request_timeout=self.request_timeout,
+        )
+
+    async def _finish(
+        self,
+        bus: Bus,
+        request: EpisodeRequested,
+        agent_id: str,
+        result: AgentResult,
+        calls: int,
+        started: float,
+        *,
+        cancelled: bool = False,
+    ) -> EpisodeFinished:
+        status = "cancelled" if cancelled else result.status
+        await bus.publish(
+            AgentFinished(
+                episode_id=request.episode_id,
+                agent_id=agent_id,
+                status=status,
+                final_message=result.final_message,
+                reason=result.reason,
+            )
+        )
+        finished = EpisodeFinished(
+            episode_id=request.episode_id,
+            group_id=request.group_id,
+            task=request.task,
+            status=status,
+            reason=result.reason,
+            final_message=result.final_message,
+            root_agent_id=agent_id,
+            num_model_calls=calls,
+            duration_s=time.monotonic() - started,
+            purpose=request.purpose,
+            step=request.step,
+            policy_version=request.policy_version,
+        )
+        await bus.publish(finished)
+        return finished
+
+
+class _EpisodeSetupError(Exception):
+    pass

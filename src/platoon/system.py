@@ -1,0 +1,215 @@
+"""Assembling the components a config describes.
+
+A run is a set of components on one bus: an env service per environment entry, the model
+gateway, the episode runner and the grader, the event log, the config's plugins, and for
+training the trainer and its scheduler. This module builds them from a `Config`; the
+commands (`platoon rollout|eval|train|worker`) and embedding applications pick what they need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from platoon import plugins
+from platoon.config import Config
+from platoon.config.schema import EnvironmentConfig, workflow_for
+from platoon.policy.base import SampleParams, SamplerFactory
+
+__all__ = [
+    "SystemError",
+    "entry_names",
+    "entry_settings",
+    "env_services",
+    "gateway_for",
+    "import_packages",
+    "load_tokenizer",
+    "plugin_components",
+    "policy_from_ref",
+    "running",
+    "tinker_service_client",
+]
+
+log = structlog.get_logger("platoon.system")
+
+TOY_TOKENIZER = "platoon-toy-qwen3"
+
+
+class SystemError(RuntimeError):
+    """The config describes something that cannot be assembled here."""
+
+
+def entry_names(config: Config) -> list[str]:
+    """Each environment entry's name: its `name`, else its env or service, made unique."""
+    names: list[str] = []
+    for i, entry in enumerate(config.environments):
+        name = entry.name or (entry.env or entry.service or f"env{i}").split("@")[0]
+        if name in names:
+            name = f"{name}-{i}"
+        names.append(name)
+    return names
+
+
+def import_packages(config: Config, config_dir: Path | None = None) -> None:
+    """Import each entry's `package`, so the harnesses it defines register themselves."""
+    import importlib
+    import sys
+
+    if config_dir is not None and str(config_dir) not in sys.path:
+        sys.path.insert(0, str(config_dir))
+    for entry in config.environments:
+        if entry.package:
+            try:
+                importlib.import_module(entry.package)
+            except ImportError as exc:
+                raise SystemError(f"cannot import package {entry.package!r}: {exc}") from exc
+
+
+def entry_settings(config: Config, *, eval: bool = False) -> list[Any]:
+    """The runner's view of each environment entry."""
+    from platoon.programs import EntrySettings
+
+    settings = []
+    for i, (name, entry) in enumerate(zip(entry_names(config), config.environments, strict=True)):
+        workflow = workflow_for(config, entry, eval=eval)
+        rollout = workflow.rollout_config
+        inference = rollout.inference_params
+        params = {
+            "temperature": inference.temperature,
+            "top_p": inference.top_p,
+            "top_k": inference.top_k,
+            "max_tokens": inference.max_completion_tokens,
+            "stop": inference.stop,
+            "seed": inference.seed,
+        }
+        if entry.harness is None:
+            raise SystemError(f"environments.{i}.harness: an entry needs a harness to play it")
+        settings.append(
+            EntrySettings(
+                name=name,
+                harness=entry.harness if isinstance(entry.harness, str) else dict(entry.harness),
+                harness_options=dict(entry.harness_options),
+                program=entry.program,
+                program_options=dict(entry.program_options),
+                max_steps=rollout.max_steps,
+                max_tokens=rollout.max_tokens_per_episode,
+                timeout=rollout.timeout,
+                params={k: v for k, v in params.items() if v is not None},
+                agents=entry.agents,
+                path=f"environments.{i}",
+            )
+        )
+    return settings
+
+
+def env_services(config: Config, names: Sequence[str] | None = None) -> list[Any]:
+    """One env service per environment entry (or per named entry)."""
+
+    services = []
+    for name, entry in zip(entry_names(config), config.environments, strict=True):
+        if names is not None and name not in names:
+            continue
+        services.append(_service(name, entry))
+    return services
+
+
+def _service(name: str, entry: EnvironmentConfig) -> Any:
+    from platoon.envs import build_env_service
+
+    return build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A tokenizer from a local directory or the HF cache; never downloads."""
+    if name_or_path == TOY_TOKENIZER:
+        from platoon.testing.tokenizers import toy_tokenizer
+
+        return toy_tokenizer()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise SystemError(
+            f"cannot load the tokenizer {name_or_path!r} from a local directory or the HF cache "
+            f"(platoon never downloads at run time): {str(exc).splitlines()[0]}"
+        ) from None
+
+
+def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
+    """`scripted:MODULE:ATTR`: a scripted policy (a list of texts or a function of the messages)."""
+    from platoon.testing.policies import ScriptedSamplerFactory
+
+    kind, _, target = ref.partition(":")
+    if kind != "scripted" or ":" not in target:
+        raise SystemError(f"--policy {ref!r}: expected scripted:MODULE:ATTR")
+    return ScriptedSamplerFactory(tokenizer, plugins.import_ref(target))
+
+
+def tinker_service_client(config: Config) -> Any:
+    """A `tinker.ServiceClient` for the config: `tinker_base_url`, else `$TINKER_BASE_URL`,
+    else hosted Tinker (which needs `TINKER_API_KEY`)."""
+    try:
+        import tinker
+    except ImportError:
+        raise SystemError(
+            "sampling a Tinker policy needs the tinker extra: pip install 'platoon[tinker]'"
+        ) from None
+    base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL")
+    api_key = os.environ.get("TINKER_API_KEY")
+    if base_url is None and not api_key:
+        raise SystemError(
+            "no training service: set TINKER_API_KEY for hosted Tinker, TINKER_BASE_URL or "
+            "tinker_base_url for a self-hosted one, train.backend: local for the embedded one, "
+            "or pass --policy scripted:MODULE:ATTR"
+        )
+    return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
+
+
+def gateway_for(
+    config: Config, renderer: Any, factory: SamplerFactory, *, model_name: str = "platoon-policy"
+) -> Any:
+    from platoon.gateway import Gateway
+
+    return Gateway(
+        renderer=renderer,
+        sampler_factory=factory,
+        defaults=SampleParams(),
+        context_window=config.train.context_window_length if config.train else None,
+        max_concurrent_samples=config.gateway.max_concurrent_samples,
+        host=config.gateway.host,
+        port=config.gateway.port,
+        model_name=model_name,
+    )
+
+
+def plugin_components(config: Config) -> list[Any]:
+    return [
+        plugins.plugin_component(p.handler or p.component or "", event_names=p.events, options=p.options)
+        for p in config.plugins
+    ]
+
+
+@contextlib.asynccontextmanager
+async def running(bus: Any, components: Sequence[Any]) -> AsyncIterator[None]:
+    """Run `components` on `bus` for the duration of the block, then cancel them.
+
+    Every component is attached (subscribed) before any of them runs, so a request published
+    inside the block always finds its responder.
+    """
+    from platoon.bus import attach, run_components
+
+    attach(components, bus)
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_components, bus, components)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()

@@ -1,0 +1,265 @@
+"""Evaluation: every task of a split, `group_size` attempts each, `concurrency` at a time.
+
+`evaluate` runs on a bus whose env services, gateway, runner and grader are running; it only
+publishes `EpisodeRequested` and reads what comes back, so the same code evaluates in
+process or through rollout workers on other machines.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from platoon.bus import Bus
+from platoon.bus.events import (
+    AgentSpawned,
+    EpisodeGraded,
+    EpisodeRequested,
+    EvalFinished,
+    ModelCallFinished,
+    TaskRef,
+    TasksListed,
+    TasksRequested,
+    new_id,
+)
+
+__all__ = ["EvalReport", "TaskResult", "evaluate", "list_tasks", "pass_at_k"]
+
+
+class TaskResult(msgspec.Struct, kw_only=True):
+    env: str
+    split: str
+    task_id: str
+    rewards: list[float | None]
+    failures: list[str] = []
+
+
+class EvalReport(msgspec.Struct, kw_only=True):
+    """What `platoon eval` writes as JSON."""
+
+    step: int
+    episodes: int
+    graded: int
+    reward_mean: float | None
+    reward_std: float | None
+    pass_at_k: dict[str, float]
+    success_threshold: float
+    tokens: dict[str, int]
+    seconds: float
+    failures: dict[str, int]
+    by_env: dict[str, dict[str, float]]
+    by_depth: dict[str, dict[str, float]]
+    tasks: list[TaskResult]
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        out = {f"{prefix}/episodes": float(self.episodes), f"{prefix}/graded": float(self.graded)}
+        if self.reward_mean is not None:
+            out[f"{prefix}/reward_mean"] = self.reward_mean
+        for k, v in self.pass_at_k.items():
+            out[f"{prefix}/pass@{k}"] = v
+        for env, stats in self.by_env.items():
+            for key, value in stats.items():
+                out[f"{prefix}/{env}/{key}"] = value
+        return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate from n attempts with c successes (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+async def list_tasks(bus: Bus, env: str, split: str, *, timeout: float | None = 120.0) -> list[TaskRef]:
+    reply = await bus.request(TasksRequested(env=env, split=split), timeout=timeout)
+    assert isinstance(reply, TasksListed)
+    if reply.error is not None:
+        raise ValueError(f"cannot list the tasks of {env!r} split {split!r}: {reply.error}")
+    return list(reply.tasks)
+
+
+async def evaluate(
+    bus: Bus,
+    tasks: Sequence[TaskRef],
+    *,
+    group_size: int = 1,
+    concurrency: int = 16,
+    step: int = 0,
+    policy_version: int = 0,
+    success_threshold: float = 1.0,
+    progress: Callable[[int, int], None] | None = None,
+    publish: bool = True,
+) -> EvalReport:
+    """Run every task `group_size` times and summarise; publishes `EvalFinished`."""
+    total = len(tasks) * group_size
+    limiter = anyio.Semaphore(concurrency)
+    graded: dict[str, EpisodeGraded] = {}
+    mine: dict[str, TaskRef] = {}
+    tokens: Counter[str] = Counter()
+    depth_of: dict[str, int] = {}
+    all_done = anyio.Event()
+    started = time.monotonic()
+
+    async with bus.stream(EpisodeGraded, name="eval") as results, bus.stream(ModelCallFinished) as calls:
+        agents = bus.stream(AgentSpawned).open()
+
+        async def collect_calls() -> None:
+            async for call in calls:
+                if call.episode_id in mine:
+                    tokens["prompt"] += len(call.prompt_tokens)
+                    tokens["completion"] += len(call.completion_tokens)
+                    tokens["calls"] += 1
+
+        async def collect_agents() -> None:
+            async for agent in agents:
+                if agent.episode_id in mine:
+                    depth_of[agent.agent_id] = agent.depth
+                    tokens[f"agents_depth_{agent.depth}"] += 1
+
+        async def collect_results() -> None:
+            async for event in results:
+                if event.episode_id in mine and event.episode_id not in graded:
+                    graded[event.episode_id] = event
+                    limiter.release()
+                    if progress:
+                        progress(len(graded), total)
+                    if len(graded) == total:
+                        all_done.set()
+                        return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect_calls)
+            tg.start_soon(collect_agents)
+            tg.start_soon(collect_results)
+            for task in tasks:
+                group_id = new_id()
+                for _ in range(group_size):
+                    await limiter.acquire()
+                    episode_id = new_id()
+                    mine[episode_id] = task
+                    await bus.publish(
+                        EpisodeRequested(
+                            episode_id=episode_id,
+                            group_id=group_id,
+                            task=task,
+                            purpose="eval",
+                            step=step,
+                            policy_version=policy_version,
+                        )
+                    )
+            if total:
+                await all_done.wait()
+            tg.cancel_scope.cancel()
+        agents.close()
+
+    report = _report(
+        tasks, graded, mine, group_size, step, success_threshold, tokens, time.monotonic() - started
+    )
+    if publish:
+        await bus.publish(EvalFinished(step=step, metrics=report.metrics()))
+    return report
+
+
+def _report(
+    tasks: Sequence[TaskRef],
+    graded: dict[str, EpisodeGraded],
+    mine: dict[str, TaskRef],
+    group_size: int,
+    step: int,
+    threshold: float,
+    tokens: Counter[str],
+    seconds: float,
+) -> EvalReport:
+    per_task: dict[tuple[str, str, str], TaskResult] = {}
+    for task in tasks:
+        key = (task.env, task.split, task.task_id)
+        per_task.setdefault(key, TaskResult(env=task.env, split=task.split, task_id=task.task_id, rewards=[]))
+    failures: Counter[str] = Counter()
+    for episode_id, event in graded.items():
+        task = mine[episode_id]
+        result = per_task[(task.env, task.split, task.task_id)]
+        result.rewards.append(event.reward)
+        if event.reward is None:
+            reason = _reason_kind(event.reason or event.status)
+            failures[reason] += 1
+            result.failures.append(event.reason or event.status)
+    rewards = [r for t in per_task.values() for r in t.rewards if r is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    std = (
+        math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        if rewards and mean is not None
+        else None
+    )
+    pass_k: dict[str, float] = {}
+    for k in sorted({1, group_size}):
+        scores = []
+        for t in per_task.values():
+            n = len(t.rewards)
+            if n >= k:
+                c = sum(1 for r in t.rewards if r is not None and r >= threshold)
+                scores.append(pass_at_k(n, c, k))
+        if scores:
+            pass_k[str(k)] = sum(scores) / len(scores)
+    by_env: dict[str, dict[str, float]] = defaultdict(dict)
+    for env in sorted({t.env for t in per_task.values()}):
+        env_rewards = [r for t in per_task.values() if t.env == env for r in t.rewards if r is not None]
+        if env_rewards:
+            by_env[env]["reward_mean"] = sum(env_rewards) / len(env_rewards)
+            by_env[env]["episodes"] = float(len(env_rewards))
+    by_depth = {
+        key.removeprefix("agents_depth_"): {"agents": float(value)}
+        for key, value in tokens.items()
+        if key.startswith("agents_depth_")
+    }
+    return EvalReport(
+        step=step,
+        episodes=len(graded),
+        graded=len(rewards),
+        reward_mean=mean,
+        reward_std=std,
+        pass_at_k=pass_k,
+        success_threshold=threshold,
+        tokens={k: v for k, v in tokens.items() if not k.startswith("agents_depth_")},
+        seconds=seconds,
+        failures=dict(failures),
+        by_env=dict(by_env),
+        by_depth=by_depth,
+        tasks=list(per_task.values()),
+    )
+
+
+def _reason_kind(reason: str) -> str:
+    """A short bucket for a failure reason, so failures can be counted by kind."""
+    text = reason.lower()
+    for kind in ("timeout", "cancelled", "harness raised", "env session", "grading failed", "gateway"):
+        if kind in text:
+            return kind.replace(" ", "_")
+    return text.split(":")[0][:40]
+
+
+def progress_printer(label: str = "eval") -> Callable[[int, int], None]:
+    """A one-line progress bar on stderr (only on a terminal)."""
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int) -> None:
+        if not tty:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def as_json(report: Any) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(report), indent=2)
