@@ -32,7 +32,22 @@ _EXPORTS = {
     "run": "platoon.train.loop",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AgentContext",
+    "AgentResult",
+    "BudgetExhausted",
+    "Bus",
+    "ChatReply",
+    "Episode",
+    "Event",
+    "ToolResult",
+    "events",
+    "harness",
+    "load_config",
+    "program",
+    "register_event",
+    "run",
+]
 
 if TYPE_CHECKING:
     from platoon.bus import Bus, Event, events, register_event

@@ -98,7 +98,9 @@ def chat_request(
     if n < 1 or n > 16:
         raise DialectError("n: expected an integer from 1 to 16", "n")
     stream = bool(_expect(body, "stream", bool, "a boolean"))
-    return [dict(m) for m in messages], tools, params, n, stream
+    # "developer" is what newer OpenAI clients call the system role.
+    messages = [{**m, "role": "system"} if m["role"] == "developer" else dict(m) for m in messages]
+    return messages, tools, params, n, stream
 
 
 def _logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
@@ -148,8 +150,9 @@ def chat_stream(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
         if message.get("reasoning_content"):
             delta = {"reasoning_content": message["reasoning_content"]}
             yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+        # Logprobs travel with the content, or with the last chunk when there is none.
+        logprobs = choice["logprobs"]
         if message.get("content"):
-            logprobs = choice["logprobs"]
             yield chunk(
                 [
                     {
@@ -160,10 +163,13 @@ def chat_stream(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
                     }
                 ]
             )
+            logprobs = None
         for n, call in enumerate(message.get("tool_calls") or []):
             delta = {"tool_calls": [{"index": n, **call}]}
             yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
-        yield chunk([{"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}])
+        yield chunk(
+            [{"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}]
+        )
     if include_usage:
         yield chunk([], usage=response["usage"])
     yield "[DONE]"
