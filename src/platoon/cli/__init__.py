@@ -92,7 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", required=True, help="a local model directory (or a name in the HF cache)")
     q.add_argument("--host", default="127.0.0.1")
     q.add_argument("--port", type=int, default=8000)
-    q.add_argument("--device", default="cpu")
+    q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    q.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    q.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
+    q.add_argument("--name", default=None, help="the base_model name clients use (default: --model)")
+    q.add_argument("--api-key", default=None, help="require this X-API-Key (default: accept any)")
     q.set_defaults(handler="platoon.cli.serve:serve_tinker")
 
     p = sub.add_parser("env", help="environment servers")

@@ -1,0 +1,1 @@
+"""Training backends that platoon runs itself."""

@@ -1,0 +1,110 @@
+"""platoon's embedded training service: the Tinker HTTP API on torch + transformers + peft.
+
+A user without a Tinker account trains on their own machine, and every test of training goes
+through the real `tinker` SDK: point `tinker.ServiceClient(base_url=...)` at this server.
+
+    async with running_server("path/to/model") as base_url:
+        ...  # tinker.ServiceClient(base_url=base_url, api_key="tml-local")
+
+Command line: `platoon serve tinker --model PATH [--host] [--port] [--device]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from platoon.backends.local.engine import Engine, EngineError, resolve_model_dir
+from platoon.backends.local.server import TinkerService, create_app
+from platoon.serving import serve_asgi
+
+__all__ = ["EngineError", "main", "running_server", "serve"]
+
+
+async def serve(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    checkpoint_dir: str | Path | None = None,
+    name: str | None = None,
+    api_key: str | None = None,
+    max_batch: int = 64,
+    task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Load `model` and serve the Tinker API until cancelled.
+
+    `model` is a local transformers directory or a name in the Hugging Face cache (nothing is
+    downloaded). Clients name it as `name` (default: `model` as given) or by its directory.
+    Checkpoints go to `checkpoint_dir` (default: a temporary directory removed on exit).
+    With `port=0` a free port is chosen; the base URL is reported through `task_status`
+    (`url = await task_group.start(serve, model)`).
+    """
+    with contextlib.ExitStack() as stack:
+        if checkpoint_dir is None:
+            checkpoint_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="platoon-tinker-"))
+        engine = await anyio.to_thread.run_sync(
+            lambda: Engine(model, checkpoint_dir=checkpoint_dir, device=device, dtype=dtype)
+        )
+        service = TinkerService(engine, model_name=name or model, api_key=api_key, max_batch=max_batch)
+        await serve_asgi(create_app(service), host, port, task_status=task_status)
+
+
+@contextlib.asynccontextmanager
+async def running_server(model: str, **options) -> AsyncIterator[str]:
+    """Run `serve(model, **options)` in the background and yield its base URL."""
+    async with anyio.create_task_group() as tg:
+        base_url = await tg.start(lambda task_status: serve(model, task_status=task_status, **options))
+        try:
+            yield base_url
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`platoon serve tinker`: serve a local model over the Tinker API until interrupted."""
+    parser = argparse.ArgumentParser(prog="platoon serve tinker", description=main.__doc__)
+    parser.add_argument("--model", required=True, help="a transformers model directory or cached hub name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
+    parser.add_argument("--name", default=None, help="the base_model name clients use (default: --model)")
+    parser.add_argument("--api-key", default=None, help="require this X-API-Key (default: accept any)")
+    args = parser.parse_args(argv)
+    try:
+        resolve_model_dir(args.model)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(
+                lambda task_status: serve(
+                    args.model,
+                    host=args.host,
+                    port=args.port,
+                    device=args.device,
+                    dtype=args.dtype,
+                    checkpoint_dir=args.checkpoint_dir,
+                    name=args.name,
+                    api_key=args.api_key,
+                    task_status=task_status,
+                )
+            )
+            print(f"Tinker API for {args.model} at {url}", file=sys.stderr, flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(run)
+    return 0

@@ -1,0 +1,588 @@
+"""The training engine: one base causal LM, a LoRA adapter (peft) per training client, AdamW,
+the Tinker losses, and checkpoints on local disk.
+
+Every method here is synchronous and touches torch; the server calls them from one worker
+thread at a time, so no two of them ever run at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from platoon.backends.local import losses
+from platoon.backends.local.proto import Datum
+
+__all__ = ["AdamParams", "Engine", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
+
+
+class EngineError(ValueError):
+    """Bad input from a client (wrong ids, lengths, names, paths): a user error."""
+
+
+class ModelNotFound(EngineError):
+    """A model id or checkpoint path this server does not know."""
+
+
+class LoraSpec(msgspec.Struct, frozen=True):
+    rank: int = 32
+    seed: int | None = None
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = True
+    alpha: float = 32.0
+
+
+class AdamParams(msgspec.Struct, frozen=True):
+    """Tinker's AdamParams: torch AdamW with decoupled weight decay; grad_clip_norm 0 = no clipping."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+class WeightsRef(msgspec.Struct, frozen=True):
+    """Which weights a sampler uses: the base model, a training model's live adapter
+    (`model_id`), or a fixed snapshot (`key`, held in memory or on disk)."""
+
+    model_id: str | None = None
+    key: str | None = None
+
+
+class _Trainable:
+    def __init__(self, adapter: str, spec: LoraSpec, optimizer: torch.optim.Optimizer, params: list) -> None:
+        self.adapter = adapter
+        self.spec = spec
+        self.optimizer = optimizer
+        self.params = params
+        self.steps = 0
+
+
+class _Snapshot(msgspec.Struct):
+    spec: LoraSpec
+    tensors: dict[str, torch.Tensor] | None = None
+    path: Path | None = None
+
+
+_ATTN = re.compile(r"(attn|attention)", re.I)
+_MLP = re.compile(r"(mlp|ffn|feed_forward|feedforward)", re.I)
+_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
+_KINDS = ("weights", "sampler_weights")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence peft's warnings about tied embeddings, which do not apply to LoRA deltas."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
+        warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted.*")
+        yield
+
+
+def resolve_model_dir(model: str) -> Path:
+    """A local directory for `model`: the path itself, or its snapshot in the HF cache (never downloads)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:
+        raise ModelNotFound(
+            f"model {model!r} is neither a directory nor in the local Hugging Face cache"
+        ) from None
+
+
+class Engine:
+    """A base model with LoRA training clients and sampler weights on top of it."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        checkpoint_dir: str | Path,
+        device: str = "cpu",
+        dtype: str | None = None,
+        sampler_slots: int = 4,
+        memory_snapshots: int = 4,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.model_dir = resolve_model_dir(model)
+        self.device = torch.device(device)
+        torch_dtype = getattr(torch, dtype) if dtype else torch.float32
+        self.base = AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch_dtype, local_files_only=True
+        )
+        self.base.to(self.device).eval().requires_grad_(False)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.vocab_size = self.base.get_input_embeddings().num_embeddings
+        self.max_context = int(getattr(self.base.config, "max_position_embeddings", 0) or 32768)
+        self.eos_ids = self._eos_ids()
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.peft: Any = None
+        self._models: dict[str, _Trainable] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._slots: OrderedDict[str, str] = OrderedDict()  # snapshot key -> adapter name, LRU
+        self._sampler_slots = sampler_slots
+        self.memory_snapshots = memory_snapshots
+        self._counter = 0
+        self._targets = self._lora_targets()
+
+    # ---- model facts ----------------------------------------------------------------
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        generation = getattr(self.base, "generation_config", None)
+        for source in (getattr(generation, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+    def _lora_targets(self) -> dict[str, list[str]]:
+        from transformers.pytorch_utils import Conv1D
+
+        out_name = next(
+            (n for n, m in self.base.named_modules() if m is self.base.get_output_embeddings()), None
+        )
+        attn: set[str] = set()
+        mlp: set[str] = set()
+        for name, module in self.base.named_modules():
+            if not isinstance(module, torch.nn.Linear | Conv1D) or name == out_name:
+                continue
+            parent, _, leaf = name.rpartition(".")
+            if _ATTN.search(parent):
+                attn.add(leaf)
+            elif _MLP.search(parent):
+                mlp.add(leaf)
+        return {"attn": sorted(attn), "mlp": sorted(mlp), "unembed": [out_name] if out_name else []}
+
+    # ---- adapters -------------------------------------------------------------------
+
+    def _new_adapter(self, spec: LoraSpec, prefix: str) -> str:
+        from peft import LoraConfig, get_peft_model
+
+        targets = (
+            (self._targets["attn"] if spec.train_attn else [])
+            + (self._targets["mlp"] if spec.train_mlp else [])
+            + (self._targets["unembed"] if spec.train_unembed else [])
+        )
+        if not targets:
+            raise EngineError("LoRA config trains nothing: enable train_mlp, train_attn or train_unembed")
+        if spec.rank < 1:
+            raise EngineError(f"LoRA rank must be >= 1, got {spec.rank}")
+        self._counter += 1
+        name = f"{prefix}{self._counter}"
+        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets)
+        with _quiet(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed if spec.seed is not None else self._counter)
+            if self.peft is None:
+                self.peft = get_peft_model(self.base, config, adapter_name=name)
+                self.peft.eval()
+            else:
+                self.peft.add_adapter(name, config)
+        return name
+
+    def _adapter_params(self, adapter: str) -> dict[str, torch.nn.Parameter]:
+        marker = f".{adapter}."
+        return {
+            name.replace(marker, "."): param for name, param in self.peft.named_parameters() if marker in name
+        }
+
+    def _activate(self, adapter: str) -> None:
+        with _quiet():
+            self.peft.set_adapter(adapter)
+
+    def _drop_adapter(self, adapter: str) -> None:
+        with _quiet():
+            self.peft.delete_adapter(adapter)
+
+    # ---- training clients ----------------------------------------------------------
+
+    def create_model(self, model_id: str, spec: LoraSpec) -> None:
+        adapter = self._new_adapter(spec, "t")
+        params = list(self._adapter_params(adapter).values())
+        for p in params:
+            p.requires_grad_(True)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+        self._models[model_id] = _Trainable(adapter, spec, optimizer, params)
+
+    def has_model(self, model_id: str) -> bool:
+        return model_id in self._models
+
+    def lora_rank(self, model_id: str) -> int:
+        return self._trainable(model_id).spec.rank
+
+    def release_model(self, model_id: str) -> None:
+        """Free a training client's adapter and optimizer (its checkpoints stay on disk)."""
+        model = self._models.pop(model_id, None)
+        if model is not None:
+            self._drop_adapter(model.adapter)
+
+    def _trainable(self, model_id: str) -> _Trainable:
+        model = self._models.get(model_id)
+        if model is None:
+            raise ModelNotFound(f"unknown model_id {model_id!r}")
+        return model
+
+    def _check_datums(self, data: list[Datum]) -> None:
+        if not data:
+            raise EngineError("forward_backward needs at least one datum")
+        for i, datum in enumerate(data):
+            n = datum.tokens.size
+            if n == 0:
+                raise EngineError(f"datum {i}: model_input is empty")
+            if n > self.max_context:
+                raise EngineError(f"datum {i}: {n} tokens exceed the context length {self.max_context}")
+            self._check_ids(datum.tokens, f"datum {i}: model_input")
+            for name, values in datum.inputs.items():
+                if values.size != n:
+                    raise EngineError(
+                        f"datum {i}: loss_fn_inputs[{name!r}] has {values.size} values for {n} input tokens"
+                    )
+                if not np.all(np.isfinite(values)):
+                    raise EngineError(f"datum {i}: loss_fn_inputs[{name!r}] holds NaN or infinite values")
+            if "target_tokens" in datum.inputs:
+                self._check_ids(datum.inputs["target_tokens"], f"datum {i}: target_tokens")
+
+    def _check_ids(self, ids: np.ndarray, what: str) -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
+            raise EngineError(f"{what} holds token id {bad}, outside the vocabulary [0, {self.vocab_size})")
+
+    def forward_backward(
+        self,
+        model_id: str,
+        data: list[Datum],
+        loss_fn: str,
+        config: dict[str, float],
+        *,
+        forward_only: bool,
+        max_batch_tokens: int = 8192,
+    ) -> tuple[list[np.ndarray], dict[str, float]]:
+        """Run the loss over `data`; accumulate gradients unless `forward_only`.
+
+        Returns each datum's target logprobs and the `name:reduction` metrics.
+        """
+        model = self._trainable(model_id)
+        names = set(data[0].inputs) if data else set()
+        for i, datum in enumerate(data):
+            if set(datum.inputs) != names:
+                raise EngineError(f"datum {i}: loss_fn_inputs keys differ from datum 0's")
+        try:
+            resolved = losses.check_loss(loss_fn, names, config)
+        except losses.LossError as exc:
+            raise EngineError(str(exc)) from None
+        self._check_datums(data)
+        self._activate(model.adapter)
+        budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
+        outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
+        total = 0.0
+        for batch in _batches(data, budget):
+            logprobs, loss = self._batch_loss(
+                batch, [data[i] for i in batch], loss_fn, resolved, forward_only
+            )
+            total += loss
+            for i, values in zip(batch, logprobs, strict=True):
+                outputs[i] = values
+        return outputs, {"loss:sum": total}
+
+    def _batch_loss(
+        self, index: list[int], batch: list[Datum], loss_fn: str, config: dict[str, float], forward_only: bool
+    ) -> tuple[list[np.ndarray], float]:
+        lengths = [d.tokens.size for d in batch]
+        width = max(lengths)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        targets = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, datum in enumerate(batch):
+            n = lengths[row]
+            ids[row, :n] = torch.from_numpy(datum.tokens)
+            mask[row, :n] = 1
+            targets[row, :n] = torch.from_numpy(datum.inputs["target_tokens"].astype(np.int64))
+        ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
+        with torch.set_grad_enabled(not forward_only):
+            logits = self.peft(input_ids=ids, attention_mask=mask).logits.float()
+            token_logprobs = -torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+            ).reshape(len(batch), width)
+            valid = mask.bool()
+            flat = token_logprobs[valid]
+            inputs = {
+                name: torch.from_numpy(np.concatenate([d.inputs[name] for d in batch]).astype(np.float32)).to(
+                    self.device
+                )
+                for name in batch[0].inputs
+                if name != "target_tokens"
+            }
+            loss = losses.compute_loss(loss_fn, flat, inputs, config)
+            if not forward_only:
+                loss.backward()
+        rows = token_logprobs.detach().float().cpu().numpy()
+        return [rows[r, : lengths[r]].copy() for r in range(len(batch))], float(loss.detach())
+
+    def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
+        model = self._trainable(model_id)
+        if params.learning_rate < 0 or not (0 <= params.beta1 < 1 and 0 <= params.beta2 < 1):
+            raise EngineError("adam_params out of range: learning_rate >= 0 and betas in [0, 1) are required")
+        grads = [p for p in model.params if p.grad is not None]
+        norm = (
+            float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm or math.inf)) if grads else 0.0
+        )
+        for group in model.optimizer.param_groups:
+            group.update(
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
+        model.optimizer.step()
+        model.optimizer.zero_grad(set_to_none=True)
+        model.steps += 1
+        return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
+
+    # ---- checkpoints ---------------------------------------------------------------
+
+    def _checkpoint_path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
+        if not name or not _NAME.match(name) or name in {".", ".."}:
+            raise EngineError(f"checkpoint name {name!r} must be non-empty letters, digits, '.', '_' or '-'")
+        return f"tinker://{model_id}/{kind}/{name}", self.checkpoint_dir / model_id / kind / name
+
+    def local_path(self, tinker_path: str) -> Path:
+        """The directory behind a `tinker://<run>/<weights|sampler_weights>/<name>` path."""
+        if not tinker_path.startswith("tinker://"):
+            raise EngineError(f"path {tinker_path!r} must start with tinker://")
+        parts = tinker_path[len("tinker://") :].split("/")
+        if len(parts) != 3 or parts[1] not in _KINDS or not all(parts):
+            raise EngineError(f"path {tinker_path!r} is not tinker://<run>/<weights|sampler_weights>/<name>")
+        run, kind, name = parts
+        if run in {".", ".."} or name in {".", ".."}:
+            raise EngineError(f"path {tinker_path!r} is not a checkpoint path")
+        directory = self.checkpoint_dir / run / kind / name
+        if not (directory / "adapter_model.safetensors").is_file():
+            raise ModelNotFound(f"no checkpoint at {tinker_path}")
+        return directory
+
+    def _write_adapter(self, model: _Trainable, directory: Path, *, optimizer: bool) -> None:
+        from safetensors.torch import save_file
+
+        staging = directory.with_name(directory.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self._adapter_params(model.adapter).items()}
+        save_file(tensors, staging / "adapter_model.safetensors")
+        self.peft.peft_config[model.adapter].save_pretrained(staging)
+        meta = {
+            "lora": msgspec.to_builtins(model.spec),
+            "base_model": str(self.model_dir),
+            "steps": model.steps,
+        }
+        (staging / "platoon_lora.json").write_text(json.dumps(meta))
+        if optimizer:
+            torch.save(model.optimizer.state_dict(), staging / "optimizer.pt")
+        shutil.rmtree(directory, ignore_errors=True)
+        staging.rename(directory)
+
+    def save_state(self, model_id: str, name: str, *, overwrite: bool = False) -> str:
+        model = self._trainable(model_id)
+        path, directory = self._checkpoint_path(model_id, "weights", name)
+        if directory.exists() and not overwrite:
+            raise EngineError(f"checkpoint {path} already exists (pass overwrite=True to replace it)")
+        self._write_adapter(model, directory, optimizer=True)
+        return path
+
+    def save_for_sampler(self, model_id: str, name: str) -> str:
+        model = self._trainable(model_id)
+        path, directory = self._checkpoint_path(model_id, "sampler_weights", name)
+        self._write_adapter(model, directory, optimizer=False)
+        self._forget_snapshot(path)
+        return path
+
+    def snapshot(self, model_id: str) -> WeightsRef:
+        """Copy a training model's current adapter into memory for an ephemeral sampler."""
+        model = self._trainable(model_id)
+        tensors = {k: v.detach().clone() for k, v in self._adapter_params(model.adapter).items()}
+        self._counter += 1
+        key = f"snapshot:{self._counter}"
+        self._snapshots[key] = _Snapshot(spec=model.spec, tensors=tensors)
+        self._spill()
+        return WeightsRef(key=key)
+
+    def _spill(self) -> None:
+        """Keep at most `memory_snapshots` ephemeral snapshots in memory; older ones move to disk."""
+        from safetensors.torch import save_file
+
+        held = [k for k, s in self._snapshots.items() if s.tensors is not None]
+        for key in held[: max(0, len(held) - self.memory_snapshots)]:
+            snapshot = self._snapshots[key]
+            assert snapshot.tensors is not None
+            directory = self.checkpoint_dir / "_ephemeral" / key.replace(":", "-")
+            directory.mkdir(parents=True, exist_ok=True)
+            save_file(
+                {k: v.cpu().contiguous() for k, v in snapshot.tensors.items()},
+                directory / "adapter_model.safetensors",
+            )
+            snapshot.tensors, snapshot.path = None, directory
+
+    def sampler_weights(self, tinker_path: str) -> WeightsRef:
+        """Weights for a sampler created from a saved checkpoint path."""
+        directory = self.local_path(tinker_path)
+        if tinker_path not in self._snapshots:
+            self._snapshots[tinker_path] = _Snapshot(spec=_read_spec(directory), path=directory)
+        return WeightsRef(key=tinker_path)
+
+    def _forget_snapshot(self, key: str) -> None:
+        snapshot = self._snapshots.pop(key, None)
+        if snapshot is not None and snapshot.path is not None and key.startswith("snapshot:"):
+            shutil.rmtree(snapshot.path, ignore_errors=True)
+        adapter = self._slots.pop(key, None)
+        if adapter is not None:
+            self._drop_adapter(adapter)
+
+    def _load_into(self, adapter: str, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(directory / "adapter_model.safetensors")
+        self._copy_into(adapter, tensors, str(directory))
+
+    def _copy_into(self, adapter: str, tensors: dict[str, torch.Tensor], source: str) -> None:
+        params = self._adapter_params(adapter)
+        if set(params) != set(tensors):
+            raise EngineError(f"checkpoint {source} does not match the model's LoRA layout")
+        with torch.no_grad():
+            for key, param in params.items():
+                if param.shape != tensors[key].shape:
+                    raise EngineError(f"checkpoint {source} has a different LoRA shape for {key}")
+                param.copy_(tensors[key])
+
+    def load_state(self, model_id: str, tinker_path: str, *, optimizer: bool) -> None:
+        """Load a `save_state` checkpoint into an existing training model."""
+        model = self._trainable(model_id)
+        directory = self.local_path(tinker_path)
+        spec = _read_spec(directory)
+        if (spec.rank, spec.train_mlp, spec.train_attn, spec.train_unembed) != (
+            model.spec.rank,
+            model.spec.train_mlp,
+            model.spec.train_attn,
+            model.spec.train_unembed,
+        ):
+            raise EngineError(f"checkpoint {tinker_path} has LoRA config {spec}, the model has {model.spec}")
+        self._restore(model, directory, tinker_path, optimizer=optimizer)
+
+    def create_from_state(self, model_id: str, tinker_path: str, *, optimizer: bool) -> None:
+        """A new training model whose LoRA config and weights (and optimizer) come from a checkpoint."""
+        directory = self.local_path(tinker_path)
+        self.create_model(model_id, _read_spec(directory))
+        try:
+            self._restore(self._models[model_id], directory, tinker_path, optimizer=optimizer)
+        except Exception:
+            self.release_model(model_id)
+            raise
+
+    def _restore(self, model: _Trainable, directory: Path, source: str, *, optimizer: bool) -> None:
+        self._load_into(model.adapter, directory)
+        model.optimizer.zero_grad(set_to_none=True)
+        if optimizer:
+            state_file = directory / "optimizer.pt"
+            if not state_file.is_file():
+                raise EngineError(f"checkpoint {source} holds no optimizer state (sampler weights?)")
+            model.optimizer.load_state_dict(torch.load(state_file, map_location=self.device))
+        else:
+            model.optimizer.state.clear()
+        meta = json.loads((directory / "platoon_lora.json").read_text())
+        model.steps = int(meta.get("steps", 0))
+
+    # ---- sampling ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def weights(self, ref: WeightsRef) -> Iterator[Any]:
+        """The model to call with `ref`'s weights active (call under torch.no_grad)."""
+        if ref.model_id is not None:
+            self._activate(self._trainable(ref.model_id).adapter)
+            yield self.peft
+        elif ref.key is not None:
+            self._activate(self._slot(ref.key))
+            yield self.peft
+        elif self.peft is None:
+            yield self.base
+        elif not self.peft.peft_config:
+            # Every adapter is gone; the LoRA layers left in place skip missing adapters.
+            yield self.base
+        else:
+            if self.peft.active_adapter not in self.peft.peft_config:
+                # peft leaves a deleted adapter marked active, and disable_adapter looks it up.
+                self._activate(next(iter(self.peft.peft_config)))
+            with self.peft.disable_adapter():
+                yield self.peft
+
+    def _slot(self, key: str) -> str:
+        adapter = self._slots.get(key)
+        if adapter is not None:
+            self._slots.move_to_end(key)
+            return adapter
+        snapshot = self._snapshots.get(key)
+        if snapshot is None:
+            raise ModelNotFound(f"sampler weights {key!r} are gone")
+        while len(self._slots) >= self._sampler_slots:
+            _, old = self._slots.popitem(last=False)
+            self._drop_adapter(old)
+        adapter = self._new_adapter(snapshot.spec, "s")
+        if snapshot.tensors is not None:
+            self._copy_into(adapter, snapshot.tensors, key)
+        else:
+            assert snapshot.path is not None
+            self._load_into(adapter, snapshot.path)
+        for param in self._adapter_params(adapter).values():
+            param.requires_grad_(False)
+        self._slots[key] = adapter
+        return adapter
+
+    def drop_weights(self, ref: WeightsRef) -> None:
+        """Forget an ephemeral snapshot once no sampler uses it."""
+        if ref.key is not None and ref.key.startswith("snapshot:"):
+            self._forget_snapshot(ref.key)
+
+
+def _read_spec(directory: Path) -> LoraSpec:
+    try:
+        meta = json.loads((directory / "platoon_lora.json").read_text())
+        return msgspec.convert(meta["lora"], LoraSpec)
+    except Exception:
+        raise EngineError(f"{directory.name}: not a checkpoint written by this server") from None
+
+
+def _batches(data: list[Datum], budget: int) -> Iterator[list[int]]:
+    """Group datum indices so that each padded batch stays within `budget` tokens."""
+    batch: list[int] = []
+    width = 0
+    for i, datum in enumerate(data):
+        new_width = max(width, datum.tokens.size)
+        if batch and new_width * (len(batch) + 1) > budget:
+            yield batch
+            batch, new_width = [], datum.tokens.size
+        batch.append(i)
+        width = new_width
+    if batch:
+        yield batch

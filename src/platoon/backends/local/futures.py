@@ -1,0 +1,161 @@
+"""Futures as the Tinker API serves them, and per-model ordering of training requests.
+
+Each training or sampling POST answers at once with a request id; the client then long-polls
+`retrieve_future`. A retried POST carries the same (model, seq_id), so the store answers it
+with the first request's id instead of running the work twice. Training requests of one
+model run strictly in seq_id order, whatever order they arrive in.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+import anyio
+import msgspec
+
+__all__ = ["FutureStore", "Outcome", "SeqError", "SeqQueue", "failure", "json_outcome", "proto_outcome"]
+
+PROTO = "application/x-protobuf"
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """A finished future: the body `retrieve_future` answers with."""
+
+    body: bytes
+    content_type: str = "application/json"
+
+
+def json_outcome(value: Any) -> Outcome:
+    return Outcome(msgspec.json.encode(value))
+
+
+def proto_outcome(body: bytes) -> Outcome:
+    return Outcome(body, PROTO)
+
+
+def failure(message: str, category: str = "user") -> Outcome:
+    """A failed request as the SDK reads it: it raises `RequestFailedError` with the message."""
+    return json_outcome({"error": message, "category": category})
+
+
+class _Future:
+    __slots__ = ("done", "finished_at", "outcome", "retrieved_at")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.outcome: Outcome | None = None
+        self.finished_at: float | None = None
+        self.retrieved_at: float | None = None
+
+
+class FutureStore:
+    """Request ids to results, deduplicated by an optional idempotency key.
+
+    A result stays for `keep_retrieved` seconds after its first retrieval (a client may
+    retry the poll) and `keep_unretrieved` seconds if nobody asks for it.
+    """
+
+    def __init__(self, *, keep_retrieved: float = 300.0, keep_unretrieved: float = 3600.0) -> None:
+        self._futures: dict[str, _Future] = {}
+        self._keys: dict[Hashable, str] = {}
+        self._key_of: dict[str, Hashable] = {}
+        self._keep_retrieved = keep_retrieved
+        self._keep_unretrieved = keep_unretrieved
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    def create(self, key: Hashable | None = None) -> tuple[str, bool]:
+        """A request id for new work, or `(existing id, False)` when `key` was seen before."""
+        if key is not None and key in self._keys:
+            return self._keys[key], False
+        self._prune()
+        request_id = uuid.uuid4().hex
+        self._futures[request_id] = _Future()
+        if key is not None:
+            self._keys[key] = request_id
+            self._key_of[request_id] = key
+        return request_id, True
+
+    def resolve(self, request_id: str, outcome: Outcome) -> None:
+        future = self._futures.get(request_id)
+        if future is None or future.outcome is not None:
+            return
+        future.outcome = outcome
+        future.finished_at = time.monotonic()
+        future.done.set()
+
+    def known(self, request_id: str) -> bool:
+        return request_id in self._futures
+
+    async def wait(self, request_id: str, timeout: float) -> Outcome | None:
+        """The outcome, or None if it is still pending after `timeout` seconds."""
+        future = self._futures.get(request_id)
+        if future is None:
+            raise KeyError(request_id)
+        with anyio.move_on_after(timeout):
+            await future.done.wait()
+        if future.outcome is not None and future.retrieved_at is None:
+            future.retrieved_at = time.monotonic()
+        return future.outcome
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        stale = [
+            rid
+            for rid, f in self._futures.items()
+            if (f.retrieved_at is not None and now - f.retrieved_at > self._keep_retrieved)
+            or (f.finished_at is not None and now - f.finished_at > self._keep_unretrieved)
+        ]
+        for rid in stale:
+            del self._futures[rid]
+            key = self._key_of.pop(rid, None)
+            if key is not None:
+                self._keys.pop(key, None)
+
+
+class SeqError(ValueError):
+    """A seq_id that can never run: already past, or submitted twice."""
+
+
+Job = Callable[[], Awaitable[None]]
+
+
+class SeqQueue:
+    """Runs one model's jobs strictly in seq_id order, starting at `first`."""
+
+    def __init__(self, first: int = 1) -> None:
+        self.next = first
+        self._jobs: dict[int, tuple[str, Job]] = {}
+        self._wakeup = anyio.Event()
+        self.closed = False
+
+    def submit(self, seq_id: int, request_id: str, job: Job) -> None:
+        if seq_id < self.next or seq_id in self._jobs:
+            raise SeqError(f"seq_id {seq_id} was already used (next expected: {self.next})")
+        self._jobs[seq_id] = (request_id, job)
+        if seq_id == self.next:
+            self._wakeup.set()
+
+    async def run(self) -> list[str]:
+        """Run jobs as their turn comes. Once closed, return the request ids left waiting
+        for a seq_id that never came."""
+        while True:
+            entry = self._jobs.pop(self.next, None)
+            if entry is None:
+                if self.closed:
+                    left = [rid for _, (rid, _) in sorted(self._jobs.items())]
+                    self._jobs.clear()
+                    return left
+                self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+                continue
+            self.next += 1
+            await entry[1]()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wakeup.set()

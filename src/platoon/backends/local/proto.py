@@ -1,0 +1,138 @@
+"""Encode and decode the protobuf half of the Tinker wire format.
+
+Forward/backward requests arrive as protobuf, and the SDK accepts forward/backward outputs
+and sample results only as protobuf. The message classes are the SDK's own
+(`tinker.proto.tinker_public_pb2`), so the server speaks exactly what the client expects.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+__all__ = [
+    "Datum",
+    "ForwardBackwardCall",
+    "ProtoError",
+    "SampledSequence",
+    "decode_forward_backward",
+    "encode_forward_backward_output",
+    "encode_sample_response",
+]
+
+
+class ProtoError(ValueError):
+    """A protobuf body this server cannot read or does not support."""
+
+
+class Datum(msgspec.Struct):
+    """One training example: the input tokens and its per-token loss inputs (1-D, same length)."""
+
+    tokens: np.ndarray
+    inputs: dict[str, np.ndarray]
+
+
+class ForwardBackwardCall(msgspec.Struct):
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    config: dict[str, float]
+    forward_only: bool
+    data: list[Datum]
+
+
+class SampledSequence(msgspec.Struct):
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+_DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+
+
+def _tensor(name: str, msg: pb.Tensor) -> np.ndarray:
+    dtype = _DTYPES.get(msg.dtype)
+    if dtype is None:
+        raise ProtoError(f"loss_fn_inputs[{name!r}] has unsupported dtype {msg.dtype}")
+    if msg.HasField("sparse_csr"):
+        raise ProtoError(f"loss_fn_inputs[{name!r}] is sparse; only dense 1-D inputs are supported")
+    array = np.frombuffer(msg.dense, dtype=dtype)
+    shape = list(msg.shape)
+    if len(shape) > 1:
+        raise ProtoError(f"loss_fn_inputs[{name!r}] has shape {shape}; only 1-D inputs are supported")
+    if shape and shape[0] != array.size:
+        raise ProtoError(f"loss_fn_inputs[{name!r}] declares shape {shape} but holds {array.size} values")
+    return array
+
+
+def _datum(index: int, msg: pb.Datum) -> Datum:
+    parts = []
+    for chunk in msg.model_input:
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise ProtoError(f"datum {index}: model_input chunk {kind!r} is not supported (text only)")
+        parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+    tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    inputs = {name: _tensor(name, tensor) for name, tensor in msg.loss_fn_inputs.items()}
+    return Datum(tokens=tokens, inputs=inputs)
+
+
+def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
+    """Read a `ForwardBackwardRequest`; the loss config prefers the v2 map when present."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as exc:
+        raise ProtoError(f"body is not a ForwardBackwardRequest: {exc}") from None
+    config: dict[str, float] = dict(msg.loss_fn_config.items())
+    for key, value in msg.loss_fn_config_v2.items():
+        if value.WhichOneof("value") == "text":
+            raise ProtoError(f"loss_fn_config[{key!r}] is text; this server takes numbers only")
+        config[key] = value.number
+    data = [_datum(i, d) for i, d in enumerate(msg.data)]
+    return ForwardBackwardCall(
+        model_id=msg.model_id,
+        seq_id=msg.seq_id,
+        loss_fn=msg.loss_fn,
+        config=config,
+        forward_only=msg.forward_only,
+        data=data,
+    )
+
+
+def encode_forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
+    """Per-datum target logprobs as one batched float32 record, plus `name:reduction` metrics."""
+    arrays = [np.asarray(lp, dtype=np.float32) for lp in logprobs]
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+    data = b"".join(a.tobytes() for a in arrays)
+    record = pb.ArrayRecord(
+        type_tag="ArrayRecord",
+        num_datums=len(arrays),
+        fields={
+            "logprobs": pb.BatchedTensor(
+                data=data, offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32, trailing_shape=[]
+            )
+        },
+    )
+    out = pb.ForwardBackwardOutput(
+        loss_fn_output_type="ArrayRecord", loss_fn_outputs=[record], metrics=metrics
+    )
+    return out.SerializeToString()
+
+
+def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: list[float] | None) -> bytes:
+    """A `SampleResponse`; missing prompt logprobs (position 0) travel as NaN."""
+    msg = pb.SampleResponse()
+    for seq in sequences:
+        msg.sequences.add(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
+        )
+    if prompt_logprobs is not None:
+        values = [math.nan if v is None else v for v in prompt_logprobs]
+        msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    return msg.SerializeToString()

@@ -1,0 +1,31 @@
+"""`platoon serve tinker` and `platoon env serve`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from platoon.cli import CommandError
+
+
+def serve_tinker(args: Any) -> int:
+    from platoon.backends.local import main
+
+    argv = ["--model", args.model, "--host", args.host, "--port", str(args.port), "--device", args.device]
+    for flag, value in (
+        ("--dtype", args.dtype),
+        ("--checkpoint-dir", args.checkpoint_dir),
+        ("--name", args.name),
+        ("--api-key", args.api_key),
+    ):
+        if value is not None:
+            argv += [flag, value]
+    code = main(argv)
+    if code:
+        raise CommandError(f"the Tinker server for {args.model!r} could not start", code)
+    return 0
+
+
+def serve_env(args: Any) -> int:
+    from platoon.envs.server import main
+
+    return main([args.target, "--host", args.host, "--port", str(args.port)])

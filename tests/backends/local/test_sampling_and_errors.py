@@ -1,0 +1,150 @@
+"""Sampling stop rules and bad input, through the real tinker SDK."""
+
+import anyio
+import pytest
+import tinker
+from tinker import types
+
+from platoon.backends.local.engine import Engine, WeightsRef
+from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+
+GREEDY = dict(temperature=0.0)
+PROMPT = types.ModelInput.from_ints([21, 22, 23, 24])
+
+
+def datum(tokens, weights=None):
+    inputs = {"target_tokens": tokens[1:], "weights": weights or [1.0] * (len(tokens) - 1)}
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+@pytest.fixture
+def base_sampler(service, tiny_model):
+    return service.create_sampling_client(base_model=str(tiny_model)).result()
+
+
+def greedy_tokens(sampler, n=12, **params):
+    out = sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=n, **GREEDY, **params)).result()
+    return out.sequences[0]
+
+
+def test_stop_token_is_included_and_ends_the_sequence(base_sampler):
+    free = greedy_tokens(base_sampler, stop=[]).tokens
+    stop = free[3]
+    cut = free.index(stop) + 1
+    seq = greedy_tokens(base_sampler, stop=[stop])
+    assert seq.tokens == free[:cut] and seq.stop_reason == "stop"
+    assert len(seq.logprobs) == len(seq.tokens)
+
+
+def test_stop_string_is_included(base_sampler, tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    free = greedy_tokens(base_sampler, stop=[]).tokens
+    text = tokenizer.decode(free[:5])
+    stop = text[-2:] if text[-2:].strip() else text[-3:]
+    seq = greedy_tokens(base_sampler, stop=[stop])
+    assert seq.stop_reason == "stop"
+    assert stop in tokenizer.decode(seq.tokens)
+    assert stop not in tokenizer.decode(seq.tokens[:-1])
+
+
+def test_max_tokens_and_eos(base_sampler, tiny_model):
+    seq = greedy_tokens(base_sampler, n=5, stop=[])
+    assert len(seq.tokens) == 5 and seq.stop_reason == "length"
+    # With stop=None the tokenizer's EOS stops the sequence; the greedy path here never emits it.
+    implicit = greedy_tokens(base_sampler, n=5)
+    assert implicit.tokens == seq.tokens
+
+
+def test_bad_training_input_is_a_user_error_and_the_server_keeps_serving(service, tiny_model):
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
+    good = [datum([1, 2, 3, 4, 5])]
+    cases = [
+        ([datum([1, 2, 10_000, 4])], "cross_entropy", None, "outside the vocabulary"),
+        ([datum([1, 2, 3, 4], weights=[1.0, 1.0])], "cross_entropy", None, "has 2 values for 3 input tokens"),
+        (good, "stable_reinforce", None, "unsupported loss_fn 'stable_reinforce'"),
+        (good, "cross_entropy", {"beta": 1.0}, "does not take loss_fn_config"),
+        (good, "importance_sampling", None, "needs loss_fn_inputs"),
+    ]
+    for data, loss_fn, config, message in cases:
+        with pytest.raises(tinker.RequestFailedError, match=message) as info:
+            client.forward_backward(data, loss_fn, config).result()
+        assert info.value.category == tinker.types.RequestErrorCategory.User
+        assert client.forward(good, "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_unknown_ids_and_paths_are_user_errors(service, tiny_model):
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
+    real_id = client.model_id
+    client.model_id = real_id + "0"
+    with pytest.raises(tinker.RequestFailedError, match="unknown model_id"):
+        client.forward([datum([1, 2, 3])], "cross_entropy").result()
+    client.model_id = real_id
+    with pytest.raises(tinker.RequestFailedError, match="no checkpoint"):
+        service.create_training_client_from_state("tinker://nope/weights/missing").result()
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        service.create_sampling_client(model_path="tinker://nope/sampler_weights/missing").result()
+    with pytest.raises(tinker.BadRequestError, match="unknown base_model"):
+        service.create_sampling_client(base_model="not/this-model").result()
+    sampler = service.create_sampling_client(base_model=str(tiny_model)).result()
+    with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
+        sampler.sample(
+            types.ModelInput.from_ints([1, 99_999]), 1, types.SamplingParams(max_tokens=2)
+        ).result()
+    assert sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=2)).result().sequences
+
+
+def test_requests_after_the_session_finished_are_refused(base_url, tiny_model):
+    service = tinker.ServiceClient(base_url=base_url, api_key="tml-test")
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
+    sampler = service.create_sampling_client(base_model=str(tiny_model)).result()
+    holder = service.holder
+    session_id = holder.get_session_id()
+
+    async def finish() -> None:
+        with holder.aclient(tinker.lib.client_connection_pool_type.ClientConnectionPoolType.TRAIN) as http:
+            await http.post(
+                f"/api/v1/sessions/{session_id}/finish", body={"reason": {"type": "success"}}, cast_to=object
+            )
+
+    holder.run_coroutine_threadsafe(finish()).result()
+    with pytest.raises(tinker.RequestFailedError, match="has finished"):
+        client.forward([datum([1, 2, 3])], "cross_entropy").result()
+    with pytest.raises(tinker.RequestFailedError, match="has finished"):
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=2)).result()
+    service.close("success").result()
+    # Other sessions are unaffected.
+    other = tinker.ServiceClient(base_url=base_url, api_key="tml-test")
+    fresh = other.create_sampling_client(base_model=str(tiny_model)).result()
+    assert fresh.sample(PROMPT, 1, types.SamplingParams(max_tokens=2)).result().sequences
+    other.close("success").result()
+
+
+def test_capabilities_and_health(service, tiny_model):
+    caps = (
+        tinker.RestClient(base_url=service._base_url, api_key="tml-test").get_server_capabilities().result()
+    )
+    assert caps.supported_models[0].model_name == str(tiny_model)
+
+
+@pytest.mark.anyio
+async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path)
+    sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn))
+    params = SampleParams(max_tokens=16, stop_tokens=frozenset())
+    results = []
+
+    async def one(i: int) -> None:
+        results.append(
+            await sampler.sample(SampleRequest([3 + i, 4, 5, 6 + 2 * i], 1, params, False, WeightsRef()))
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        async with anyio.create_task_group() as requests:
+            for i in range(8):
+                requests.start_soon(one, i)
+        tg.cancel_scope.cancel()
+    assert all(len(r.sequences[0].tokens) == 16 for r in results)
+    assert sampler.steps <= 16 + 2  # 8 requests x 16 tokens in about 16 batched steps, not 128
