@@ -1,0 +1,196 @@
+"""The protocol every sandbox provider implements, and the shared parts of the
+command-line providers (bwrap, apptainer, enroot)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Protocol, Self, runtime_checkable
+
+import anyio
+import anyio.to_thread
+
+from . import _archive
+from ._process import OUTPUT_LIMIT, run_process
+from .errors import SandboxError
+from .spec import ExecResult, SandboxSpec
+
+__all__ = ["BaseSandbox", "CommandSandbox", "Sandbox"]
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated place to run a task's commands. Use as `async with`, or call start/stop."""
+
+    spec: SandboxSpec
+
+    async def start(self) -> None: ...
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult: ...
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> None: ...
+
+    async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+def remote_path(path: str) -> str:
+    """Check a path inside the sandbox: absolute, no `..`; returns it normalised."""
+    if not isinstance(path, str) or not posixpath.isabs(path) or ".." in path.split("/"):
+        raise SandboxError(f"sandbox paths must be absolute without '..', got {path!r}")
+    return posixpath.normpath(path)
+
+
+class BaseSandbox:
+    """`async with` support: start on entry, stop on exit, and stop after a failed start."""
+
+    spec: SandboxSpec
+
+    async def start(self) -> None:
+        raise SandboxError(f"{type(self).__name__} does not implement start()")
+
+    async def stop(self) -> None:
+        raise SandboxError(f"{type(self).__name__} does not implement stop()")
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.stop()
+
+
+class CommandSandbox(BaseSandbox):
+    """A sandbox driven by running one host command per `exec` (`bash -c` inside).
+
+    Subclasses give `_exec_argv`; files move as tar streams through `tar` inside the
+    sandbox, so paths resolve the way the sandbox sees them.
+    """
+
+    def __init__(self, spec: SandboxSpec, *, output_limit: int = OUTPUT_LIMIT) -> None:
+        self.spec = spec
+        self.output_limit = output_limit
+        self._started = False
+
+    def _exec_argv(self, command: str, *, cwd: str, env: Mapping[str, str], user: str | None) -> list[str]:
+        raise SandboxError(f"{type(self).__name__} does not implement _exec_argv()")
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise SandboxError("sandbox is not started")
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        self._check_started()
+        if timeout is not None and timeout <= 0:
+            raise SandboxError(f"timeout must be positive, got {timeout!r}")
+        argv = self._exec_argv(command, cwd=remote_path(cwd or self.spec.workdir), env=_env(env), user=user)
+        result = await run_process(argv, timeout=timeout, output_limit=self.output_limit)
+        return ExecResult(
+            stdout=result.stdout.decode(errors="replace"),
+            stderr=result.stderr.decode(errors="replace"),
+            return_code=result.return_code,
+            timed_out=result.timed_out,
+        )
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_path_: str) -> None:
+        """Copy a host file to `remote_path_`, or a directory's contents into it."""
+        self._check_started()
+        local = Path(local_path)
+        remote = remote_path(remote_path_)
+        dest, arcname = await anyio.to_thread.run_sync(_archive.upload_target, local, remote)
+        with tempfile.TemporaryFile() as archive:
+            await anyio.to_thread.run_sync(_archive.pack, local, archive, arcname)
+            command = f"mkdir -p -- {shlex.quote(dest)} && tar -x -f - -C {shlex.quote(dest)}"
+            argv = self._exec_argv(command, cwd="/", env={}, user=None)
+            result = await run_process(argv, stdin=archive, output_limit=self.output_limit)
+        if result.return_code != 0:
+            raise SandboxError(f"upload to {remote} failed: {_tail(result.stderr)}")
+
+    async def download(self, remote_path_: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a sandbox file to `local_path`, or a directory's contents into it."""
+        self._check_started()
+        remote = remote_path(remote_path_)
+        if remote == "/":
+            raise SandboxError("refusing to download the whole sandbox root")
+        parent, name = posixpath.split(remote)
+        command = f"tar -c -f - -C {shlex.quote(parent)} -- {shlex.quote(name)}"
+        argv = self._exec_argv(command, cwd="/", env={}, user=None)
+        with tempfile.TemporaryFile() as archive:
+            result = await run_process(argv, stdout_to=archive, output_limit=self.output_limit)
+            if result.return_code != 0:
+                raise SandboxError(f"download of {remote} failed: {_tail(result.stderr)}")
+            archive.seek(0)
+            await anyio.to_thread.run_sync(_extract, archive, name, Path(local_path))
+
+
+def _extract(archive: BinaryIO, name: str, local: Path) -> None:
+    with tarfile.open(fileobj=archive, mode="r") as tar:
+        _archive.unpack(tar, name, local)
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    env = dict(env or {})
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in str(value):
+            raise SandboxError(f"invalid environment variable {key!r}")
+    return {key: str(value) for key, value in env.items()}
+
+
+def _tail(stderr: bytes, limit: int = 500) -> str:
+    text = stderr.decode(errors="replace").strip()
+    return text[-limit:] or "no error output"
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete a sandbox's state even where the sandboxed program removed write permission."""
+
+    def make_writable_and_retry(func, target, _exc_info):  # type: ignore[no-untyped-def]
+        parent = os.path.dirname(target)
+        try:
+            os.chmod(parent, 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+            func(target)
+        except FileNotFoundError:
+            pass
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=make_writable_and_retry)

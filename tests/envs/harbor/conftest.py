@@ -1,0 +1,82 @@
+"""Fixtures for Harbor tests: tiny task directories written into tmp, and podman."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from platoon.sandbox import SandboxError
+from platoon.sandbox.fixtures import minimal_rootfs, podman_image, podman_service
+
+CACHE = Path(f"/tmp/platoon-test-cache-{os.getuid()}")
+
+CHECK_ANSWER = """\
+#!/bin/bash
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+def write_task(
+    root: Path,
+    name: str = "task",
+    *,
+    toml: str = "",
+    instruction: str = "Write 42 to /app/answer.txt\n",
+    test_sh: str | None = CHECK_ANSWER,
+    dockerfile: str | None = "FROM debian:bookworm-slim\nWORKDIR /app\n",
+    files: dict[str, str] | None = None,
+) -> Path:
+    """A task directory with the given parts; `files` adds more (relative path -> text)."""
+    task = root / name
+    task.mkdir(parents=True)
+    (task / "task.toml").write_text(textwrap.dedent(toml) or 'schema_version = "1.4"\n')
+    if instruction is not None:
+        (task / "instruction.md").write_text(instruction)
+    if test_sh is not None:
+        (task / "tests").mkdir()
+        (task / "tests" / "test.sh").write_text(test_sh)
+        (task / "tests" / "test.sh").chmod(0o755)
+    if dockerfile is not None:
+        (task / "environment").mkdir()
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
+    for rel, text in (files or {}).items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    return task
+
+
+@pytest.fixture
+def make_task(tmp_path):
+    def make(name: str = "task", **kwargs) -> Path:
+        return write_task(tmp_path / "tasks", name, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def rootfs() -> Path:
+    return minimal_rootfs(CACHE / "rootfs")
+
+
+@pytest.fixture(scope="session")
+def podman_url():
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    try:
+        with podman_service(CACHE / "podman") as url:
+            yield url
+    except SandboxError as exc:
+        pytest.skip(f"podman's API service cannot run here: {exc}")
+
+
+@pytest.fixture(scope="session")
+def image(podman_url, rootfs) -> str:
+    return podman_image(CACHE / "podman", rootfs)

@@ -1,0 +1,244 @@
+import json
+import os
+import subprocess
+import textwrap
+
+import msgspec
+import pytest
+
+from platoon.envs.harbor import HarborError, load_task, resolve_env, sandbox_spec_for
+from platoon.envs.harbor.config import Author, Healthcheck, PackageInfo, parse_task_config
+
+FULL = """\
+schema_version = "1.4"
+source = "terminal-bench"
+artifacts = ["/app/out.log"]
+multi_step_reward_strategy = "final"
+unknown_root_key = "ignored, as Harbor does"
+
+[task]
+name = "acme/add-numbers"
+version = "2.0"
+description = "Add two numbers"
+authors = [{ name = "Ada", email = "ada@example.com" }, { name = "Bob" }]
+keywords = ["math", "easy"]
+
+[metadata]
+difficulty = "easy"
+topic = "algebra"
+tags = ["arith"]
+
+[verifier]
+timeout_sec = 120.0
+env = { MODE = "strict", TOKEN = "${PLATOON_TEST_TOKEN:-fallback}" }
+user = "tester"
+network_mode = "no-network"
+environment_mode = "shared"
+
+[agent]
+timeout_sec = 300
+user = 1000
+network_mode = "allowlist"
+allowed_hosts = ["pypi.org"]
+
+[environment]
+build_timeout_sec = 900.0
+docker_image = "ghcr.io/acme/add:1"
+os = "Linux"
+cpus = 2
+memory_mb = 4096
+storage_mb = 20480
+gpus = 0
+gpu_types = ["H100"]
+network_mode = "public"
+env = { LANG = "C.UTF-8" }
+workdir = "/work"
+skills_dir = "/skills"
+mcp_servers = [{ name = "files", transport = "stdio", command = "mcp-files" }]
+unknown_env_key = 3
+
+[environment.healthcheck]
+command = "test -f /ready"
+interval_sec = 1.0
+retries = 5
+
+[solution]
+env = { HINT = "yes" }
+"""
+
+
+def test_every_field_is_parsed(make_task, monkeypatch):
+    monkeypatch.delenv("PLATOON_TEST_TOKEN", raising=False)
+    task = load_task(make_task(toml=FULL, files={"solution/solve.sh": "echo 42 > /app/answer.txt\n"}))
+    c = task.config
+    assert (c.schema_version, c.source, c.artifacts, c.multi_step_reward_strategy) == (
+        "1.4", "terminal-bench", ["/app/out.log"], "final",
+    )  # fmt: skip
+    assert c.task == PackageInfo(
+        name="acme/add-numbers", version="2.0", description="Add two numbers",
+        authors=[Author("Ada", "ada@example.com"), Author("Bob")], keywords=["math", "easy"],
+    )  # fmt: skip
+    assert task.metadata == {"difficulty": "easy", "topic": "algebra", "tags": ["arith"]}
+    v = c.verifier
+    assert (v.timeout_sec, v.user, v.network_mode, v.environment_mode) == (
+        120.0,
+        "tester",
+        "no-network",
+        "shared",
+    )
+    assert resolve_env(v.env) == {"MODE": "strict", "TOKEN": "fallback"}
+    a = c.agent
+    assert (a.timeout_sec, a.user, a.network_mode, a.allowed_hosts) == (
+        300.0,
+        1000,
+        "allowlist",
+        ["pypi.org"],
+    )
+    e = c.environment
+    assert (e.build_timeout_sec, e.docker_image, e.os, e.cpus, e.memory_mb, e.storage_mb) == (
+        900.0, "ghcr.io/acme/add:1", "linux", 2.0, 4096, 20480,
+    )  # fmt: skip
+    assert (e.gpus, e.gpu_types, e.network_mode, e.env, e.workdir, e.skills_dir) == (
+        0, ["H100"], "public", {"LANG": "C.UTF-8"}, "/work", "/skills",
+    )  # fmt: skip
+    assert e.healthcheck == Healthcheck(command="test -f /ready", interval_sec=1.0, retries=5)
+    assert e.mcp_servers == [{"name": "files", "transport": "stdio", "command": "mcp-files"}]
+    assert c.solution.env == {"HINT": "yes"}
+    assert task.instruction == "Write 42 to /app/answer.txt\n"
+    assert task.name == "task" and task.test_script.endswith("task/tests/test.sh")
+    assert task.solution_dir.endswith("task/solution") and task.dockerfile.endswith("environment/Dockerfile")
+    assert task.compose_file is None
+
+
+def test_defaults_follow_harbor(make_task):
+    c = load_task(make_task()).config
+    assert c.schema_version == "1.4" and c.task is None and c.metadata == {}
+    assert (c.verifier.timeout_sec, c.verifier.env, c.verifier.user) == (600.0, {}, None)
+    assert (c.agent.timeout_sec, c.agent.user) == (None, None)
+    e = c.environment
+    assert (e.build_timeout_sec, e.docker_image, e.os, e.cpus, e.memory_mb, e.network_mode) == (
+        600.0, None, "linux", None, None, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"memory": "4G", "storage": "10G"}, {"memory_mb": 4096, "storage_mb": 10240}),
+        ({"memory": "512M"}, {"memory_mb": 512}),
+        ({"memory": "1.5g"}, {"memory_mb": 1536}),
+        ({"memory": "2G", "memory_mb": 2048}, {"memory_mb": 2048}),
+        ({"allow_internet": False}, {"network_mode": "no-network"}),
+        ({"allow_internet": True}, {"network_mode": "public"}),
+        ({"allow_internet": False, "network_mode": "public"}, {"network_mode": "public"}),
+    ],
+)
+def test_legacy_keys(env, expected):
+    config = parse_task_config({"version": "1.0", "environment": env})
+    assert config.schema_version == "1.0"
+    got = msgspec.to_builtins(config.environment)
+    assert {k: got.get(k) for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"verifier": {"timeout_sec": "soon"}}, r"Expected `float`, got `str` - at `verifier.timeout_sec`"),
+        ({"environment": {"memory": "4GB"}}, r"environment.memory='4GB' is not a size"),
+        ({"environment": {"memory": "4G", "memory_mb": 1}}, r"conflicts with environment.memory_mb"),
+        ({"environment": {"network_mode": "open"}}, r"at `environment.network_mode`"),
+        ({"environment": {"cpus": 0}}, r"environment.cpus must be a positive number"),
+        ({"environment": {"memory_mb": -5}}, r"environment.memory_mb must be a positive"),
+        ({"verifier": {"timeout_sec": float("nan")}}, r"verifier.timeout_sec must be a positive"),
+        ({"agent": {"timeout_sec": 0}}, r"agent.timeout_sec must be a positive"),
+        ({"environment": {"gpus": -1}}, r"gpus must not be negative"),
+        ({"environment": {"allowed_hosts": ["x.org"]}}, r"allowed_hosts is only valid with network_mode"),
+        ({"environment": {"workdir": "app"}}, r"workdir must be an absolute path"),
+        ({"environment": {"os": "Windows"}}, r"windows"),
+        ({"task": {"name": "no-org"}}, r"task.name must look like 'org/name'"),
+        ({"task": {"name": "a/../b"}}, r"task.name must look like"),
+        ({"steps": [{"name": "one"}]}, r"multi-step tasks"),
+        ({"verifier": {"environment_mode": "separate"}}, r"'separate' is not supported"),
+        ({"verifier": {"environment": {"docker_image": "x"}}}, r"separate verifier environment"),
+        ({"environment": {"allow_internet": "yes"}}, r"allow_internet must be true or false"),
+    ],
+)
+def test_invalid_values_are_refused_with_the_key(raw, message):
+    with pytest.raises(HarborError, match=message):
+        parse_task_config(raw)
+
+
+def test_env_templates(monkeypatch):
+    monkeypatch.setenv("PLATOON_T", "host")
+    assert resolve_env({"a": "${PLATOON_T}", "b": "${PLATOON_NOPE:-d}", "c": "x${PLATOON_T}", "d": "${PLATOON_T:-d}"}) == {
+        "a": "host", "b": "d", "c": "x${PLATOON_T}", "d": "host",
+    }  # fmt: skip
+    with pytest.raises(HarborError, match=r"'PLATOON_NOPE' .* not set"):
+        resolve_env({"a": "${PLATOON_NOPE}"})
+
+
+def test_sandbox_spec_maps_image_workdir_resources_and_network(make_task, tmp_path):
+    task = load_task(make_task(toml=FULL))
+    spec = sandbox_spec_for(task)
+    assert (spec.image, spec.workdir, spec.cpus, spec.memory_mb, spec.network, spec.env) == (
+        "ghcr.io/acme/add:1", "/work", 2.0, 4096, True, {"LANG": "C.UTF-8"},
+    )  # fmt: skip
+    plain = load_task(make_task("plain"))
+    assert sandbox_spec_for(plain).network is False  # the task did not ask
+    assert sandbox_spec_for(plain, default_network=True).network is True
+    assert sandbox_spec_for(plain, rootfs=tmp_path).rootfs == str(tmp_path)
+    assert sandbox_spec_for(plain).workdir == "/app"
+    for name, mode in (("off", "no-network"), ("allow", "allowlist")):
+        toml = f'[environment]\nnetwork_mode = "{mode}"\n'
+        assert sandbox_spec_for(load_task(make_task(name, toml=toml))).network is False
+    legacy = load_task(make_task("legacy", toml="[environment]\nallow_internet = true\n"))
+    assert sandbox_spec_for(legacy).network is True
+    gpu = load_task(make_task("gpu", toml="[environment]\ngpus = 1\n"))
+    with pytest.raises(HarborError, match="needs 1 GPU"):
+        sandbox_spec_for(gpu)
+
+
+HARBOR_PYTHON = os.environ.get("PLATOON_HARBOR_PYTHON")
+_DUMP = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    from harbor.models.task.config import TaskConfig
+    c = TaskConfig.model_validate_toml(open(sys.argv[1]).read())
+    print(json.dumps(c.model_dump(mode="json")))
+    """
+)
+
+
+@pytest.mark.skipif(
+    not HARBOR_PYTHON, reason="set PLATOON_HARBOR_PYTHON to a Python 3.12 with harbor installed"
+)
+@pytest.mark.parametrize(
+    "toml",
+    [
+        FULL.replace("unknown_root_key", "# unknown").replace('"${PLATOON_TEST_TOKEN:-fallback}"', '"x"'),
+        'version = "1.0"\n[environment]\nmemory = "4G"\nstorage = "10G"\nallow_internet = false\n',
+        "[verifier]\ntimeout_sec = 30\n[agent]\nuser = 0\n",
+    ],
+)
+def test_matches_harbors_own_models(tmp_path, toml):
+    path = tmp_path / "task.toml"
+    path.write_text(toml)
+    theirs = json.loads(
+        subprocess.run([HARBOR_PYTHON, "-c", _DUMP, str(path)], capture_output=True, check=True).stdout
+    )
+    import tomllib
+
+    ours = msgspec.to_builtins(parse_task_config(tomllib.loads(toml)))
+    ours["environment"]["network_mode"] = ours["environment"]["network_mode"] or "public"
+    for section, fields in ours.items():
+        if isinstance(fields, dict) and section not in ("metadata",):
+            for key, value in fields.items():
+                if key == "mcp_servers":  # kept as given; Harbor fills in its defaults
+                    value = [
+                        {**theirs_entry, **entry}
+                        for theirs_entry, entry in zip(theirs[section][key], value, strict=True)
+                    ]
+                assert theirs[section][key] == value, f"{section}.{key}"
+        else:
+            assert theirs[section] == fields, section

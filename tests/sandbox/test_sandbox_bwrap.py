@@ -1,0 +1,206 @@
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from platoon.sandbox import Mount, Sandbox, SandboxError, SandboxSpec, create_sandbox
+from platoon.sandbox.bwrap import BwrapSandbox
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+]
+
+
+async def test_exec_reports_output_status_and_runs_in_the_workdir():
+    async with create_sandbox(SandboxSpec(), provider="bwrap") as box:
+        assert isinstance(box, Sandbox)
+        result = await box.exec("echo out; echo err >&2; pwd; exit 3")
+        assert (result.stdout, result.stderr, result.return_code, result.timed_out) == (
+            "out\n/app\n",
+            "err\n",
+            3,
+            False,
+        )
+        assert not result.ok
+        assert (await box.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+
+
+async def test_env_is_clean_and_layered(monkeypatch):
+    monkeypatch.setenv("PLATOON_HOST_SECRET", "leak")
+    async with BwrapSandbox(SandboxSpec(env={"A": "spec", "B": "spec"})) as box:
+        result = await box.exec('echo "$A $B ${PLATOON_HOST_SECRET:-none} $HOME"', env={"B": "call"})
+        assert result.stdout == "spec call none /root\n"
+
+
+async def test_files_persist_between_commands_and_the_host_base_is_read_only():
+    async with BwrapSandbox(SandboxSpec()) as box:
+        assert (await box.exec("echo 42 > answer.txt && mkdir -p /tmp/t && echo t > /tmp/t/f")).ok
+        assert (await box.exec("cat /app/answer.txt /tmp/t/f")).stdout == "42\nt\n"
+        denied = await box.exec("touch /usr/platoon-should-not-exist")
+        assert denied.return_code != 0
+        assert not await anyio.Path("/usr/platoon-should-not-exist").exists()
+        assert (await box.exec("test -e /work || test -e /home/platoon; echo $?")).stdout == "1\n"
+
+
+def _sleepers(tag: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline == f"sleep\0{tag}\0".encode():
+            found.append(int(pid))
+    return found
+
+
+async def test_timeout_kills_the_whole_process_group():
+    async with BwrapSandbox(SandboxSpec()) as box:
+        began = time.monotonic()
+        result = await box.exec("sleep 61.25 & sleep 61.25; echo never", timeout=0.5)
+        assert result.timed_out and result.return_code == 137 and "never" not in result.stdout
+        assert time.monotonic() - began < 5
+        await anyio.sleep(0.2)
+        assert _sleepers("61.25") == []
+
+
+async def test_upload_and_download_files_and_directories(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "data.txt").write_text("data")
+    (src / "run.sh").write_text("#!/bin/bash\necho ran\n")
+    (src / "run.sh").chmod(0o755)
+    (tmp_path / "one.txt").write_text("one")
+    async with BwrapSandbox(SandboxSpec()) as box:
+        await box.upload(src, "/tests")
+        await box.upload(tmp_path / "one.txt", "/app/deep/one.txt")
+        result = await box.exec("/tests/run.sh && cat /tests/sub/data.txt /app/deep/one.txt")
+        assert result.stdout == "ran\ndataone"
+        await box.exec(
+            "mkdir -p /app/out/d && echo r > /app/out/d/r.txt && ln -s /etc/passwd /app/out/escape"
+        )
+        await box.download("/app/out", tmp_path / "out")
+        assert (tmp_path / "out" / "d" / "r.txt").read_text() == "r\n"
+        assert not (tmp_path / "out" / "escape").exists()  # links out of the tree stay behind
+        await box.download("/app/deep/one.txt", tmp_path / "copy.txt")
+        assert (tmp_path / "copy.txt").read_text() == "one"
+        with pytest.raises(SandboxError, match="download of /app/missing failed"):
+            await box.download("/app/missing", tmp_path / "missing")
+        with pytest.raises(SandboxError, match="does not exist"):
+            await box.upload(tmp_path / "nope", "/app/nope")
+        with pytest.raises(SandboxError, match="absolute"):
+            await box.upload(tmp_path / "one.txt", "../escape")
+
+
+async def test_user_maps_names_and_ids():
+    async with BwrapSandbox(SandboxSpec()) as box:
+        assert (await box.exec("id -u", user="nobody")).stdout == "65534\n"
+        assert (await box.exec("id -u; id -g", user="1234:99")).stdout == "1234\n99\n"
+        with pytest.raises(SandboxError, match="not in the sandbox's /etc/passwd"):
+            await box.exec("true", user="no-such-user-here")
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
+@pytest.mark.parametrize("network", [False, True])
+async def test_network_is_off_unless_asked(network):
+    listener = _Listener()
+    try:
+        async with BwrapSandbox(SandboxSpec(network=network)) as box:
+            result = await box.exec(f"echo hi > /dev/tcp/127.0.0.1/{listener.port}")
+        assert result.ok is network
+        assert (listener.accepted > 0) is network
+    finally:
+        listener.sock.close()
+
+
+async def test_resources_become_rlimit_and_cpu_affinity():
+    async with BwrapSandbox(SandboxSpec(cpus=1, memory_mb=300)) as box:
+        result = await box.exec("ulimit -d; nproc")
+        assert result.stdout == f"{300 * 1024}\n1\n"
+
+
+async def test_rootfs_copy_is_private_and_writable(rootfs):
+    async with (
+        BwrapSandbox(SandboxSpec(rootfs=str(rootfs))) as a,
+        BwrapSandbox(SandboxSpec(rootfs=str(rootfs))) as b,
+    ):
+        assert (await a.exec("echo mine > /usr/bin/marker && cat /usr/bin/marker")).stdout == "mine\n"
+        assert (await b.exec("test -e /usr/bin/marker; echo $?")).stdout == "1\n"
+    assert not (rootfs / "usr/bin/marker").exists()
+
+
+async def test_rootfs_read_only_base_keeps_image_content_in_writable_dirs(rootfs, tmp_path):
+    mount_src = tmp_path / "data"
+    mount_src.mkdir()
+    (mount_src / "x").write_text("mounted")
+    spec = SandboxSpec(rootfs=str(rootfs), mounts=(Mount(source=str(mount_src), target="/data"),))
+    async with BwrapSandbox(spec, copy_rootfs=False, state_dir=tmp_path / "state") as box:
+        assert (await box.exec("touch /usr/bin/x")).return_code != 0
+        assert (await box.exec("cat /data/x && echo ok > /app/f && cat /app/f")).stdout == "mountedok\n"
+        assert (await box.exec("echo no > /data/y")).return_code != 0
+        assert len(list((tmp_path / "state").iterdir())) == 1
+    assert list((tmp_path / "state").iterdir()) == []  # stop removes the sandbox's state
+
+
+async def test_output_is_capped():
+    async with BwrapSandbox(SandboxSpec(), output_limit=1000) as box:
+        result = await box.exec("head -c 5000 /dev/zero | tr '\\0' a")
+        assert result.stdout.startswith("a" * 1000)
+        assert "4000 more bytes of output dropped" in result.stdout
+
+
+async def test_misuse_is_a_sandbox_error(tmp_path):
+    box = BwrapSandbox(SandboxSpec())
+    with pytest.raises(SandboxError, match="not started"):
+        await box.exec("true")
+    with pytest.raises(SandboxError, match="absolute"):
+        SandboxSpec(workdir="app")
+    with pytest.raises(SandboxError, match="positive"):
+        SandboxSpec(cpus=0)
+    with pytest.raises(SandboxError, match="does not look like a root filesystem"):
+        async with BwrapSandbox(SandboxSpec(rootfs=str(tmp_path))):
+            pass
+    with pytest.raises(SandboxError, match="not installed"):
+        async with BwrapSandbox(SandboxSpec(), bwrap="no-such-bwrap"):
+            pass
+    async with BwrapSandbox(SandboxSpec()) as box:
+        with pytest.raises(SandboxError, match="timeout must be positive"):
+            await box.exec("true", timeout=0)
+    with pytest.raises(SandboxError, match="not started"):
+        await box.exec("true")
+
+
+async def test_eight_sandboxes_run_concurrently():
+    results = []
+
+    async def one(i: int) -> None:
+        async with BwrapSandbox(SandboxSpec()) as box:
+            await box.exec(f"echo {i} > n")
+            results.append((await box.exec("cat n")).stdout)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+    assert sorted(results) == sorted(f"{i}\n" for i in range(8))
