@@ -76,9 +76,9 @@ async def _policy(config: Config, args: Any, tokenizer: Any) -> AsyncIterator[An
     model, _ = _model_and_renderer(config)
     model_path = config.eval.model_path if config.eval else None
     if config.train is not None and config.train.backend == "local":
-        from platoon.backends.local import running_server
+        from platoon.backends.local import running_server_in_thread
 
-        async with running_server(config.train.model_name) as base_url:
+        async with running_server_in_thread(config.train.model_name) as base_url:
             import tinker
 
             client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")

@@ -17,6 +17,7 @@ the whole agent into one datum.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
@@ -47,6 +48,7 @@ __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
 log = structlog.get_logger("platoon.gateway")
 
 ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler", "overloaded"]
+TurnKey = tuple[str, tuple[tuple[str, str], ...]]  # an assistant turn's text and (name, arguments) calls
 
 
 class GatewayError(Exception):
@@ -87,7 +89,7 @@ class AgentSession:
     budget: Budget
     depth: int = 0
     params: dict[str, Any] = field(default_factory=dict)
-    sampled: dict[str, list[list[int]]] = field(default_factory=dict)
+    sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
     closed: bool = False
 
@@ -316,7 +318,9 @@ class Gateway:
             parsed.finish_reason = "length"
         message = parsed.to_openai()
         call_id = new_id()
-        session.sampled.setdefault(_turn_key(message), []).append(list(sampled.tokens))
+        key = _turn_key(message)
+        if key is not None:
+            session.sampled.setdefault(key, []).append(list(sampled.tokens))
         session.calls += 1
         if kind == "policy":
             session.budget.tokens += len(sampled.tokens)
@@ -352,7 +356,7 @@ class Gateway:
     def _sampled_turns(
         self, session: AgentSession, messages: Sequence[Mapping[str, Any]]
     ) -> dict[int, list[int]]:
-        """The sampled tokens of the assistant turns in `messages` that this agent was sampled.
+        """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
 
         A text sampled twice (two identical tool calls, say) may have been sampled as different
         tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
@@ -360,9 +364,9 @@ class Gateway:
         if not session.sampled:
             return {}
         completions: dict[int, list[int]] = {}
-        seen: dict[str, int] = {}
+        seen: dict[TurnKey, int] = {}
         for i, message in enumerate(messages):
-            if message.get("role") != "assistant":
+            if not isinstance(message, Mapping) or message.get("role") != "assistant":
                 continue
             key = _turn_key(message)
             samplings = session.sampled.get(key)
@@ -415,23 +419,46 @@ def _kind(exc: GatewayError) -> Any:
     return "bad_request" if exc.kind == "overloaded" else exc.kind
 
 
-def _turn_key(message: Mapping[str, Any]) -> str:
+def _turn_key(message: Mapping[str, Any]) -> TurnKey | None:
     """What identifies an assistant turn across requests: its text and its calls.
 
     Harnesses echo replies back in different shapes (None or "" content, arguments as a JSON
-    string or an object, their own call ids), so the key ignores those differences.
+    string or an object, their own call ids), so the key ignores those differences. A
+    malformed turn has no key (the renderer then says what is wrong with it).
     """
     content = message.get("content")
     if isinstance(content, list):
-        content = "\n".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        texts = [p.get("text", "") if isinstance(p, Mapping) else p for p in content]
+        content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
+    elif content is not None and not isinstance(content, str):
+        return None
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        return None
     calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", call) if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                pass
-        calls.append([function.get("name"), arguments])
-    return json.dumps([(content or "").strip(), calls], sort_keys=True, ensure_ascii=False)
+    for call in raw_calls:
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            return None
+        calls.append((function["name"], _arguments_key(function.get("arguments"))))
+    return (content or "").strip(), tuple(calls)
+
+
+def _arguments_key(arguments: Any) -> str:
+    """Tool call arguments as canonical JSON, whether sent as a JSON string or an object."""
+    if not isinstance(arguments, str):
+        try:
+            return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return repr(arguments)
+    # An agent's history repeats its calls on every request, so short ones are memoized.
+    return _canonical_json(arguments) if len(arguments) <= 4096 else _canonical_json.__wrapped__(arguments)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_json(text: str) -> str:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        value = text
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)

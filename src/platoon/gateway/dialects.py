@@ -86,15 +86,19 @@ def chat_request(
         stop = [stop]
     elif stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise DialectError("stop: expected a string or an array of strings", "stop")
+    max_tokens = _int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens")
     params = {
         "temperature": _number(body, "temperature"),
         "top_p": _number(body, "top_p"),
         "top_k": _int(body, "top_k"),
-        "max_tokens": _int(body, "max_completion_tokens") or _int(body, "max_tokens"),
+        "max_tokens": max_tokens,
         "stop": stop,
         "seed": _int(body, "seed"),
     }
-    n = _int(body, "n") or 1
+    n = _int(body, "n")
+    n = 1 if n is None else n
     if n < 1 or n > 16:
         raise DialectError("n: expected an integer from 1 to 16", "n")
     stream = bool(_expect(body, "stream", bool, "a boolean"))

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import sniffio
 
 from platoon.bus.events import PolicyUpdated
@@ -95,18 +96,20 @@ class TinkerSamplerFactory:
 
     async def initial(self) -> TinkerSampler:
         if self.model_path:
-            future = self.service_client.create_sampling_client(model_path=self.model_path)
+            client = await _create(self.service_client, model_path=self.model_path)
         else:
-            future = self.service_client.create_sampling_client(base_model=self.base_model)
-        return TinkerSampler(await _resolve(future), self.version)
+            client = await _create(self.service_client, base_model=self.base_model)
+        return TinkerSampler(client, self.version)
 
     async def updated(self, event: PolicyUpdated) -> TinkerSampler:
-        future = self.service_client.create_sampling_client(model_path=event.sampler_path)
-        return TinkerSampler(await _resolve(future), event.version)
+        return TinkerSampler(await _create(self.service_client, model_path=event.sampler_path), event.version)
 
 
-async def _resolve(value: Any) -> Any:
-    """`create_sampling_client` returns a future of the client (older SDKs: the client)."""
-    if hasattr(value, "sample"):
-        return value
-    return await wait_future(value)
+async def _create(service_client: Any, **kwargs: Any) -> Any:
+    """`create_sampling_client` in a worker thread: the SDK may block while it sets up."""
+
+    def create() -> Any:
+        value = service_client.create_sampling_client(**kwargs)
+        return value.result() if hasattr(value, "result") else value
+
+    return await anyio.to_thread.run_sync(create)

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.to_thread
 
 from platoon.backends.local.engine import Engine, EngineError, resolve_model_dir
 from platoon.backends.local.server import TinkerService, create_app
 from platoon.serving import serve_asgi
 
-__all__ = ["EngineError", "main", "running_server", "serve"]
+__all__ = ["EngineError", "main", "running_server", "running_server_in_thread", "serve"]
 
 
 async def serve(
@@ -68,6 +70,28 @@ async def running_server(model: str, **options) -> AsyncIterator[str]:
             yield base_url
         finally:
             tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def running_server_in_thread(model: str, **options) -> AsyncIterator[str]:
+    """`running_server` on an event loop of its own, in a thread, and yield its base URL.
+
+    The `tinker` SDK blocks its caller in places (creating clients, `.result()`); a server on
+    the caller's own event loop could then never answer. Training inside platoon uses this.
+    """
+    portal_cm = anyio.from_thread.start_blocking_portal()
+    portal = await anyio.to_thread.run_sync(portal_cm.__enter__)
+    try:
+        server_cm = portal.wrap_async_context_manager(running_server(model, **options))
+        base_url = await anyio.to_thread.run_sync(server_cm.__enter__)
+        try:
+            yield base_url
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(server_cm.__exit__, None, None, None)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(portal_cm.__exit__, None, None, None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

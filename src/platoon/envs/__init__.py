@@ -1,0 +1,136 @@
+"""Environment services: in-process ORS classes, ORS servers, named environments, Harbor.
+
+`build_env_service` turns one `environments:` entry of a config into the bus component
+that serves it (see `platoon.envs.service`).
+"""
+
+import os
+
+# The openreward SDK logs every tool call at INFO to stdout and checks PyPI for updates when
+# a client or server starts: noise on the terminal and a network call inside a training run.
+# Turned down here, before any module of this package imports the SDK, unless the user set them.
+os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
+os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+
+from collections.abc import Mapping
+from typing import Any
+
+from platoon.envs.service import (
+    EnvBackend,
+    EnvError,
+    EnvService,
+    EnvSession,
+    Grade,
+    TaskInfo,
+    ToolError,
+    ToolResult,
+)
+
+__all__ = [
+    "EnvBackend",
+    "EnvError",
+    "EnvService",
+    "EnvSession",
+    "Grade",
+    "TaskInfo",
+    "ToolError",
+    "ToolResult",
+    "build_backend",
+    "build_env_service",
+]
+
+# Keyword arguments of a config's `service_kwargs` that belong to the service, not the backend.
+_SERVICE_KEYS = ("secrets",)
+
+
+def build_env_service(
+    name: str,
+    service: str | None = None,
+    env: str | None = None,
+    service_kwargs: Mapping[str, Any] | None = None,
+    *,
+    tool_timeout: float | None = 120.0,
+    open_timeout: float | None = 600.0,
+) -> EnvService:
+    """The env service for one config entry: exactly one of `service` and `env` is given.
+
+    `service`: `python://module:Class` (an ORS class in process), `http(s)://host:port[/Env]`
+    (an ORS server), `harbor` (a Harbor dataset), or `module:Class` (an ORS class, or a class
+    implementing `EnvBackend`, built with the service kwargs). `env`: a named environment,
+    `NAME[@VERSION]`. `service_kwargs` go to the backend, except `secrets` (a mapping, or a
+    list of environment variable names) which the service hands to every session.
+    """
+    kwargs = dict(service_kwargs or {})
+    service_options = {key: kwargs.pop(key) for key in _SERVICE_KEYS if key in kwargs}
+    backend = build_backend(service, env, kwargs)
+    return EnvService(name, backend, tool_timeout=tool_timeout, open_timeout=open_timeout, **service_options)
+
+
+def build_backend(service: str | None, env: str | None, kwargs: Mapping[str, Any]) -> EnvBackend:
+    """The backend that `service` or `env` names (see `build_env_service`)."""
+    if (service is None) == (env is None):
+        raise EnvError("an environment entry needs exactly one of `service` and `env`")
+    try:
+        if env is not None:
+            from platoon.envs.named import load_named_env
+            from platoon.envs.ors import OrsBackend
+
+            return _construct(OrsBackend, load_named_env(env), kwargs, what=f"env {env}")
+        assert service is not None
+        if service.startswith("python://"):
+            from platoon.envs.ors import OrsBackend
+
+            ref = service.removeprefix("python://")
+            return _construct(OrsBackend.from_ref, ref, kwargs, what=service)
+        if service.startswith(("http://", "https://")):
+            from platoon.envs.remote import RemoteBackend
+
+            return _construct(RemoteBackend, service, kwargs, what=service)
+        if service == "harbor":
+            try:
+                from platoon.envs.harbor.service import HarborBackend
+            except ImportError as exc:
+                raise EnvError(f"the harbor service is not available: {exc}") from exc
+            return _construct(HarborBackend, None, kwargs, what=service)
+        if ":" in service and "://" not in service:
+            return _from_ref(service, kwargs)
+    except ImportError as exc:
+        raise EnvError(
+            f"{service or env} needs the openreward SDK: pip install 'platoon[ors]' ({exc})"
+        ) from exc
+    raise EnvError(
+        f"unknown service {service!r}: use python://module:Class, http://host:port, harbor or module:Class"
+    )
+
+
+def _from_ref(ref: str, kwargs: Mapping[str, Any]) -> EnvBackend:
+    from platoon.plugins import PluginError, import_ref
+
+    try:
+        obj = import_ref(ref)
+    except PluginError as exc:
+        raise EnvError(str(exc)) from exc
+    if _is_ors_class(obj):
+        from platoon.envs.ors import OrsBackend
+
+        return _construct(OrsBackend, obj, kwargs, what=ref)
+    backend = _construct(obj, None, kwargs, what=ref)
+    if not isinstance(backend, EnvBackend):
+        raise EnvError(f"{ref} is neither an ORS Environment class nor an env backend")
+    return backend
+
+
+def _is_ors_class(obj: Any) -> bool:
+    try:
+        from platoon.envs._sdk import is_environment_class
+    except EnvError:  # no openreward SDK installed: then it cannot be an ORS class
+        return False
+    return is_environment_class(obj)
+
+
+def _construct(factory: Any, first: Any, kwargs: Mapping[str, Any], *, what: str) -> Any:
+    """Build a backend, turning bad `service_kwargs` into one clear error."""
+    try:
+        return factory(**kwargs) if first is None else factory(first, **kwargs)
+    except TypeError as exc:
+        raise EnvError(f"bad service_kwargs for {what}: {exc}") from exc

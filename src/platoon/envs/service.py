@@ -1,0 +1,527 @@
+"""The env service: one bus component per environment entry of a config.
+
+An `EnvService` answers the requests of the episode runner and the grader for the entry whose
+name it carries, over a small backend protocol (`EnvBackend` / `EnvSession`) that in-process
+ORS classes, ORS servers and Harbor datasets each implement:
+
+    TasksRequested       -> TasksListed
+    SessionOpenRequested -> SessionOpened     (a subagent's session forks its parent's)
+    ToolCalled           -> ToolReturned
+    GradeRequested       -> Graded
+    EpisodeGraded        -> every session of that episode is closed
+
+Requests run concurrently, one task each, but the calls to one live session run one at a time
+in the order they arrived. Nothing raises into the bus: a failure becomes the reply's `error`.
+Every session that is opened is closed, on the episode's grade, on shutdown or cancellation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AsyncExitStack
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import anyio
+import msgspec
+import structlog
+
+from platoon.bus import Bus, BusClosed
+from platoon.bus.events import (
+    EpisodeGraded,
+    Event,
+    Graded,
+    GradeRequested,
+    Reply,
+    SessionOpened,
+    SessionOpenRequested,
+    TaskRef,
+    TasksListed,
+    TasksRequested,
+    ToolCalled,
+    ToolReturned,
+    ToolSpec,
+)
+
+__all__ = [
+    "EnvBackend",
+    "EnvError",
+    "EnvService",
+    "EnvSession",
+    "Grade",
+    "TaskInfo",
+    "ToolError",
+    "ToolResult",
+]
+
+log = structlog.get_logger("platoon.envs")
+
+# How many graded episode ids to remember, so a session whose opening finishes after its
+# episode was graded is closed at once instead of being left open.
+_GRADED_MEMORY = 10_000
+
+
+class EnvError(Exception):
+    """An environment could not do what was asked; the message says why."""
+
+
+class ToolError(EnvError):
+    """A tool call the environment refused: unknown tool, bad arguments, episode over."""
+
+
+class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a backend: `spec` is what the backend needs to open it."""
+
+    split: str
+    task_id: str
+    index: int
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    output: str
+    reward: float | None = None
+    finished: bool = False
+
+
+class Grade(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's grade; `reward is None` with a `reason` when it cannot be graded."""
+
+    reward: float | None
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    reason: str | None = None
+
+
+@runtime_checkable
+class EnvSession(Protocol):
+    """One live session of one task, played by one agent (or shared by several)."""
+
+    instruction: str
+    tools: list[ToolSpec]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run a tool. Raise `ToolError` when the call is refused; any other exception is a crash."""
+        ...
+
+    async def grade(self) -> Grade: ...
+
+    async def fork(self, mode: Literal["fresh", "copy"]) -> EnvSession:
+        """A new session for a subagent: `fresh` opens the same task anew, `copy` deep-copies
+        this one's state. Raise `EnvError` for a mode the backend cannot do."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EnvBackend(Protocol):
+    """Where an env service's tasks and sessions come from."""
+
+    async def list_splits(self) -> list[str]: ...
+
+    async def list_tasks(self, split: str) -> list[TaskInfo]: ...
+
+    async def open(self, task: TaskInfo, secrets: Mapping[str, str]) -> EnvSession: ...
+
+    async def aclose(self) -> None:
+        """Release what the backend holds (clients, caches); its sessions are closed first."""
+        ...
+
+
+class _Slot:
+    """A live session and the queue that runs its calls one at a time, in arrival order.
+
+    Each queued operation waits for the `done` event of the one queued before it. The queue
+    position is taken synchronously when the request arrives, so the order does not depend
+    on how the event loop schedules the tasks that carry the requests out.
+    """
+
+    __slots__ = ("closed", "session", "tail", "task", "tool_names")
+
+    def __init__(self, session: EnvSession, task: TaskInfo) -> None:
+        self.session = session
+        self.task = task
+        self.tool_names = {tool.name for tool in session.tools}
+        self.tail: anyio.Event | None = None
+        self.closed = False
+
+    def enqueue(self) -> tuple[anyio.Event | None, anyio.Event]:
+        previous, self.tail = self.tail, anyio.Event()
+        return previous, self.tail
+
+
+class EnvService:
+    """The bus component for one environment entry (see the module docstring).
+
+    `tool_timeout` bounds one tool call, `open_timeout` the opening of a session (setup
+    included), `close_timeout` its closing; None means no limit. `secrets` are handed to
+    every session the backend opens: a mapping of names to values, or a list of names whose
+    values are read from the process environment when a session opens.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        backend: EnvBackend,
+        *,
+        secrets: Mapping[str, str] | Iterable[str] | None = None,
+        tool_timeout: float | None = 120.0,
+        open_timeout: float | None = 600.0,
+        close_timeout: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.backend = backend
+        self.tool_timeout = tool_timeout
+        self.open_timeout = open_timeout
+        self.close_timeout = close_timeout
+        self._secrets = secrets
+        self._bus: Bus | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        self._by_episode: dict[str, set[str]] = {}
+        self._graded: OrderedDict[str, None] = OrderedDict()
+        self._live: set[EnvSession] = set()
+        self._closing: set[EnvSession] = set()
+        self._splits: list[str] | None = None
+        self._tasks: dict[str, tuple[list[TaskInfo], dict[str, TaskInfo]]] = {}
+        self._task_locks: dict[str, anyio.Lock] = {}
+
+    @property
+    def open_sessions(self) -> int:
+        """Sessions opened and not yet fully closed (a shared session counts once)."""
+        return len(self._live) + len(self._closing)
+
+    # --- the component ------------------------------------------------------------------------
+
+    async def run(
+        self, bus: Bus, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve requests until the bus shuts down or this task is cancelled.
+
+        `await task_group.start(service.run, bus)` returns once the service is subscribed.
+        """
+        self._bus = bus
+        handlers: list[tuple[type[Event], Callable[[Any], None]]] = [
+            (TasksRequested, self._on_tasks),
+            (SessionOpenRequested, self._on_open),
+            (ToolCalled, self._on_call),
+            (GradeRequested, self._on_grade),
+            (EpisodeGraded, self._on_episode_graded),
+        ]
+        try:
+            async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+                self._tg = tg
+                streams = [
+                    await stack.enter_async_context(bus.stream(kind, name=f"env:{self.name}:{kind.__name__}"))
+                    for kind, _ in handlers
+                ]
+                task_status.started()
+                for stream, (_, handle) in zip(streams, handlers, strict=True):
+                    tg.start_soon(self._pump, stream, handle)
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                await self._close_all()
+
+    async def _pump(self, stream: Any, handle: Callable[[Any], None]) -> None:
+        async for event in stream:
+            try:
+                handle(event)
+            except Exception as exc:  # a bug here must not stop the other requests
+                log.exception("env service dispatch failed", env=self.name, error=str(exc))
+        # The stream ends when the bus shuts down: stop everything else too.
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    def _spawn(self, func: Callable[..., Any], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(func, *args)
+
+    async def _reply(self, event: Reply) -> None:
+        assert self._bus is not None
+        try:
+            await self._bus.publish(event)
+        except BusClosed:
+            log.warning("reply dropped: the bus has closed", env=self.name, reply=type(event).__name__)
+
+    # --- dispatch (synchronous, in arrival order) ---------------------------------------------
+
+    def _on_tasks(self, req: TasksRequested) -> None:
+        if req.env == self.name:
+            self._spawn(self._list_tasks, req)
+
+    def _on_open(self, req: SessionOpenRequested) -> None:
+        if req.task.env != self.name:
+            return
+        if req.fork_of is None:
+            self._spawn(self._open, req)
+            return
+        parent = self._slots.get((req.episode_id, req.fork_of))
+        if parent is None:
+            error = f"cannot fork: agent {req.fork_of} of episode {req.episode_id} has no open session"
+            self._spawn(self._reply, SessionOpened(reply_to=req.request_id, error=error))
+            return
+        self._spawn(self._fork, req, parent, *parent.enqueue())
+
+    def _on_call(self, req: ToolCalled) -> None:
+        if req.env != self.name:
+            return
+        slot = self._slots.get((req.episode_id, req.agent_id))
+        if slot is None:
+            reply = ToolReturned(
+                reply_to=req.request_id,
+                episode_id=req.episode_id,
+                agent_id=req.agent_id,
+                name=req.name,
+                error=self._no_session(req.episode_id, req.agent_id),
+            )
+            self._spawn(self._reply, reply)
+            return
+        self._spawn(self._call, req, slot, *slot.enqueue())
+
+    def _on_grade(self, req: GradeRequested) -> None:
+        if req.env != self.name:
+            return
+        slot = self._slots.get((req.episode_id, req.agent_id))
+        if slot is None:
+            reason = self._no_session(req.episode_id, req.agent_id)
+            self._spawn(self._reply, Graded(reply_to=req.request_id, error=reason, reason=reason))
+            return
+        self._spawn(self._grade, req, slot, *slot.enqueue())
+
+    def _on_episode_graded(self, event: EpisodeGraded) -> None:
+        self._graded[event.episode_id] = None
+        if len(self._graded) > _GRADED_MEMORY:
+            self._graded.popitem(last=False)
+        slots: dict[int, _Slot] = {}
+        for agent_id in self._by_episode.pop(event.episode_id, ()):
+            slot = self._slots.pop((event.episode_id, agent_id))
+            slots[id(slot)] = slot  # a shared session is closed once
+        for slot in slots.values():
+            slot.closed = True
+            self._spawn(self._close_slot, slot, *slot.enqueue())
+
+    @staticmethod
+    def _no_session(episode_id: str, agent_id: str) -> str:
+        return f"no open env session for agent {agent_id} of episode {episode_id}"
+
+    # --- requests -----------------------------------------------------------------------------
+
+    async def _list_tasks(self, req: TasksRequested) -> None:
+        try:
+            tasks, _ = await self._split_tasks(req.split)
+            refs = [TaskRef(env=self.name, split=t.split, task_id=t.task_id, index=t.index) for t in tasks]
+            reply = TasksListed(reply_to=req.request_id, tasks=refs)
+        except Exception as exc:
+            reply = TasksListed(reply_to=req.request_id, error=_describe(exc))
+        await self._reply(reply)
+
+    async def _open(self, req: SessionOpenRequested) -> None:
+        try:
+            task = await self._resolve(req.task)
+            with anyio.fail_after(self.open_timeout):
+                session = await self.backend.open(task, self._resolve_secrets())
+        except TimeoutError:
+            error = f"opening task {req.task.split}:{req.task.task_id} timed out after {self.open_timeout:g}s"
+            await self._reply(SessionOpened(reply_to=req.request_id, error=error))
+            return
+        except Exception as exc:
+            await self._reply(SessionOpened(reply_to=req.request_id, error=_describe(exc)))
+            return
+        # No checkpoint between the backend handing the session over and tracking it, so
+        # a cancellation cannot lose it.
+        self._live.add(session)
+        await self._register(req, _Slot(session, task))
+
+    async def _fork(
+        self, req: SessionOpenRequested, parent: _Slot, previous: anyio.Event | None, done: anyio.Event
+    ) -> None:
+        slot: _Slot | None = None
+        error: str | None = None
+        try:
+            if previous is not None:
+                await previous.wait()
+            if parent.closed:
+                error = f"cannot fork: the session of agent {req.fork_of} has closed"
+            elif req.fork == "shared":
+                slot = parent
+            else:
+                with anyio.fail_after(self.open_timeout):
+                    session = await parent.session.fork(req.fork)
+                self._live.add(session)
+                slot = _Slot(session, parent.task)
+        except TimeoutError:
+            error = f"forking ({req.fork}) the session of agent {req.fork_of} timed out after {self.open_timeout:g}s"
+        except Exception as exc:
+            error = _describe(exc)
+        finally:
+            done.set()
+        if slot is None:
+            await self._reply(SessionOpened(reply_to=req.request_id, error=error))
+        else:
+            await self._register(req, slot, owned=slot is not parent)
+
+    async def _register(self, req: SessionOpenRequested, slot: _Slot, *, owned: bool = True) -> None:
+        """Give the agent its session, or close it (when `owned`) if the agent cannot have it."""
+        key = (req.episode_id, req.agent_id)
+        error = None
+        if req.episode_id in self._graded:
+            error = f"episode {req.episode_id} was graded before its session opened"
+        elif key in self._slots:
+            error = f"agent {req.agent_id} of episode {req.episode_id} already has a session"
+        if error is not None:
+            if owned:
+                await self._close_session(slot.session)
+            await self._reply(SessionOpened(reply_to=req.request_id, error=error))
+            return
+        self._slots[key] = slot
+        self._by_episode.setdefault(req.episode_id, set()).add(req.agent_id)
+        instruction = req.instruction if req.instruction is not None else slot.session.instruction
+        await self._reply(
+            SessionOpened(reply_to=req.request_id, instruction=instruction, tools=list(slot.session.tools))
+        )
+
+    async def _call(
+        self, req: ToolCalled, slot: _Slot, previous: anyio.Event | None, done: anyio.Event
+    ) -> None:
+        result: ToolResult | None = None
+        error: str | None = None
+        duration = 0.0
+        try:
+            if previous is not None:
+                await previous.wait()
+            start = time.perf_counter()
+            if slot.closed:
+                error = f"the env session of agent {req.agent_id} has closed"
+            elif req.name not in slot.tool_names:
+                error = f"unknown tool {req.name!r} (tools: {', '.join(sorted(slot.tool_names)) or 'none'})"
+            else:
+                with anyio.move_on_after(self.tool_timeout) as scope:
+                    result = await slot.session.call_tool(req.name, dict(req.arguments))
+                if scope.cancelled_caught:
+                    result, error = None, f"tool {req.name} timed out after {self.tool_timeout:g}s"
+            duration = time.perf_counter() - start
+        except EnvError as exc:  # refusals, and failures the backend already explained
+            error = str(exc)
+        except Exception as exc:
+            error = f"tool {req.name} failed: {_describe(exc)}"
+        finally:
+            done.set()
+        reply = ToolReturned(
+            reply_to=req.request_id,
+            episode_id=req.episode_id,
+            agent_id=req.agent_id,
+            name=req.name,
+            output=result.output if result is not None else "",
+            reward=result.reward if result is not None else None,
+            finished=result.finished if result is not None else False,
+            error=error,
+            duration_s=duration,
+        )
+        await self._reply(reply)
+
+    async def _grade(
+        self, req: GradeRequested, slot: _Slot, previous: anyio.Event | None, done: anyio.Event
+    ) -> None:
+        try:
+            if previous is not None:
+                await previous.wait()
+            if slot.closed:
+                reason = f"the env session of agent {req.agent_id} has closed"
+                reply = Graded(reply_to=req.request_id, error=reason, reason=reason)
+            else:
+                grade = await slot.session.grade()
+                reply = Graded(
+                    reply_to=req.request_id,
+                    reward=grade.reward,
+                    rewards=dict(grade.rewards),
+                    reason=grade.reason,
+                )
+        except Exception as exc:
+            reason = f"grading failed: {_describe(exc)}"
+            reply = Graded(reply_to=req.request_id, error=reason, reason=reason)
+        finally:
+            done.set()
+        await self._reply(reply)
+
+    # --- closing ------------------------------------------------------------------------------
+
+    async def _close_slot(self, slot: _Slot, previous: anyio.Event | None, done: anyio.Event) -> None:
+        try:
+            if previous is not None:
+                await previous.wait()
+        finally:
+            await self._close_session(slot.session)
+            done.set()
+
+    async def _close_session(self, session: EnvSession) -> None:
+        if session not in self._live:
+            return
+        self._live.discard(session)
+        self._closing.add(session)
+        try:
+            with anyio.move_on_after(self.close_timeout, shield=True) as scope:
+                await session.close()
+            if scope.cancelled_caught:
+                log.warning("closing an env session timed out", env=self.name, timeout=self.close_timeout)
+        except Exception as exc:
+            log.warning("closing an env session failed", env=self.name, error=_describe(exc))
+        finally:
+            self._closing.discard(session)
+
+    async def _close_all(self) -> None:
+        self._slots.clear()
+        self._by_episode.clear()
+        async with anyio.create_task_group() as tg:
+            for session in list(self._live):
+                tg.start_soon(self._close_session, session)
+        try:
+            with anyio.move_on_after(self.close_timeout):
+                await self.backend.aclose()
+        except Exception as exc:
+            log.warning("closing the env backend failed", env=self.name, error=_describe(exc))
+
+    # --- tasks and secrets --------------------------------------------------------------------
+
+    async def _split_tasks(self, split: str) -> tuple[list[TaskInfo], dict[str, TaskInfo]]:
+        cached = self._tasks.get(split)
+        if cached is not None:
+            return cached
+        lock = self._task_locks.setdefault(split, anyio.Lock())
+        async with lock:
+            if split not in self._tasks:
+                if self._splits is None:
+                    self._splits = list(await self.backend.list_splits())
+                if split not in self._splits:
+                    raise EnvError(f"unknown split {split!r} (splits: {', '.join(self._splits) or 'none'})")
+                tasks = list(await self.backend.list_tasks(split))
+                self._tasks[split] = (tasks, {t.task_id: t for t in tasks})
+        return self._tasks[split]
+
+    async def _resolve(self, ref: TaskRef) -> TaskInfo:
+        tasks, by_id = await self._split_tasks(ref.split)
+        if ref.index is not None and 0 <= ref.index < len(tasks) and tasks[ref.index].task_id == ref.task_id:
+            return tasks[ref.index]
+        task = by_id.get(ref.task_id)
+        if task is None:
+            raise EnvError(f"unknown task {ref.task_id!r} in split {ref.split!r} of {self.name}")
+        return task
+
+    def _resolve_secrets(self) -> dict[str, str]:
+        if self._secrets is None:
+            return {}
+        if isinstance(self._secrets, Mapping):
+            return {str(k): str(v) for k, v in self._secrets.items()}
+        missing = [name for name in self._secrets if name not in os.environ]
+        if missing:
+            raise EnvError(f"secrets not set in the environment: {', '.join(missing)}")
+        return {name: os.environ[name] for name in self._secrets}
+
+
+def _describe(exc: BaseException) -> str:
+    """An error message for a reply: ours as they are, anything else with its type."""
+    if isinstance(exc, EnvError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,361 @@
+"""The dialect translations as pure functions: request bodies to chat messages (with the bad
+field named), and finished answers to each dialect's response and stream."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from platoon.gateway import dialects
+from platoon.gateway.dialects import DialectError
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "guess", "arguments": '{"number": 5}'}}
+TOOL = {"type": "function", "function": {"name": "guess", "parameters": {"type": "object"}}}
+
+
+# --- chat completions -------------------------------------------------------------------------
+
+
+def test_chat_request_reads_messages_tools_and_params():
+    body = {
+        "model": "m",
+        "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "tools": [TOOL],
+        "stop": "END",
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_completion_tokens": 64,
+        "max_tokens": 10,
+        "seed": 3,
+        "n": 2,
+        "stream": True,
+    }
+    messages, tools, params, n, stream = dialects.chat_request(body)
+    assert messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tools == [TOOL]
+    assert params == {
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 20,
+        "max_tokens": 64,
+        "stop": ["END"],
+        "seed": 3,
+    }
+    assert (n, stream) == (2, True)
+    assert body["messages"][0]["role"] == "developer"  # the body is not changed
+
+
+def test_chat_request_tool_choice_none_drops_the_tools():
+    _, tools, _, _, _ = dialects.chat_request(
+        {"messages": [{"role": "user", "content": "Hi"}], "tools": [TOOL], "tool_choice": "none"}
+    )
+    assert tools is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], None),
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "user"}, "text"]}, "messages.1"),
+        ({"messages": [{"role": 3}]}, "messages.0"),
+        ({"messages": [{"role": "user"}], "tools": "guess"}, "tools"),
+        ({"messages": [{"role": "user"}], "stop": ["a", 1]}, "stop"),
+        ({"messages": [{"role": "user"}], "temperature": True}, "temperature"),
+        ({"messages": [{"role": "user"}], "top_k": 2.5}, "top_k"),
+        ({"messages": [{"role": "user"}], "max_tokens": "10"}, "max_tokens"),
+        ({"messages": [{"role": "user"}], "n": 0}, "n"),
+        ({"messages": [{"role": "user"}], "n": 17}, "n"),
+        ({"messages": [{"role": "user"}], "stream": "yes"}, "stream"),
+    ],
+)
+def test_chat_request_names_the_bad_field(body, field):
+    with pytest.raises(DialectError) as error:
+        dialects.chat_request(body)
+    assert error.value.param == field
+    assert str(error.value).startswith(field or "the body must be a JSON object")
+
+
+def test_chat_response_and_its_stream_carry_the_same_answer():
+    message = {"role": "assistant", "content": "Trying.", "reasoning_content": "Think.", "tool_calls": [CALL]}
+    logprobs = (["Try", "ing", "."], [-0.1, -0.2, -0.3])
+    response = dialects.chat_response("m", [(message, "tool_calls", logprobs)], (10, 3), "abc")
+    assert response["id"] == "chatcmpl-abc" and response["object"] == "chat.completion"
+    [choice] = response["choices"]
+    assert choice["message"] == message and choice["finish_reason"] == "tool_calls"
+    assert [e["logprob"] for e in choice["logprobs"]["content"]] == [-0.1, -0.2, -0.3]
+    assert response["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+
+    payloads = list(dialects.chat_stream(response, include_usage=True))
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert {c["id"] for c in chunks} == {"chatcmpl-abc"}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0]["role"] == "assistant"
+    assert "".join(d.get("content") or "" for d in deltas) == "Trying."
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Think."
+    assert [tc for d in deltas for tc in d.get("tool_calls", [])] == [{"index": 0, **CALL}]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1] == {**chunks[-1], "choices": [], "usage": response["usage"]}
+
+
+def test_chat_stream_sends_logprobs_of_a_reply_without_text_on_the_last_chunk():
+    message = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    response = dialects.chat_response("m", [(message, "tool_calls", (["a"], [-0.5]))], (1, 1), "x")
+    chunks = [json.loads(p) for p in list(dialects.chat_stream(response, include_usage=False))[:-1]]
+    with_logprobs = [c for c in chunks if c["choices"][0].get("logprobs")]
+    assert len(with_logprobs) == 1
+    assert with_logprobs[0]["choices"][0]["finish_reason"] == "tool_calls"
+    assert with_logprobs[0]["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+
+
+def test_chat_stream_with_several_choices():
+    choices = [({"role": "assistant", "content": f"answer {i}"}, "stop", None) for i in range(2)]
+    response = dialects.chat_response("m", choices, (5, 4), "n2")
+    chunks = [json.loads(p) for p in list(dialects.chat_stream(response, include_usage=False))[:-1]]
+    for index in (0, 1):
+        text = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"][0]["index"] == index
+        )
+        assert text == f"answer {index}"
+
+
+# --- Responses --------------------------------------------------------------------------------
+
+
+def test_responses_request_turns_items_into_messages():
+    body = {
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "developer", "content": "Use tools."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Guess."}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Let me try."}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "guess", "arguments": '{"number": 5}'},
+            {"type": "function_call", "call_id": "c2", "name": "guess", "arguments": '{"number": 6}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "no"},
+            {
+                "type": "function_call_output",
+                "call_id": "c2",
+                "output": [{"type": "input_text", "text": "yes"}],
+            },
+            {"type": "function_call", "call_id": "c3", "name": "guess"},
+        ],
+        "tools": [
+            {"type": "function", "name": "guess", "description": "Guess.", "parameters": {"type": "object"}}
+        ],
+        "max_output_tokens": 50,
+        "temperature": 0.2,
+        "stream": False,
+    }
+    messages, tools, params, stream = dialects.responses_request(body)
+    assert messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Guess."},
+        {
+            "role": "assistant",
+            "content": "Let me try.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "guess", "arguments": '{"number": 5}'}},
+                {"id": "c2", "type": "function", "function": {"name": "guess", "arguments": '{"number": 6}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "no"},
+        {"role": "tool", "tool_call_id": "c2", "content": "yes"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c3", "type": "function", "function": {"name": "guess", "arguments": "{}"}}
+            ],
+        },
+    ]
+    assert tools == [
+        {
+            "type": "function",
+            "function": {"name": "guess", "description": "Guess.", "parameters": {"type": "object"}},
+        }
+    ]
+    assert params == {"temperature": 0.2, "top_p": None, "max_tokens": 50}
+    assert stream is False
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("hi", None),
+        ({}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["hi"]}, "input.0"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
+        ({"input": [{"type": "computer_call"}]}, "input.0.type"),
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "instructions": 5}, "instructions"),
+        ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools.0"),
+        ({"input": "hi", "max_output_tokens": 1.5}, "max_output_tokens"),
+    ],
+)
+def test_responses_request_names_the_bad_field(body, field):
+    with pytest.raises(DialectError) as error:
+        dialects.responses_request(body)
+    assert error.value.param == field
+
+
+def test_responses_response_and_stream():
+    message = {"role": "assistant", "content": "Trying.", "reasoning_content": "Hmm.", "tool_calls": [CALL]}
+    response = dialects.responses_response("m", message, "tool_calls", (7, 4), "r1")
+    assert response["id"] == "resp_r1" and response["status"] == "completed"
+    assert [o["type"] for o in response["output"]] == ["reasoning", "message", "function_call"]
+    assert response["output"][2]["call_id"] == "call_1"
+    assert response["usage"]["total_tokens"] == 11
+
+    events = list(dialects.responses_stream(response))
+    kinds = [kind for kind, _ in events]
+    data = [json.loads(d) for _, d in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [d["type"] for d in data] == kinds
+    assert [d["sequence_number"] for d in data] == list(range(1, len(events) + 1))
+    assert data[-1]["response"] == response
+    text = "".join(d["delta"] for d in data if d["type"] == "response.output_text.delta")
+    arguments = "".join(d["delta"] for d in data if d["type"] == "response.function_call_arguments.delta")
+    assert (text, arguments) == ("Trying.", '{"number": 5}')
+    done = [d["item"] for d in data if d["type"] == "response.output_item.done"]
+    assert done == response["output"]
+
+
+def test_a_cut_off_response_is_incomplete():
+    response = dialects.responses_response(
+        "m", {"role": "assistant", "content": "one two"}, "length", (1, 2), "r"
+    )
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert list(dialects.responses_stream(response))[-1][0] == "response.incomplete"
+
+
+# --- Anthropic Messages -----------------------------------------------------------------------
+
+
+def test_anthropic_request_turns_blocks_into_messages():
+    body = {
+        "max_tokens": 100,
+        "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}],
+        "messages": [
+            {"role": "user", "content": "Guess."},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": ""},
+                    {"type": "text", "text": "Trying."},
+                    {"type": "tool_use", "id": "t1", "name": "guess", "input": {"number": 5}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "no"}]},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "boom", "is_error": True},
+                    {"type": "text", "text": "Again."},
+                ],
+            },
+        ],
+        "tools": [{"name": "guess", "description": "Guess.", "input_schema": {"type": "object"}}],
+        "stop_sequences": ["END"],
+        "temperature": 0.3,
+        "top_k": 5,
+        "stream": True,
+    }
+    messages, tools, params, stream = dialects.anthropic_request(body)
+    assert messages == [
+        {"role": "system", "content": "Be brief.\nUse tools."},
+        {"role": "user", "content": "Guess."},
+        {
+            "role": "assistant",
+            "content": "Trying.",
+            "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "guess", "arguments": '{"number": 5}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "no"},
+        {"role": "tool", "tool_call_id": "t2", "content": "Error: boom"},
+        {"role": "user", "content": "Again."},
+    ]
+    assert tools == [
+        {
+            "type": "function",
+            "function": {"name": "guess", "description": "Guess.", "parameters": {"type": "object"}},
+        }
+    ]
+    assert params == {"temperature": 0.3, "top_p": None, "top_k": 5, "max_tokens": 100, "stop": ["END"]}
+    assert stream is True
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        ({"max_tokens": 1}, "messages"),
+        ({"max_tokens": 1, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"max_tokens": 1, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        (
+            {"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "tool_use"}]}]},
+            "messages.0.content.0.type",
+        ),
+        ({"max_tokens": 1, "system": 5, "messages": [{"role": "user", "content": "x"}]}, "system"),
+        ({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, "tools.0"),
+    ],
+)
+def test_anthropic_request_names_the_bad_field(body, field):
+    with pytest.raises(DialectError) as error:
+        dialects.anthropic_request(body)
+    assert error.value.param == field
+    assert str(error.value).startswith(field)
+
+
+def test_anthropic_response_and_stream():
+    message = {"role": "assistant", "content": "Trying.", "reasoning_content": "Hmm.", "tool_calls": [CALL]}
+    response = dialects.anthropic_response("m", message, "tool_calls", (9, 5), "a1")
+    assert response["stop_reason"] == "tool_use"
+    assert response["content"] == [
+        {"type": "thinking", "thinking": "Hmm.", "signature": ""},
+        {"type": "text", "text": "Trying."},
+        {"type": "tool_use", "id": "call_1", "name": "guess", "input": {"number": 5}},
+    ]
+    assert response["usage"] == {"input_tokens": 9, "output_tokens": 5}
+    assert (
+        dialects.anthropic_response("m", {"content": "x"}, "length", (1, 1), "b")["stop_reason"]
+        == "max_tokens"
+    )
+    assert (
+        dialects.anthropic_response("m", {"content": "x"}, "stop", (1, 1), "c")["stop_reason"] == "end_turn"
+    )
+
+    events = [(kind, json.loads(data)) for kind, data in dialects.anthropic_stream(response)]
+    assert [k for k, d in events] == [d["type"] for k, d in events]
+    assert events[0][0] == "message_start" and events[-1][0] == "message_stop"
+    assert events[0][1]["message"]["content"] == [] and events[0][1]["message"]["stop_reason"] is None
+    blocks: dict[int, dict] = {}
+    for kind, data in events:
+        if kind == "content_block_start":
+            blocks[data["index"]] = dict(data["content_block"])
+        elif kind == "content_block_delta":
+            block, delta = blocks[data["index"]], data["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            else:
+                block["partial"] = block.get("partial", "") + delta["partial_json"]
+    blocks[2]["input"] = json.loads(blocks[2].pop("partial"))
+    assert [blocks[i] for i in sorted(blocks)] == response["content"]
+    [delta] = [d for k, d in events if k == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "tool_use" and delta["usage"]["output_tokens"] == 5

@@ -1,0 +1,185 @@
+"""The OpenAI Responses and Anthropic Messages dialects, driven by the real `openai` and
+`anthropic` clients (asyncio only), on the same records and token-exact history as chat."""
+
+# ruff: noqa: F811
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from test_gateway import GUESS_TOOLS, extends, running_gateway, sampled_tokens, tool_call_text
+
+from tokenizer_fixtures import toy_tokenizer  # noqa: F401
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in GUESS_TOOLS]
+ANTHROPIC_TOOLS = [
+    {
+        "name": tool["function"]["name"],
+        "description": tool["function"]["description"],
+        "input_schema": tool["function"]["parameters"],
+    }
+    for tool in GUESS_TOOLS
+]
+
+
+def anthropic_client(opened: Any, **options: Any) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(base_url=opened.base_url.removesuffix("/v1"), max_retries=0, **options)
+
+
+# --- OpenAI Responses -------------------------------------------------------------------------
+
+
+async def test_responses_api_with_tool_calls_stream_and_not(toy_tokenizer, anyio_backend):
+    script = [
+        "<think>\nStart high.\n</think>\n\n" + tool_call_text(70, compact=True),
+        "<think>\nLower.\n</think>\n\n" + tool_call_text(35, preamble="Going lower."),
+        "<think>\nFound.\n</think>\n\nIt is 35.",
+    ]
+    async with running_gateway(toy_tokenizer, script, renderer="qwen3", serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        items: list[Any] = [{"role": "user", "content": "Guess a number."}]
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            first = await client.responses.create(
+                model="m", instructions="You play a guessing game.", input=items, tools=RESPONSES_TOOLS
+            )
+            assert [o.type for o in first.output] == ["reasoning", "function_call"]
+            assert first.output[0].content[0].text == "Start high."
+            call = first.output[1]
+            assert (call.name, json.loads(call.arguments)) == ("guess", {"number": 70})
+            items += [o.model_dump(exclude_none=True) for o in first.output]
+            items.append({"type": "function_call_output", "call_id": call.call_id, "output": "too high"})
+
+            events = [
+                e
+                async for e in await client.responses.create(
+                    model="m",
+                    instructions="You play a guessing game.",
+                    input=items,
+                    tools=RESPONSES_TOOLS,
+                    stream=True,
+                )
+            ]
+            second = events[-1].response
+            assert events[-1].type == "response.completed"
+            assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+            assert [o.type for o in second.output] == ["reasoning", "message", "function_call"]
+            assert second.output_text == "Going lower."
+            items += [o.model_dump(exclude_none=True) for o in second.output]
+            items.append(
+                {"type": "function_call_output", "call_id": second.output[2].call_id, "output": "yes"}
+            )
+
+            third = await client.responses.create(
+                model="m", instructions="You play a guessing game.", input=items, tools=RESPONSES_TOOLS
+            )
+        records = await gw.settled()
+
+    assert third.output_text == "It is 35." and third.status == "completed"
+    assert third.usage.output_tokens == len(records[2].completion_tokens)
+    assert [r.completion_tokens for r in records] == [sampled_tokens(toy_tokenizer, s) for s in script]
+    assert extends(records[1], records[0]) and extends(records[2], records[1])
+
+
+async def test_responses_api_string_input_and_max_output_tokens(toy_tokenizer, anyio_backend):
+    async with running_gateway(toy_tokenizer, ["one two three four five six"], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            response = await client.responses.create(model="m", input="Count.", max_output_tokens=2)
+        [record] = await gw.settled()
+
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert len(record.completion_tokens) == 2 and record.stop_reason == "length"
+    assert record.prompt_tokens == gw.gateway.renderer.render([{"role": "user", "content": "Count."}])
+
+
+# --- Anthropic Messages -----------------------------------------------------------------------
+
+
+async def test_anthropic_messages_with_tool_use_stream_and_not(toy_tokenizer, anyio_backend):
+    script = [
+        tool_call_text(60, preamble="Let me guess."),
+        tool_call_text(30, compact=True),
+        "It is 30.",
+    ]
+    async with running_gateway(toy_tokenizer, script, serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        messages: list[Any] = [{"role": "user", "content": "Guess a number."}]
+        system = [{"type": "text", "text": "You play a guessing game."}]
+        async with anthropic_client(opened, api_key=opened.key) as client:
+            first = await client.messages.create(
+                model="m", max_tokens=200, system=system, messages=messages, tools=ANTHROPIC_TOOLS
+            )
+            assert first.stop_reason == "tool_use"
+            assert [b.type for b in first.content] == ["text", "tool_use"]
+            assert first.content[0].text == "Let me guess."
+            assert (first.content[1].name, first.content[1].input) == ("guess", {"number": 60})
+            messages += [
+                {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": first.content[1].id, "content": "too high"}
+                    ],
+                },
+            ]
+
+            async with client.messages.stream(
+                model="m", max_tokens=200, system=system, messages=messages, tools=ANTHROPIC_TOOLS
+            ) as stream:
+                second = await stream.get_final_message()
+            assert second.stop_reason == "tool_use"
+            [use] = second.content
+            assert (use.name, use.input) == ("guess", {"number": 30})
+            messages += [
+                {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": use.id,
+                            "content": [{"type": "text", "text": "yes"}],
+                        }
+                    ],
+                },
+            ]
+
+            events = [
+                e
+                async for e in await client.messages.create(
+                    model="m",
+                    max_tokens=200,
+                    system=system,
+                    messages=messages,
+                    tools=ANTHROPIC_TOOLS,
+                    stream=True,
+                )
+            ]
+        records = await gw.settled()
+
+    assert next(e.type for e in events) == "message_start" and events[-1].type == "message_stop"
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert text == "It is 30."
+    assert next(e for e in events if e.type == "message_delta").delta.stop_reason == "end_turn"
+    assert [r.completion_tokens for r in records] == [sampled_tokens(toy_tokenizer, s) for s in script]
+    assert extends(records[1], records[0]) and extends(records[2], records[1])
+
+
+async def test_anthropic_bearer_auth_max_tokens_and_count_tokens(toy_tokenizer, anyio_backend):
+    async with running_gateway(toy_tokenizer, ["one two three four five"], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        messages = [{"role": "user", "content": "Count."}]
+        async with anthropic_client(opened, auth_token=opened.key) as client:
+            reply = await client.messages.create(model="m", max_tokens=3, messages=messages)
+            counted = await client.messages.count_tokens(model="m", messages=messages, tools=ANTHROPIC_TOOLS)
+        [record] = await gw.settled()
+
+    assert reply.stop_reason == "max_tokens"
+    assert reply.usage.output_tokens == len(record.completion_tokens) == 3
+    assert counted.input_tokens == len(gw.gateway.renderer.render(messages, GUESS_TOOLS))
