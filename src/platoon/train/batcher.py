@@ -1,0 +1,228 @@
+"""The credit assigner: graded episodes in, one `BatchReady` of datums per training step out.
+
+It records, for every training episode, the agent tree (`AgentSpawned`) and each agent's
+model calls (`ModelCallFinished`, exact tokens and logprobs). When all `group_size` rollouts
+of a task are graded, the group is complete (`GroupCompleted`); when a step's `batch_size`
+groups are complete, `platoon.credit.assign_credit` turns them into datums and the batch is
+published. Only episodes with a reward train; the others are counted by reason.
+
+A group may close early: `straggler_timeout` seconds after its first grade, once a
+`straggler_quorum` share of it is graded; the stragglers' results are then dropped and counted.
+
+It reads every event from one subscription, in publish order, so an episode's calls are
+always recorded before its grade is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+
+from platoon.bus import Bus, Stream
+from platoon.bus.events import (
+    AgentSpawned,
+    BatchReady,
+    EpisodeGraded,
+    EpisodeRequested,
+    Event,
+    GroupCompleted,
+    ModelCallFinished,
+)
+from platoon.credit import AgentTrace, Call, CreditConfig, Rollout, assign_credit
+
+__all__ = ["CreditAssigner", "EpisodeRecord"]
+
+log = structlog.get_logger("platoon.credit")
+
+
+@dataclass
+class EpisodeRecord:
+    """One training episode's agent tree and calls, as they arrive."""
+
+    agents: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    calls: dict[str, list[Call]] = field(default_factory=dict)
+
+    def rollout(self, graded: EpisodeGraded) -> Rollout:
+        assert graded.reward is not None
+        traces = [
+            AgentTrace(
+                agent_id=agent_id,
+                parent_id=parent,
+                depth=depth,
+                calls=self.calls.get(agent_id, []),
+                reward=graded.agent_rewards.get(agent_id),
+            )
+            for agent_id, (parent, depth) in sorted(self.agents.items(), key=lambda item: item[1][1])
+        ]
+        return Rollout(
+            episode_id=graded.episode_id, group_id=graded.group_id, reward=graded.reward, agents=traces
+        )
+
+
+@dataclass
+class _Group:
+    group_id: str
+    step: int
+    graded: list[EpisodeGraded] = field(default_factory=list)
+    closed: bool = False
+    overdue: bool = False  # the straggler timeout passed before a quorum was in
+    first_at: float | None = None
+
+
+class CreditAssigner:
+    """The credit-assigner component (see the module docstring)."""
+
+    name = "credit-assigner"
+
+    def __init__(
+        self,
+        *,
+        group_size: int,
+        batch_size: int,
+        credit: CreditConfig,
+        straggler_timeout: float | None = None,
+        straggler_quorum: float = 0.5,
+    ) -> None:
+        self.group_size = group_size
+        self.batch_size = batch_size
+        self.credit = credit
+        self.straggler_timeout = straggler_timeout
+        self.straggler_quorum = straggler_quorum
+        self.records: dict[str, EpisodeRecord] = {}
+        self.groups: dict[str, _Group] = {}
+        self.steps: dict[int, list[_Group]] = {}
+        self.requested_at: dict[int, float] = {}
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        self.dropped: Counter[str] = Counter()
+        self._events: Stream[Event] | None = None
+        self._bus: Bus | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._events is None:
+            self._bus = bus
+            self._events = bus.stream(Event, name=self.name).open()
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        assert self._events is not None
+        async with anyio.create_task_group() as tg:
+            with self._events as events:
+                async for event in events:
+                    match event:
+                        case EpisodeRequested(purpose="train"):
+                            self.records[event.episode_id] = EpisodeRecord()
+                            self.groups.setdefault(event.group_id, _Group(event.group_id, event.step))
+                            self.requested_at.setdefault(event.step, time.monotonic())
+                        case AgentSpawned() if event.episode_id in self.records:
+                            self.records[event.episode_id].agents[event.agent_id] = (
+                                event.parent_id,
+                                event.depth,
+                            )
+                        case ModelCallFinished() if event.episode_id in self.records:
+                            self.records[event.episode_id].calls.setdefault(event.agent_id, []).append(
+                                Call(
+                                    prompt_tokens=event.prompt_tokens,
+                                    completion_tokens=event.completion_tokens,
+                                    logprobs=event.logprobs,
+                                    policy_version=event.policy_version,
+                                    kind=event.kind,
+                                )
+                            )
+                        case EpisodeGraded(purpose="train") if event.group_id in self.groups:
+                            await self._graded(bus, tg, event)
+                        case EpisodeGraded(purpose="train") if event.group_id in self.closed:
+                            self.dropped["straggler"] += 1
+                            self.records.pop(event.episode_id, None)
+
+    async def _graded(self, bus: Bus, tg: anyio.abc.TaskGroup, event: EpisodeGraded) -> None:
+        group = self.groups[event.group_id]
+        group.graded.append(event)
+        if group.first_at is None:
+            group.first_at = time.monotonic()
+            if self.straggler_timeout is not None and self.group_size > 1:
+                tg.start_soon(self._straggler_deadline, bus, event.group_id)
+        if len(group.graded) >= self.group_size or (group.overdue and self._quorate(group)):
+            await self._close(bus, event.group_id)
+
+    async def _straggler_deadline(self, bus: Bus, group_id: str) -> None:
+        assert self.straggler_timeout is not None
+        await anyio.sleep(self.straggler_timeout)
+        group = self.groups.get(group_id)
+        if group is not None and not group.closed:
+            group.overdue = True
+            if self._quorate(group):
+                await self._close(bus, group_id)
+
+    def _quorate(self, group: _Group) -> bool:
+        return len(group.graded) >= math.ceil(self.straggler_quorum * self.group_size)
+
+    async def _close(self, bus: Bus, group_id: str) -> None:
+        group = self.groups.pop(group_id)
+        group.closed = True
+        self.closed[group_id] = None
+        while len(self.closed) > 100_000:
+            self.closed.popitem(last=False)
+        await bus.publish(
+            GroupCompleted(
+                group_id=group_id,
+                step=group.step,
+                episode_ids=[g.episode_id for g in group.graded],
+                rewards=[g.reward for g in group.graded],
+            )
+        )
+        done = self.steps.setdefault(group.step, [])
+        done.append(group)
+        if len(done) == self.batch_size:
+            await bus.publish(self.batch(group.step))
+
+    def batch(self, step: int) -> BatchReady:
+        """Assign credit over the step's groups and forget their episodes."""
+        started = time.perf_counter()
+        groups = self.steps.pop(step)
+        failures: Counter[str] = Counter()
+        rollouts: list[list[Rollout]] = []
+        rewards: list[float] = []
+        episodes = 0
+        for group in groups:
+            kept = []
+            for graded in group.graded:
+                episodes += 1
+                record = self.records.pop(graded.episode_id, EpisodeRecord())
+                if graded.reward is None:
+                    failures[_bucket(graded.reason or graded.status)] += 1
+                    continue
+                rewards.append(graded.reward)
+                kept.append(record.rollout(graded))
+            if kept:
+                rollouts.append(kept)
+        result = assign_credit(rollouts, self.credit)
+        stats = {f"credit/{k}": float(v) for k, v in result.stats.items()}
+        n = len(rewards)
+        mean = sum(rewards) / n if n else 0.0
+        stats |= {
+            "reward/mean": mean,
+            "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0,
+            "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n if n else 0.0,
+            "episodes/total": float(episodes),
+            "episodes/graded": float(n),
+            "train/datums": float(len(result.datums)),
+            "train/trained_tokens": float(sum(d.num_trained_tokens for d in result.datums)),
+            "time/credit": time.perf_counter() - started,
+            "time/rollout": time.monotonic() - self.requested_at.pop(step, time.monotonic()),
+            "episodes/dropped_stragglers": float(self.dropped.pop("straggler", 0)),
+        }
+        stats |= {f"episodes/failed/{reason}": float(count) for reason, count in failures.items()}
+        return BatchReady(step=step, datums=result.datums, stats=stats)
+
+
+def _bucket(reason: str) -> str:
+    text = reason.lower()
+    for kind in ("timeout", "cancelled", "harness raised", "env session", "grading failed", "gateway"):
+        if kind in text:
+            return kind.replace(" ", "_")
+    return "other"

@@ -1,0 +1,399 @@
+"""The training loop, read top to bottom.
+
+    for step in steps:
+        wait until the trainer is at most `max_staleness` steps behind
+        request `batch_size` tasks x `group_size` rollouts for this step
+        (episodes play, get graded; the credit assigner makes a batch; the trainer trains
+         on it and publishes new sampler weights, which the gateway switches to)
+        evaluate every `eval.every` steps
+
+Everything between requesting rollouts and the new policy happens in components on the bus
+(see `platoon.system`), which is why the loop itself is this short. With `max_staleness: 0`
+a step's rollouts start only after the previous step trained (strictly on-policy); with 1,
+the rollouts of step s run while step s-1 trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from platoon import system
+from platoon.bus import Bus, EventLog
+from platoon.bus.events import EpisodeRequested, RunFinished, TaskRef, TrainStepFinished, new_id
+from platoon.config import Config, load_config, load_site, run_dir, write_run_files
+from platoon.config.schema import workflow_for
+from platoon.credit import CreditConfig
+from platoon.policy.tinker import TinkerSamplerFactory
+from platoon.train.batcher import CreditAssigner
+from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
+from platoon.train.evaluate import as_json, evaluate, list_tasks
+from platoon.train.trainer import Trainer, TrainerSettings
+
+__all__ = ["TaskOrder", "run", "train", "train_command"]
+
+log = structlog.get_logger("platoon.train")
+
+TINY_MODEL = "platoon-tiny-qwen3"
+
+
+class TaskOrder:
+    """Which tasks each step trains on: a pure function of the seed and the step.
+
+    Each environment entry's tasks are shuffled per epoch with the seed; each slot of a step
+    draws an entry by weight. Resuming at step s therefore requests exactly the tasks the
+    interrupted run would have, without storing more than the step.
+    """
+
+    def __init__(
+        self, tasks: dict[str, list[TaskRef]], weights: dict[str, float], batch_size: int, seed: int
+    ):
+        self.tasks = {name: list(found) for name, found in tasks.items() if found}
+        if not self.tasks:
+            raise ValueError("no training tasks: every environment's train split is empty")
+        self.weights = {name: weights.get(name, 1.0) for name in self.tasks}
+        self.batch_size = batch_size
+        self.seed = seed
+        self._drawn: list[str] = []
+
+    def for_step(self, step: int) -> list[TaskRef]:
+        names = list(self.tasks)
+        rng = random.Random(f"{self.seed}:entries")
+        while len(self._drawn) < (step + 1) * self.batch_size:
+            self._drawn.append(
+                rng.choices(names, [self.weights[n] for n in names])[0] if len(names) > 1 else names[0]
+            )
+        counts: dict[str, int] = dict.fromkeys(names, 0)
+        for name in self._drawn[: step * self.batch_size]:
+            counts[name] += 1
+        out = []
+        for name in self._drawn[step * self.batch_size : (step + 1) * self.batch_size]:
+            out.append(self._task(name, counts[name]))
+            counts[name] += 1
+        return out
+
+    def _task(self, name: str, position: int) -> TaskRef:
+        tasks = self.tasks[name]
+        epoch, index = divmod(position, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(f"{self.seed}:{name}:{epoch}").shuffle(order)
+        return tasks[order[index]]
+
+
+@dataclass
+class Service:
+    """A Tinker service client and how the gateway reaches the same service."""
+
+    client: Any
+    base_url: str | None
+
+
+def _tiny_model(config: Config) -> str:
+    """Build platoon's tiny random-init model into the site cache (once)."""
+    from platoon.testing.models import save_tiny_model
+
+    directory = Path(load_site().cache).expanduser() / "models" / TINY_MODEL
+    if not (directory / "config.json").exists():
+        log.info("building the tiny demo model", path=str(directory))
+        save_tiny_model(
+            directory, hidden_size=64, num_layers=2, seed=config.train.seed if config.train else 0
+        )
+    return str(directory)
+
+
+@contextlib.asynccontextmanager
+async def training_service(config: Config, run_dir: Path) -> AsyncIterator[Service]:
+    """The Tinker service the config trains on: embedded (`train.backend: local`), a
+    self-hosted server (`tinker_base_url` / `$TINKER_BASE_URL`), or hosted Tinker."""
+    import tinker
+
+    assert config.train is not None
+    if config.train.backend == "local":
+        from platoon.backends.local import running_server_in_thread
+
+        async with running_server_in_thread(
+            config.train.model_name, checkpoint_dir=run_dir / "tinker"
+        ) as base_url:
+            yield Service(tinker.ServiceClient(base_url=base_url, api_key="tml-local"), base_url)
+        return
+    yield Service(system.tinker_service_client(config), config.tinker_base_url)
+
+
+def _settings(config: Config, base_url: str | None) -> TrainerSettings:
+    train = config.train
+    assert train is not None
+    o = train.optimizer
+    return TrainerSettings(
+        base_model=train.model_name,
+        loss_fn=train.loss_fn,
+        loss_fn_config=dict(train.loss_fn_config),
+        learning_rate=o.learning_rate,
+        beta1=o.beta1,
+        beta2=o.beta2,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        grad_clip_norm=o.grad_clip_norm,
+        max_staleness=train.max_staleness,
+        save_every=train.save_every,
+        total_steps=train.max_training_steps,
+        base_url=base_url,
+    )
+
+
+def _credit(config: Config) -> CreditConfig:
+    train = config.train
+    assert train is not None
+    workflow = train.workflow_config
+    agents = config.environments[0].agents if config.environments else None
+    return CreditConfig(
+        baseline=workflow.baseline,
+        std_scaling=workflow.std_scaling,
+        remove_constant_groups=workflow.remove_constant_reward_groups,
+        subagent_reward=agents.child_reward if agents else "root",
+        mix_alpha=agents.child_reward_mix if agents else 0.5,
+        depth_weighting=workflow.depth_weighting,
+        gamma=workflow.depth_discount,
+        normalization=train.loss_normalization,
+    )
+
+
+async def train(
+    config: Config,
+    *,
+    run_dir: Path,
+    resume: bool = False,
+    console: bool = True,
+) -> dict[str, Any]:
+    """Train as `config` says, writing into `run_dir`; returns the last step's metrics."""
+    from platoon.gateway.renderers import get_renderer
+    from platoon.programs import EpisodeRunner, Grader
+    from platoon.stats.metrics import MetricsSink
+
+    train_cfg = config.train
+    if train_cfg is None:
+        raise ValueError("the config has no train: section")
+    if train_cfg.model_name == TINY_MODEL:
+        config = _replace_model(config, _tiny_model(config))
+        train_cfg = config.train
+        assert train_cfg is not None
+    store = CheckpointStore(run_dir)
+    identity = run_identity(config)
+    checkpoint = store.latest() if resume else None
+    if resume:
+        store.check_identity(identity)
+        if checkpoint is None:
+            log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+    else:
+        if store.path.exists():
+            raise ResumeError(
+                f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
+            )
+        store.write_identity(identity)
+    start_step = checkpoint.step + 1 if checkpoint else 0
+    total_steps = train_cfg.max_training_steps
+    workflow = train_cfg.workflow_config
+
+    tokenizer = system.load_tokenizer(train_cfg.tokenizer or train_cfg.model_name)
+    parser = None if train_cfg.tool_call_parser == "auto" else train_cfg.tool_call_parser
+    renderer = get_renderer(train_cfg.renderer_name, tokenizer, tool_call_parser=parser)
+    write_run_files(run_dir, config, {"renderer": train_cfg.renderer_name, "resumed_from_step": start_step})
+    last: dict[str, Any] = {}
+
+    async with training_service(config, run_dir) as service:
+        client = await _training_client(service.client, config, checkpoint)
+        version = checkpoint.policy_version if checkpoint else 0
+        factory = TinkerSamplerFactory(
+            service.client,
+            train_cfg.model_name,
+            model_path=checkpoint.sampler_path if checkpoint else None,
+            version=version,
+        )
+        trainer = Trainer(client, _settings(config, service.base_url), store, version=version)
+        components = [
+            EventLog(run_dir),
+            *system.env_services(config),
+            system.gateway_for(config, renderer, factory, model_name=train_cfg.model_name),
+            EpisodeRunner(system.entry_settings(config), seed=train_cfg.seed),
+            Grader(),
+            CreditAssigner(
+                group_size=workflow.group_size,
+                batch_size=train_cfg.batch_size,
+                credit=_credit(config),
+                straggler_timeout=workflow.straggler_timeout_seconds,
+                straggler_quorum=workflow.straggler_quorum,
+            ),
+            trainer,
+            MetricsSink(
+                run_dir,
+                wandb=config.stats.wandb,
+                experiment=config.stats.experiment_name,
+                trial=run_dir.name,
+                console=console,
+                total_steps=total_steps,
+            ),
+            *system.plugin_components(config),
+        ]
+        async with Bus() as bus, system.running(bus, components):
+            names = system.entry_names(config)
+            train_tasks = {
+                n: await list_tasks(bus, n, e.splits.train)
+                for n, e in zip(names, config.environments, strict=True)
+            }
+            order = TaskOrder(
+                train_tasks,
+                {n: e.weight for n, e in zip(names, config.environments, strict=True)},
+                train_cfg.batch_size,
+                train_cfg.seed,
+            )
+            steps = (
+                total_steps
+                if total_steps is not None
+                else -(-sum(map(len, order.tasks.values())) // train_cfg.batch_size)
+            )
+            eval_tasks = await _eval_tasks(bus, config) if config.eval else []
+            last = await _schedule(bus, config, order, eval_tasks, trainer, start_step, steps, run_dir)
+            await bus.publish(RunFinished(status="completed"))
+    return last
+
+
+async def _schedule(
+    bus: Bus,
+    config: Config,
+    order: TaskOrder,
+    eval_tasks: Sequence[TaskRef],
+    trainer: Trainer,
+    start_step: int,
+    steps: int,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """The loop of the module docstring."""
+    train_cfg = config.train
+    assert train_cfg is not None
+    group_size = train_cfg.workflow_config.group_size
+    eval_cfg = config.eval
+    trained = start_step  # steps whose TrainStepFinished we have seen
+    last: dict[str, Any] = {}
+
+    async def run_eval(step: int) -> None:
+        if not eval_tasks:
+            return
+        workflow = workflow_for(config, None, eval=True)
+        report = await evaluate(
+            bus,
+            eval_tasks,
+            group_size=workflow.group_size,
+            concurrency=eval_cfg.concurrency if eval_cfg else 16,
+            step=step,
+            policy_version=trainer.version,
+        )
+        (run_dir / "evals").mkdir(exist_ok=True)
+        (run_dir / "evals" / f"step-{step:06d}.json").write_bytes(as_json(report))
+
+    async with (
+        bus.stream(TrainStepFinished, name="scheduler") as finished,
+        anyio.create_task_group() as evals,
+    ):
+        if eval_cfg and eval_cfg.at_start and start_step == 0:
+            await run_eval(0)
+
+        async def wait_for_step() -> None:
+            nonlocal trained, last
+            event = await finished.receive()
+            trained = event.step + 1
+            last = event.metrics
+            if eval_cfg and eval_cfg.every and trained % eval_cfg.every == 0:
+                evals.start_soon(run_eval, trained)
+
+        for step in range(start_step, steps):
+            while trained < step - train_cfg.max_staleness:
+                await wait_for_step()
+            for task in order.for_step(step):
+                group_id = new_id()
+                for _ in range(group_size):
+                    await bus.publish(
+                        EpisodeRequested(
+                            episode_id=new_id(),
+                            group_id=group_id,
+                            task=task,
+                            purpose="train",
+                            step=step,
+                            policy_version=trainer.version,
+                        )
+                    )
+        while trained < steps:
+            await wait_for_step()
+    return last
+
+
+async def _eval_tasks(bus: Bus, config: Config) -> list[TaskRef]:
+    tasks: list[TaskRef] = []
+    for name, entry in zip(system.entry_names(config), config.environments, strict=True):
+        split = (config.eval.split if config.eval and config.eval.split else None) or entry.splits.eval
+        try:
+            found = await list_tasks(bus, name, split)
+        except ValueError as exc:
+            log.warning("no eval tasks", env=name, split=split, error=str(exc))
+            continue
+        if config.eval and config.eval.max_tasks:
+            found = found[: config.eval.max_tasks]
+        tasks += found
+    return tasks
+
+
+async def _training_client(service: Any, config: Config, checkpoint: Any) -> Any:
+    train_cfg = config.train
+    assert train_cfg is not None
+
+    def create() -> Any:
+        if checkpoint is not None:
+            return service.create_training_client_from_state_with_optimizer(checkpoint.state_path).result()
+        if config.checkpoint.load_path:
+            return service.create_training_client_from_state(config.checkpoint.load_path).result()
+        return service.create_lora_training_client(
+            base_model=train_cfg.model_name, rank=train_cfg.lora_rank, seed=train_cfg.seed
+        ).result()
+
+    return await anyio.to_thread.run_sync(create)
+
+
+def _replace_model(config: Config, model: str) -> Config:
+    import msgspec
+
+    assert config.train is not None
+    return msgspec.structs.replace(config, train=msgspec.structs.replace(config.train, model_name=model))
+
+
+def train_command(args: Any) -> int:
+    """`platoon train CONFIG [KEY=VALUE ...] [--resume RUN_DIR]`."""
+    path = Path(args.config)
+    config = load_config(path, args.overrides)
+    system.import_packages(config, path.resolve().parent)
+    directory = Path(args.resume) if getattr(args, "resume", None) else run_dir(config, load_site())
+    metrics = anyio.run(lambda: train(config, run_dir=directory, resume=bool(getattr(args, "resume", None))))
+    print(f"run directory: {directory}", file=sys.stderr)
+    if metrics:
+        print({k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "train/"))})
+    return 0
+
+
+async def run(config: Config | str | Path, *overrides: str, run_dir_path: str | Path | None = None) -> Any:
+    """Run what a config describes from your own async application: train (with its evals)
+    when it has `train:`, else evaluate. Returns the last metrics or the eval report."""
+    if not isinstance(config, Config):
+        path = anyio.Path(config)
+        config = load_config(Path(config), overrides)
+        system.import_packages(config, Path(await path.resolve()).parent)
+    directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
+    if config.train is not None:
+        return await train(config, run_dir=directory)
+    raise ValueError(
+        "platoon.run evaluates through `platoon eval`; give the config a train: section to train"
+    )

@@ -1,0 +1,181 @@
+"""The trainer: one optimizer step per `BatchReady`, through a Tinker training client.
+
+For each batch it drops datums whose policy is more than `max_staleness` versions old,
+submits `forward_backward` and `optim_step` back to back (the SDK's recommended pipelining:
+the optimizer step is queued before the gradients are awaited), saves sampler weights, and
+publishes `PolicyUpdated` (the gateway switches samplers on it) and `TrainStepFinished`.
+Every `save_every` steps it saves the full training state and records a checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from platoon.bus import Bus, Stream
+from platoon.bus.events import BatchReady, CheckpointSaved, PolicyUpdated, TrainStepFinished
+from platoon.credit import filter_stale, to_tinker
+from platoon.policy.tinker import wait_future
+from platoon.train.checkpoints import Checkpoint, CheckpointStore
+
+__all__ = ["Trainer", "TrainerSettings"]
+
+log = structlog.get_logger("platoon.trainer")
+
+
+class TrainerSettings:
+    """The knobs of a training step, taken from `train:` in the config."""
+
+    def __init__(
+        self,
+        *,
+        base_model: str,
+        loss_fn: str = "importance_sampling",
+        loss_fn_config: dict[str, Any] | None = None,
+        learning_rate: float = 4e-5,
+        beta1: float = 0.9,
+        beta2: float = 0.95,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        grad_clip_norm: float = 0.0,
+        max_staleness: int = 0,
+        save_every: int = 10,
+        total_steps: int | None = None,
+        base_url: str | None = None,
+    ) -> None:
+        self.base_model = base_model
+        self.loss_fn = loss_fn
+        self.loss_fn_config = dict(loss_fn_config or {})
+        self.adam = {
+            "learning_rate": learning_rate,
+            "beta1": beta1,
+            "beta2": beta2,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "grad_clip_norm": grad_clip_norm,
+        }
+        self.max_staleness = max_staleness
+        self.save_every = save_every
+        self.total_steps = total_steps
+        self.base_url = base_url
+
+
+class Trainer:
+    """The trainer component (see the module docstring)."""
+
+    name = "trainer"
+
+    def __init__(
+        self,
+        training_client: Any,
+        settings: TrainerSettings,
+        checkpoints: CheckpointStore,
+        *,
+        version: int = 0,
+        task_cursor_of: Any = None,
+    ) -> None:
+        self.client = training_client
+        self.settings = settings
+        self.checkpoints = checkpoints
+        self.version = version
+        self.task_cursor_of = task_cursor_of or (lambda step: step + 1)
+        self.idle_seconds = 0.0
+        self.busy_seconds = 0.0
+        self._batches: Stream[BatchReady] | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._batches is None:
+            self._batches = bus.stream(BatchReady, name=self.name).open()
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        assert self._batches is not None
+        with self._batches as batches:
+            waiting_since = time.monotonic()
+            async for batch in batches:
+                started = time.monotonic()
+                self.idle_seconds += started - waiting_since
+                await self.step(bus, batch)
+                waiting_since = time.monotonic()
+                self.busy_seconds += waiting_since - started
+
+    async def step(self, bus: Bus, batch: BatchReady) -> None:
+        import tinker
+
+        started = time.monotonic()
+        kept, dropped = filter_stale(batch.datums, self.version, self.settings.max_staleness)
+        metrics = dict(batch.stats)
+        metrics["staleness/dropped_datums"] = float(dropped)
+        if kept:
+            metrics["staleness/mean"] = sum(self.version - d.policy_version for d in kept) / len(kept)
+            metrics["staleness/max"] = float(max(self.version - d.policy_version for d in kept))
+        train_started = time.monotonic()
+        if kept:
+            data = [to_tinker(d, self.settings.loss_fn) for d in kept]
+            fwd_bwd = self.client.forward_backward(
+                data, self.settings.loss_fn, self.settings.loss_fn_config or None
+            )
+            optim = self.client.optim_step(tinker.AdamParams(**self.settings.adam))
+            result = await wait_future(fwd_bwd)
+            await wait_future(optim)
+            metrics |= _loss_metrics(result)
+            metrics["time/train"] = time.monotonic() - train_started
+            refresh_started = time.monotonic()
+            saved = await wait_future(self.client.save_weights_for_sampler(name=f"step-{batch.step + 1:06d}"))
+            self.version += 1
+            await bus.publish(
+                PolicyUpdated(
+                    version=self.version,
+                    sampler_path=saved.path,
+                    base_model=self.settings.base_model,
+                    base_url=self.settings.base_url,
+                )
+            )
+            metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
+        else:
+            metrics["train/skipped"] = 1.0
+            log.info("no datums to train on this step", step=batch.step)
+        metrics["policy/version"] = float(self.version)
+        last = self.settings.total_steps is not None and batch.step + 1 >= self.settings.total_steps
+        every = self.settings.save_every
+        if (every and (batch.step + 1) % every == 0) or last:
+            await self.save(bus, batch.step)
+        metrics["time/step"] = time.monotonic() - started + metrics.get("time/rollout", 0.0)
+        total = self.idle_seconds + self.busy_seconds
+        if total > 0:
+            metrics["trainer/idle_fraction"] = self.idle_seconds / total
+        await bus.publish(TrainStepFinished(step=batch.step, metrics=metrics))
+
+    async def save(self, bus: Bus, step: int) -> Checkpoint:
+        """Save the full training state (weights and optimizer) and record the checkpoint."""
+        state = await wait_future(self.client.save_state(name=f"state-{step + 1:06d}"))
+        sampler = await wait_future(self.client.save_weights_for_sampler(name=f"ckpt-{step + 1:06d}"))
+        checkpoint = Checkpoint(
+            step=step,
+            state_path=state.path,
+            sampler_path=sampler.path,
+            policy_version=self.version,
+            task_cursor=self.task_cursor_of(step),
+        )
+        self.checkpoints.append(checkpoint)
+        await bus.publish(
+            CheckpointSaved(
+                step=step,
+                state_path=checkpoint.state_path,
+                sampler_path=checkpoint.sampler_path,
+                policy_version=checkpoint.policy_version,
+                task_cursor=checkpoint.task_cursor,
+            )
+        )
+        return checkpoint
+
+
+def _loss_metrics(result: Any) -> dict[str, float]:
+    """`loss:sum` and friends from a ForwardBackwardOutput, as `train/<name>` metrics."""
+    out: dict[str, float] = {}
+    for key, value in (getattr(result, "metrics", None) or {}).items():
+        name = key.split(":")[0]
+        out[f"train/{name}"] = float(value)
+    return out
