@@ -47,3 +47,34 @@ async def say_and_submit(ctx: pt.AgentContext) -> pt.AgentResult:
     reply = await ctx.chat([{"role": "user", "content": ctx.instruction}])
     await ctx.call_tool("submit", {"text": reply.text})
     return pt.AgentResult("completed", final_message=reply.text)
+
+
+def learn_config(tiny_model: str, steps: int, **train_overrides) -> dict:
+    return {
+        "environments": [
+            {
+                "name": "vowels",
+                "service": "python://learnable:Vowels",
+                "harness": "say-and-submit",
+                "package": "learnable",
+            }
+        ],
+        "train": {
+            "backend": "local",
+            "model_name": tiny_model,
+            "renderer_name": "qwen3_instruct",
+            "lora_rank": 16,
+            "batch_size": 4,
+            "max_training_steps": steps,
+            "save_every": 0,
+            "seed": 1,
+            "loss_fn": "importance_sampling",
+            "optimizer": {"learning_rate": 0.02},
+            "workflow_config": {
+                "group_size": 8,
+                "rollout_config": {"max_steps": 1, "inference_params": {"max_completion_tokens": 8}},
+            },
+            **train_overrides,
+        },
+        "stats": {"experiment_name": "learn", "trial_name": "t"},
+    }

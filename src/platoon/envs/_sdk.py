@@ -119,9 +119,11 @@ def terminal_spec(term: Any) -> ToolSpec:
 class RewardTracker:
     """Grades an ORS session from the tool results it saw.
 
-    `final`: the reward of the result that finished the episode. `sum`: the sum of every
-    reward seen (for environments that reward as they go). Either way, no reward at all is
-    `None` with the reason, never 0.
+    `final`: the reward of the result that finished the episode; an episode that never
+    finished is `None` with the reason (it cannot be told apart from a broken env).
+    `sum`: the sum of every reward seen, for environments that reward as they go. The sum of
+    no rewards is 0: an agent that stopped without earning anything scored nothing, and
+    must be trained on as such, or a policy that never acts would never be corrected.
     """
 
     def __init__(self, mode: str) -> None:
@@ -144,7 +146,7 @@ class RewardTracker:
     def grade(self) -> Grade:
         if self.mode == "sum":
             if not self.rewarded:
-                return Grade(reward=None, reason="no tool result carried a reward")
+                return Grade(reward=0.0, reason="no tool result carried a reward")
             return Grade(reward=self.total)
         if not self.finished:
             return Grade(reward=None, reason="the episode did not finish: no tool result had finished=True")

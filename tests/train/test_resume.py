@@ -1,0 +1,81 @@
+"""A trainer killed with SIGKILL mid-run resumes from its last checkpoint, and every step is
+trained exactly once, on the tasks the uninterrupted run would have used."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from learnable import learn_config
+
+from platoon.bus import read_events
+from platoon.bus.events import EpisodeRequested, TaskRef
+from platoon.train.loop import TaskOrder
+
+pytestmark = pytest.mark.torch
+
+STEPS = 6
+
+
+def checkpoints(run_dir):
+    path = run_dir / "checkpoints.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
+    config = learn_config(tiny_model, steps=STEPS, save_every=1)
+    path = site / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = site / "runs" / "learn" / "t"
+    pythonpath = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    command = [sys.executable, "-m", "platoon", "train", str(path)]
+
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while len(checkpoints(run_dir)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert first.poll() is None, first.stderr.read().decode()[-2000:]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = checkpoints(run_dir)
+    assert 2 <= len(before) < STEPS
+
+    resumed = subprocess.run([*command, "--resume", str(run_dir)], env=env, capture_output=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    steps = [c["step"] for c in checkpoints(run_dir)]
+    assert steps == list(range(STEPS)), steps
+    assert [c["policy_version"] for c in checkpoints(run_dir)] == [s + 1 for s in steps]
+
+    # The resumed steps asked for the tasks the first run would have: the same task order.
+    requested: dict[int, set[str]] = {}
+    for event in read_events(run_dir):
+        if isinstance(event, EpisodeRequested) and event.purpose == "train":
+            requested.setdefault(event.step, set()).add(event.task.task_id)
+    train_tasks = [TaskRef(env="vowels", split="train", task_id=f"train-{i}") for i in range(16)]
+    order = TaskOrder({"vowels": train_tasks}, {"vowels": 1.0}, batch_size=4, seed=1)
+    assert requested == {step: {t.task_id for t in order.for_step(step)} for step in range(STEPS)}
+
+
+def test_a_resume_that_changes_the_model_is_refused(site, tiny_model):
+    import anyio
+
+    from platoon.config import validate_config
+    from platoon.train.checkpoints import ResumeError
+    from platoon.train.loop import train
+
+    run_dir = site / "run"
+    anyio.run(
+        lambda: train(validate_config(learn_config(tiny_model, steps=1)), run_dir=run_dir, console=False)
+    )
+    changed = learn_config(tiny_model, steps=2, renderer_name="qwen3")
+    with pytest.raises(ResumeError, match="renderer_name: 'qwen3_instruct' -> 'qwen3'"):
+        anyio.run(lambda: train(validate_config(changed), run_dir=run_dir, resume=True, console=False))
+    with pytest.raises(ResumeError, match="already holds a training run"):
+        anyio.run(
+            lambda: train(validate_config(learn_config(tiny_model, steps=1)), run_dir=run_dir, console=False)
+        )
