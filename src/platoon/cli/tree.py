@@ -95,7 +95,8 @@ def render_tree(events: Sequence[Event]) -> str:
         if end is not None:
             why = f" ({end.reason})" if end.reason else ""
             final = f": {_clip(end.final_message)}" if end.final_message else ""
-            out.append(f"{inner}{end.status}{why}{final}")
+            own = f"  [own reward {end.reward:g}]" if end.reward is not None else ""
+            out.append(f"{inner}{end.status}{why}{final}{own}")
 
     roots = children.get(None, [])
     for i, root in enumerate(roots):

@@ -159,7 +159,36 @@ class OrsSession:
         return ToolResult(output=blocks_text(output.blocks), reward=output.reward, finished=output.finished)
 
     async def grade(self) -> Grade:
-        return self._tracker.grade()
+        """The tracked reward; where there is none and the environment defines `grade()`
+        (a platoon convention, for subtask sessions that never call a finishing tool), its
+        value."""
+        grade = self._tracker.grade()
+        hook = getattr(self.env, "grade", None)
+        if grade.reward is None and callable(hook):
+            try:
+                value = await call_user(hook)
+            except Exception as exc:
+                return Grade(
+                    reward=None,
+                    reason=f"{type(self.env).__name__}.grade() raised {type(exc).__name__}: {exc}",
+                )
+            return Grade(reward=float(value), reason=grade.reason)
+        return grade
+
+    @property
+    def has_subtasks(self) -> bool:
+        """Whether the environment can give a subagent a subtask (`child_task_spec`)."""
+        return callable(getattr(self.env, "child_task_spec", None))
+
+    async def subtask(self, instruction: str, mode: str) -> OrsSession:
+        """A session on the subtask `instruction` names, for a subagent: the environment's
+        `child_task_spec(instruction, mode=mode)` gives its task spec (with `shared`, it may
+        share live state, such as an inventory, with this session)."""
+        try:
+            spec = await call_user(self.env.child_task_spec, instruction, mode=mode)
+        except Exception as exc:
+            raise EnvError(f"no subtask for {instruction!r}: {exc}") from exc
+        return await OrsSession.start(type(self.env), spec, self.secrets, reward=self.reward)
 
     async def fork(self, mode: Literal["fresh", "copy"]) -> OrsSession:
         """`fresh`: a new instance of the same task, set up anew. `copy`: a deep copy of this

@@ -345,6 +345,11 @@ class EnvService:
                 await previous.wait()
             if parent.closed:
                 error = f"cannot fork: the session of agent {req.fork_of} has closed"
+            elif req.instruction and getattr(parent.session, "has_subtasks", False):
+                with anyio.fail_after(self.open_timeout):
+                    session = await parent.session.subtask(req.instruction, req.fork)
+                self._live.add(session)
+                slot = _Slot(session, parent.task)
             elif req.fork == "shared":
                 slot = parent
             else:

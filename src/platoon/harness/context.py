@@ -147,6 +147,20 @@ class AgentContext:
         self.request_timeout = request_timeout
         self._tools = list(tools)
         self._spawner = spawner
+        self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
+
+    def add_tool(self, spec: ToolSpec, handler: Callable[[dict[str, Any]], Awaitable[ToolResult]]) -> None:
+        """Give this agent a tool that platoon answers itself (such as `spawn_subagent`)."""
+        self._tools = [t for t in self._tools if t.name != spec.name] + [spec]
+        self._local[spec.name] = handler
+
+    def restrict_tools(self, names: list[str]) -> None:
+        """Keep only the named tools (a parent may give a subagent fewer tools than it has)."""
+        unknown = sorted(set(names) - {t.name for t in self._tools})
+        if unknown:
+            raise ValueError(f"unknown tools {', '.join(unknown)}")
+        self._tools = [t for t in self._tools if t.name in names]
+        self._local = {n: h for n, h in self._local.items() if n in names}
 
     async def list_tools(self) -> list[ToolSpec]:
         return list(self._tools)
@@ -163,6 +177,9 @@ class AgentContext:
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolResult:
         """Run a tool of the environment. Errors come back in `ToolResult.error`, not raised."""
+        local = self._local.get(name)
+        if local is not None:
+            return await local(arguments or {})
         reply = await self.bus.request(
             ToolCalled(
                 episode_id=self.episode_id,

@@ -25,6 +25,7 @@ import structlog
 
 from platoon.bus import Bus, Stream
 from platoon.bus.events import (
+    AgentFinished,
     AgentSpawned,
     BatchReady,
     EpisodeGraded,
@@ -46,6 +47,7 @@ class EpisodeRecord:
 
     agents: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     calls: dict[str, list[Call]] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)  # subagents' own grades
 
     def rollout(self, graded: EpisodeGraded) -> Rollout:
         assert graded.reward is not None
@@ -55,7 +57,7 @@ class EpisodeRecord:
                 parent_id=parent,
                 depth=depth,
                 calls=self.calls.get(agent_id, []),
-                reward=graded.agent_rewards.get(agent_id),
+                reward=self.rewards.get(agent_id, graded.agent_rewards.get(agent_id)),
             )
             for agent_id, (parent, depth) in sorted(self.agents.items(), key=lambda item: item[1][1])
         ]
@@ -123,6 +125,8 @@ class CreditAssigner:
                                 event.parent_id,
                                 event.depth,
                             )
+                        case AgentFinished(reward=float()) if event.episode_id in self.records:
+                            self.records[event.episode_id].rewards[event.agent_id] = event.reward
                         case ModelCallFinished() if event.episode_id in self.records:
                             self.records[event.episode_id].calls.setdefault(event.agent_id, []).append(
                                 Call(
