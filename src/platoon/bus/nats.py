@@ -31,10 +31,16 @@ bridge per bus: the origin id belongs to the bridge.
 
 Disconnects: the client reconnects forever, with exponential backoff from `reconnect_wait` to
 `reconnect_max_wait`, and the bridge publishes `BridgeDisconnected` / `BridgeReconnected` on
-the local bus. Meanwhile outgoing events wait in a buffer of `buffer_limit` events; when it is
+the local bus (`buffered`: the most events the bridge held at once during the outage).
+Meanwhile outgoing events wait in a buffer of `buffer_limit` events; when it is
 full, `publish` on the local bus waits (backpressure, as everywhere on the bus) instead of
-dropping, because silently losing a result costs training data. At shutdown the bridge
-spends up to `close_timeout` sending what is buffered and logs what it could not.
+dropping, because silently losing a result costs training data. (A mirrored or work event
+sent while the *receiving* side is still reconnecting is lost, as core NATS goes; durable
+events are not.) At shutdown the bridge spends up to `close_timeout` sending what is
+buffered and logs what it could not.
+
+`attach(bus)` (called by `run_components`, or by `run` itself) subscribes to the outgoing
+types before the connection exists, so nothing published early is missed.
 
 nats-py is asyncio-only, so the bridge needs anyio's asyncio backend; under trio `run` fails
 with `NatsBridgeError`.
@@ -43,6 +49,7 @@ with `NatsBridgeError`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.util
 import random
@@ -51,7 +58,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -114,8 +121,11 @@ class _Pending(msgspec.Struct):
     data: bytes
     headers: dict[str, str]
     ack: asyncio.Future[Any] | None
+    deadline: float  # when to give up waiting for `ack` and publish again
+    connection: int  # which connection it went out on (the count of disconnects then)
 
 
+@functools.cache
 def _tag(event_type: type[Event]) -> str:
     return str(msgspec.inspect.type_info(event_type).tag)
 
@@ -136,7 +146,15 @@ def event_id(event: Event) -> str:
 
 
 class NatsBridge:
-    """A component that carries chosen event types between the local bus and NATS."""
+    """A component that carries chosen event types between the local bus and NATS.
+
+    `url` is one server or a list (a cluster); `credentials` a `.creds` file (needs `nkeys`);
+    `tls` an `ssl.SSLContext`. `connect_timeout` bounds the first connection only: after
+    that the bridge reconnects forever. Durable knobs: `ack_timeout` (how long a sender waits
+    for the stream before publishing again), `ack_wait` (how long JetStream waits for our
+    ack before redelivering: keep it above the longest stall of the local bus),
+    `duplicate_window` and `max_age` (the stream's), `seen_limit` (ids remembered here).
+    """
 
     name = "nats-bridge"
 
@@ -216,6 +234,7 @@ class NatsBridge:
         # Per run: what came in from NATS (by identity, until our own forwarder sees it), the
         # local subscriptions and the outbox they fill, and our NATS subscriptions.
         self._from_nats: dict[int, Event] = {}
+        self._attached = False
         self._bus: Bus | None = None
         self._nc: NatsClient | None = None
         self._outgoing: list[Subscription[Any]] = []
@@ -224,6 +243,7 @@ class NatsBridge:
         self._notices: MemoryObjectSendStream[Event] | None = None
         self._subs: list[Any] = []
         self._unsent = 0  # events handed to the bridge and not yet out (see `flush`)
+        self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
         self._closing = False
 
@@ -232,8 +252,9 @@ class NatsBridge:
     def attach(self, bus: Bus) -> None:
         """Subscribe to the outgoing types now, so that what is published before the bridge
         has connected waits in its buffer instead of being missed."""
-        if self._outgoing:
+        if self._attached:
             return
+        self._attached, self._closing = True, False
         self._bus, self._from_nats, self._unsent, self._idle = bus, {}, 0, anyio.Event()
         self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
         for durable, types in ((False, self.mirror + self.work), (True, self.durable)):
@@ -250,7 +271,7 @@ class NatsBridge:
     def _detach(self) -> None:
         for sub in self._outgoing:
             sub.close()
-        self._outgoing = []
+        self._outgoing, self._attached = [], False
         if self._outbox is not None:
             self._outbox.close()  # the sender ends once it has sent what is left
 
@@ -259,21 +280,24 @@ class NatsBridge:
         try:
             _require_asyncio()
             self.attach(bus)
-            self._closing, self._subs = False, []
+            self._subs = []
             nc = self._nc = await self._connect()
             try:
                 await self._bridge(bus, nc, task_status)
             finally:
                 self._closing = True
-                if self._unsent:
-                    self.stats.unsent_at_close += self._unsent
-                    log.warning(
-                        "bridge closed with events not sent to NATS", server=self._server, unsent=self._unsent
-                    )
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
                     await self._leave(nc)
         finally:
+            self._closing = True
             self._detach()
+            if self._unsent:
+                self.stats.unsent_at_close += self._unsent
+                log.warning(
+                    "bridge closed with events not sent to NATS", server=self._server, unsent=self._unsent
+                )
+            if self._idle is not None:
+                self._idle.set()  # wake `flush` callers: nothing more will go out
 
     async def _bridge(self, bus: Bus, nc: NatsClient, task_status: TaskStatus[None]) -> None:
         assert self._outbox_out is not None
@@ -292,20 +316,26 @@ class NatsBridge:
             try:
                 tg.start_soon(self._announce, bus, notices)
                 await self._subscribe_nats(tg, bus, nc, js)
-                await nc.flush()
+                await _synced(nc)
                 log.info("bridge up", server=self._server, run=self.run_name, origin=self.origin)
                 task_status.started()
                 await anyio.sleep_forever()
             finally:
+                # Let our forwarders move what the bus still holds for us into the outbox, stop
+                # taking more, and give the senders until the deadline to empty it.
+                deadline = anyio.current_time() + self.close_timeout
+                with anyio.CancelScope(shield=True, deadline=deadline):
+                    await bus.drained()
                 self._detach()
-                send_scope.deadline = ack_scope.deadline = anyio.current_time() + self.close_timeout
+                send_scope.deadline = ack_scope.deadline = deadline
 
     async def flush(self) -> None:
         """Wait until every event published on the bus so far is out: published to NATS or,
-        if durable, stored by JetStream. While NATS is away this waits for it to come back."""
-        if self._bus is not None:
+        if durable, stored by JetStream. While NATS is away this waits for it to come back;
+        once the bridge has stopped it returns at once (see `stats.unsent_at_close`)."""
+        if self._bus is not None and not self._closing:
             await self._bus.drained()
-        while self._unsent and self._idle is not None:
+        while self._unsent and self._idle is not None and not self._closing:
             if self._idle.is_set():
                 self._idle = anyio.Event()
             await self._idle.wait()
@@ -371,7 +401,7 @@ class NatsBridge:
             for sub in self._subs:
                 await sub.unsubscribe()
             if nc.is_connected:
-                await nc.flush(timeout=max(1, int(self.close_timeout)))
+                await _synced(nc)
         except (TimeoutError, nats.errors.Error) as exc:
             log.debug("leaving NATS uncleanly", error=f"{type(exc).__name__}: {exc}")
         await _close_quietly(nc)
@@ -399,6 +429,7 @@ class NatsBridge:
         if self._closing:
             return
         self.stats.disconnects += 1
+        self._outage_peak = self._unsent
         log.warning("bridge disconnected", server=self._server, reason=self._last_error)
         self._notify(BridgeDisconnected(url=self._server, reason=self._last_error))
 
@@ -407,8 +438,10 @@ class NatsBridge:
             return
         if self._nc is not None:
             self._remember_server(self._nc)
-        log.info("bridge reconnected", server=self._server, buffered=self._unsent)
-        self._notify(BridgeReconnected(url=self._server, buffered=self._unsent))
+        # By now the senders may have emptied the buffers: report how full they got instead.
+        buffered, self._outage_peak = max(self._outage_peak or 0, self._unsent), None
+        log.info("bridge reconnected", server=self._server, buffered=buffered)
+        self._notify(BridgeReconnected(url=self._server, buffered=buffered))
 
     def _notify(self, event: Event) -> None:
         # nats-py calls back from its own asyncio tasks: hand the event to a task of ours.
@@ -438,8 +471,10 @@ class NatsBridge:
                 return
             assert self._outbox is not None
             self._unsent += 1
+            if self._outage_peak is not None:
+                self._outage_peak = max(self._outage_peak, self._unsent)
             try:
-                await self._outbox.send(_Out(subject, durable, event))
+                await _send(self._outbox, _Out(subject, durable, event))
             except BaseException:
                 self._unsent -= 1
                 raise
@@ -457,13 +492,16 @@ class NatsBridge:
         core_headers = {ORIGIN_HEADER: self.origin}
         with scope:
             async with outbox, inflight:
-                async for out in outbox:
+                # Taking what is buffered without yielding lets nats-py write a batch per syscall.
+                while (out := await _receive(outbox)) is not None:
                     data = encode(out.event)
                     if out.durable:
                         assert js is not None
                         headers = {ORIGIN_HEADER: self.origin, MSG_ID_HEADER: event_id(out.event)}
                         ack = await self._publish_async(nc, js, out.subject, data, headers)
-                        await inflight.send(_Pending(out.subject, data, headers, ack))
+                        deadline = anyio.current_time() + self.ack_timeout
+                        pending = _Pending(out.subject, data, headers, ack, deadline, self.stats.disconnects)
+                        await _send(inflight, pending)
                     else:
                         await self._publish_core(nc, out.subject, data, core_headers)
                         self._sent()
@@ -496,17 +534,20 @@ class NatsBridge:
     ) -> None:
         with scope:
             async with inflight:
-                async for pending in inflight:
+                while (pending := await _receive(inflight)) is not None:
                     assert js is not None
-                    if not await self._acknowledged(pending.ack):
+                    if not await self._acknowledged(pending):
                         await self._republish(nc, js, pending)
                     self._sent()
 
-    async def _acknowledged(self, ack: asyncio.Future[Any] | None) -> bool:
+    async def _acknowledged(self, pending: _Pending) -> bool:
+        ack = pending.ack
         if ack is None:
             return False
+        if not ack.done() and pending.connection != self.stats.disconnects:
+            return False  # sent on a connection that has dropped since: its ack will not come
         try:
-            with anyio.fail_after(self.ack_timeout):
+            with anyio.fail_after(max(pending.deadline - anyio.current_time(), 0)):
                 await ack
             return True
         except (TimeoutError, nats.errors.Error):
@@ -536,25 +577,33 @@ class NatsBridge:
     async def _subscribe_nats(
         self, tg: TaskGroup, bus: Bus, nc: NatsClient, js: JetStreamContext | None
     ) -> None:
-        for event_type in self.mirror:
-            sub = await nc.subscribe(subject_for(self.run_name, event_type))
-            self._subs.append(sub)
-            tg.start_soon(self._receive_core, bus, sub)
-        if self.consume_work:
-            for event_type in self.work:
-                sub = await nc.subscribe(subject_for(self.run_name, event_type), queue="platoon-work")
-                self._subs.append(sub)
-                tg.start_soon(self._receive_core, bus, sub)
+        # nats-py hands each subscription's messages to a callback in a task of its own; the
+        # callbacks feed one bounded stream, and one task of ours publishes on the bus.
+        inbound_send, inbound = anyio.create_memory_object_stream[Msg](self.buffer_limit)
+
+        async def take(msg: Msg) -> None:
+            try:
+                await _send(inbound_send, msg)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass  # shutting down
+
+        core = [(t, "") for t in self.mirror] + [(t, "platoon-work") for t in self.work if self.consume_work]
+        for event_type, queue in core:
+            self._subs.append(
+                await nc.subscribe(subject_for(self.run_name, event_type), queue=queue, cb=take)
+            )
+        tg.start_soon(self._receive_core, bus, inbound)
         if self.consume_durable and js is not None:
             pull = await self._jetstream_call(self._durable_consumer(js))
             self._subs.append(pull)
             tg.start_soon(self._receive_durable, bus, nc, pull)
 
-    async def _receive_core(self, bus: Bus, sub: Any) -> None:
-        async for msg in sub.messages:
-            event = self._decode(msg)
-            if event is not None:
-                await self._deliver(bus, event)
+    async def _receive_core(self, bus: Bus, inbound: MemoryObjectReceiveStream[Msg]) -> None:
+        async with inbound:
+            while (msg := await _receive(inbound)) is not None:
+                event = self._decode(msg)
+                if event is not None:
+                    await self._deliver(bus, event)
 
     async def _receive_durable(self, bus: Bus, nc: NatsClient, pull: Any) -> None:
         batch = min(self.buffer_limit, 256)
@@ -681,7 +730,48 @@ def _check_types(kind: str, types: Sequence[type[Event]]) -> tuple[type[Event], 
             raise NatsBridgeError(
                 f"{kind}: {event_type.__name__} is not registered; decorate it with @register_event"
             )
+        if not _NAME.match(_tag(event_type)):
+            raise NatsBridgeError(
+                f"{kind}: the tag {_tag(event_type)!r} of {event_type.__name__} is not a NATS subject token"
+            )
     return tuple(dict.fromkeys(types))
+
+
+T = TypeVar("T")
+
+
+async def _send(stream: MemoryObjectSendStream[T], item: T) -> None:
+    """Send without a checkpoint while there is room (as the bus does), else wait for room."""
+    try:
+        stream.send_nowait(item)
+    except anyio.WouldBlock:
+        await stream.send(item)
+
+
+async def _receive(stream: MemoryObjectReceiveStream[T]) -> T | None:
+    """The next item, without a checkpoint while items are buffered; None once closed."""
+    try:
+        return stream.receive_nowait()
+    except anyio.WouldBlock:
+        try:
+            return await stream.receive()
+        except anyio.EndOfStream:
+            return None
+    except anyio.EndOfStream:
+        return None
+
+
+async def _synced(nc: NatsClient) -> None:
+    """Return once the server has processed every command sent so far.
+
+    `flush()` alone does not promise that: nats-py writes its PING straight to the socket,
+    ahead of commands still queued for its flusher task, so the PONG can come back before
+    the server has seen our SUB (and a publish from another connection then finds nobody).
+    """
+    with anyio.fail_after(10):
+        while nc.pending_data_size and nc.is_connected:  # noqa: ASYNC110 - nats-py has no event for it
+            await anyio.sleep(0.001)
+    await nc.flush()
 
 
 async def _settle(acknowledge: Any) -> None:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -63,6 +64,7 @@ class NatsServer:
         jetstream: bool = False,
         store_dir: str | Path | None = None,
         executable: str | None = None,
+        args: Sequence[str] = (),
         start_timeout: float = 10.0,
     ) -> None:
         self.host = host
@@ -70,6 +72,7 @@ class NatsServer:
         self.jetstream = jetstream or store_dir is not None
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.executable = executable or find_nats_server()
+        self.args = list(args)  # more command-line options, e.g. TLS
         self.start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -100,6 +103,7 @@ class NatsServer:
             if self.store_dir is None:
                 self.store_dir = Path(self._tmp.name) / "jetstream"
             args += ["-js", "-sd", str(self.store_dir)]
+        args += self.args
         self._starts += 1
         log_path = Path(self._tmp.name) / f"nats-server.{self._starts}.log"
         with log_path.open("wb") as log:

