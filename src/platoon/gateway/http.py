@@ -162,35 +162,34 @@ def build_app(gateway: Gateway) -> Starlette:
 
         return await answer(request, call, _openai_error)
 
-    async def responses(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
-            messages, tools, params, stream = dialects.responses_request(body)
-            c = await gateway.complete(session, messages, tools, params, _kind(request), wait=False)
-            response = dialects.responses_response(
-                body.get("model") or gateway.model_name,
-                c.message,
-                c.finish_reason,
-                (c.prompt_tokens, c.completion_tokens),
-                c.call_id,
-            )
-            return _sse(dialects.responses_stream(response)) if stream else JSONResponse(response)
+    def one_completion(
+        parse: Callable[..., Any], shape: Callable[..., Any], stream_events: Callable[..., Any]
+    ):
+        """An endpoint of a dialect that answers with one completion (Responses, Messages)."""
 
-        return await answer(request, call, _openai_error)
+        async def call(request: Request, session: AgentSession, body: Any) -> Response:
+            messages, tools, params, stream = parse(body)
+            c = await gateway.complete(session, messages, tools, params, _kind(request), wait=False)
+            usage = (c.prompt_tokens, c.completion_tokens)
+            response = shape(
+                body.get("model") or gateway.model_name, c.message, c.finish_reason, usage, c.call_id
+            )
+            return _sse(stream_events(response)) if stream else JSONResponse(response)
+
+        return call
+
+    responses_call = one_completion(
+        dialects.responses_request, dialects.responses_response, dialects.responses_stream
+    )
+    messages_call = one_completion(
+        dialects.anthropic_request, dialects.anthropic_response, dialects.anthropic_stream
+    )
+
+    async def responses(request: Request) -> Response:
+        return await answer(request, lambda s, b: responses_call(request, s, b), _openai_error)
 
     async def messages_endpoint(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
-            messages, tools, params, stream = dialects.anthropic_request(body)
-            c = await gateway.complete(session, messages, tools, params, _kind(request), wait=False)
-            response = dialects.anthropic_response(
-                body.get("model") or gateway.model_name,
-                c.message,
-                c.finish_reason,
-                (c.prompt_tokens, c.completion_tokens),
-                c.call_id,
-            )
-            return _sse(dialects.anthropic_stream(response)) if stream else JSONResponse(response)
-
-        return await answer(request, call, _anthropic_error)
+        return await answer(request, lambda s, b: messages_call(request, s, b), _anthropic_error)
 
     async def count_tokens(request: Request) -> Response:
         async def call(session: AgentSession, body: Any) -> Response:
