@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import pytest
@@ -5,6 +6,15 @@ import pytest
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `torch` need the local extra; without torch they skip, saying so."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("peft") is None:
+        skip = pytest.mark.skip(reason="needs torch and peft (pip install 'platoon[local]')")
+        for item in items:
+            if "torch" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
