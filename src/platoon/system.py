@@ -30,6 +30,7 @@ __all__ = [
     "gateway_for",
     "import_packages",
     "load_tokenizer",
+    "make_renderer",
     "plugin_components",
     "policy_from_ref",
     "running",
@@ -213,3 +214,23 @@ async def running(bus: Any, components: Sequence[Any]) -> AsyncIterator[None]:
             yield
         finally:
             tg.cancel_scope.cancel()
+
+
+def make_renderer(
+    renderer_name: str, tokenizer: Any, tool_call_parser: str = "auto"
+) -> tuple[Any, str | None]:
+    """The renderer, and the tool-call parser in force (recorded in lock.json).
+
+    `auto` picks the first parser that reads a probe turn of this renderer back exactly; a
+    format with no tool calls (role_colon) has none.
+    """
+    from platoon.gateway.autoparser import AutoParserError, choose_tool_call_parser
+    from platoon.gateway.renderers import get_renderer
+
+    parser: str | None = tool_call_parser
+    if tool_call_parser == "auto":
+        try:
+            parser = choose_tool_call_parser(renderer_name, tokenizer)
+        except AutoParserError:
+            parser = None
+    return get_renderer(renderer_name, tokenizer, tool_call_parser=parser), parser

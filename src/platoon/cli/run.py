@@ -90,7 +90,6 @@ async def _policy(config: Config, args: Any, tokenizer: Any) -> AsyncIterator[An
 
 @contextlib.asynccontextmanager
 async def _rollout_system(setup: Setup, args: Any, *, eval: bool) -> AsyncIterator[Bus]:
-    from platoon.gateway.renderers import get_renderer
     from platoon.programs import EpisodeRunner, Grader
 
     config = setup.config
@@ -98,8 +97,9 @@ async def _rollout_system(setup: Setup, args: Any, *, eval: bool) -> AsyncIterat
         raise CommandError("the config has no environments")
     tokenizer = _tokenizer(config, scripted=bool(getattr(args, "policy", None)))
     _, renderer_name = _model_and_renderer(config)
-    parser = config.train.tool_call_parser if config.train else "auto"
-    renderer = get_renderer(renderer_name, tokenizer, tool_call_parser=None if parser == "auto" else parser)
+    renderer, parser = system.make_renderer(
+        renderer_name, tokenizer, config.train.tool_call_parser if config.train else "auto"
+    )
     runner = EpisodeRunner(
         system.entry_settings(config, eval=eval),
         max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
@@ -111,7 +111,9 @@ async def _rollout_system(setup: Setup, args: Any, *, eval: bool) -> AsyncIterat
         if entry.reward_processor
     }
     write_run_files(
-        setup.run_dir, config, {"renderer": renderer_name, "policy": getattr(args, "policy", None)}
+        setup.run_dir,
+        config,
+        {"renderer": renderer_name, "tool_call_parser": parser, "policy": getattr(args, "policy", None)},
     )
     async with _policy(config, args, tokenizer) as factory:
         components = [

@@ -173,7 +173,6 @@ async def train(
     console: bool = True,
 ) -> dict[str, Any]:
     """Train as `config` says, writing into `run_dir`; returns the last step's metrics."""
-    from platoon.gateway.renderers import get_renderer
     from platoon.programs import EpisodeRunner, Grader
     from platoon.stats.metrics import MetricsSink
 
@@ -202,9 +201,9 @@ async def train(
     workflow = train_cfg.workflow_config
 
     tokenizer = system.load_tokenizer(train_cfg.tokenizer or train_cfg.model_name)
-    parser = None if train_cfg.tool_call_parser == "auto" else train_cfg.tool_call_parser
-    renderer = get_renderer(train_cfg.renderer_name, tokenizer, tool_call_parser=parser)
-    write_run_files(run_dir, config, {"renderer": train_cfg.renderer_name, "resumed_from_step": start_step})
+    renderer, parser = system.make_renderer(train_cfg.renderer_name, tokenizer, train_cfg.tool_call_parser)
+    lock = {"renderer": train_cfg.renderer_name, "tool_call_parser": parser, "resumed_from_step": start_step}
+    write_run_files(run_dir, config, lock)
     last: dict[str, Any] = {}
 
     async with training_service(config, run_dir) as service:
