@@ -21,7 +21,6 @@ places (the workdir, /root, ...) as the task's layer; a session without a layer 
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import posixpath
@@ -42,6 +41,7 @@ from ...sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
 from ...sandbox.bwrap import WRITABLE
 from .dataset import dataset_digest
 from .errors import HarborError
+from .spec import sandbox_spec_for
 from .task import HarborTask
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "apply_plan",
     "build_image",
     "build_layer",
+    "bwrap_spec",
     "environment_key",
     "fetch_hf_dataset",
     "find_layer",
@@ -114,7 +115,9 @@ def resolve_dataset(dataset: str | os.PathLike[str], cache: str | os.PathLike[st
         )
     pinned = json.loads(marker.read_text())["digest"]
     if dataset_digest(directory) != pinned:
-        raise HarborError(f"dataset {text} changed in the cache since it was fetched; run `platoon prepare` again")
+        raise HarborError(
+            f"dataset {text} changed in the cache since it was fetched; run `platoon prepare` again"
+        )
     return directory
 
 
@@ -201,7 +204,7 @@ def plan_dockerfile(task: HarborTask) -> BuildPlan:
         if instruction == "FROM":
             if base is not None:
                 raise HarborError(f"{where}: multi-stage builds need a container engine")
-            base = next((w for w in rest.split() if not w.startswith("--")), "")
+            base = _expand(next((w for w in rest.split() if not w.startswith("--")), ""), scope)
         elif base is None and instruction != "ARG":
             raise HarborError(f"{where}: {instruction} before FROM")
         elif instruction == "ARG":
@@ -298,10 +301,13 @@ def _copy_step(
         matches = sorted(glob.glob(glob.escape(str(context)) + "/" + source.lstrip("/")))
         if not matches:
             raise HarborError(f"{where}: {instruction} source {source!r} is not in environment/")
-        found += [os.path.normpath(m) for m in matches]
+        # Directories keep a trailing slash, so replaying needs no look at the host's files.
+        found += [os.path.normpath(m) + ("/" if os.path.isdir(m) else "") for m in matches]
     target = posixpath.normpath(posixpath.join(workdir, dest))
     as_dir = dest.endswith("/") or len(found) > 1
-    return BuildStep(kind="copy", line=number, target=target + ("/" if as_dir else ""), sources=found, chmod=chmod)
+    return BuildStep(
+        kind="copy", line=number, target=target + ("/" if as_dir else ""), sources=found, chmod=chmod
+    )
 
 
 async def apply_plan(sandbox: Sandbox, plan: BuildPlan, *, timeout: float | None = None) -> None:
@@ -318,17 +324,25 @@ async def apply_plan(sandbox: Sandbox, plan: BuildPlan, *, timeout: float | None
 async def _copy(sandbox: Sandbox, step: BuildStep, timeout: float | None) -> None:
     target = step.target.rstrip("/") or "/"
     into_dir = step.target.endswith("/")
-    if not into_dir and len(step.sources) == 1 and os.path.isfile(step.sources[0]):
+    if not into_dir and len(step.sources) == 1 and not step.sources[0].endswith("/"):
         probe = await sandbox.exec(f"test -d {shlex.quote(target)}", cwd="/")
         into_dir = probe.return_code == 0
-    await _check(sandbox, step, f"mkdir -p -- {shlex.quote(target if into_dir else posixpath.dirname(target))}", "/", {}, timeout)
+    await _check(
+        sandbox,
+        step,
+        f"mkdir -p -- {shlex.quote(target if into_dir else posixpath.dirname(target))}",
+        "/",
+        {},
+        timeout,
+    )
     placed = []
     for source in step.sources:
-        remote = posixpath.join(target, os.path.basename(source)) if into_dir and os.path.isfile(source) else target
+        name = posixpath.basename(source.rstrip("/"))
+        remote = posixpath.join(target, name) if into_dir and not source.endswith("/") else target
         try:
             await sandbox.upload(source, remote)
         except SandboxError as exc:
-            raise HarborError(f"Dockerfile:{step.line}: copying {os.path.basename(source)} failed: {exc}") from None
+            raise HarborError(f"Dockerfile:{step.line}: copying {name} failed: {exc}") from None
         placed.append(remote)
     if step.chmod:
         command = f"chmod -R {shlex.quote(step.chmod)} -- {shlex.join(placed)}"
@@ -358,6 +372,15 @@ def find_layer(task: HarborTask, cache: str | os.PathLike[str]) -> Path | None:
     return directory if (directory / _LAYER_MARKER).is_file() else None
 
 
+def bwrap_spec(task: HarborTask, plan: BuildPlan | None) -> SandboxSpec:
+    """The sandbox of a task under bwrap: the host as base, with the Dockerfile's WORKDIR and ENV."""
+    spec = sandbox_spec_for(task)
+    if plan is None:
+        return spec
+    workdir = task.config.environment.workdir or plan.workdir or spec.workdir
+    return msgspec.structs.replace(spec, workdir=workdir, env={**plan.env, **spec.env})
+
+
 def layer_dirs(plan: BuildPlan, workdir: str) -> list[str]:
     """The writable places a layer keeps: the workdir, /root, and any other a step wrote to."""
     kept = {posixpath.normpath(workdir), "/root"}
@@ -369,13 +392,10 @@ def layer_dirs(plan: BuildPlan, workdir: str) -> list[str]:
 
 
 async def build_layer(
-    task: HarborTask,
-    plan: BuildPlan,
-    spec: SandboxSpec,
-    cache: str | os.PathLike[str],
-    **provider_options: Any,
+    task: HarborTask, plan: BuildPlan, cache: str | os.PathLike[str], **provider_options: Any
 ) -> Path:
-    """Run the plan once in a bwrap sandbox of `spec` and keep what it wrote (see the module doc)."""
+    """Run the plan once in a bwrap sandbox and keep what it wrote (see the module docstring)."""
+    spec = bwrap_spec(task, plan)
     key = environment_key(task)
     assert key is not None
     final = Path(cache, "harbor", "layers", key)
@@ -430,4 +450,3 @@ def _pack_context(directory: Path, fileobj: Any) -> None:
     with tarfile.open(fileobj=fileobj, mode="w") as tar:
         tar.add(str(directory), arcname=".")
     fileobj.seek(0)
-

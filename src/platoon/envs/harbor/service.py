@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
-import msgspec
 
 from platoon.bus.events import ToolSpec
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
@@ -54,7 +53,10 @@ BASH_TOOL = ToolSpec(
         "type": "object",
         "properties": {
             "command": {"type": "string", "description": "the bash command to run"},
-            "timeout": {"type": "number", "description": "seconds before the command is stopped (default 60)"},
+            "timeout": {
+                "type": "number",
+                "description": "seconds before the command is stopped (default 60)",
+            },
         },
         "required": ["command"],
     },
@@ -124,29 +126,33 @@ class HarborBackend:
             with anyio.CancelScope(shield=True):
                 await box.stop()
             if isinstance(exc, SandboxError | HarborError):
-                raise EnvError(f"task {harbor_task.name}: the sandbox did not start: {exc}{self._hint(spec)}") from None
+                raise EnvError(
+                    f"task {harbor_task.name}: the sandbox did not start: {exc}{self._hint(spec)}"
+                ) from None
             raise
         return HarborSession(self, harbor_task, box)
 
     def _sandbox_for(self, task: HarborTask) -> tuple[SandboxSpec, Any]:
         """The sandbox spec, and what to do in the started sandbox before the agent comes."""
-        plan = prepare.plan_dockerfile(task) if task.dockerfile is not None else None
         if self.provider != "bwrap":
             image = task.config.environment.docker_image or prepare.image_tag(task)
             if image is None:
-                raise HarborError(f"provider {self.provider} needs [environment].docker_image or a Dockerfile")
+                raise HarborError(
+                    f"provider {self.provider} needs [environment].docker_image or a Dockerfile"
+                )
             return sandbox_spec_for(task, image=image), _nothing
         if task.dockerfile is None and task.config.environment.docker_image is None:
             raise HarborError("bwrap runs a Dockerfile's steps; this task has a compose file only")
-        spec = sandbox_spec_for(task)
+        plan = prepare.plan_dockerfile(task) if task.dockerfile is not None else None
+        spec = prepare.bwrap_spec(task, plan)
         if plan is None:
             return spec, _nothing
-        workdir = task.config.environment.workdir or plan.workdir or spec.workdir
-        spec = msgspec.structs.replace(spec, workdir=workdir, env={**plan.env, **spec.env})
         layer = prepare.find_layer(task, self.cache)
         if layer is not None:
             return spec, lambda box: prepare.restore_layer(box, layer)
-        return spec, lambda box: prepare.apply_plan(box, plan, timeout=task.config.environment.build_timeout_sec)
+        return spec, lambda box: prepare.apply_plan(
+            box, plan, timeout=task.config.environment.build_timeout_sec
+        )
 
     def _hint(self, spec: SandboxSpec) -> str:
         if spec.image is not None and spec.image.startswith(prepare.IMAGE_REPOSITORY):
@@ -202,14 +208,18 @@ class HarborSession:
             return self._time_up()
         cut = left is not None and left < timeout
         try:
-            result = await self.sandbox.exec(command, timeout=min(timeout, left) if cut else timeout, user=self.user)
+            result = await self.sandbox.exec(
+                command, timeout=min(timeout, left) if cut else timeout, user=self.user
+            )
         except SandboxError as exc:
             raise EnvError(f"the sandbox failed: {exc}") from None
         if result.timed_out and cut:
             return self._time_up()
         parts = [result.stdout, result.stderr]
         text = "\n".join(p.rstrip("\n") for p in parts if p.strip())
-        status = f"[timed out after {timeout:g} s]" if result.timed_out else f"[exit code {result.return_code}]"
+        status = (
+            f"[timed out after {timeout:g} s]" if result.timed_out else f"[exit code {result.return_code}]"
+        )
         return ToolResult(output=f"{text}\n{status}" if text else status)
 
     def _time_left(self) -> float | None:
@@ -217,7 +227,10 @@ class HarborSession:
 
     def _time_up(self) -> ToolResult:
         limit = self.task.config.agent.timeout_sec
-        return ToolResult(output=f"[the agent's time limit of {limit:g} s is up; the task's tests grade the result]", finished=True)
+        return ToolResult(
+            output=f"[the agent's time limit of {limit:g} s is up; the task's tests grade the result]",
+            finished=True,
+        )
 
     async def grade(self) -> Grade:
         """Run the task's tests now (the agent is done) and return every reward they wrote."""
@@ -244,7 +257,10 @@ def _bash_arguments(arguments: Mapping[str, Any]) -> tuple[str, float]:
     timeout = arguments.get("timeout", DEFAULT_COMMAND_TIMEOUT)
     if timeout is None:
         timeout = DEFAULT_COMMAND_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (math.isfinite(timeout) and timeout > 0):
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not (math.isfinite(timeout) and timeout > 0)
+    ):
         raise ToolError(f"bash `timeout` must be a positive number of seconds, got {timeout!r}")
     return command, float(timeout)
-

@@ -1,0 +1,2 @@
+#!/bin/bash
+awk -F, 'NR > 1 { s += $3 } END { print s }' /app/data.csv > /app/answer.txt

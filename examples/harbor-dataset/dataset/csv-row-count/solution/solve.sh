@@ -1,0 +1,2 @@
+#!/bin/bash
+tail -n +2 /app/data.csv | wc -l > /app/answer.txt

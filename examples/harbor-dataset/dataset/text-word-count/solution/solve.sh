@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -w < /app/poem.txt > /app/answer.txt

@@ -1,0 +1,283 @@
+"""`platoon prepare CONFIG`: fetch, build and pin what a config's Harbor entries need.
+
+For each `service: harbor` entry: fetch an `hf://` dataset into the site cache, build what
+the sandbox provider can (bwrap: each task's root filesystem layer; docker: each task's
+image, where a Docker engine answers), check the harness, and pin it all in
+`<cache>/locks/<entry>.json`. An entry whose dataset digest, index, holdout, provider or
+harness did not change since its lock is "up to date" and nothing is rebuilt; a changed one
+is rebuilt. Then the tokenizer is loaded, and each entry's held-out tasks are printed.
+Nothing here is needed again at train time, which never fetches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from platoon import system
+from platoon.cli import CommandError
+from platoon.config import load_config, load_site
+from platoon.config.schema import Config, EnvironmentConfig
+
+__all__ = ["prepare"]
+
+
+def prepare(args: Any) -> int:
+    path = Path(args.config)
+    config = load_config(path, args.overrides)
+    system.import_packages(config, path.resolve().parent)
+    site = load_site()
+    entries = [
+        (i, name, entry)
+        for i, (name, entry) in enumerate(zip(system.entry_names(config), config.environments, strict=True))
+        if entry.service == "harbor"
+    ]
+    if not entries:
+        print("nothing to fetch or build: the config has no `service: harbor` entries")
+
+    async def main() -> None:
+        for i, name, entry in entries:
+            await _prepare_entry(i, name, entry, Path(site.cache), site.provider)
+
+    anyio.run(main)
+    _load_tokenizer(config)
+    return 0
+
+
+async def _prepare_entry(
+    i: int, name: str, entry: EnvironmentConfig, cache: Path, site_provider: str
+) -> None:
+    from platoon.envs.harbor import HarborError, load_dataset
+    from platoon.envs.harbor.prepare import HF_SCHEME, fetch_hf_dataset, resolve_dataset
+    from platoon.sandbox import default_provider
+
+    kwargs = dict(entry.service_kwargs)
+    where = f"environments.{i}.service_kwargs"
+    ref = kwargs.get("dataset")
+    if not isinstance(ref, str) or not ref:
+        raise CommandError(f"{where}.dataset: a harbor entry names its dataset (a directory or hf://...)")
+    provider = kwargs.get("provider") or site_provider
+    provider = default_provider() if provider == "auto" else provider
+    options = dict(kwargs.get("provider_options") or {})
+    try:
+        if ref.startswith(HF_SCHEME):
+            directory, fetched = await anyio.to_thread.run_sync(fetch_hf_dataset, ref, cache)
+            print(f"{name}: {'fetched' if fetched else 'already fetched'} {ref} into {directory}")
+        else:
+            directory = resolve_dataset(ref, cache)
+        dataset = load_dataset(directory, index=kwargs.get("index") or (), holdout=kwargs.get("holdout"))
+    except HarborError as exc:
+        raise CommandError(f"{name}: {exc}") from None
+    harnesses = _harness_names(entry)
+    inputs = {
+        "dataset": ref,
+        "digest": dataset.digest,
+        "index": kwargs.get("index"),
+        "holdout": kwargs.get("holdout"),
+        "provider": provider,
+        "harness": harnesses,
+    }
+    fingerprint = "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    lock_path = cache / "locks" / (re.sub(r"[^\w.-]", "_", name) + ".json")
+    old = _read_lock(lock_path)
+    summary = f"{dataset.digest[:19]}..., {len(dataset.tasks)} tasks, provider {provider}"
+    if old is not None and old.get("fingerprint") == fingerprint and _artefacts_present(old):
+        print(f"{name}: up to date ({summary})")
+    else:
+        if old is not None:
+            print(f"{name}: the entry changed since it was prepared; rebuilding")
+        print(f"{name}: dataset {directory} ({summary})")
+        tasks = await _build(dataset, provider, cache, options)
+        for harness in harnesses:
+            print(f"  harness {harness}: {await _install_harness(harness)}")
+        lock = {
+            "entry": name,
+            "fingerprint": fingerprint,
+            **inputs,
+            "path": str(directory),
+            "tasks": tasks,
+            "train": dataset.train,
+            "eval": dataset.eval,
+            "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path.write_text(json.dumps(lock, indent=2) + "\n")
+        print(f"  lock: {lock_path}")
+    _print_holdout(dataset, kwargs.get("holdout"))
+
+
+async def _build(dataset: Any, provider: str, cache: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Build each task's artefact for `provider`; returns the lock's record of each task."""
+    from platoon.envs.harbor.prepare import environment_key
+
+    records: dict[str, Any] = {}
+    if provider == "bwrap":
+        build = _build_layer
+    elif provider == "docker":
+        build = await _docker_builder(options)
+    else:
+        build = _nothing_to_build(provider)
+    counts: dict[str, int] = {}
+    for name, task in dataset.tasks.items():
+        record = {"environment": environment_key(task), **await build(task, cache, options)}
+        records[name] = record
+        kind = record["built"] or "not built"
+        counts[kind] = counts.get(kind, 0) + 1
+        if record.get("note"):
+            print(f"  {name}: {record['note']}")
+    print("  built: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())))
+    return records
+
+
+async def _build_layer(task: Any, cache: Path, options: dict[str, Any]) -> dict[str, Any]:
+    from platoon.envs.harbor import HarborError
+    from platoon.envs.harbor.prepare import build_layer, plan_dockerfile
+    from platoon.sandbox import SandboxError
+
+    if task.dockerfile is None:
+        image = task.config.environment.docker_image
+        note = f"bwrap cannot run the image {image}; the host is its base" if image else None
+        return {"built": None, "note": note}
+    try:
+        plan = plan_dockerfile(task)
+        path = await build_layer(task, plan, cache, **options)
+    except (HarborError, SandboxError) as exc:
+        return {"built": None, "note": f"no layer ({exc}); use a provider with a container engine"}
+    return {"built": "layer", "path": str(path), "base": plan.base}
+
+
+async def _docker_builder(options: dict[str, Any]) -> Any:
+    from platoon.envs.harbor import HarborError
+    from platoon.envs.harbor.prepare import build_image
+    from platoon.sandbox import engine_answers, engine_url
+
+    url = options.get("url") or engine_url()
+    answers = url is not None and await anyio.to_thread.run_sync(engine_answers, url)
+
+    async def build(task: Any, cache: Path, _options: dict[str, Any]) -> dict[str, Any]:
+        image = task.config.environment.docker_image
+        if not answers:
+            what = f"the image {image} is not pulled" if image else "its Dockerfile is not built"
+            return {"built": None, "note": f"no Docker engine answers{f' at {url}' if url else ''}: {what}"}
+        if image:
+            return await _pull(image, url)
+        if task.dockerfile is None:
+            return {"built": None, "note": "a compose-only task: platoon builds Dockerfiles only"}
+        try:
+            return {"built": "image", "image": await build_image(task, url)}
+        except HarborError as exc:
+            return {"built": None, "note": str(exc)}
+
+    return build
+
+
+async def _pull(image: str, url: str | None) -> dict[str, Any]:
+    import aiodocker
+
+    docker = aiodocker.Docker(url=url)
+    try:
+        try:
+            await docker.images.inspect(image)
+            return {"built": "image", "image": image, "note": None}
+        except aiodocker.DockerError:
+            pass
+        try:
+            with anyio.fail_after(600):
+                await docker.images.pull(image)
+        except (aiodocker.DockerError, TimeoutError) as exc:
+            reason = getattr(exc, "message", None) or "timed out"
+            return {
+                "built": None,
+                "note": f"the image {image} could not be pulled ({reason}); no registry reachable?",
+            }
+        return {"built": "image", "image": image}
+    finally:
+        await docker.close()
+
+
+def _nothing_to_build(provider: str) -> Any:
+    async def build(task: Any, cache: Path, options: dict[str, Any]) -> dict[str, Any]:
+        image = task.config.environment.docker_image
+        note = None if image else f"provider {provider} runs prebuilt images only; this task has none"
+        return {"built": None, "note": note}
+
+    return build
+
+
+def _artefacts_present(lock: dict[str, Any]) -> bool:
+    for record in (lock.get("tasks") or {}).values():
+        if record.get("built") == "layer" and not (Path(record["path"]) / "layer.json").is_file():
+            return False
+    return True
+
+
+def _read_lock(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _harness_names(entry: EnvironmentConfig) -> list[str]:
+    if entry.harness is None:
+        return []
+    return [entry.harness] if isinstance(entry.harness, str) else sorted(entry.harness)
+
+
+async def _install_harness(name: str) -> str:
+    """Run the harness's toolchain install (command-line harnesses; cached in the site cache)."""
+    from platoon.harness import HarnessError, get_harness
+
+    try:
+        harness = get_harness(name)
+    except HarnessError as exc:
+        raise CommandError(str(exc)) from None
+    install = getattr(harness, "install", None)
+    if install is None:
+        return "no toolchain to install"
+    try:
+        await install()
+    except Exception as exc:
+        raise CommandError(f"harness {name}: {exc}") from None
+    return "toolchain ready"
+
+
+def _print_holdout(dataset: Any, holdout: Any) -> None:
+    if not dataset.eval:
+        print("  held out: none (no holdout; the eval split is empty)")
+        return
+    group_by = holdout.get("group_by") if isinstance(holdout, dict) else None
+    groups = ""
+    if group_by:
+        values = sorted(
+            {
+                str(dataset.records[n].get(group_by, dataset.tasks[n].metadata.get(group_by)))
+                for n in dataset.eval
+            }
+        )
+        groups = f" ({group_by}: {', '.join(values)})"
+    print(f"  held out as the eval split, {len(dataset.eval)} of {len(dataset.tasks)} tasks{groups}:")
+    print("    " + ", ".join(dataset.eval))
+
+
+def _load_tokenizer(config: Config) -> None:
+    model = config.train.model_name if config.train else (config.eval.model_name if config.eval else None)
+    name = (config.train.tokenizer if config.train else None) or model
+    if name is None:
+        return
+    try:
+        tokenizer = system.load_tokenizer(name)
+    except system.SystemError:
+        print(
+            f"tokenizer {name}: not in a local directory or the Hugging Face cache; download it "
+            f"(`hf download {name}`) or set train.tokenizer to a local directory before training"
+        )
+        return
+    print(f"tokenizer {name}: loaded ({len(tokenizer)} tokens)")
