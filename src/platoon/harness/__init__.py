@@ -1,5 +1,9 @@
 """Harnesses: the agent code that plays an episode through an `AgentContext`."""
 
+import sys
+import types
+from typing import Any
+
 from platoon.harness.context import (
     AgentContext,
     AgentResult,
@@ -37,3 +41,29 @@ __all__ = [
     "harness_names",
     "validate_options",
 ]
+
+
+class _CallablePackage(types.ModuleType):
+    """`pt.harness` is this package once it is imported (Python sets the submodule attribute on
+    `platoon`), yet `@pt.harness("name")` must still register a harness: the package is callable."""
+
+    def __call__(self, name: str, *, options: type | None = None) -> Any:
+        return harness(name, options=options)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
+
+class _HarnessModule(types.ModuleType):
+    """`platoon.harness` is both this package and the `@pt.harness("name")` decorator.
+
+    Once the package is imported, Python binds the name `harness` on `platoon` to the module,
+    which would shadow the decorator; making the module callable keeps `pt.harness("name")`
+    working whichever was looked up first.
+    """
+
+    def __call__(self, name: str, *, options: type | None = None):
+        return harness(name, options=options)
+
+
+sys.modules[__name__].__class__ = _HarnessModule
