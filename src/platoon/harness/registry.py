@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import msgspec
+import msgspec.inspect
 
 from platoon import plugins
 from platoon.harness.context import AgentContext, AgentResult
@@ -168,5 +169,14 @@ def _options_error(message: str, path: str, h: Harness) -> str:
     if text.startswith("Object contains unknown field"):
         field = text.split("`")[1]
         return f"{path}.{field}: unknown option of harness {h.name!r}"
+    if text.startswith("Invalid enum value") and h.options_type is not None:
+        # Say which values the option takes, not just that this one is not among them.
+        info = msgspec.inspect.type_info(h.options_type)
+        field = next((f for f in getattr(info, "fields", ()) if f".{f.name}" == where), None)
+        kind = field.type if field is not None else None
+        kind = kind.type if isinstance(kind, msgspec.inspect.Metadata) else kind
+        if isinstance(kind, msgspec.inspect.LiteralType):
+            allowed = ", ".join(repr(v) for v in kind.values)
+            return f"{path}{where}: expected one of {allowed}, got {text.removeprefix('Invalid enum value ')}"
     text = text.replace("`", "")
     return f"{path}{where}: {text[0].lower()}{text[1:]}"

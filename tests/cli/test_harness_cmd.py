@@ -1,0 +1,86 @@
+"""`platoon harness list` and `platoon harness show`: names, kinds, options and providers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from platoon.cli import main
+
+SPEC = Path(__file__).resolve().parents[1] / "harness" / "agents" / "openai_mcp_agent.toml"
+
+
+@pytest.fixture
+def installed_harness(tmp_path, monkeypatch):
+    """A distribution `acme-agents` 1.2.3 whose entry point provides the harness `acme`."""
+    (tmp_path / "acme_agents.py").write_text(
+        'async def acme(ctx):\n    """Acme\'s agent, from an installed package."""\n'
+    )
+    info = tmp_path / "acme_agents-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-agents\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text("[platoon.harnesses]\nacme = acme_agents:acme\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "acme"
+
+
+def lines(capsys) -> list[str]:
+    return capsys.readouterr().out.splitlines()
+
+
+def test_list_shows_each_harness_with_its_kind_and_provider(capsys, installed_harness):
+    assert main(["harness", "list"]) == 0
+    rows = {line.split()[0]: line.split() for line in lines(capsys)}
+    assert rows["NAME"][:3] == ["NAME", "KIND", "PROVIDED"]
+    assert rows["platoon-react"][1:3] == ["function", "platoon"]
+    assert rows["platoon-codeact"][1:3] == ["function", "platoon"]
+    assert rows["acme"][1:4] == ["function", "acme-agents", "1.2.3"]
+    assert " ".join(rows["acme"][4:]) == "Acme's agent, from an installed package."
+
+
+def test_show_a_builtin(capsys):
+    assert main(["harness", "show", "platoon-react"]) == 0
+    out = lines(capsys)
+    assert out[0] == "platoon-react (function harness)"
+    assert out[1].split()[:3] == ["provided", "by:", "platoon"]
+    assert out[2].split() == ["defined", "in:", "platoon.harness.builtin.react:react"]
+    options = {line.split()[0]: line for line in out[out.index("options (harness_options):") + 1 :]}
+    assert options["max_tool_output_chars"].split()[:5] == [
+        "max_tool_output_chars",
+        "int",
+        ">=",
+        "1",
+        "default",
+    ]
+    assert "default true" in options["stop_on_text"]
+    assert "default none" in options["system_prompt"]
+
+
+def test_show_a_spec(capsys):
+    assert main(["harness", "show", str(SPEC)]) == 0
+    out = lines(capsys)
+    assert out[:3] == ["test-openai-mcp (spec harness)", "  provided by: -", f"  defined in:  {SPEC}"]
+    assert "  An agent script using the openai client (model) and the mcp client (tools)." in out
+    options = {line.split()[0]: line for line in out[out.index("options (harness_options):") + 1 :]}
+    assert options["max_turns"].split()[:7] == ["max_turns", "int", ">=", "1", "<=", "100", "default"]
+    assert options["max_turns"].endswith("model calls before the agent gives up (exit code 3)")
+    assert "one of 'platoon-policy', 'policy'" in options["model"] and "default 'policy'" in options["model"]
+
+
+def test_show_an_installed_harness(capsys, installed_harness):
+    assert main(["harness", "show", installed_harness]) == 0
+    out = lines(capsys)
+    assert out[:3] == [
+        "acme (function harness)",
+        "  provided by: acme-agents 1.2.3",
+        "  defined in:  acme_agents:acme",
+    ]
+    assert out[-1] == "options: none"
+
+
+def test_an_unknown_harness_is_a_one_line_error(capsys):
+    assert main(["harness", "show", "no-such-agent"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("platoon: error: unknown harness 'no-such-agent' (known: ")
+    assert len(err) == 1
