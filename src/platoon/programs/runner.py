@@ -41,7 +41,7 @@ from platoon.bus.events import (
 )
 from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, choose_harness, get_harness
 from platoon.harness.registry import validate_options
-from platoon.programs.registry import Episode, get_program
+from platoon.programs.registry import Episode, get_program, validate_program_options
 
 __all__ = ["EntrySettings", "EpisodeRunner"]
 
@@ -85,6 +85,7 @@ class EpisodeRunner:
         self.request_timeout = request_timeout
         self.worker = worker
         self.options: dict[tuple[str, str], Any] = {}
+        self.program_options: dict[str, Any] = {}
         self._requests: Stream[EpisodeRequested] | None = None
         for entry in entries:
             self._check(entry)
@@ -92,12 +93,16 @@ class EpisodeRunner:
     def _check(self, entry: EntrySettings) -> None:
         """Resolve every harness an entry may pick and validate its options before anything runs."""
         names = [entry.harness] if isinstance(entry.harness, str) else list(entry.harness)
+        # A mixture may give each harness its own options: `harness_options: {name: {...}}`.
+        per_harness = len(names) > 1 and bool(entry.harness_options) and set(entry.harness_options) <= set(names)
         for name in names:
             harness = get_harness(name)
-            self.options[entry.name, name] = validate_options(
-                harness, entry.harness_options, f"{entry.path}.harness_options"
-            )
-        get_program(entry.program)
+            options = entry.harness_options.get(name, {}) if per_harness else entry.harness_options
+            path = f"{entry.path}.harness_options" + (f".{name}" if per_harness else "")
+            self.options[entry.name, name] = validate_options(harness, options, path)
+        self.program_options[entry.name] = validate_program_options(
+            entry.program, entry.program_options, f"{entry.path}.program_options"
+        )
 
     def attach(self, bus: Bus) -> None:
         if self._requests is not None:
@@ -139,7 +144,7 @@ class EpisodeRunner:
                     entry=entry,
                     harness=get_harness(harness_name),
                     root=ctx,
-                    options=entry.program_options,
+                    options=self.program_options[entry.name],
                 )
                 try:
                     result = await get_program(entry.program)(episode)
