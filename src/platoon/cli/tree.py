@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from platoon.bus.events import (
     AgentFinished,
@@ -27,14 +28,14 @@ def _clip(text: str, limit: int = 100) -> str:
 
 
 def render_tree(events: Sequence[Event]) -> str:
-    """Each agent with its model calls, tool calls and results, children nested, then the grade."""
+    """Each agent with its model calls, tool calls and results, and its children where they
+    were spawned (after the `spawn_subagent` call that made them), then the grade."""
     agents: dict[str, AgentSpawned] = {}
-    children: defaultdict[str | None, list[str]] = defaultdict(list)
-    lines_of: defaultdict[str, list[str]] = defaultdict(list)
+    items: defaultdict[str, list[str | _Child]] = defaultdict(list)
+    calls: Counter[str] = Counter()
     ends: dict[str, AgentFinished] = {}
     header: list[str] = []
     footer: list[str] = []
-    names: dict[str, str] = {}
     for event in events:
         match event:
             case EpisodeStarted():
@@ -42,18 +43,18 @@ def render_tree(events: Sequence[Event]) -> str:
                 header.append(f"episode {event.episode_id[:8]}  task {t.env} {t.split}:{t.task_id}")
             case AgentSpawned():
                 agents[event.agent_id] = event
-                children[event.parent_id].append(event.agent_id)
+                items[event.parent_id or ""].append(_Child(event.agent_id))
             case ModelCallFinished():
-                n = sum(1 for line in lines_of[event.agent_id] if line.startswith("model")) + 1
+                calls[event.agent_id] += 1
                 text = f"  {_clip(event.completion_text)!r}" if event.completion_text else ""
-                lines_of[event.agent_id].append(
-                    f"model call {n}: {len(event.prompt_tokens)} prompt + {len(event.completion_tokens)} "
-                    f"completion tokens ({event.kind}, {event.stop_reason}, policy v{event.policy_version}){text}"
+                items[event.agent_id].append(
+                    f"model call {calls[event.agent_id]}: {len(event.prompt_tokens)} prompt + "
+                    f"{len(event.completion_tokens)} completion tokens ({event.kind}, {event.stop_reason}, "
+                    f"policy v{event.policy_version}){text}"
                 )
             case ToolCalled():
-                names[event.request_id] = event.name
                 args = _clip(json.dumps(event.arguments, ensure_ascii=False), 80)
-                lines_of[event.agent_id].append(f"tool {event.name}({args})")
+                items[event.agent_id].append(f"tool {event.name}({args})")
             case ToolReturned():
                 out = f"error: {event.error}" if event.error else _clip(event.output)
                 extra = "".join(
@@ -62,7 +63,7 @@ def render_tree(events: Sequence[Event]) -> str:
                         " finished" if event.finished else "",
                     ]
                 )
-                lines_of[event.agent_id].append(f"  -> {out}{extra}")
+                items[event.agent_id].append(f"  -> {out}{extra}")
             case AgentFinished():
                 ends[event.agent_id] = event
             case EpisodeFinished():
@@ -86,20 +87,27 @@ def render_tree(events: Sequence[Event]) -> str:
         inner = prefix + ("   " if last else "│  ")
         if spawned.depth > 0:
             out.append(f"{inner}instruction: {_clip(spawned.instruction)}")
-        for line in lines_of[agent_id]:
-            out.append(f"{inner}{line}")
-        kids = children.get(agent_id, [])
-        for i, child in enumerate(kids):
-            walk(child, inner, i == len(kids) - 1)
+        block: list[str | _Child] = list(items[agent_id])
         end = ends.get(agent_id)
         if end is not None:
             why = f" ({end.reason})" if end.reason else ""
             final = f": {_clip(end.final_message)}" if end.final_message else ""
             own = f"  [own reward {end.reward:g}]" if end.reward is not None else ""
-            out.append(f"{inner}{end.status}{why}{final}{own}")
+            block.append(f"{end.status}{why}{final}{own}")
+        for i, item in enumerate(block):
+            if isinstance(item, _Child):
+                walk(item.agent_id, inner, i == len(block) - 1)
+            else:
+                out.append(f"{inner}{item}")
 
-    roots = children.get(None, [])
+    roots = [item for item in items[""] if isinstance(item, _Child)]
     for i, root in enumerate(roots):
-        walk(root, "", i == len(roots) - 1)
+        walk(root.agent_id, "", i == len(roots) - 1)
     out += footer
     return "\n".join(out) + "\n"
+
+
+class _Child(NamedTuple):
+    """Where a subagent was spawned among its parent's lines."""
+
+    agent_id: str

@@ -138,11 +138,12 @@ class _Slot:
     on how the event loop schedules the tasks that carry the requests out.
     """
 
-    __slots__ = ("closed", "session", "tail", "task", "tool_names")
+    __slots__ = ("closed", "session", "subtask", "tail", "task", "tool_names")
 
-    def __init__(self, session: EnvSession, task: TaskInfo) -> None:
+    def __init__(self, session: EnvSession, task: TaskInfo, *, subtask: bool = False) -> None:
         self.session = session
         self.task = task
+        self.subtask = subtask  # a subagent's own subtask: its instruction is the env's prompt
         self.tool_names = {tool.name for tool in session.tools}
         self.tail: anyio.Event | None = None
         self.closed = False
@@ -349,7 +350,7 @@ class EnvService:
                 with anyio.fail_after(self.open_timeout):
                     session = await parent.session.subtask(req.instruction, req.fork)
                 self._live.add(session)
-                slot = _Slot(session, parent.task)
+                slot = _Slot(session, parent.task, subtask=True)
             elif req.fork == "shared":
                 slot = parent
             else:
@@ -383,7 +384,8 @@ class EnvService:
             return
         self._slots[key] = slot
         self._by_episode.setdefault(req.episode_id, set()).add(req.agent_id)
-        instruction = req.instruction if req.instruction is not None else slot.session.instruction
+        use_own = slot.subtask or req.instruction is None
+        instruction = slot.session.instruction if use_own else req.instruction
         await self._reply(
             SessionOpened(reply_to=req.request_id, instruction=instruction, tools=list(slot.session.tools))
         )

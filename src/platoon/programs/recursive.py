@@ -2,16 +2,22 @@
 Optimization. Every agent is a model-call tree of its own, and all of them train from one
 episode's outcome (and, as configured, their own grades).
 
-An agent spawns through `ctx.spawn(instruction, tools=..., harness=...)` or, from a
-tool-calling harness, the built-in `spawn_subagent` tool. The entry's `agents:` settings bound
-the tree: `max_depth`, `max_children` spawns per episode, `max_concurrent_children`,
-`child_max_steps` model calls per child, `child_timeout`, and `budget` (`shared`: the whole tree
-draws on the episode's budget; `per_depth`: each depth has a budget of its own). A child's env
-session forks its parent's as `fork` says (`shared` live state, a `copy`, or `fresh`); an
-environment that defines subtasks gives the child a session on its own subtask.
+An agent spawns through `ctx.spawn(instruction, tools=..., harness=..., max_steps=...)` or,
+from a tool-calling harness, the built-in `spawn_subagent` tool. The entry's `agents:` settings
+bound the tree: `max_depth`, `max_children` spawns per episode, `max_concurrent_children`
+(children of one agent running at once), `child_max_steps` model calls per child, `child_timeout`, and `budget` (`shared`: the whole
+tree draws on the episode's `max_steps`, each child at most `child_max_steps` of it;
+`per_depth`: each depth below the root has a pool of `child_max_steps` calls of its own). A
+child's env session forks its parent's as `fork` says (`shared` live state, a `copy`, or
+`fresh`); an environment that defines subtasks gives the child a session on its own subtask.
 
 A spawn never raises into its parent: a refused or failed one returns an `AgentResult` with
-status `error` and a reason the parent (and its model) can read.
+status `error` and a reason the parent (and its model) can read. Calls of `spawn_subagent` are
+published as `ToolCalled`/`ToolReturned` with `env=""` (answered by platoon, not an env), so
+the rollout tree and the event log show them.
+
+`program_options: {compaction: {compact_at_tokens: N}}` gives every agent of the tree a
+compacting context (see `platoon.harness.compaction`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
 
 from platoon.bus import NoResponder, RequestTimeout
@@ -33,15 +40,30 @@ from platoon.bus.events import (
     GradeRequested,
     SessionOpened,
     SessionOpenRequested,
+    ToolCalled,
+    ToolReturned,
     ToolSpec,
     new_id,
 )
-from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, ToolResult, get_harness
+from platoon.harness import (
+    AgentContext,
+    AgentResult,
+    Budget,
+    BudgetExhausted,
+    Harness,
+    HarnessError,
+    ToolResult,
+    get_harness,
+    validate_options,
+)
+from platoon.harness.compaction import CompactingContext, CompactionOptions
 from platoon.programs.registry import Episode, program
 
-__all__ = ["SPAWN_TOOL", "AgentTree", "recursive"]
+__all__ = ["LOCAL_ENV", "SPAWN_TOOL", "AgentTree", "RecursiveOptions", "recursive"]
 
 log = structlog.get_logger("platoon.programs")
+
+LOCAL_ENV = ""  # the `env` of tool calls that platoon answers itself; no entry has this name
 
 SPAWN_TOOL = ToolSpec(
     name="spawn_subagent",
@@ -57,6 +79,12 @@ SPAWN_TOOL = ToolSpec(
 )
 
 
+class RecursiveOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """The recursive program's `program_options`."""
+
+    compaction: CompactionOptions | None = None
+
+
 class _Defaults:
     max_depth = 1
     budget = "shared"
@@ -68,36 +96,75 @@ class _Defaults:
     child_reward = "root"
 
 
+class _ChildBudget(Budget):
+    """A subagent's budget: what the gateway reports left (of the shared pool or its depth's),
+    but never more than the calls of its own cap that it has not used."""
+
+    def remaining(self) -> int:
+        left = super().remaining()
+        return left if self.max_steps is None else min(left, max(self.max_steps - self.used, 0))
+
+
 class AgentTree:
     """One episode's tree of agents: its limits, its counters, and how a child is born."""
 
-    def __init__(self, episode: Episode) -> None:
+    def __init__(self, episode: Episode, compaction: CompactionOptions | None = None) -> None:
         self.episode = episode
         agents = episode.entry.agents if episode.entry.agents is not None else _Defaults()
         self.settings = agents
         self.max_depth = agents.max_depth if agents.max_depth > 0 else _Defaults.max_depth
-        self.limiter = anyio.CapacityLimiter(agents.max_concurrent_children)
+        self.compaction = compaction
+        self.running: dict[str, anyio.Semaphore] = {}  # per parent: its children running now
         self.spawned = 0
+        self.depth_left: dict[int, int] = {}  # per_depth: what the gateway last reported per depth
 
-    def equip(self, ctx: AgentContext) -> None:
-        """Let `ctx`'s agent spawn children, if the depth limit allows it any."""
-        if ctx.depth >= self.max_depth:
-            return
+    def equip(self, ctx: AgentContext) -> AgentContext:
+        """Let `ctx`'s agent spawn children; offer it the `spawn_subagent` tool if the depth
+        limit allows it any. Returns the context the agent should run with."""
+        if self.compaction is not None and not isinstance(ctx, CompactingContext):
+            ctx = CompactingContext(ctx, self.compaction)
         ctx._spawner = self.spawn
+        if ctx.depth >= self.max_depth:
+            return ctx
+        agent = ctx
 
         async def spawn_tool(arguments: dict[str, Any]) -> ToolResult:
-            instruction = arguments.get("instruction")
-            if not isinstance(instruction, str) or not instruction.strip():
-                return ToolResult(
-                    name=SPAWN_TOOL.name, error="spawn_subagent needs an instruction (a string)"
+            call = ToolCalled(
+                episode_id=agent.episode_id,
+                agent_id=agent.agent_id,
+                env=LOCAL_ENV,
+                name=SPAWN_TOOL.name,
+                arguments=arguments,
+            )
+            await agent.bus.publish(call)
+            started = time.perf_counter()
+            result = await self._spawn_tool(agent, arguments)
+            await agent.bus.publish(
+                ToolReturned(
+                    reply_to=call.request_id,
+                    episode_id=agent.episode_id,
+                    agent_id=agent.agent_id,
+                    name=SPAWN_TOOL.name,
+                    output=result.output,
+                    error=result.error,
+                    duration_s=time.perf_counter() - started,
                 )
-            result = await self.spawn(ctx, instruction)
-            if result.status == "error" and result.reason:
-                return ToolResult(name=SPAWN_TOOL.name, error=f"the subagent failed: {result.reason}")
-            text = result.final_message or "(no final message)"
-            return ToolResult(name=SPAWN_TOOL.name, output=f"Subagent finished ({result.status}): {text}")
+            )
+            return result
 
         ctx.add_tool(SPAWN_TOOL, spawn_tool)
+        return ctx
+
+    async def _spawn_tool(self, parent: AgentContext, arguments: dict[str, Any]) -> ToolResult:
+        instruction = arguments.get("instruction")
+        if not isinstance(instruction, str) or not instruction.strip():
+            return ToolResult(name=SPAWN_TOOL.name, error="spawn_subagent needs an instruction (a string)")
+        result = await self.spawn(parent, instruction)
+        if result.status != "completed":
+            why = result.reason or "no reason given"
+            return ToolResult(name=SPAWN_TOOL.name, error=f"the subagent ended ({result.status}): {why}")
+        text = result.final_message or "(no final message)"
+        return ToolResult(name=SPAWN_TOOL.name, output=f"Subagent finished: {text}")
 
     async def spawn(
         self,
@@ -113,21 +180,41 @@ class AgentTree:
         if refusal is not None:
             return AgentResult("error", reason=f"spawn refused: {refusal}")
         self.spawned += 1
-        async with self.limiter:
+        # Per parent, not per episode: a child waiting for its own children holds its slot, so
+        # one episode-wide limit would deadlock a deep tree.
+        slots = self.running.setdefault(
+            parent.agent_id, anyio.Semaphore(self.settings.max_concurrent_children)
+        )
+        async with slots:
             try:
-                child = await self._open(parent, instruction, tools, harness, max_steps)
+                ctx, chosen = await self._open(parent, instruction, tools, harness, max_steps)
             except _SpawnError as exc:
                 return AgentResult("error", reason=f"spawn failed: {exc}")
-            return await self._run(*child)
+            result = await self._run(ctx, chosen)
+        self._update_budgets(parent, ctx)
+        return result
 
     def _refusal(self, parent: AgentContext) -> str | None:
         if parent.depth >= self.max_depth:
-            return f"the depth limit ({self.max_depth}) is reached"
+            return f"the depth limit ({self.max_depth}) is reached: an agent at depth {parent.depth} cannot spawn"
         if self.spawned >= self.settings.max_children:
             return f"the episode has spawned its {self.settings.max_children} subagents"
-        if parent.budget.remaining() <= 0:
+        if self.settings.budget == "per_depth":
+            if self.depth_left.get(parent.depth + 1, 1) <= 0:
+                return f"the budget of model calls at depth {parent.depth + 1} is used up"
+        elif parent.budget.remaining() <= 0:
             return "the budget of model calls is used up"
         return None
+
+    def _update_budgets(self, parent: AgentContext, child: AgentContext) -> None:
+        """What the child last heard from the gateway about its pool is news to the tree."""
+        reported = child.budget._reported
+        if reported is None:
+            return
+        if self.settings.budget == "per_depth":
+            self.depth_left[child.depth] = reported
+        else:  # one pool: the parent's view of it is out of date by the child's calls
+            parent.budget._reported = reported
 
     async def _open(
         self,
@@ -136,8 +223,9 @@ class AgentTree:
         tools: list[str] | None,
         harness: str | None,
         max_steps: int | None,
-    ) -> tuple[AgentContext, str]:
+    ) -> tuple[AgentContext, Harness]:
         bus, request = self.episode.bus, self.episode.request
+        chosen, options = self._harness(parent, harness)
         agent_id = new_id()
         depth = parent.depth + 1
         try:
@@ -157,29 +245,36 @@ class AgentTree:
         assert isinstance(opened, SessionOpened)
         if opened.error is not None:
             raise _SpawnError(opened.error)
+        offered = list(opened.tools)
+        if tools is not None:
+            unknown = sorted(set(tools) - {t.name for t in offered} - {SPAWN_TOOL.name})
+            if unknown:
+                raise _SpawnError(f"unknown tools {', '.join(unknown)}")
         steps = max_steps or self.settings.child_max_steps
         per_depth = self.settings.budget == "per_depth"
-        key = await bus.request(
-            AgentOpenRequested(
-                episode_id=request.episode_id,
-                agent_id=agent_id,
-                parent_id=parent.agent_id,
-                depth=depth,
-                budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
-                max_model_calls=steps if per_depth else None,
-                params=parent.params,
-            ),
-            timeout=parent.request_timeout,
-        )
+        try:
+            key = await bus.request(
+                AgentOpenRequested(
+                    episode_id=request.episode_id,
+                    agent_id=agent_id,
+                    parent_id=parent.agent_id,
+                    depth=depth,
+                    budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
+                    max_model_calls=steps if per_depth else None,
+                    params=parent.params,
+                ),
+                timeout=parent.request_timeout,
+            )
+        except (NoResponder, RequestTimeout) as exc:
+            raise _SpawnError(f"the model gateway did not answer: {exc}") from None
         assert isinstance(key, AgentOpened)
-        name = harness or self.episode.harness.name
         await bus.publish(
             AgentSpawned(
                 episode_id=request.episode_id,
                 agent_id=agent_id,
                 parent_id=parent.agent_id,
                 depth=depth,
-                harness=name,
+                harness=chosen.name,
                 instruction=instruction,
             )
         )
@@ -192,10 +287,10 @@ class AgentTree:
             task=request.task,
             episode_id=request.episode_id,
             agent_id=agent_id,
-            instruction=instruction,
-            tools=list(opened.tools),
-            budget=Budget(steps, deadline=deadline),
-            options=parent.options if harness is None else None,
+            instruction=opened.instruction or instruction,
+            tools=offered,
+            budget=_ChildBudget(steps, deadline=deadline),
+            options=options,
             depth=depth,
             parent_id=parent.agent_id,
             gateway_url=key.base_url,
@@ -203,19 +298,26 @@ class AgentTree:
             params=parent.params,
             request_timeout=parent.request_timeout,
         )
-        self.equip(ctx)
-        if tools is not None:
-            try:
-                ctx.restrict_tools(tools)
-            except ValueError as exc:
-                raise _SpawnError(str(exc)) from None
-        return ctx, name
+        ctx = self.equip(ctx)
+        if tools is not None:  # they name env tools: spawning stays as the depth limit allows
+            ctx.restrict_tools([t.name for t in ctx._tools if t.name in tools or t.name == SPAWN_TOOL.name])
+        return ctx, chosen
 
-    async def _run(self, ctx: AgentContext, name: str) -> AgentResult:
+    def _harness(self, parent: AgentContext, name: str | None) -> tuple[Harness, Any]:
+        """The child's harness and options: the parent's, or `name` with its default options."""
+        if name is None:
+            return self.episode.harness, parent.options
+        try:
+            chosen = get_harness(name)
+            return chosen, validate_options(chosen, {}, f"the options of harness {name!r}")
+        except (HarnessError, ValueError, OSError) as exc:
+            raise _SpawnError(str(exc)) from None
+
+    async def _run(self, ctx: AgentContext, harness: Harness) -> AgentResult:
         timeout = self.settings.child_timeout
         try:
             with anyio.fail_after(timeout) if timeout else contextlib.nullcontext():
-                result = await get_harness(name).run(ctx)
+                result = await harness.run(ctx)
         except TimeoutError:
             result = AgentResult("timeout", reason=f"the subagent passed its {timeout} s timeout")
         except BudgetExhausted as exc:
@@ -261,8 +363,8 @@ class _SpawnError(Exception):
     pass
 
 
-@program("recursive")
+@program("recursive", options=RecursiveOptions)
 async def recursive(episode: Episode) -> AgentResult:
-    tree = AgentTree(episode)
-    tree.equip(episode.root)
-    return await episode.harness.run(episode.root)
+    options = episode.options if isinstance(episode.options, RecursiveOptions) else RecursiveOptions()
+    tree = AgentTree(episode, options.compaction)
+    return await episode.harness.run(tree.equip(episode.root))

@@ -12,12 +12,22 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
+
 from platoon import plugins
 from platoon.bus import Bus
 from platoon.bus.events import EpisodeRequested
 from platoon.harness import AgentContext, AgentResult, Harness
 
-__all__ = ["Episode", "Program", "ProgramError", "get_program", "program", "program_names"]
+__all__ = [
+    "Episode",
+    "Program",
+    "ProgramError",
+    "get_program",
+    "program",
+    "program_names",
+    "validate_program_options",
+]
 
 Program = Callable[["Episode"], Awaitable[AgentResult]]
 P = TypeVar("P", bound=Program)
@@ -25,32 +35,39 @@ P = TypeVar("P", bound=Program)
 BUILTINS = {
     "single": "platoon.programs.single:single",
     "recursive": "platoon.programs.recursive:recursive",
+    "compacting": "platoon.programs.compaction:compacting",
 }
 
 
 class ProgramError(LookupError):
-    """An unknown episode program."""
+    """An unknown episode program, or `program_options` it does not take."""
 
 
 @dataclass
 class Episode:
-    """One episode as a program sees it: the request, its entry, the harness and the root agent."""
+    """One episode as a program sees it: the request, its entry, the harness and the root agent.
+
+    `options` are the entry's `program_options`, converted to the program's options type when
+    it declares one.
+    """
 
     bus: Bus
     request: EpisodeRequested
     entry: Any
     harness: Harness
     root: AgentContext
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Any = field(default_factory=dict)
 
 
 _programs: dict[str, Program] = {}
 
 
-def program(name: str) -> Callable[[P], P]:
-    """Register an episode program under `name`."""
+def program(name: str, *, options: type | None = None) -> Callable[[P], P]:
+    """Register an episode program under `name`. `options` is a msgspec Struct whose fields
+    are the `program_options` it takes, checked before anything runs."""
 
     def decorate(func: P) -> P:
+        func.options_type = options  # type: ignore[attr-defined]
         _programs[name] = func
         return func
 
@@ -73,3 +90,16 @@ def get_program(name: str) -> Program:
 
 def program_names() -> list[str]:
     return sorted({*_programs, *BUILTINS, *plugins.available("programs")})
+
+
+def validate_program_options(name: str, options: dict[str, Any], path: str = "program_options") -> Any:
+    """`options` converted to program `name`'s options type (as given when it declares none)."""
+    kind = getattr(get_program(name), "options_type", None)
+    if kind is None:
+        return dict(options)
+    try:
+        return msgspec.convert(dict(options), kind, strict=False)
+    except msgspec.ValidationError as exc:
+        # msgspec says "Expected `int`, got `str` - at `$.compact_at_tokens`": name the config path.
+        text, _, where = str(exc).partition(" - at `$")
+        raise ProgramError(f"{path}{where.rstrip('`')}: {text.replace('`', '')} (program {name!r})") from None

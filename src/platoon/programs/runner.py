@@ -94,7 +94,9 @@ class EpisodeRunner:
         """Resolve every harness an entry may pick and validate its options before anything runs."""
         names = [entry.harness] if isinstance(entry.harness, str) else list(entry.harness)
         # A mixture may give each harness its own options: `harness_options: {name: {...}}`.
-        per_harness = len(names) > 1 and bool(entry.harness_options) and set(entry.harness_options) <= set(names)
+        per_harness = (
+            len(names) > 1 and bool(entry.harness_options) and set(entry.harness_options) <= set(names)
+        )
         for name in names:
             harness = get_harness(name)
             options = entry.harness_options.get(name, {}) if per_harness else entry.harness_options

@@ -19,10 +19,12 @@ import msgspec
 
 from platoon.bus import Bus
 from platoon.bus.events import (
+    AgentFinished,
     AgentSpawned,
     EpisodeGraded,
     EpisodeRequested,
     EvalFinished,
+    Event,
     ModelCallFinished,
     TaskRef,
     TasksListed,
@@ -67,6 +69,10 @@ class EvalReport(msgspec.Struct, kw_only=True):
         for env, stats in self.by_env.items():
             for key, value in stats.items():
                 out[f"{prefix}/{env}/{key}"] = value
+        if len(self.by_depth) > 1:  # a single-agent run has nothing to break down
+            for depth, stats in self.by_depth.items():
+                for key, value in stats.items():
+                    out[f"{prefix}/depth{depth}/{key}"] = value
         return out
 
 
@@ -103,41 +109,37 @@ async def evaluate(
     graded: dict[str, EpisodeGraded] = {}
     mine: dict[str, TaskRef] = {}
     tokens: Counter[str] = Counter()
-    depth_of: dict[str, int] = {}
+    agents = _AgentStats()
     all_done = anyio.Event()
     started = time.monotonic()
 
-    async with bus.stream(EpisodeGraded, name="eval") as results, bus.stream(ModelCallFinished) as calls:
-        agents = bus.stream(AgentSpawned).open()
+    # One subscription for everything, so an episode's calls and agents are counted before
+    # its grade arrives (events reach one subscriber in publish order).
+    async with bus.stream(Event, name="eval") as events:
 
-        async def collect_calls() -> None:
-            async for call in calls:
-                if call.episode_id in mine:
-                    tokens["prompt"] += len(call.prompt_tokens)
-                    tokens["completion"] += len(call.completion_tokens)
-                    tokens["calls"] += 1
-
-        async def collect_agents() -> None:
-            async for agent in agents:
-                if agent.episode_id in mine:
-                    depth_of[agent.agent_id] = agent.depth
-                    tokens[f"agents_depth_{agent.depth}"] += 1
-
-        async def collect_results() -> None:
-            async for event in results:
-                if event.episode_id in mine and event.episode_id not in graded:
-                    graded[event.episode_id] = event
-                    limiter.release()
-                    if progress:
-                        progress(len(graded), total)
-                    if len(graded) == total:
-                        all_done.set()
-                        return
+        async def collect() -> None:
+            async for event in events:
+                match event:
+                    case ModelCallFinished() if event.episode_id in mine:
+                        tokens["prompt"] += len(event.prompt_tokens)
+                        tokens["completion"] += len(event.completion_tokens)
+                        tokens["calls"] += 1
+                        agents.calls[event.agent_id] += 1
+                    case AgentSpawned() if event.episode_id in mine:
+                        agents.depth[event.agent_id] = (event.episode_id, event.depth)
+                    case AgentFinished(reward=float()) if event.episode_id in mine:
+                        agents.reward[event.agent_id] = event.reward
+                    case EpisodeGraded() if event.episode_id in mine and event.episode_id not in graded:
+                        graded[event.episode_id] = event
+                        limiter.release()
+                        if progress:
+                            progress(len(graded), total)
+                        if len(graded) == total:
+                            all_done.set()
+                            return
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(collect_calls)
-            tg.start_soon(collect_agents)
-            tg.start_soon(collect_results)
+            tg.start_soon(collect)
             for task in tasks:
                 group_id = new_id()
                 for _ in range(group_size):
@@ -157,11 +159,11 @@ async def evaluate(
             if total:
                 await all_done.wait()
             tg.cancel_scope.cancel()
-        agents.close()
 
     report = _report(
         tasks, graded, mine, group_size, step, success_threshold, tokens, time.monotonic() - started
     )
+    report.by_depth = agents.by_depth(graded)
     if publish:
         await bus.publish(EvalFinished(step=step, metrics=report.metrics()))
     return report
@@ -213,11 +215,6 @@ def _report(
         if env_rewards:
             by_env[env]["reward_mean"] = sum(env_rewards) / len(env_rewards)
             by_env[env]["episodes"] = float(len(env_rewards))
-    by_depth = {
-        key.removeprefix("agents_depth_"): {"agents": float(value)}
-        for key, value in tokens.items()
-        if key.startswith("agents_depth_")
-    }
     return EvalReport(
         step=step,
         episodes=len(graded),
@@ -226,13 +223,49 @@ def _report(
         reward_std=std,
         pass_at_k=pass_k,
         success_threshold=threshold,
-        tokens={k: v for k, v in tokens.items() if not k.startswith("agents_depth_")},
+        tokens=dict(tokens),
         seconds=seconds,
         failures=dict(failures),
         by_env=dict(by_env),
-        by_depth=by_depth,
+        by_depth={},
         tasks=list(per_task.values()),
     )
+
+
+class _AgentStats:
+    """The agents of the evaluated episodes, for the report's breakdown by depth."""
+
+    def __init__(self) -> None:
+        self.depth: dict[str, tuple[str, int]] = {}  # agent id -> (episode id, depth)
+        self.calls: Counter[str] = Counter()
+        self.reward: dict[str, float] = {}  # subagents' own grades
+
+    def by_depth(self, graded: dict[str, EpisodeGraded]) -> dict[str, dict[str, float]]:
+        """Per depth: `agents`, `model_calls` and `calls_per_agent`, and `own_reward_mean` over
+        the agents with a reward (a root's is its episode's, a subagent's its own grade) with
+        `own_rewards` saying how many that is."""
+        agents: Counter[int] = Counter()
+        calls: Counter[int] = Counter()
+        rewards: defaultdict[int, list[float]] = defaultdict(list)
+        for agent_id, (episode_id, depth) in self.depth.items():
+            agents[depth] += 1
+            calls[depth] += self.calls[agent_id]
+            episode = graded.get(episode_id)
+            reward = episode.reward if depth == 0 and episode is not None else self.reward.get(agent_id)
+            if reward is not None:
+                rewards[depth].append(reward)
+        report: dict[str, dict[str, float]] = {}
+        for depth in sorted(agents):
+            row = {
+                "agents": float(agents[depth]),
+                "model_calls": float(calls[depth]),
+                "calls_per_agent": calls[depth] / agents[depth],
+            }
+            if rewards[depth]:
+                row["own_reward_mean"] = sum(rewards[depth]) / len(rewards[depth])
+                row["own_rewards"] = float(len(rewards[depth]))
+            report[str(depth)] = row
+        return report
 
 
 def _reason_kind(reason: str) -> str:
