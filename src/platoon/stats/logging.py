@@ -11,6 +11,27 @@ import structlog
 __all__ = ["configure_logging"]
 
 
+def _stderr_logger(*args: object) -> structlog.PrintLogger:
+    # Look sys.stderr up when a logger is made, not once: tests and embedding applications
+    # replace (and close) it, and a logger holding the old one would write to a closed file.
+    return structlog.PrintLogger(file=sys.stderr)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that always writes to the current `sys.stderr`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "info") -> None:
     """Route structlog and the standard library's logging to stderr in one format."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -29,10 +50,10 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
