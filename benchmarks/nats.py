@@ -8,10 +8,12 @@ payload it measures publish on bus A until the last event is handled on bus B:
   work         core NATS queue group, one consumer
   durable      JetStream: acknowledged publish, durable pull consumer, ack after delivery
 
-Episodes/s with 1, 2 and 4 worker processes needs the worker command (issue 9, item 2) and
-is not measured here yet.
+Then episodes/s with 1, 2 and 4 `platoon worker` processes: an in-process stand-in for the
+trainer (its bridge, lease keeper and policy announcer, no training) requests number-search
+episodes (range 0..1023: 10 model calls each, binary search as a scripted policy) and times
+until every episode is sealed. This machine has 2 cores, so 4 workers measure contention.
 
-Run: python benchmarks/nats.py [--events N]
+Run: python benchmarks/nats.py [--events N] [--episodes N] [--workers 1,2,4]
 """
 
 from __future__ import annotations
@@ -25,13 +27,25 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import anyio  # noqa: E402
 import structlog  # noqa: E402
 
 from platoon.bus import Bus  # noqa: E402
-from platoon.bus.events import Event, ModelCallFinished, TrainStepFinished  # noqa: E402
+from platoon.bus.events import (  # noqa: E402
+    EpisodeRequested,
+    Event,
+    ModelCallFinished,
+    PolicyUpdated,
+    RunFinished,
+    TaskRef,
+    TrainStepFinished,
+    new_id,
+)
 from platoon.bus.nats import NatsBridge  # noqa: E402
 from platoon.bus.nats_server import NatsServer  # noqa: E402
 
@@ -103,8 +117,103 @@ async def bridged(url: str, events: list[Event], kind: str, run: str) -> float:
     return rate
 
 
-async def main(n: int) -> None:
+EXAMPLE = _here.parent / "examples" / "number-search"
+
+
+async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> float:
+    """Episodes/s through `workers` worker processes (start-up not counted)."""
+    from platoon.bus import attach
+    from platoon.config import validate_config
+    from platoon.train.distributed import EpisodeSealed, WorkerRegistry, trainer_components
+
+    run = f"bench-{workers}w"
+    raw = {
+        "environments": [
+            {
+                "name": "numbers",
+                "env": "platoon-number-search@1",
+                "harness": "number-searcher",
+                "package": "searcher",
+            }
+        ],
+        "train": {"model_name": "platoon-toy-qwen3", "renderer_name": "qwen3_instruct"},
+        "nats": {"url": url, "run": run, "announce_every": 0.5},
+    }
+    path = tmp / f"{run}.yaml"
+    path.write_text(__import__("json").dumps(raw))
+    components = trainer_components(validate_config(raw), PolicyUpdated(version=0, sampler_path=""))
+    registry = next(c for c in components if isinstance(c, WorkerRegistry))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable,
+        "-m",
+        "platoon.cli.worker",
+        str(path),
+        "--policy",
+        "scripted:bisect_policy:bisect",
+    ]
+    procs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
+        for _ in range(workers)
+    ]
+    sealed = 0
+    done = anyio.Event()
+
+    def count(_: EpisodeSealed) -> None:
+        nonlocal sealed
+        sealed += 1
+        if sealed == episodes:
+            done.set()
+
+    try:
+        async with Bus() as bus, anyio.create_task_group() as tg:
+            bus.subscribe(EpisodeSealed, count)
+            attach(components, bus)
+            for component in components:
+                await tg.start(_started, component, bus)
+            while len(registry.live()) < workers:  # noqa: ASYNC110 - heartbeats have no event per count
+                await anyio.sleep(0.05)
+            start = time.perf_counter()
+            for i in range(episodes):
+                task = TaskRef(env="numbers", split="train", task_id=f"train-{i}")
+                await bus.publish(EpisodeRequested(episode_id=new_id(), group_id=new_id(), task=task))
+            await done.wait()
+            rate = episodes / (time.perf_counter() - start)
+            await bus.publish(RunFinished(status="completed"))
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return rate
+
+
+async def _started(component, bus, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+    import inspect
+
+    if "task_status" in inspect.signature(component.run).parameters:
+        await component.run(bus, task_status=task_status)
+    else:
+        task_status.started()
+        await component.run(bus)
+
+
+async def main(n: int, episodes: int, workers: list[int]) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    with NatsServer(jetstream=True) as server, tempfile.TemporaryDirectory() as tmp:
+        print(f"number-search episodes (10 model calls each), {episodes} per run, {os.cpu_count()} cores")
+        base = None
+        for count in workers:
+            rate = await episodes_per_s(server.url, count, episodes, Path(tmp))
+            base = base or rate / count
+            print(
+                f"  {count} worker(s)    : {rate:>8.1f} episodes/s  (scaling efficiency {rate / (base * count):.2f})"
+            )
+    if n <= 0:
+        return
     with NatsServer(jetstream=True) as server:
         for label, make in (
             ("TrainStepFinished (~60 B)", small),
@@ -122,5 +231,8 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--workers", default="1,2,4")
     args = parser.parse_args()
-    anyio.run(main, args.events, backend="asyncio")
+    counts = [int(x) for x in args.workers.split(",") if x]
+    anyio.run(main, args.events, args.episodes, counts, backend="asyncio")

@@ -29,9 +29,11 @@ __all__ = [
     "CheckpointSaved",
     "ComponentFailed",
     "Datum",
+    "EpisodeAbandoned",
     "EpisodeFinished",
     "EpisodeGraded",
     "EpisodeRequested",
+    "EpisodeSealed",
     "EpisodeStarted",
     "EpisodeStatus",
     "EvalFinished",
@@ -41,6 +43,7 @@ __all__ = [
     "Graded",
     "GroupCompleted",
     "ModelCallFinished",
+    "PolicyAnnounced",
     "PolicyUpdated",
     "Reply",
     "Request",
@@ -54,6 +57,7 @@ __all__ = [
     "ToolReturned",
     "ToolSpec",
     "TrainStepFinished",
+    "WorkerStatus",
     "event_types",
     "new_id",
     "register_event",
@@ -473,3 +477,66 @@ class BridgeDisconnected(Event, frozen=True, kw_only=True):
 class BridgeReconnected(Event, frozen=True, kw_only=True):
     url: str
     buffered: int = 0
+
+
+# --- rollout workers over NATS (platoon.train.distributed) ------------------------------------
+
+
+@register_event
+class PolicyAnnounced(Event, frozen=True, kw_only=True):
+    """The trainer's current policy, re-sent periodically so that late workers learn it.
+
+    `trainer` changes when a new trainer process starts, so a worker accepts its version
+    numbers even if they are lower than the last trainer's. An empty `sampler_path` means
+    the base model."""
+
+    trainer: str
+    version: int
+    sampler_path: str = ""
+    base_model: str = ""
+    base_url: str | None = None
+
+    def policy(self) -> PolicyUpdated:
+        return PolicyUpdated(
+            version=self.version,
+            sampler_path=self.sampler_path,
+            base_model=self.base_model,
+            base_url=self.base_url,
+        )
+
+
+@register_event
+class EpisodeSealed(Event, frozen=True, kw_only=True):
+    """A worker sent every result of an episode: these counts, then its grade."""
+
+    episode_id: str
+    group_id: str
+    worker: str = ""
+    calls: int = 0
+    agents: int = 0
+    agents_finished: int = 0
+
+
+@register_event
+class EpisodeAbandoned(Event, frozen=True, kw_only=True):
+    """The trainer stopped waiting for an episode; `replaced_by` is its new id, or None if
+    the lease keeper gave up after `attempt + 1` tries (the episode then counts as failed)."""
+
+    episode_id: str
+    group_id: str
+    task: TaskRef
+    purpose: Literal["train", "eval", "rollout"] = "train"
+    step: int = 0
+    attempt: int = 0
+    replaced_by: str | None = None
+    reason: str = ""
+
+
+@register_event
+class WorkerStatus(Event, frozen=True, kw_only=True):
+    """A worker's heartbeat, sent once it takes work and every `nats.announce_every` s."""
+
+    worker: str
+    in_flight: int = 0
+    episodes: int = 0  # sealed since it started
+    policy_version: int | None = None

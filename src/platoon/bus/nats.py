@@ -87,7 +87,7 @@ log = structlog.get_logger("platoon.bus.nats")
 
 ORIGIN_HEADER = "Platoon-Origin"
 MSG_ID_HEADER = "Nats-Msg-Id"
-ID_FIELDS = ("call_id", "episode_id", "request_id")
+ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _SCHEMES = ("nats", "tls", "ws", "wss")
 

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run rollouts for a trainer on another machine, over NATS")
     _config_args(p)
     p.add_argument("--nats", metavar="URL", help="the NATS server (default: the config's nats.url)")
+    p.add_argument("--policy", help="scripted:MODULE:ATTR to play a scripted policy (tests, demos)")
+    p.add_argument("--name", help="the worker's name in the trainer's metrics (default: host:pid)")
+    p.add_argument("--drain", type=float, metavar="SECONDS", help="how long a stop waits for episodes")
     p.set_defaults(handler="platoon.cli.worker:worker")
 
     p = sub.add_parser("harness", help="list or show the installed harnesses")

@@ -247,10 +247,16 @@ class NatsConfig(_Strict):
 
     url: str = "nats://127.0.0.1:4222"
     subject_prefix: str = "platoon"  # events travel on <prefix>.<run>.<event>
-    run: str | None = None  # None: <experiment_name>.<trial_name>
-    subjects: list[str] = []  # event types mirrored; empty: the bridge's defaults
+    run: str | None = None  # None: <experiment_name>-<trial_name>; trainer and workers must agree
+    subjects: list[str] = []  # more event types (names or tags) mirrored between trainer and workers
     credentials_file: FilePath | None = None
     tls: NatsTLS | None = None
+    # Failure handling (see platoon.train.distributed): an episode with no sign of life for
+    # lease_timeout s is re-requested, at most max_attempts times in all.
+    lease_timeout: PositiveFloat | None = None  # None: the rollout timeout + 30 s, else 600 s
+    max_attempts: PositiveInt = 3
+    announce_every: PositiveFloat = 5.0  # s between re-announcements of the current policy
+    drain_timeout: NonNegativeFloat = 30.0  # s a stopping worker lets its episodes finish
 
 
 # --- the whole file -------------------------------------------------------------------------------

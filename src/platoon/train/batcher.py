@@ -10,7 +10,10 @@ A group may close early: `straggler_timeout` seconds after its first grade, once
 `straggler_quorum` share of it is graded; the stragglers' results are then dropped and counted.
 
 It reads every event from one subscription, in publish order, so an episode's calls are
-always recorded before its grade is.
+always recorded before its grade is. Results from rollout workers (`sealed=True`, see
+`platoon.train.distributed`) may arrive out of order: a grade then waits for the episode's
+`EpisodeSealed` and for the calls and agents it counts. A second grade for an episode is
+ignored, and so is whatever arrives for an abandoned (re-requested) episode.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
     BatchReady,
+    EpisodeAbandoned,
     EpisodeGraded,
     EpisodeRequested,
+    EpisodeSealed,
+    EpisodeStarted,
     Event,
     GroupCompleted,
     ModelCallFinished,
@@ -48,6 +54,20 @@ class EpisodeRecord:
     agents: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     calls: dict[str, list[Call]] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)  # subagents' own grades
+    worker: str = ""
+    agents_finished: int = 0
+    held: EpisodeGraded | None = None  # a grade waiting for its seal (sealed mode)
+    seal: EpisodeSealed | None = None
+    graded: bool = False
+
+    def complete(self) -> bool:
+        """Whether everything the seal counts has arrived."""
+        seal = self.seal
+        return seal is not None and (
+            sum(map(len, self.calls.values())) >= seal.calls
+            and len(self.agents) >= seal.agents
+            and self.agents_finished >= seal.agents_finished
+        )
 
     def rollout(self, graded: EpisodeGraded) -> Rollout:
         assert graded.reward is not None
@@ -89,17 +109,20 @@ class CreditAssigner:
         credit: CreditConfig,
         straggler_timeout: float | None = None,
         straggler_quorum: float = 0.5,
+        sealed: bool = False,
     ) -> None:
         self.group_size = group_size
         self.batch_size = batch_size
         self.credit = credit
         self.straggler_timeout = straggler_timeout
         self.straggler_quorum = straggler_quorum
+        self.sealed = sealed
         self.records: dict[str, EpisodeRecord] = {}
         self.groups: dict[str, _Group] = {}
         self.steps: dict[int, list[_Group]] = {}
         self.requested_at: dict[int, float] = {}
         self.closed: OrderedDict[str, None] = OrderedDict()
+        self.abandoned: OrderedDict[str, None] = OrderedDict()
         self.dropped: Counter[str] = Counter()
         self._events: Stream[Event] | None = None
         self._bus: Bus | None = None
@@ -120,13 +143,20 @@ class CreditAssigner:
                             self.records[event.episode_id] = EpisodeRecord()
                             self.groups.setdefault(event.group_id, _Group(event.group_id, event.step))
                             self.requested_at.setdefault(event.step, time.monotonic())
+                        case EpisodeStarted() if event.episode_id in self.records:
+                            self.records[event.episode_id].worker = event.worker
                         case AgentSpawned() if event.episode_id in self.records:
                             self.records[event.episode_id].agents[event.agent_id] = (
                                 event.parent_id,
                                 event.depth,
                             )
-                        case AgentFinished(reward=float()) if event.episode_id in self.records:
-                            self.records[event.episode_id].rewards[event.agent_id] = event.reward
+                            await self._release(bus, tg, event.episode_id)
+                        case AgentFinished() if event.episode_id in self.records:
+                            record = self.records[event.episode_id]
+                            record.agents_finished += 1
+                            if event.reward is not None:
+                                record.rewards[event.agent_id] = event.reward
+                            await self._release(bus, tg, event.episode_id)
                         case ModelCallFinished() if event.episode_id in self.records:
                             self.records[event.episode_id].calls.setdefault(event.agent_id, []).append(
                                 Call(
@@ -137,11 +167,59 @@ class CreditAssigner:
                                     kind=event.kind,
                                 )
                             )
+                            await self._release(bus, tg, event.episode_id)
+                        case EpisodeGraded(purpose="train") if event.episode_id in self.abandoned:
+                            self.dropped["abandoned"] += 1
                         case EpisodeGraded(purpose="train") if event.group_id in self.groups:
-                            await self._graded(bus, tg, event)
+                            record = self.records.get(event.episode_id)
+                            if record is None or record.graded or record.held is not None:
+                                self.dropped["duplicate"] += 1
+                            elif self.sealed:
+                                record.held = event
+                                await self._release(bus, tg, event.episode_id)
+                            else:
+                                record.graded = True
+                                await self._graded(bus, tg, event)
                         case EpisodeGraded(purpose="train") if event.group_id in self.closed:
                             self.dropped["straggler"] += 1
                             self.records.pop(event.episode_id, None)
+                        case EpisodeSealed() if event.episode_id in self.records:
+                            self.records[event.episode_id].seal = event
+                            await self._release(bus, tg, event.episode_id)
+                        case EpisodeAbandoned(purpose="train") if event.episode_id in self.records:
+                            await self._abandon(bus, tg, event)
+
+    async def _release(self, bus: Bus, tg: anyio.abc.TaskGroup, episode_id: str) -> None:
+        """Count a held grade once its episode is complete (sealed mode)."""
+        record = self.records[episode_id]
+        if record.held is not None and record.complete():
+            graded, record.held, record.graded = record.held, None, True
+            if graded.group_id in self.groups:
+                await self._graded(bus, tg, graded)
+            else:  # its group closed without it (the straggler timeout)
+                self.dropped["straggler"] += 1
+                self.records.pop(episode_id, None)
+
+    async def _abandon(self, bus: Bus, tg: anyio.abc.TaskGroup, event: EpisodeAbandoned) -> None:
+        record = self.records[event.episode_id]
+        if record.graded:
+            return  # its grade already counts: too late to abandon
+        del self.records[event.episode_id]
+        self.abandoned[event.episode_id] = None
+        while len(self.abandoned) > 100_000:
+            self.abandoned.popitem(last=False)
+        self.dropped["abandoned_episodes"] += 1
+        if event.replaced_by is None and event.group_id in self.groups:
+            failed = EpisodeGraded(
+                episode_id=event.episode_id,
+                group_id=event.group_id,
+                task=event.task,
+                reward=None,
+                status="error",
+                reason=f"abandoned: {event.reason}",
+                step=event.step,
+            )
+            await self._graded(bus, tg, failed)
 
     async def _graded(self, bus: Bus, tg: anyio.abc.TaskGroup, event: EpisodeGraded) -> None:
         group = self.groups[event.group_id]
@@ -191,12 +269,15 @@ class CreditAssigner:
         failures: Counter[str] = Counter()
         rollouts: list[list[Rollout]] = []
         rewards: list[float] = []
+        workers: Counter[str] = Counter()
         episodes = 0
         for group in groups:
             kept = []
             for graded in group.graded:
                 episodes += 1
                 record = self.records.pop(graded.episode_id, EpisodeRecord())
+                if record.worker:
+                    workers[record.worker] += 1
                 if graded.reward is None:
                     failures[_bucket(graded.reason or graded.status)] += 1
                     continue
@@ -221,6 +302,19 @@ class CreditAssigner:
             "episodes/dropped_stragglers": float(self.dropped.pop("straggler", 0)),
         }
         stats |= {f"episodes/failed/{reason}": float(count) for reason, count in failures.items()}
+        for key, name in (
+            ("abandoned_episodes", "episodes/abandoned"),
+            ("abandoned", "episodes/dropped_abandoned"),
+            ("duplicate", "episodes/dropped_duplicates"),
+        ):
+            if key in self.dropped:
+                stats[name] = float(self.dropped.pop(key))
+        if workers:
+            stats["workers/count"] = float(len(workers))
+            for worker, count in workers.items():
+                stats[f"workers/{worker}/episodes"] = float(count)
+                if stats["time/rollout"] > 0:
+                    stats[f"workers/{worker}/episodes_per_s"] = count / stats["time/rollout"]
         return BatchReady(step=step, datums=result.datums, stats=stats)
 
 

