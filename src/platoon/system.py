@@ -33,6 +33,7 @@ __all__ = [
     "make_renderer",
     "plugin_components",
     "policy_from_ref",
+    "reward_processors",
     "running",
     "tinker_service_client",
 ]
@@ -120,6 +121,15 @@ def env_services(config: Config, names: Sequence[str] | None = None) -> list[Any
     return services
 
 
+def reward_processors(config: Config) -> dict[str, str]:
+    """Each entry's `reward_processor` ref, by entry name, for the grader."""
+    return {
+        name: entry.reward_processor
+        for name, entry in zip(entry_names(config), config.environments, strict=True)
+        if entry.reward_processor
+    }
+
+
 def _service(name: str, entry: EnvironmentConfig) -> Any:
     from platoon.envs import build_env_service
 
@@ -133,15 +143,32 @@ def load_tokenizer(name_or_path: str) -> Any:
 
         return toy_tokenizer()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return _tokenizer_class(name_or_path).from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         raise SystemError(
             f"cannot load the tokenizer {name_or_path!r} from a local directory or the HF cache "
             f"(platoon never downloads at run time): {str(exc).splitlines()[0]}"
         ) from None
+
+
+def _tokenizer_class(name_or_path: str) -> Any:
+    """The class a local tokenizer directory names, else `AutoTokenizer`.
+
+    `AutoTokenizer` imports transformers' model configuration code, which imports torch: some
+    200 MB that a rollout process never uses. The class named in `tokenizer_config.json` is
+    the one `AutoTokenizer` would pick, and it loads without torch.
+    """
+    import json
+
+    import transformers
+
+    try:
+        config = json.loads((Path(name_or_path) / "tokenizer_config.json").read_text())
+        cls = getattr(transformers, config["tokenizer_class"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
+        return transformers.AutoTokenizer
+    return cls if hasattr(cls, "from_pretrained") else transformers.AutoTokenizer
 
 
 def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:

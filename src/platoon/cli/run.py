@@ -105,11 +105,6 @@ async def _rollout_system(setup: Setup, args: Any, *, eval: bool) -> AsyncIterat
         max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
         seed=config.train.seed if config.train else 0,
     )
-    processors = {
-        name: entry.reward_processor
-        for name, entry in zip(system.entry_names(config), config.environments, strict=True)
-        if entry.reward_processor
-    }
     write_run_files(
         setup.run_dir,
         config,
@@ -121,11 +116,25 @@ async def _rollout_system(setup: Setup, args: Any, *, eval: bool) -> AsyncIterat
             *system.env_services(config),
             system.gateway_for(config, renderer, factory),
             runner,
-            Grader(reward_processors=processors),
+            Grader(reward_processors=system.reward_processors(config)),
             *system.plugin_components(config),
         ]
         async with Bus() as bus, system.running(bus, components):
             yield bus
+
+
+def run_async(main: Any) -> Any:
+    """`anyio.run(main)`, raising an error from inside the run's task groups as itself, so the
+    command line prints it as its one-line message rather than as an exception group."""
+    try:
+        return anyio.run(main)
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if isinstance(error, BaseExceptionGroup):
+            raise
+        raise error from None
 
 
 def _task(args: Any, config: Config) -> TaskRef:
@@ -177,7 +186,7 @@ def rollout(args: Any) -> int:
 
     from platoon.cli.tree import render_tree
 
-    events = anyio.run(main)
+    events = run_async(main)
     sys.stdout.write(render_tree(events))
     print(f"run directory: {setup.run_dir}", file=sys.stderr)
     return 0
@@ -195,7 +204,7 @@ def evaluate(args: Any) -> int:
         async with _rollout_system(setup, args, eval=True) as bus:
             tasks: list[TaskRef] = []
             for name, entry in zip(system.entry_names(config), config.environments, strict=True):
-                split = args.split or (
+                split = getattr(args, "split", None) or (
                     config.eval.split if config.eval and config.eval.split else entry.splits.eval
                 )
                 found = await list_tasks(bus, name, split)
@@ -213,7 +222,7 @@ def evaluate(args: Any) -> int:
 
     from platoon.train.evaluate import as_json
 
-    report = anyio.run(main)
+    report = run_async(main)
     path = setup.run_dir / "eval.json"
     path.write_bytes(as_json(report))
     summary = {

@@ -87,7 +87,8 @@ class Grader:
             return None, {}, f"grading failed: {exc}"
         assert isinstance(graded, Graded)
         if graded.error is not None:
-            return None, {}, f"grading failed: {graded.error}"
+            prefix = "" if graded.error.startswith("grading failed") else "grading failed: "
+            return None, {}, prefix + graded.error
         reward, rewards, reason = graded.reward, dict(graded.rewards), graded.reason
         processor = self.processors.get(finished.task.env)
         if processor is not None and reward is not None:

@@ -83,6 +83,7 @@ class Trainer:
         self.task_cursor_of = task_cursor_of or (lambda step: step + 1)
         self.idle_seconds = 0.0
         self.busy_seconds = 0.0
+        self.waited_seconds = 0.0  # how long the trainer waited for the batch it is on
         self._batches: Stream[BatchReady] | None = None
 
     def attach(self, bus: Bus) -> None:
@@ -96,7 +97,8 @@ class Trainer:
             waiting_since = time.monotonic()
             async for batch in batches:
                 started = time.monotonic()
-                self.idle_seconds += started - waiting_since
+                self.waited_seconds = started - waiting_since
+                self.idle_seconds += self.waited_seconds
                 await self.step(bus, batch)
                 waiting_since = time.monotonic()
                 self.busy_seconds += waiting_since - started
@@ -143,6 +145,7 @@ class Trainer:
         if (every and (batch.step + 1) % every == 0) or last:
             await self.save(bus, batch.step)
         metrics["time/step"] = time.monotonic() - started + metrics.get("time/rollout", 0.0)
+        metrics["time/trainer_idle"] = self.waited_seconds
         total = self.idle_seconds + self.busy_seconds
         if total > 0:
             metrics["trainer/idle_fraction"] = self.idle_seconds / total
