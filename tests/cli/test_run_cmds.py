@@ -1,0 +1,118 @@
+"""`platoon events`, `platoon run` on a config without `train:`, and the rollout command's
+one-line errors, run in process through `platoon.cli.main`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio.from_thread
+import pytest
+import yaml
+
+from platoon.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart"
+POLICY = "scripted:scripted:binary_search"
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump({"runs": str(tmp_path / "runs"), "cache": str(tmp_path / "cache")}))
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    monkeypatch.syspath_prepend(str(QUICKSTART))
+    monkeypatch.chdir(QUICKSTART)
+    return tmp_path
+
+
+@pytest.fixture
+def rollout_dir(site, capsys):
+    assert (
+        main(["rollout", "train.yaml", "stats.trial_name=ev", "--task", "train:0", "--policy", POLICY]) == 0
+    )
+    capsys.readouterr()
+    return site / "runs" / "quickstart" / "ev"
+
+
+def test_events_prints_every_event_of_a_run(rollout_dir, capsys):
+    assert main(["events", str(rollout_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split(" ", 1)[0] for line in lines]
+    assert names[0] == "TasksRequested"
+    assert {"EpisodeRequested", "EpisodeStarted", "ModelCallFinished", "ToolCalled", "ToolReturned"} <= set(
+        names
+    )
+    assert names.index("EpisodeFinished") < names.index("EpisodeGraded")
+    graded = next(line for line in lines if line.startswith("EpisodeGraded "))
+    assert " reward=1.0 " in graded
+
+
+def test_events_filters_by_type_and_prints_json(rollout_dir, capsys):
+    assert (
+        main(["events", str(rollout_dir), "--type", "ToolReturned", "--type", "EpisodeGraded", "--json"]) == 0
+    )
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    kinds = [r["type"] for r in records]
+    assert set(kinds) == {"ToolReturned", "EpisodeGraded"}
+    assert kinds[-1] == "EpisodeGraded" and records[-1]["reward"] == 1.0
+    assert records[-2]["output"] == "Correct!" and records[-2]["finished"] is True
+
+
+def test_a_bad_task_is_a_one_line_error(site, capsys):
+    assert main(["rollout", "train.yaml", "--task", "41", "--policy", POLICY]) == 1
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == "platoon: error: --task '41': expected SPLIT:ID, e.g. train:41"
+    )
+    assert main(["rollout", "train.yaml", "--task", "train:nope", "--policy", POLICY]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "platoon: error: task 'nope' is not in split 'train' of 'guess' (100 tasks)"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from platoon.testing.models import save_tiny_model
+
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=1))
+
+
+@pytest.mark.torch
+def test_run_without_a_train_section_evaluates(site, tiny_model, monkeypatch, capsys):
+    from platoon.backends.local import running_server
+
+    config = {
+        "environments": [
+            {
+                "name": "guess",
+                "service": "python://guess:GuessTheNumber",
+                "harness": "example-guesser",
+                "package": "guesser",
+            }
+        ],
+        "eval": {
+            "model_name": tiny_model,
+            "renderer_name": "qwen3_instruct",
+            "max_tasks": 3,
+            "group_size": 2,
+            "workflow_config": {
+                "rollout_config": {"max_steps": 2, "inference_params": {"max_completion_tokens": 8}}
+            },
+        },
+        "stats": {"experiment_name": "cli", "trial_name": "run-eval"},
+    }
+    path = site / "eval-only.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # The config names no training service: the model is sampled from an embedded one.
+    with anyio.from_thread.start_blocking_portal() as portal:
+        with portal.wrap_async_context_manager(running_server(tiny_model)) as base_url:
+            monkeypatch.setenv("TINKER_BASE_URL", base_url)
+            assert main(["run", str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["episodes"] == 6 and summary["failures"] == {}
+    report = json.loads((site / "runs" / "cli" / "run-eval" / "eval.json").read_text())
+    assert report["episodes"] == report["graded"] == 6
+    assert set(report["pass_at_k"]) == {"1", "2"}
+    assert report["tokens"]["calls"] >= 6
+    assert not (site / "runs" / "cli" / "run-eval" / "metrics.jsonl").exists()  # nothing trained
