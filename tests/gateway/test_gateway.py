@@ -614,3 +614,38 @@ async def test_in_process_calls_wait_for_capacity(toy_tokenizer):
             sampler.release.set()
         assert len(await gw.settled()) == 3
     assert sampler.most_in_flight == 1
+
+
+@pytest.mark.anyio
+async def test_an_agent_waits_for_the_policy_its_episode_asked_for(toy_tokenizer):
+    """A step's episodes start as soon as the trainer publishes new weights; their calls must
+    sample those weights, not the ones the gateway still had loaded."""
+
+    def per_version(version: int) -> ScriptedSampler:
+        return ScriptedSampler(toy_tokenizer, lambda _: f"from version {version}", version=version)
+
+    async with running_gateway(toy_tokenizer, factory=Factory(per_version=per_version)) as gw:
+        ctx = await gw.context("ep1", policy_version=2)
+        replies = []
+
+        async def chat() -> None:
+            replies.append(await ctx.chat([{"role": "user", "content": "Who are you?"}]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(chat)
+            await gw.bus.publish(PolicyUpdated(version=1, sampler_path="tinker://run/sampler/1"))
+            await gw.bus.drained()
+            assert replies == []  # version 1 is not yet the policy of this episode
+            await gw.bus.publish(PolicyUpdated(version=2, sampler_path="tinker://run/sampler/2"))
+        records = await gw.settled()
+
+    assert replies[0].text == "from version 2"
+    assert [r.policy_version for r in records] == [2]
+
+
+@pytest.mark.anyio
+async def test_waiting_for_a_policy_that_never_comes_is_a_clear_error(toy_tokenizer):
+    async with running_gateway(toy_tokenizer, ["never sampled"], version_timeout=0.05) as gw:
+        ctx = await gw.context("ep1", policy_version=5)
+        with pytest.raises(ChatError, match=r"waited 0\.05 s for policy version 5; the sampler is at 0"):
+            await ctx.chat([{"role": "user", "content": "hi"}])

@@ -292,6 +292,7 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
     max_model_calls: int | None = None
     max_tokens: int | None = None
     params: dict[str, Any] = msgspec.field(default_factory=dict)
+    policy_version: int = 0  # the oldest policy the agent may sample: its episode's
 
 
 @register_event

@@ -134,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # an error from inside a task group: say the error itself
         code = getattr(exc, "code", None)
         code = code if isinstance(code, int) else _exit_code(exc)
         message = str(exc) or type(exc).__name__

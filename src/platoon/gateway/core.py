@@ -89,6 +89,7 @@ class AgentSession:
     budget: Budget
     depth: int = 0
     params: dict[str, Any] = field(default_factory=dict)
+    min_version: int = 0
     sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
     closed: bool = False
@@ -131,6 +132,7 @@ class Gateway:
         port: int = 0,
         serve_http: bool = True,
         model_name: str = "platoon-policy",
+        version_timeout: float = 600.0,
     ) -> None:
         self.renderer = renderer
         self.factory = sampler_factory
@@ -141,6 +143,7 @@ class Gateway:
         self.port = port
         self.serve_http = serve_http
         self.model_name = model_name
+        self.version_timeout = version_timeout
         self.base_url: str | None = None
         self.sampler: Sampler | None = None
         self.agents: dict[str, AgentSession] = {}  # by key
@@ -149,6 +152,7 @@ class Gateway:
         self._episodes: dict[str, list[AgentSession]] = {}
         self._bus: Bus | None = None
         self._ready = anyio.Event()
+        self._updated = anyio.Event()
         self._chats: Stream[ChatRequested] | None = None
 
     # --- the component -----------------------------------------------------------------------
@@ -190,7 +194,26 @@ class Gateway:
 
     async def _on_policy_updated(self, event: PolicyUpdated) -> None:
         self.sampler = await self.factory.updated(event)
+        updated, self._updated = self._updated, anyio.Event()
+        updated.set()
         log.info("sampler updated", version=event.version, path=event.sampler_path)
+
+    async def _sampler_for(self, session: AgentSession) -> Sampler:
+        """The current sampler, once it is at least the version the agent's episode asked for.
+
+        The scheduler requests a step's episodes as soon as the trainer published new weights,
+        while the gateway may still be loading them: sampling the old policy then would make
+        off-policy data out of an on-policy step.
+        """
+        with anyio.move_on_after(self.version_timeout):
+            while self.sampler is None or self.sampler.version < session.min_version:
+                await self._updated.wait()
+            return self.sampler
+        raise GatewayError(
+            "sampler",
+            f"waited {self.version_timeout:g} s for policy version {session.min_version}; "
+            f"the sampler is at {self.sampler.version if self.sampler else None}",
+        )
 
     async def _answer_chat(self, bus: Bus, request: ChatRequested) -> None:
         session = self.by_agent.get(request.agent_id)
@@ -236,6 +259,7 @@ class Gateway:
             budget=budget,
             depth=request.depth,
             params=dict(request.params),
+            min_version=request.policy_version,
         )
         self.agents[session.key] = session
         self.by_agent[session.agent_id] = session
@@ -283,6 +307,7 @@ class Gateway:
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         sample_params = self._params(session, params, len(prompt))
+        sampler = await self._sampler_for(session)
 
         if wait:
             await self.limiter.acquire()
@@ -291,7 +316,6 @@ class Gateway:
                 self.limiter.acquire_nowait()
             except anyio.WouldBlock:
                 raise GatewayError("overloaded", "the sampler is saturated; retry later") from None
-        sampler = self.sampler
         started = time.time()
         clock = time.perf_counter()
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,12 +27,18 @@ __all__ = ["TinkerSampler", "TinkerSamplerFactory", "wait_future"]
 async def wait_future(future: Any) -> Any:
     """Await a tinker `APIFuture` (or a `concurrent.futures.Future`) under any anyio backend."""
     cf: concurrent.futures.Future[Any] = future.future() if hasattr(future, "future") else future
+    if cf.done():
+        return cf.result()
     if sniffio.current_async_library() == "asyncio":
         return await asyncio.wrap_future(cf)
     done = anyio.Event()
     token = anyio.lowlevel.current_token()
+    loop_thread = threading.get_ident()
 
     def wake(_: concurrent.futures.Future[Any]) -> None:
+        if threading.get_ident() == loop_thread:  # it finished while we were adding the callback
+            done.set()
+            return
         try:
             anyio.from_thread.run_sync(done.set, token=token)
         except RuntimeError:  # the loop has closed; nobody is waiting any more

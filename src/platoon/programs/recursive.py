@@ -262,6 +262,7 @@ class AgentTree:
                     budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
                     max_model_calls=steps if per_depth else None,
                     params=parent.params,
+                    policy_version=request.policy_version,
                 ),
                 timeout=parent.request_timeout,
             )

@@ -197,6 +197,7 @@ class EpisodeRunner:
                     max_model_calls=entry.max_steps,
                     max_tokens=entry.max_tokens,
                     params=entry.params,
+                    policy_version=request.policy_version,
                 ),
                 timeout=self.request_timeout,
             )
