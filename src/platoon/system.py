@@ -31,11 +31,15 @@ __all__ = [
     "import_packages",
     "load_tokenizer",
     "make_renderer",
+    "model_and_renderer",
     "plugin_components",
     "policy_from_ref",
     "reward_processors",
+    "rollout_system",
     "running",
+    "sampler_factory",
     "tinker_service_client",
+    "tokenizer_for",
 ]
 
 log = structlog.get_logger("platoon.system")
@@ -261,3 +265,92 @@ def make_renderer(
         except AutoParserError:
             parser = None
     return get_renderer(renderer_name, tokenizer, tool_call_parser=parser), parser
+
+
+def model_and_renderer(config: Config) -> tuple[str | None, str]:
+    model = config.train.model_name if config.train else (config.eval.model_name if config.eval else None)
+    renderer = (
+        config.train.renderer_name if config.train else (config.eval.renderer_name if config.eval else None)
+    )
+    return model, renderer or "qwen3_instruct"
+
+
+def tokenizer_for(config: Config, *, scripted: bool = False) -> Any:
+    """The run's tokenizer; a scripted policy falls back to the toy Qwen3 tokenizer."""
+    model, _ = model_and_renderer(config)
+    name = (config.train.tokenizer if config.train else None) or model
+    if name is None:
+        if scripted:
+            return load_tokenizer(TOY_TOKENIZER)
+        raise SystemError("the config names no model: set train.model_name (or eval.model_name)")
+    try:
+        return load_tokenizer(name)
+    except SystemError:
+        if not scripted:
+            raise
+        log.warning(
+            "tokenizer not available locally; the scripted policy uses platoon's toy Qwen3 tokenizer",
+            wanted=name,
+        )
+        return load_tokenizer(TOY_TOKENIZER)
+
+
+@contextlib.asynccontextmanager
+async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = None) -> AsyncIterator[Any]:
+    """The sampler factory: a scripted policy, the embedded backend, or a Tinker service."""
+    if policy:
+        yield policy_from_ref(policy, tokenizer)
+        return
+    from platoon.policy.tinker import TinkerSamplerFactory
+
+    model, _ = model_and_renderer(config)
+    model_path = config.eval.model_path if config.eval else None
+    if config.train is not None and config.train.backend == "local":
+        from platoon.backends.local import running_server_in_thread
+
+        async with running_server_in_thread(config.train.model_name) as base_url:
+            import tinker
+
+            client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
+            yield TinkerSamplerFactory(client, config.train.model_name, model_path=model_path)
+        return
+    client = tinker_service_client(config)
+    yield TinkerSamplerFactory(client, model or "", model_path=model_path)
+
+
+@contextlib.asynccontextmanager
+async def rollout_system(
+    config: Config, run_dir: Path, *, policy: str | None = None, eval: bool = False
+) -> AsyncIterator[Any]:
+    """A running bus with everything that plays and grades episodes (no trainer): env
+    services, the gateway, the runner, the grader, the event log and the config's plugins."""
+    from platoon.bus import Bus, EventLog
+    from platoon.config import write_run_files
+    from platoon.programs import EpisodeRunner, Grader
+
+    if not config.environments:
+        raise SystemError("the config has no environments")
+    tokenizer = tokenizer_for(config, scripted=bool(policy))
+    _, renderer_name = model_and_renderer(config)
+    renderer, parser = make_renderer(
+        renderer_name, tokenizer, config.train.tool_call_parser if config.train else "auto"
+    )
+    runner = EpisodeRunner(
+        entry_settings(config, eval=eval),
+        max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
+        seed=config.train.seed if config.train else 0,
+    )
+    write_run_files(
+        run_dir, config, {"renderer": renderer_name, "tool_call_parser": parser, "policy": policy}
+    )
+    async with sampler_factory(config, tokenizer, policy) as factory:
+        components = [
+            EventLog(run_dir),
+            *env_services(config),
+            gateway_for(config, renderer, factory),
+            runner,
+            Grader(reward_processors=reward_processors(config)),
+            *plugin_components(config),
+        ]
+        async with Bus() as bus, running(bus, components):
+            yield bus

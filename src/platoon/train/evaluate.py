@@ -296,3 +296,47 @@ def progress_printer(label: str = "eval") -> Callable[[int, int], None]:
 
 def as_json(report: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2)
+
+
+async def eval_tasks(bus: Bus, config: Any, split: str | None = None) -> list[TaskRef]:
+    """The tasks a config evaluates: each entry's eval split (or `split`), up to `eval.max_tasks`."""
+    from platoon.system import entry_names
+
+    tasks: list[TaskRef] = []
+    for name, entry in zip(entry_names(config), config.environments, strict=True):
+        chosen = (
+            split or (config.eval.split if config.eval and config.eval.split else None) or entry.splits.eval
+        )
+        found = await list_tasks(bus, name, chosen)
+        if config.eval and config.eval.max_tasks:
+            found = found[: config.eval.max_tasks]
+        tasks += found
+    return tasks
+
+
+async def evaluate_config(
+    config: Any,
+    run_dir: Any,
+    *,
+    policy: str | None = None,
+    split: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`."""
+    from pathlib import Path
+
+    from platoon.config.schema import workflow_for
+    from platoon.system import rollout_system
+
+    async with rollout_system(config, Path(run_dir), policy=policy, eval=True) as bus:
+        tasks = await eval_tasks(bus, config, split)
+        workflow = workflow_for(config, None, eval=True)
+        report = await evaluate(
+            bus,
+            tasks,
+            group_size=workflow.group_size,
+            concurrency=config.eval.concurrency if config.eval else 16,
+            progress=progress,
+        )
+    (Path(run_dir) / "eval.json").write_bytes(as_json(report))
+    return report

@@ -35,7 +35,7 @@ from platoon.credit import CreditConfig
 from platoon.policy.tinker import TinkerSamplerFactory
 from platoon.train.batcher import CreditAssigner
 from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
-from platoon.train.evaluate import as_json, evaluate, list_tasks
+from platoon.train.evaluate import as_json, eval_tasks, evaluate, evaluate_config, list_tasks
 from platoon.train.trainer import Trainer, TrainerSettings
 
 __all__ = ["TaskOrder", "run", "train", "train_command"]
@@ -279,7 +279,7 @@ async def train(
                 if total_steps is not None
                 else -(-sum(map(len, order.tasks.values())) // train_cfg.batch_size)
             )
-            eval_tasks = await _eval_tasks(bus, config) if config.eval else []
+            eval_tasks = await _eval_tasks_or_none(bus, config) if config.eval else []
             for component in rollouts:
                 if hasattr(component, "wait_for_workers"):  # NATS: work nobody takes is lost
                     await component.wait_for_workers()
@@ -357,19 +357,12 @@ async def _schedule(
     return last
 
 
-async def _eval_tasks(bus: Bus, config: Config) -> list[TaskRef]:
-    tasks: list[TaskRef] = []
-    for name, entry in zip(system.entry_names(config), config.environments, strict=True):
-        split = (config.eval.split if config.eval and config.eval.split else None) or entry.splits.eval
-        try:
-            found = await list_tasks(bus, name, split)
-        except ValueError as exc:
-            log.warning("no eval tasks", env=name, split=split, error=str(exc))
-            continue
-        if config.eval and config.eval.max_tasks:
-            found = found[: config.eval.max_tasks]
-        tasks += found
-    return tasks
+async def _eval_tasks_or_none(bus: Bus, config: Config) -> list[TaskRef]:
+    try:
+        return await eval_tasks(bus, config)
+    except ValueError as exc:
+        log.warning("no eval tasks", error=str(exc))
+        return []
 
 
 async def _training_client(service: Any, config: Config, checkpoint: Any) -> Any:
@@ -408,9 +401,15 @@ def train_command(args: Any) -> int:
     return 0
 
 
-async def run(config: Config | str | Path, *overrides: str, run_dir_path: str | Path | None = None) -> Any:
+async def run(
+    config: Config | str | Path,
+    *overrides: str,
+    run_dir_path: str | Path | None = None,
+    policy: str | None = None,
+) -> Any:
     """Run what a config describes from your own async application: train (with its evals)
-    when it has `train:`, else evaluate. Returns the last metrics or the eval report."""
+    when it has `train:`, else evaluate (`policy="scripted:MODULE:ATTR"` evaluates a scripted
+    policy). Returns the last step's metrics, or the eval report."""
     if not isinstance(config, Config):
         path = anyio.Path(config)
         config = load_config(Path(config), overrides)
@@ -418,6 +417,4 @@ async def run(config: Config | str | Path, *overrides: str, run_dir_path: str | 
     directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
     if config.train is not None:
         return await train(config, run_dir=directory)
-    raise ValueError(
-        "platoon.run evaluates through `platoon eval`; give the config a train: section to train"
-    )
+    return await evaluate_config(config, directory, policy=policy)
