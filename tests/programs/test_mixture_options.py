@@ -6,12 +6,17 @@ from platoon.programs import EntrySettings, EpisodeRunner
 
 def entry(options):
     return EntrySettings(
-        name="e", harness={"platoon-react": 1, "platoon-codeact": 1}, harness_options=options, path="environments.0"
+        name="e",
+        harness={"platoon-react": 1, "platoon-codeact": 1},
+        harness_options=options,
+        path="environments.0",
     )
 
 
 def test_a_mixture_takes_options_per_harness():
-    runner = EpisodeRunner([entry({"platoon-react": {"stop_on_text": False}, "platoon-codeact": {"timeout_s": 5}})])
+    runner = EpisodeRunner(
+        [entry({"platoon-react": {"stop_on_text": False}, "platoon-codeact": {"timeout_s": 5}})]
+    )
     assert runner.options["e", "platoon-react"].stop_on_text is False
     assert runner.options["e", "platoon-codeact"].timeout_s == 5
 
