@@ -649,3 +649,14 @@ async def test_waiting_for_a_policy_that_never_comes_is_a_clear_error(toy_tokeni
         ctx = await gw.context("ep1", policy_version=5)
         with pytest.raises(ChatError, match=r"waited 0\.05 s for policy version 5; the sampler is at 0"):
             await ctx.chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.anyio
+async def test_a_call_never_samples_past_the_token_budget(toy_tokenizer):
+    long_answer = "word " * 50
+    async with running_gateway(toy_tokenizer, [long_answer, long_answer]) as gw:
+        ctx = await gw.context("ep1", max_tokens=30)
+        first = await ctx.chat([{"role": "user", "content": "talk"}])
+        assert first.completion_tokens == 30 and first.finish_reason == "length"
+        with pytest.raises(BudgetExhausted, match="all 30 tokens are used"):
+            await ctx.chat([{"role": "user", "content": "talk"}])

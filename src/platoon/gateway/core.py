@@ -307,6 +307,12 @@ class Gateway:
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         sample_params = self._params(session, params, len(prompt))
+        budget = session.budget
+        if kind == "policy" and budget.max_tokens is not None:
+            # A call may not sample past the episode's token budget.
+            room = max(budget.max_tokens - budget.tokens, 1)
+            if sample_params.max_tokens is None or sample_params.max_tokens > room:
+                sample_params = SampleParams(**{**_asdict(sample_params), "max_tokens": room})
         sampler = await self._sampler_for(session)
 
         if wait:
