@@ -301,7 +301,7 @@ async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = N
     if policy:
         yield policy_from_ref(policy, tokenizer)
         return
-    from platoon.policy.tinker import TinkerSamplerFactory
+    from platoon.policy.tinker import TinkerSamplerFactory, closing
 
     model, _ = model_and_renderer(config)
     model_path = config.eval.model_path if config.eval else None
@@ -311,11 +311,11 @@ async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = N
         async with running_server_in_thread(config.train.model_name) as base_url:
             import tinker
 
-            client = tinker.ServiceClient(base_url=base_url, api_key="tml-local")
-            yield TinkerSamplerFactory(client, config.train.model_name, model_path=model_path)
+            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
+                yield TinkerSamplerFactory(client, config.train.model_name, model_path=model_path)
         return
-    client = tinker_service_client(config)
-    yield TinkerSamplerFactory(client, model or "", model_path=model_path)
+    async with closing(tinker_service_client(config)) as client:
+        yield TinkerSamplerFactory(client, model or "", model_path=model_path)
 
 
 @contextlib.asynccontextmanager

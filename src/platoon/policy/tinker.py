@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
@@ -17,11 +18,14 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import sniffio
+import structlog
 
 from platoon.bus.events import PolicyUpdated
 from platoon.policy.base import SampledCompletion, SampleParams
 
-__all__ = ["TinkerSampler", "TinkerSamplerFactory", "wait_future"]
+__all__ = ["TinkerSampler", "TinkerSamplerFactory", "closing", "wait_future"]
+
+log = structlog.get_logger("platoon.policy")
 
 
 async def wait_future(future: Any) -> Any:
@@ -120,3 +124,19 @@ async def _create(service_client: Any, **kwargs: Any) -> Any:
         return value.result() if hasattr(value, "result") else value
 
     return await anyio.to_thread.run_sync(create)
+
+
+@contextlib.asynccontextmanager
+async def closing(service_client: Any) -> AsyncIterator[Any]:
+    """Finish the client's Tinker session on the way out (success, or errored on an error),
+    which also stops its heartbeats: a session left open keeps pinging a server that is gone."""
+    status = "errored"
+    try:
+        yield service_client
+        status = "success"
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            try:
+                await anyio.to_thread.run_sync(lambda: service_client.close(status).result(timeout=10))
+            except Exception as exc:  # the server may already be gone; nothing is lost
+                log.debug("closing the Tinker session failed", error=str(exc))

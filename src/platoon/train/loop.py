@@ -32,7 +32,7 @@ from platoon.bus.events import EpisodeRequested, RunFinished, TaskRef, TrainStep
 from platoon.config import Config, load_config, load_site, run_dir, write_run_files
 from platoon.config.schema import workflow_for
 from platoon.credit import CreditConfig
-from platoon.policy.tinker import TinkerSamplerFactory
+from platoon.policy.tinker import TinkerSamplerFactory, closing
 from platoon.train.batcher import CreditAssigner
 from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
 from platoon.train.evaluate import as_json, eval_tasks, evaluate, evaluate_config, list_tasks
@@ -123,9 +123,11 @@ async def training_service(config: Config, run_dir: Path) -> AsyncIterator[Servi
         async with running_server_in_thread(
             config.train.model_name, checkpoint_dir=run_dir / "tinker"
         ) as base_url:
-            yield Service(tinker.ServiceClient(base_url=base_url, api_key="tml-local"), base_url)
+            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
+                yield Service(client, base_url)
         return
-    yield Service(system.tinker_service_client(config), config.tinker_base_url)
+    async with closing(system.tinker_service_client(config)) as client:
+        yield Service(client, config.tinker_base_url)
 
 
 def _settings(config: Config, base_url: str | None) -> TrainerSettings:
