@@ -12,6 +12,7 @@ from agents.episodes import binary_search, guessing
 from platoon.bus.events import EpisodeFinished, EpisodeGraded, ToolSpec
 from platoon.envs.harbor.service import BASH_TOOL
 from platoon.harness import (
+    AgentContext,
     AgentResult,
     BudgetExhausted,
     HarnessError,
@@ -55,6 +56,8 @@ class FakeContext:
         if not self.replies:
             raise BudgetExhausted("no model calls left")
         return ChatReply(message=self.replies.pop(0), call_id="c", finish_reason="stop")
+
+    call_tool_call = AgentContext.call_tool_call  # parses the call, then calls `call_tool` below
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         self.calls.append((name, arguments))

@@ -10,7 +10,7 @@ import pytest
 from agents.episodes import binary_search, guessing
 
 from platoon.bus.events import AgentSpawned, EpisodeFinished, EpisodeGraded, ModelCallFinished, ToolCalled
-from platoon.harness import HarnessError, get_harness, validate_options
+from platoon.harness import AgentContext, HarnessError, get_harness, validate_options
 from platoon.harness.builtin.react import ReactOptions, _run_call, cut
 
 pytestmark = pytest.mark.anyio
@@ -64,6 +64,8 @@ async def test_react_stops_at_the_budget(toy_tokenizer):
 
 async def test_malformed_tool_calls_are_answered_not_run():
     class NoTools:
+        call_tool_call = AgentContext.call_tool_call
+
         async def call_tool(self, name, arguments):
             raise AssertionError("a malformed call must not reach the environment")
 

@@ -8,6 +8,7 @@ many model calls are left. The context talks to the rest of platoon over the bus
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -194,6 +195,23 @@ class AgentContext:
         return ToolResult(
             name=name, output=reply.output, reward=reply.reward, finished=reply.finished, error=reply.error
         )
+
+    async def call_tool_call(self, call: dict[str, Any], **defaults: Any) -> ToolResult:
+        """Run a tool call as a chat reply carries it (`{"function": {"name", "arguments"}}`).
+
+        Arguments that are not a JSON object come back as an error result the model can read,
+        not as an exception. `defaults` fill arguments the call left out.
+        """
+        function = call.get("function") or {}
+        name = function.get("name", "")
+        raw = function.get("arguments") or "{}"
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as exc:
+            return ToolResult(name=name, error=f"the arguments of {name} are not valid JSON ({exc})")
+        if not isinstance(arguments, dict):
+            return ToolResult(name=name, error=f"the arguments of {name} must be a JSON object")
+        return await self.call_tool(name, {**defaults, **arguments})
 
     async def chat(
         self,

@@ -8,7 +8,6 @@ limit), or the budget of model calls runs out.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import msgspec
@@ -65,18 +64,9 @@ async def _run_call(
     ctx: AgentContext, call: dict[str, Any], options: BashOptions, takes_timeout: bool
 ) -> tuple[str, bool]:
     """Run one tool call; a malformed one is answered with an error the model can read."""
-    function = call.get("function") or {}
-    name = function.get("name", "")
-    raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError as exc:
-        return f"Error: the arguments of {name} are not valid JSON ({exc})", False
-    if not isinstance(arguments, dict):
-        return f"Error: the arguments of {name} must be a JSON object", False
-    if name == "bash" and takes_timeout:
-        arguments.setdefault("timeout", options.command_timeout)
-    result = await ctx.call_tool(name, arguments)
+    name = (call.get("function") or {}).get("name", "")
+    defaults = {"timeout": options.command_timeout} if name == "bash" and takes_timeout else {}
+    result = await ctx.call_tool_call(call, **defaults)
     return _cut(result.as_text(), options.max_output_chars), result.finished
 
 

@@ -8,7 +8,6 @@ text, which becomes the final message.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import msgspec
@@ -58,16 +57,7 @@ async def react(ctx: AgentContext) -> AgentResult:
 
 async def _run_call(ctx: AgentContext, call: dict[str, Any], limit: int) -> tuple[str, bool]:
     """Run one tool call; a malformed one is answered with an error the model can read."""
-    function = call.get("function") or {}
-    name = function.get("name", "")
-    raw = function.get("arguments") or "{}"
-    try:
-        arguments = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError as exc:
-        return f"Error: the arguments of {name} are not valid JSON ({exc})", False
-    if not isinstance(arguments, dict):
-        return f"Error: the arguments of {name} must be a JSON object", False
-    result = await ctx.call_tool(name, arguments)
+    result = await ctx.call_tool_call(call)
     return cut(result.as_text(), limit), result.finished
 
 
