@@ -119,12 +119,22 @@ class Cluster:
         }
         self.workers: list[subprocess.Popen] = []
         self.trainer: subprocess.Popen | None = None
+        self.logs: dict[int, Path] = {}
+
+    def _spawn(self, command: list[str], name: str) -> subprocess.Popen:
+        # Logs go to files: a pipe that nobody reads fills up and blocks the process.
+        path = self.site / f"{name}.log"
+        with path.open("wb") as log:
+            process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+        self.logs[process.pid] = path
+        return process
+
+    def log_of(self, process: subprocess.Popen) -> str:
+        return self.logs[process.pid].read_text(errors="replace")[-3000:]
 
     def start_trainer(self) -> None:
         command = [sys.executable, "-m", "platoon", "train", str(self.path)]
-        self.trainer = subprocess.Popen(
-            command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        self.trainer = self._spawn(command, f"trainer-{self.path.stem}")
 
     def start_worker(self) -> subprocess.Popen:
         policy = "scripted:test_distributed:slow_bisect"
@@ -138,7 +148,7 @@ class Cluster:
             "--drain",
             "5",
         ]
-        worker = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        worker = self._spawn(command, f"worker-{self.path.stem}-{len(self.logs)}")
         self.workers.append(worker)
         return worker
 
@@ -155,7 +165,7 @@ class Cluster:
         while not condition():
             assert self.trainer is not None
             if self.trainer.poll() is not None:
-                raise AssertionError(f"the trainer exited: {self.trainer.stderr.read().decode()[-3000:]}")
+                raise AssertionError(f"the trainer exited: {self.log_of(self.trainer)}")
             assert time.monotonic() < deadline, "timed out"
             time.sleep(0.05)
 
@@ -167,7 +177,7 @@ class Cluster:
         finally:
             if self.trainer.returncode is None:
                 self.trainer.kill()
-        assert self.trainer.returncode == 0, self.trainer.stderr.read().decode()[-3000:]
+        assert self.trainer.returncode == 0, self.log_of(self.trainer)
         for worker in self.workers:
             if worker.returncode is None:
                 try:
@@ -175,7 +185,7 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     worker.kill()
                     raise AssertionError("a worker did not exit after the run finished") from None
-                assert worker.returncode == 0, worker.stderr.read().decode()[-3000:]
+                assert worker.returncode == 0, self.log_of(worker)
 
     def close(self) -> None:
         for process in [*self.workers, self.trainer]:
@@ -282,12 +292,13 @@ def test_a_worker_killed_mid_step_loses_no_episode(cluster):
     run.start_worker()
     run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(doomed) > 0)
     seen = run.calls_of(doomed)
+    late = run.start_worker()  # a late worker learns the current policy and joins mid-run
     run.wait_until(lambda: run.calls_of(doomed) >= seen + 2)  # it is in the middle of an episode
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     run.workers.remove(doomed)
-    run.start_worker()  # a late worker learns the current policy and takes over
     run.finish()
+    assert late.returncode == 0
     events = check_batches(run.run_dir)
     abandoned = [e for e in events if isinstance(e, EpisodeAbandoned)]
     assert abandoned and all(a.replaced_by for a in abandoned)
@@ -321,17 +332,17 @@ def test_a_worker_stops_cleanly_on_a_signal(site, tiny_model, nats_server):
             site, make_config(tiny_model, url=nats_server.url, run=f"idle{signum}"), f"idle{signum}"
         )
         worker = run.start_worker()
-        seen = ""
-        while "bridge up" not in seen:  # imports done, the bridge connected: the signal handlers are in
-            line = worker.stderr.readline().decode()
-            assert line, "the worker exited before its bridge was up"
-            seen += line
+        deadline = time.monotonic() + 60
+        while "bridge up" not in run.log_of(worker):  # imports done, bridge up: the handlers are in
+            assert worker.poll() is None, f"the worker exited before its bridge was up: {run.log_of(worker)}"
+            assert time.monotonic() < deadline, "the worker's bridge did not come up"
+            time.sleep(0.05)
         worker.send_signal(signum)
         try:
-            assert worker.wait(timeout=20) == 0, worker.stderr.read().decode()[-2000:]
+            assert worker.wait(timeout=20) == 0, run.log_of(worker)
         finally:
             run.close()
-        assert "stopped (stop)" in worker.stderr.read().decode()
+        assert "stopped (stop)" in run.log_of(worker)
 
 
 def test_a_worker_without_nats_says_so_in_one_line(site, tiny_model):

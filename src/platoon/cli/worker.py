@@ -53,7 +53,7 @@ def worker(args: Any) -> int:
     if config.nats is None and not args.nats:
         raise CommandError("no NATS server: add a nats: section to the config or pass --nats URL")
     config = _local_model(config)
-    tokenizer = _tokenizer(config, scripted=bool(getattr(args, "policy", None)))
+    tokenizer = system.tokenizer_for(config, scripted=bool(getattr(args, "policy", None)))
     from platoon.gateway.renderers import get_renderer
 
     train = config.train
@@ -122,12 +122,6 @@ def _local_model(config: Config) -> Config:
     if config.train is not None and config.train.model_name == TINY_MODEL:
         return _replace_model(config, _tiny_model(config))
     return config
-
-
-def _tokenizer(config: Config, *, scripted: bool) -> Any:
-    from platoon.cli.run import _tokenizer as tokenizer_for
-
-    return tokenizer_for(config, scripted=scripted)
 
 
 def _scripted(ref: str, tokenizer: Any) -> Any:
