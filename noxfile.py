@@ -32,14 +32,21 @@ PYTHONS = {v: interpreter(v) for v in ("3.11", "3.12", "3.13")}
 
 @nox.session(python=PYTHONS["3.11"] or "3.11", name="tests")
 def tests(session: nox.Session) -> None:
-    session.install("-e", ".[all,dev]", "./plugins/platoon-textcraft")
+    session.install("torch==2.13.0")
+    session.install("-e", ".[all,dev]")
+    session.install("-e", "./plugins/platoon-textcraft")
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=[p for v, p in PYTHONS.items() if v != "3.11" and p], name="tests-no-torch")
-def tests_no_torch(session: nox.Session) -> None:
-    session.install("-e", ".[tinker,ors,nats,docker,dev]", "./plugins/platoon-textcraft")
+def _tests_without_torch(session: nox.Session) -> None:
+    session.install("-e", ".[tinker,ors,nats,docker,dev]")
+    session.install("-e", "./plugins/platoon-textcraft")
     session.run("pytest", "-m", "not torch", *session.posargs)
+
+
+for _version in ("3.12", "3.13"):
+    if PYTHONS[_version]:
+        nox.session(python=PYTHONS[_version], name=f"tests-no-torch-{_version}")(_tests_without_torch)
 
 
 @nox.session(python=PYTHONS["3.11"] or "3.11")
