@@ -22,4 +22,5 @@ def anyio_backend(request):
     return request.param
 
 
+from sandbox_fixtures import image, podman_url, rootfs  # noqa: E402, F401
 from tokenizer_fixtures import llama3_tokenizer, qwen3_tokenizer, toy_tokenizer  # noqa: E402, F401

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
-
-from platoon.sandbox import SandboxError
-from platoon.sandbox.fixtures import minimal_rootfs, podman_image, podman_service
-
-CACHE = Path(f"/tmp/platoon-test-cache-{os.getuid()}")
 
 CHECK_ANSWER = """\
 #!/bin/bash
@@ -59,24 +52,3 @@ def make_task(tmp_path):
         return write_task(tmp_path / "tasks", name, **kwargs)
 
     return make
-
-
-@pytest.fixture(scope="session")
-def rootfs() -> Path:
-    return minimal_rootfs(CACHE / "rootfs")
-
-
-@pytest.fixture(scope="session")
-def podman_url():
-    if shutil.which("podman") is None:
-        pytest.skip("podman is not installed")
-    try:
-        with podman_service(CACHE / "podman") as url:
-            yield url
-    except SandboxError as exc:
-        pytest.skip(f"podman's API service cannot run here: {exc}")
-
-
-@pytest.fixture(scope="session")
-def image(podman_url, rootfs) -> str:
-    return podman_image(CACHE / "podman", rootfs)

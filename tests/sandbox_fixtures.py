@@ -1,4 +1,6 @@
-"""Fixtures for sandbox tests: a tiny rootfs from host binaries and podman's API service."""
+"""Session fixtures for sandbox tests: a tiny rootfs from host binaries and podman's API service.
+
+The root conftest imports them, so the sandbox and Harbor tests share one of each."""
 
 from __future__ import annotations
 
