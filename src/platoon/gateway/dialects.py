@@ -182,17 +182,22 @@ def chat_stream(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
 # --- OpenAI Responses ------------------------------------------------------------------------
 
 
-def _input_text(content: Any, where: str) -> str:
+def _joined_text(content: Any, where: str, kinds: tuple[str, ...], what: str) -> str:
+    """A string, or the text of an array of text parts (of the given `type`s) joined by newlines."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = []
+        texts = []
         for n, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text", "text"):
-                raise DialectError(f"{where}.{n}: only text content is supported", f"{where}.{n}")
-            parts.append(str(part.get("text", "")))
-        return "\n".join(parts)
-    raise DialectError(f"{where}: expected a string or an array of content parts", where)
+            if not isinstance(part, Mapping) or part.get("type") not in kinds:
+                raise DialectError(f"{where}.{n}: expected a text {what}", f"{where}.{n}")
+            texts.append(str(part.get("text", "")))
+        return "\n".join(texts)
+    raise DialectError(f"{where}: expected a string or an array of {what}s", where)
+
+
+def _input_text(content: Any, where: str) -> str:
+    return _joined_text(content, where, ("input_text", "output_text", "text"), "content part")
 
 
 def responses_request(
@@ -386,16 +391,7 @@ def responses_stream(response: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def _blocks_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for n, block in enumerate(content):
-            if not isinstance(block, Mapping) or block.get("type") != "text":
-                raise DialectError(f"{where}.{n}: expected a text block", f"{where}.{n}")
-            texts.append(str(block.get("text", "")))
-        return "\n".join(texts)
-    raise DialectError(f"{where}: expected a string or an array of blocks", where)
+    return _joined_text(content, where, ("text",), "block")
 
 
 def anthropic_request(
