@@ -10,7 +10,6 @@ until stop. --cpus/--memory need cgroups v2 (and systemd for unprivileged users)
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -84,9 +83,7 @@ class ApptainerSandbox(CommandSandbox):
             )
         self._instance = True
         self._started = True
-        made = await self.exec(f"mkdir -p -- {shlex.quote(self.spec.workdir)}", cwd="/")
-        if not made.ok:
-            raise SandboxError(f"could not create workdir {self.spec.workdir}: {made.stderr.strip()}")
+        await self._make_workdir()
 
     def _exec_argv(self, command: str, *, cwd: str, env: Mapping[str, str], user: str | None) -> list[str]:
         if user not in (None, "root", "0"):

@@ -109,6 +109,12 @@ class CommandSandbox(BaseSandbox):
         if not self._started:
             raise SandboxError("sandbox is not started")
 
+    async def _make_workdir(self) -> None:
+        """Create the spec's workdir once the sandbox runs (images need not have it)."""
+        made = await self.exec(f"mkdir -p -- {shlex.quote(self.spec.workdir)}", cwd="/")
+        if not made.ok:
+            raise SandboxError(f"could not create workdir {self.spec.workdir}: {made.stderr.strip()}")
+
     async def exec(
         self,
         command: str,

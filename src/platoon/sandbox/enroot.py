@@ -70,9 +70,7 @@ class EnrootSandbox(CommandSandbox):
         await self._run("create", "--name", self.name, image)
         self._created = True
         self._started = True
-        made = await self.exec(f"mkdir -p -- {shlex.quote(self.spec.workdir)}", cwd="/")
-        if not made.ok:
-            raise SandboxError(f"could not create workdir {self.spec.workdir}: {made.stderr.strip()}")
+        await self._make_workdir()
 
     def _exec_argv(self, command: str, *, cwd: str, env: Mapping[str, str], user: str | None) -> list[str]:
         if user not in (None, "root", "0"):
