@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from platoon.sandbox import Mount, Sandbox, SandboxError, SandboxSpec, create_sandbox
+from platoon.sandbox._netns import SandboxNetwork
 from platoon.sandbox.bwrap import BwrapSandbox
 
 pytestmark = [
@@ -124,21 +125,31 @@ class _Listener:
 
 
 @pytest.mark.parametrize("network", [False, True])
-async def test_network_is_off_unless_asked(network):
+async def test_the_host_loopback_is_out_of_reach_with_or_without_network(network):
+    if network and SandboxNetwork.unavailable():
+        pytest.skip(SandboxNetwork.unavailable())
     listener = _Listener()
     try:
         async with BwrapSandbox(SandboxSpec(network=network)) as box:
-            result = await box.exec(f"echo hi > /dev/tcp/127.0.0.1/{listener.port}")
-        assert result.ok is network
-        assert (listener.accepted > 0) is network
+            direct = await box.exec(f"echo hi > /dev/tcp/127.0.0.1/{listener.port}")
+            # slirp4netns's gateway address is where the host's loopback would show through.
+            via_gateway = await box.exec(f"echo hi > /dev/tcp/10.0.2.2/{listener.port}")
+            routes = await box.exec("cat /proc/net/route")
+        assert not direct.ok and not via_gateway.ok
+        assert listener.accepted == 0
+        # With network on the sandbox has a way out: a default route on its own interface.
+        has_default = any(line.split()[1] == "00000000" for line in routes.stdout.splitlines()[1:])
+        assert has_default is network
     finally:
         listener.sock.close()
 
 
-async def test_resources_become_rlimit_and_cpu_affinity():
+async def test_resources_become_cgroup_caps_and_cpu_affinity():
     async with BwrapSandbox(SandboxSpec(cpus=1, memory_mb=300)) as box:
-        result = await box.exec("ulimit -d; nproc")
-        assert result.stdout == f"{300 * 1024}\n1\n"
+        assert (await box.exec("nproc")).stdout == "1\n"
+        small = await box.exec("python3 -c 'x = bytearray(100 * 2**20)'")
+        big = await box.exec("python3 -c 'x = bytearray(600 * 2**20)'")
+        assert small.ok and not big.ok
 
 
 async def test_rootfs_copy_is_private_and_writable(rootfs):

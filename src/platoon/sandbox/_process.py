@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
 import anyio
@@ -35,11 +35,13 @@ async def run_process(
     stdout_to: BinaryIO | None = None,
     timeout: float | None = None,
     output_limit: int = OUTPUT_LIMIT,
+    env: Mapping[str, str] | None = None,
 ) -> ProcessResult:
     """Run `argv` in a new session; past `timeout` seconds the process group gets SIGKILL.
 
     Captured output keeps the first `output_limit` bytes of each stream and notes the
-    cut; `stdout_to` receives stdout in full instead (archives).
+    cut; `stdout_to` receives stdout in full instead (archives). `env` replaces the host's
+    environment for the process (None inherits it).
     """
     process = await anyio.open_process(
         list(argv),
@@ -47,6 +49,7 @@ async def run_process(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        env=env,
     )
     out, err = bytearray(), bytearray()
     drained = [anyio.Event(), anyio.Event()]

@@ -97,6 +97,10 @@ class CommandSandbox(BaseSandbox):
     sandbox, so paths resolve the way the sandbox sees them.
     """
 
+    # The environment of the runtime process (None: the host's). The runtime is the sandbox's
+    # first process, so whatever it holds can show in the sandbox's /proc.
+    process_env: Mapping[str, str] | None = None
+
     def __init__(self, spec: SandboxSpec, *, output_limit: int = OUTPUT_LIMIT) -> None:
         self.spec = spec
         self.output_limit = output_limit
@@ -128,7 +132,9 @@ class CommandSandbox(BaseSandbox):
         if timeout is not None and timeout <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
         argv = self._exec_argv(command, cwd=remote_path(cwd or self.spec.workdir), env=_env(env), user=user)
-        result = await run_process(argv, timeout=timeout, output_limit=self.output_limit)
+        result = await run_process(
+            argv, timeout=timeout, output_limit=self.output_limit, env=self.process_env
+        )
         return ExecResult(
             stdout=result.stdout.decode(errors="replace"),
             stderr=result.stderr.decode(errors="replace"),
@@ -146,7 +152,9 @@ class CommandSandbox(BaseSandbox):
             await anyio.to_thread.run_sync(_archive.pack, local, archive, arcname)
             command = f"mkdir -p -- {shlex.quote(dest)} && tar -x -f - -C {shlex.quote(dest)}"
             argv = self._exec_argv(command, cwd="/", env={}, user=None)
-            result = await run_process(argv, stdin=archive, output_limit=self.output_limit)
+            result = await run_process(
+                argv, stdin=archive, output_limit=self.output_limit, env=self.process_env
+            )
         if result.return_code != 0:
             raise SandboxError(f"upload to {remote} failed: {_tail(result.stderr)}")
 
@@ -160,7 +168,9 @@ class CommandSandbox(BaseSandbox):
         command = f"tar -c -f - -C {shlex.quote(parent)} -- {shlex.quote(name)}"
         argv = self._exec_argv(command, cwd="/", env={}, user=None)
         with tempfile.TemporaryFile() as archive:
-            result = await run_process(argv, stdout_to=archive, output_limit=self.output_limit)
+            result = await run_process(
+                argv, stdout_to=archive, output_limit=self.output_limit, env=self.process_env
+            )
             if result.return_code != 0:
                 raise SandboxError(f"download of {remote} failed: {_tail(result.stderr)}")
             archive.seek(0)

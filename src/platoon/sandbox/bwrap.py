@@ -3,8 +3,16 @@
 The root is either a per-sandbox copy of `spec.rootfs`, or a read-only base (the rootfs,
 or the host's system directories when no rootfs is given) with per-sandbox writable
 directories bound over it. Files persist between commands; background processes do not.
-Limits: `memory_mb` becomes RLIMIT_DATA (prlimit), `cpus` a CPU affinity of ceil(cpus)
-cores (taskset); a CPU *share* and a hard memory cap need cgroups, which bwrap lacks.
+
+What a sandbox can see of the host is an explicit list: the system directories (`/usr` and the
+library and binary directories), the files of `/etc` that programs need (never `shadow`, `sudoers`,
+ssh keys or package-manager credentials) and nothing of `/opt`, `/var` or the homes. `bwrap` runs
+with an empty environment, in new user, pid, ipc, uts and cgroup namespaces (root inside has no
+power over the host), and the sandbox's `/proc` shows only its own processes. With network on, the
+sandbox gets its own network namespace behind slirp4netns (`._netns`): it reaches the outside but
+not the host's loopback services. Limits: `pids` and `memory_mb` through a cgroup of the sandbox's
+own where one can be made (else rlimits, see `._limits`), `cpus` a CPU affinity of ceil(cpus) cores
+(taskset); a CPU *share* needs a cgroup cpu controller, which is not used.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from ._limits import SandboxCgroup, make_cgroup, rlimit_prefix
+from ._netns import RESOLV_CONF, SandboxNetwork
 from ._process import OUTPUT_LIMIT, run_process
 from .base import CommandSandbox, remove_tree
 from .errors import SandboxError
@@ -30,7 +40,16 @@ __all__ = ["BwrapSandbox"]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # What of the host is shown when it serves as the image: system files only, never homes.
-HOST_BASE = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "var")
+HOST_BASE = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# The host's /etc, entry by entry: what programs need to run, none of its secrets.
+HOST_ETC = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version",
+    "environment", "gai.conf", "group", "host.conf", "hostname", "hosts", "inputrc", "issue",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "locale.gen", "localtime",
+    "magic", "magic.mime", "mime.types", "nsswitch.conf", "os-release", "passwd", "profile",
+    "profile.d", "protocols", "python3", "python3.11", "python3.12", "python3.13", "resolv.conf",
+    "rpc", "services", "shells", "skel", "ssl", "terminfo", "timezone", "xattr.conf",
+)  # fmt: skip
 # Per-sandbox writable places in read-only-base mode (the workdir is added).
 WRITABLE = ("/tmp", "/var/tmp", "/root", "/logs", "/tests", "/solution")
 _SKIP = {"proc", "dev", "sys", "tmp", "run"}
@@ -62,6 +81,9 @@ class BwrapSandbox(CommandSandbox):
         self._state: Path | None = None
         self._root_args: list[str] = []
         self._prefix: list[str] = []
+        self._cgroup: SandboxCgroup | None = None
+        self._network: SandboxNetwork | None = None
+        self.process_env = {"PATH": DEFAULT_PATH}
 
     async def start(self) -> None:
         if self._started:
@@ -75,7 +97,18 @@ class BwrapSandbox(CommandSandbox):
             await self._copy_root(rootfs)
         else:
             await anyio.to_thread.run_sync(self._layer_root, rootfs)
+        if self.spec.network:
+            self._network = SandboxNetwork()
+            await self._network.start()
+            resolv = self._state / "resolv.conf"
+            resolv.write_text(RESOLV_CONF)
+            self._root_args += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
         self._prefix = [*self._limits(), bwrap]
+        if self._network is not None:
+            self._prefix = self._network.enter(self._prefix)
+        if self._cgroup is not None:
+            self._prefix, joins = self._cgroup.wrap(self._prefix)
+            self.process_env = {**self.process_env, **joins}
         self._started = True
 
     def _make_state(self, rootfs: Path | None) -> Path:
@@ -102,6 +135,10 @@ class BwrapSandbox(CommandSandbox):
         names = HOST_BASE if rootfs is None else sorted(os.listdir(base))
         readonly: set[str] = set()
         args: list[str] = []
+        if rootfs is None:
+            args += ["--dir", "/etc"]
+            for name in HOST_ETC:
+                args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for name in names:
             entry = base / name
             if name in _SKIP or not os.path.lexists(entry):
@@ -131,9 +168,8 @@ class BwrapSandbox(CommandSandbox):
         self._root_args = args
 
     def _limits(self) -> list[str]:
-        prefix: list[str] = []
-        if self.spec.memory_mb is not None and shutil.which("prlimit"):
-            prefix += ["prlimit", f"--data={self.spec.memory_mb * 2**20}", "--"]
+        self._cgroup = make_cgroup(self.spec.pids, self.spec.memory_mb)
+        prefix = [] if self._cgroup is not None else rlimit_prefix(self.spec.pids, self.spec.memory_mb)
         if self.spec.cpus is not None and shutil.which("taskset"):
             available = sorted(os.sched_getaffinity(0))
             count = min(math.ceil(self.spec.cpus), len(available))
@@ -145,17 +181,18 @@ class BwrapSandbox(CommandSandbox):
 
     def _exec_argv(self, command: str, *, cwd: str, env: Mapping[str, str], user: str | None) -> list[str]:
         args = [*self._prefix, *self._root_args, "--dev", "/dev", "--proc", "/proc"]
+        # Root inside maps to the host's uid 0, so host-wide kernel knobs must not be writable.
+        args += ["--ro-bind", "/proc/sys", "/proc/sys"]
+        if os.path.exists("/proc/sysrq-trigger"):
+            args += ["--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
         for mount in self.spec.mounts:
             args += ["--ro-bind" if mount.read_only else "--bind", mount.source, mount.target]
         args += ["--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        if self.spec.network:
-            args.append("--share-net")
-        home = "/root"
-        if user is not None:
-            uid, gid, home = self._lookup_user(user)
-            args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
-        elif os.geteuid() != 0:
-            args += ["--unshare-user", "--uid", "0", "--gid", "0"]
+        if self._network is not None:
+            args.append("--share-net")  # the sandbox's own namespace, entered by nsenter
+        # Always a user namespace: root inside holds its capabilities there, not over the host.
+        uid, gid, home = self._lookup_user(user) if user is not None else (0, 0, "/root")
+        args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid)]
         merged = {"PATH": DEFAULT_PATH, "HOME": home, **self.spec.env, **env}
         args.append("--clearenv")
         for key, value in merged.items():
@@ -183,6 +220,12 @@ class BwrapSandbox(CommandSandbox):
 
     async def stop(self) -> None:
         self._started = False
+        if self._network is not None:
+            network, self._network = self._network, None
+            await network.stop()
+        if self._cgroup is not None:
+            cgroup, self._cgroup = self._cgroup, None
+            await anyio.to_thread.run_sync(cgroup.remove)
         if self._state is not None:
             state, self._state = self._state, None
             await anyio.to_thread.run_sync(remove_tree, state)

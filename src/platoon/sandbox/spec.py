@@ -34,6 +34,7 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     network: bool = False
     cpus: float | None = None
     memory_mb: int | None = None
+    pids: int | None = 4096  # processes and threads at once; None: no cap
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
 
@@ -42,6 +43,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise SandboxError(f"workdir must be an absolute path, got {self.workdir!r}")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
             raise SandboxError(f"cpus must be a positive number, got {self.cpus!r}")
+        if self.pids is not None and self.pids <= 0:
+            raise SandboxError(f"pids must be positive, got {self.pids!r}")
         if self.memory_mb is not None and self.memory_mb <= 0:
             raise SandboxError(f"memory_mb must be positive, got {self.memory_mb!r}")
         for mount in self.mounts:

@@ -116,11 +116,20 @@ async def test_tests_are_uploaded_only_at_grading(make_task):
 
 @needs_bwrap
 async def test_network_is_off_for_tasks_that_do_not_ask(make_task):
+    """`network_mode = "public"` gives a way out (a default route), never the host's loopback."""
     import socket
 
+    from platoon.sandbox._netns import SandboxNetwork
+
+    if SandboxNetwork.unavailable():
+        pytest.skip(SandboxNetwork.unavailable())
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    body = f"if echo hi > /dev/tcp/127.0.0.1/{port}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt"
+    body = (
+        f"if echo hi > /dev/tcp/127.0.0.1/{port}; then host=10; else host=0; fi; "
+        "route=$(awk 'NR > 1 && $2 == \"00000000\" {n=1} END {print n+0}' /proc/net/route); "
+        "echo $((host + route)) > /logs/verifier/reward.txt"
+    )
     try:
         closed = await run_episode(make_task("closed", test_sh=reward_script(body)), [])
         opened = await run_episode(
