@@ -1,7 +1,7 @@
 """Docker provider: one long-lived container per sandbox, driven through the Docker
 Engine API with aiodocker (so also podman's API service). asyncio only, as aiodocker is.
 
-`cpus` and `memory_mb` become NanoCpus and Memory; no network means NetworkMode none.
+`cpus`, `memory_mb` and `pids` become NanoCpus, Memory and PidsLimit; no network means NetworkMode none.
 A command with a timeout runs under coreutils' `timeout` inside the container, which
 ends its whole process group; in an image without it the host stops waiting 10 s later
 but cannot end the command.
@@ -91,6 +91,8 @@ class DockerSandbox(BaseSandbox):
             host_config["NanoCpus"] = int(self.spec.cpus * 1e9)
         if self.spec.memory_mb is not None:
             host_config["Memory"] = self.spec.memory_mb * 2**20
+        if self.spec.pids is not None:
+            host_config["PidsLimit"] = self.spec.pids
         config = {
             "Image": self.spec.image,
             "Entrypoint": ["sleep"],
