@@ -1,21 +1,216 @@
-"""Serving ASGI apps (gateway, env servers, the embedded Tinker server) under anyio.
+"""Serving ASGI apps (gateway, env servers, the embedded Tinker server) under anyio, guarded.
 
 `serve_asgi` binds the socket itself, so port 0 picks a free port and the caller learns the
 URL before anyone connects, then runs hypercorn on the current backend (asyncio or trio).
 Use it with `task_group.start`, which returns the base URL once the server accepts.
+
+What every server of ours shares at its door (`Guard`): a key checked in constant time on
+every route, a cap on the request body (and `read_body_limited` for a compressed one, so a
+small zstd bomb cannot expand before a check), a cap on requests in flight, and deadlines for a request's
+headers (hypercorn's idle timeout) and body, so a client that sends slowly is dropped. `require_key` refuses to serve beyond
+loopback without a key: anyone who can reach the port would otherwise own the service.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import json
 import os
 import socket
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
 import anyio.abc
 import sniffio
 
-__all__ = ["bind_socket", "serve_asgi"]
+__all__ = [
+    "BodyTooLarge",
+    "Guard",
+    "ServingError",
+    "bind_socket",
+    "is_loopback",
+    "read_body_limited",
+    "require_key",
+    "serve_asgi",
+]
+
+# hypercorn closes a connection idle this long, and a request's headers count as idle until
+# they are complete: a client trickling its headers (slowloris) is dropped too.
+IDLE_TIMEOUT_S = 20.0
+BODY_TIMEOUT_S = 60.0  # the whole request body must arrive within this
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class ServingError(RuntimeError):
+    """A server that must not start as asked (the message says why and what to do)."""
+
+
+class BodyTooLarge(ValueError):
+    """A request body (or what it decompresses to) over the server's limit."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address to listen on) is reachable only from this machine."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def require_key(host: str, api_key: str | None, what: str) -> None:
+    """Refuse to listen beyond loopback without a key."""
+    if not api_key and not is_loopback(host):
+        raise ServingError(
+            f"{what} would listen on {host} with no key, open to anyone who reaches the port: "
+            "give it one with --api-key (or $PLATOON_SERVER_API_KEY), or listen on 127.0.0.1"
+        )
+
+
+def _presented_key(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-api-key":
+            return value.decode("latin-1")
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class Guard:
+    """ASGI middleware: key on every route, body cap, in-flight cap.
+
+    The body is read (up to `max_body` bytes) before the app runs and replayed to it, so a
+    body over the cap is refused with 413 whatever the app does with it.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        api_key: str | None = None,
+        max_body: int = 64 * 2**20,
+        max_in_flight: int = 256,
+        body_timeout: float = BODY_TIMEOUT_S,
+    ) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body = max_body
+        self.max_in_flight = max_in_flight
+        self.body_timeout = body_timeout
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.api_key is not None:
+            presented = _presented_key(scope) or ""
+            if not hmac.compare_digest(presented.encode(), self.api_key.encode()):
+                await _refuse(send, 401, "invalid or missing API key (X-API-Key or Authorization: Bearer)")
+                return
+        if self.in_flight >= self.max_in_flight:
+            await _refuse(send, 503, "too many requests in flight; retry shortly", retry_after=True)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body:
+            await _refuse(send, 413, f"request body over {self.max_body} bytes")
+            return
+        self.in_flight += 1
+        try:
+            body = bytearray()
+            with anyio.move_on_after(self.body_timeout) as deadline:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    body += message.get("body", b"")
+                    if len(body) > self.max_body:
+                        await _refuse(send, 413, f"request body over {self.max_body} bytes")
+                        return
+                    if not message.get("more_body"):
+                        break
+            if deadline.cancelled_caught:
+                await _refuse(send, 408, f"request body not received within {self.body_timeout} s")
+                return
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight -= 1
+
+
+async def _refuse(send: Send, status: int, message: str, *, retry_after: bool = False) -> None:
+    body = json.dumps({"error": message, "category": "user"}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def read_body_limited(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """`body` decoded from its content encoding, never expanding past `limit` bytes."""
+    if not encoding or encoding == "identity":
+        if len(body) > limit:
+            raise BodyTooLarge(f"request body over {limit} bytes")
+        return body
+    if encoding == "zstd":
+        import io
+
+        import zstandard
+
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
+            out = reader.read(limit + 1)
+    elif encoding == "gzip":
+        import zlib
+
+        decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = decompressor.decompress(body, limit + 1)
+    else:
+        raise BodyTooLarge(f"unsupported content-encoding {encoding!r}")
+    if len(out) > limit:
+        raise BodyTooLarge(f"request body decompresses to over {limit} bytes")
+    return out
+
+
+def hypercorn_config(bind: str, *, idle_timeout: float = IDLE_TIMEOUT_S) -> Any:
+    """hypercorn settings every server of ours shares."""
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [bind]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 0.5
+    config.keep_alive_timeout = idle_timeout
+    config.h11_max_incomplete_size = 64 * 1024  # request line and headers
+    return config
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -37,18 +232,12 @@ async def serve_asgi(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
+    idle_timeout: float = IDLE_TIMEOUT_S,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` until cancelled; `task_status.started(base_url)` once it listens."""
-    from hypercorn.config import Config
-
     sock = bind_socket(host, port)
-    config = Config()
-    config.bind = [f"fd://{os.dup(sock.fileno())}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.graceful_timeout = 0.5
-    config.keep_alive_timeout = 75
+    config = hypercorn_config(f"fd://{os.dup(sock.fileno())}", idle_timeout=idle_timeout)
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else f"http://{bound_host}:{bound_port}"
     if sniffio.current_async_library() == "trio":

@@ -154,3 +154,31 @@ def test_bad_urls() -> None:
         build_env_service("x", service="http://127.0.0.1:8080/a/b")
     with pytest.raises(EnvError, match="unknown service 'ftp://host'"):
         build_env_service("x", service="ftp://host")
+
+
+async def test_a_keyed_env_server_refuses_a_wrong_or_missing_key() -> None:
+    """The key openreward's client sends as `X-API-Key` is checked on every route."""
+    import httpx
+
+    async with running_env_server([GuessTheNumber], api_key="env-key") as url:
+        good = build_env_service("guess", service=url, service_kwargs={"api_key": "env-key"})
+        async with serving(good) as bus:
+            listed = await bus.request(TasksRequested(env="guess", split="train"))
+            assert listed.tasks
+        for key in (None, "env-kez"):
+            bad = build_env_service("guess", service=url, service_kwargs={"api_key": key} if key else None)
+            async with serving(bad) as bus:
+                refused = await bus.request(TasksRequested(env="guess", split="train"))
+                assert not refused.tasks and "AuthenticationError" in (refused.error or "")
+        async with httpx.AsyncClient(base_url=url) as client:
+            for path in ("/health", "/version", "/list_environments", "/guess/splits"):
+                assert (await client.get(path)).status_code == 401, path
+            assert (await client.get("/health", headers={"x-api-key": "env-key"})).status_code == 200
+
+
+async def test_an_env_server_beyond_loopback_needs_a_key() -> None:
+    from platoon.serving import ServingError
+
+    with pytest.raises(ServingError, match="no key"):
+        async with running_env_server([GuessTheNumber], host="0.0.0.0"):
+            pass

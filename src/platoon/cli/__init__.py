@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     q.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
     q.add_argument("--name", default=None, help="the base_model name clients use (default: --model)")
-    q.add_argument("--api-key", default=None, help="require this X-API-Key (default: accept any)")
+    q.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key on every request (default: $PLATOON_SERVER_API_KEY; required beyond 127.0.0.1)",
+    )
     q.set_defaults(handler="platoon.cli.serve:serve_tinker")
 
     p = sub.add_parser("env", help="environment servers")
@@ -108,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("target", metavar="MODULE:CLASS")
     q.add_argument("--host", default="127.0.0.1")
     q.add_argument("--port", type=int, default=8080)
+    q.add_argument(
+        "--api-key",
+        default=None,
+        help="require this X-API-Key on every request (default: $PLATOON_SERVER_API_KEY; "
+        "required beyond 127.0.0.1)",
+    )
     q.set_defaults(handler="platoon.cli.serve:serve_env")
 
     p = sub.add_parser("version", help="print platoon's version and its dependencies'")

@@ -28,4 +28,10 @@ def serve_tinker(args: Any) -> int:
 def serve_env(args: Any) -> int:
     from platoon.envs.server import main
 
-    return main([args.target, "--host", args.host, "--port", str(args.port)])
+    argv = [args.target, "--host", args.host, "--port", str(args.port)]
+    if args.api_key is not None:
+        argv += ["--api-key", args.api_key]
+    code = main(argv)
+    if code:
+        raise CommandError(f"the env server for {args.target!r} could not start", code)
+    return 0

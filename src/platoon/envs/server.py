@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
+import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -42,6 +45,7 @@ from starlette.routing import Route
 
 from platoon.envs._sdk import Environment, call_user, is_environment_class, on_asyncio
 from platoon.envs.service import EnvError
+from platoon.serving import Guard, ServingError, hypercorn_config, require_key
 
 __all__ = ["EnvServer", "main", "running_env_server", "serve_env"]
 
@@ -93,6 +97,8 @@ class EnvServer:
         setup_wait: float = 25.0,
         session_ttl: float = 900.0,
         reap_every: float = 5.0,
+        api_key: str | None = None,
+        max_body: int = 16 * 2**20,
     ) -> None:
         if not envs:
             raise EnvError("an env server needs at least one environment class")
@@ -133,8 +139,14 @@ class EnvServer:
             ("GET", "task_tools"): self._task_tools,
             ("POST", "call"): self._call,
         }
-        self.app = Starlette(
-            routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST"])], lifespan=self._lifespan
+        # The key (the `X-API-Key` openreward's client sends), when set, guards every route.
+        self.app = Guard(
+            Starlette(
+                routes=[Route("/{path:path}", self._dispatch, methods=["GET", "POST"])],
+                lifespan=self._lifespan,
+            ),
+            api_key=api_key,
+            max_body=max_body,
         )
 
     @asynccontextmanager
@@ -478,11 +490,7 @@ def load_env_classes(targets: str | type | Sequence[str | type]) -> list[type[En
 
 
 def _hypercorn_config(bind: str) -> Any:
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = [bind]
-    config.accesslog = None
+    config = hypercorn_config(bind)
     config.loglevel = "WARNING"
     config.graceful_timeout = 2.0
     return config
@@ -498,8 +506,9 @@ async def serve_env(
 ) -> None:
     """Serve environment classes until `shutdown_trigger` returns (or SIGINT/SIGTERM without one).
 
-    Loopback by default: pass `host="0.0.0.0"` to serve other machines.
+    Loopback by default: pass `host="0.0.0.0"` and an `api_key` to serve other machines.
     """
+    require_key(host, server_options.get("api_key"), "the env server")
     if not on_asyncio():
         raise EnvError("the env server runs under asyncio (the openreward SDK needs it)")
     from hypercorn.asyncio import serve
@@ -513,6 +522,7 @@ async def running_env_server(
     target: str | type | Sequence[str | type], *, host: str = "127.0.0.1", **server_options: Any
 ) -> AsyncIterator[str]:
     """Serve environment classes on a free port for the block's duration; yields the base URL."""
+    require_key(host, server_options.get("api_key"), "the env server")
     if not on_asyncio():
         raise EnvError("the env server runs under asyncio (the openreward SDK needs it)")
     from hypercorn.asyncio import serve
@@ -549,9 +559,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("targets", nargs="+", metavar="TARGET", help="module:Class or NAME[@VERSION]")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("PLATOON_SERVER_API_KEY"),
+        help="require this X-API-Key on every request (default: $PLATOON_SERVER_API_KEY; "
+        "required beyond 127.0.0.1)",
+    )
     args = parser.parse_args(argv)
+    try:
+        require_key(args.host, args.api_key, "the env server")
+    except ServingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     classes = load_env_classes(args.targets)
     names = ", ".join(cls.name().lower() for cls in classes)
     print(f"serving {names} on http://{args.host}:{args.port}", flush=True)
-    anyio.run(serve_env, classes, args.host, args.port)
+    anyio.run(functools.partial(serve_env, classes, args.host, args.port, api_key=args.api_key))
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -25,7 +26,7 @@ import anyio.to_thread
 
 from platoon.backends.local.engine import Engine, EngineError, resolve_model_dir
 from platoon.backends.local.server import TinkerService, create_app
-from platoon.serving import serve_asgi
+from platoon.serving import ServingError, require_key, serve_asgi
 
 __all__ = ["EngineError", "main", "running_server", "running_server_in_thread", "serve"]
 
@@ -41,6 +42,7 @@ async def serve(
     name: str | None = None,
     api_key: str | None = None,
     max_batch: int = 64,
+    max_body_mb: int = 256,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load `model` and serve the Tinker API until cancelled.
@@ -49,8 +51,11 @@ async def serve(
     downloaded). Clients name it as `name` (default: `model` as given) or by its directory.
     Checkpoints go to `checkpoint_dir` (default: a temporary directory removed on exit).
     With `port=0` a free port is chosen; the base URL is reported through `task_status`
-    (`url = await task_group.start(serve, model)`).
+    (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
+    (`ServingError` without one); requests over `max_body_mb` (or decompressing to 4x that)
+    are refused with 413.
     """
+    require_key(host, api_key, "the Tinker server")
     with contextlib.ExitStack() as stack:
         if checkpoint_dir is None:
             checkpoint_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="platoon-tinker-"))
@@ -58,7 +63,8 @@ async def serve(
             lambda: Engine(model, checkpoint_dir=checkpoint_dir, device=device, dtype=dtype)
         )
         service = TinkerService(engine, model_name=name or model, api_key=api_key, max_batch=max_batch)
-        await serve_asgi(create_app(service), host, port, task_status=task_status)
+        app = create_app(service, max_body=max_body_mb * 2**20)
+        await serve_asgi(app, host, port, task_status=task_status)
 
 
 @contextlib.asynccontextmanager
@@ -104,11 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
     parser.add_argument("--name", default=None, help="the base_model name clients use (default: --model)")
-    parser.add_argument("--api-key", default=None, help="require this X-API-Key (default: accept any)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("PLATOON_SERVER_API_KEY"),
+        help="require this key on every request (default: $PLATOON_SERVER_API_KEY; "
+        "required beyond 127.0.0.1)",
+    )
     args = parser.parse_args(argv)
     try:
+        require_key(args.host, args.api_key, "the Tinker server")
         resolve_model_dir(args.model)
-    except EngineError as exc:
+    except (EngineError, ServingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

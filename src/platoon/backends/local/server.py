@@ -39,8 +39,13 @@ from platoon.backends.local.proto import (
     encode_sample_response,
 )
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+from platoon.serving import BodyTooLarge, Guard, read_body_limited
 
 __all__ = ["TinkerService", "create_app"]
+
+MAX_BODY = 256 * 2**20  # a request as sent (a large training batch, zstd-compressed or not)
+DECODED_FACTOR = 4  # what a request may decompress to, as a multiple of MAX_BODY
+
 
 log = structlog.get_logger(__name__)
 
@@ -598,17 +603,15 @@ def _error(message: str, status: int = 400) -> Response:
 
 
 def _route(
-    service: TinkerService, handler: Callable[[bytes], Awaitable[Any]]
+    service: TinkerService, handler: Callable[[bytes], Awaitable[Any]], max_decoded: int
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        denied = _denied(service, request)
-        if denied is not None:
-            return denied
-        body = await request.body()
-        if request.headers.get("content-encoding") == "zstd":
-            import zstandard
-
-            body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+        try:
+            body = read_body_limited(
+                await request.body(), request.headers.get("content-encoding"), max_decoded
+            )
+        except BodyTooLarge as exc:
+            return _error(str(exc), 413)
         try:
             result = await handler(body)
         except (UserError, EngineError, ProtoError) as exc:
@@ -622,17 +625,14 @@ def _route(
     return endpoint
 
 
-def _denied(service: TinkerService, request: Request) -> Response | None:
-    if service.api_key is not None and request.headers.get("x-api-key") != service.api_key:
-        return _error("invalid or missing X-API-Key", 401)
-    return None
+def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
+    """The app serving `service` under /api/v1, behind the key and body-size guard.
 
-
-def create_app(service: TinkerService) -> Starlette:
-    """The Starlette app serving `service` under /api/v1."""
+    `service.api_key`, when set, is required on every route (the SDK sends it on each).
+    """
 
     def post(path: str, handler: Callable[[bytes], Awaitable[Any]]) -> Route:
-        return Route(f"/api/v1{path}", _route(service, handler), methods=["POST"])
+        return Route(f"/api/v1{path}", _route(service, handler, max_body * DECODED_FACTOR), methods=["POST"])
 
     async def not_found(body: bytes) -> Response:
         return _error("not supported by this server", 404)
@@ -644,16 +644,13 @@ def create_app(service: TinkerService) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def capabilities(request: Request) -> Response:
-        return _denied(service, request) or JSONResponse(service.capabilities())
+        return JSONResponse(service.capabilities())
 
     async def get_sampler(request: Request) -> Response:
         result = await service.get_sampler(request.path_params["sampler_id"])
         return result if isinstance(result, Response) else JSONResponse(result)
 
     async def finish(request: Request) -> Response:
-        denied = _denied(service, request)
-        if denied is not None:
-            return denied
         result = await service.finish_session(request.path_params["session_id"])
         return result if isinstance(result, Response) else JSONResponse(result)
 
@@ -678,4 +675,5 @@ def create_app(service: TinkerService) -> Starlette:
         Route("/api/v1/healthz", healthz, methods=["GET"]),
         Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=service.lifespan)
+    app = Starlette(routes=routes, lifespan=service.lifespan)
+    return Guard(app, api_key=service.api_key, max_body=max_body)

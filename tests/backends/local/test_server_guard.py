@@ -1,0 +1,86 @@
+"""The embedded Tinker server's door: a key on every route, a body cap a zstd bomb cannot pass."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.torch
+
+KEY = "tml-guarded-key"
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tiny_model):
+    from anyio.from_thread import start_blocking_portal
+
+    from platoon.backends.local import running_server
+
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(running_server(str(tiny_model), api_key=KEY, max_body_mb=1)) as url,
+    ):
+        yield url
+
+
+def test_every_route_wants_the_key(guarded_url):
+    routes = [
+        ("GET", "/api/v1/healthz"),
+        ("GET", "/api/v1/samplers/anything"),
+        ("GET", "/api/v1/get_server_capabilities"),
+        ("POST", "/api/v1/create_session"),
+        ("POST", "/api/v1/retrieve_future"),
+        ("POST", "/api/v1/sessions/s/finish"),
+    ]
+    with httpx.Client(base_url=guarded_url) as client:
+        for method, path in routes:
+            assert client.request(method, path).status_code == 401, path
+            assert client.request(method, path, headers={"x-api-key": KEY + "x"}).status_code == 401, path
+        assert client.get("/api/v1/healthz", headers={"x-api-key": KEY}).status_code == 200
+
+
+def test_the_real_sdk_works_with_the_key_and_not_without(guarded_url):
+    import tinker
+
+    good = tinker.RestClient(base_url=guarded_url, api_key=KEY)
+    assert good.get_server_capabilities().result().supported_models
+    with pytest.raises(tinker.AuthenticationError, match=r"401"):
+        tinker.RestClient(base_url=guarded_url, api_key="tml-wrong").get_server_capabilities().result()
+
+
+def test_a_zstd_bomb_is_refused_before_it_expands(guarded_url):
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (512 * 2**20))
+    assert len(bomb) < 64 * 1024
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with httpx.Client(base_url=guarded_url, timeout=60) as client:
+        for _ in range(3):
+            response = client.post(
+                "/api/v1/forward_backward",
+                content=bomb,
+                headers={"x-api-key": KEY, "content-encoding": "zstd", "content-type": "application/json"},
+            )
+            assert response.status_code == 413, response.text
+        too_big = client.post(
+            "/api/v1/forward_backward", content=b"{" * (2 * 2**20), headers={"x-api-key": KEY}
+        )
+        assert too_big.status_code == 413
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 64 * 2**20  # the server thread lives in this process; 512 MiB would show here
+
+
+def test_it_will_not_listen_beyond_loopback_without_a_key(tiny_model):
+    done = subprocess.run(
+        [sys.executable, "-m", "platoon", "serve", "tinker", "--model", str(tiny_model), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode != 0
+    assert "no key" in done.stderr and "--api-key" in done.stderr

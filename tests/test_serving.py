@@ -1,0 +1,103 @@
+"""The door every server of ours shares: keys, body caps, slow clients, where it may listen."""
+
+from __future__ import annotations
+
+import socket
+import zlib
+
+import anyio
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from platoon.serving import BodyTooLarge, Guard, ServingError, read_body_limited, require_key, serve_asgi
+
+pytestmark = pytest.mark.anyio
+
+
+async def _echo(request: Request) -> JSONResponse:
+    return JSONResponse({"size": len(await request.body())})
+
+
+def _app(**guard) -> Guard:
+    return Guard(Starlette(routes=[Route("/{path:path}", _echo, methods=["GET", "POST"])]), **guard)
+
+
+async def test_a_key_is_needed_on_every_route_and_checked_exactly():
+    transport = httpx.ASGITransport(app=_app(api_key="s3cret"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for path in ("/healthz", "/api/v1/samplers/x", "/anything"):
+            assert (await client.get(path)).status_code == 401
+            assert (await client.get(path, headers={"x-api-key": "s3cre"})).status_code == 401
+            assert (await client.get(path, headers={"x-api-key": "s3cret"})).status_code == 200
+            assert (await client.get(path, headers={"authorization": "Bearer s3cret"})).status_code == 200
+
+
+async def test_bodies_over_the_cap_are_refused_declared_or_streamed():
+    transport = httpx.ASGITransport(app=_app(max_body=1000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/x", content=b"a" * 1000)).json() == {"size": 1000}
+        assert (await client.post("/x", content=b"a" * 1001)).status_code == 413
+
+        async def chunks():
+            for _ in range(10):
+                yield b"a" * 500
+
+        assert (await client.post("/x", content=chunks())).status_code == 413  # no content-length
+
+
+def test_a_compressed_body_never_expands_past_the_limit():
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 * 2**20))
+    assert len(bomb) < 64 * 1024
+    with pytest.raises(BodyTooLarge, match="decompresses to over"):
+        read_body_limited(bomb, "zstd", 2**20)
+    gz = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    gzip_bomb = gz.compress(b"\0" * (64 * 2**20)) + gz.flush()
+    with pytest.raises(BodyTooLarge):
+        read_body_limited(gzip_bomb, "gzip", 2**20)
+    assert read_body_limited(zstandard.ZstdCompressor().compress(b"ok"), "zstd", 10) == b"ok"
+    with pytest.raises(BodyTooLarge, match="unsupported"):
+        read_body_limited(b"x", "br", 10)
+
+
+def test_listening_beyond_loopback_needs_a_key():
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        require_key(host, None, "it")
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
+        with pytest.raises(ServingError, match="no key"):
+            require_key(host, None, "it")
+        require_key(host, "k", "it")
+
+
+async def test_a_client_that_trickles_its_headers_is_dropped():
+    """Slowloris: a byte at a time, never finishing the headers; the server hangs up."""
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(
+            lambda task_status: serve_asgi(_app(), idle_timeout=0.5, task_status=task_status)
+        )
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.setblocking(False)
+        sent, closed = 0, False
+        with anyio.move_on_after(20):  # a bound for a broken server; the drop comes after 0.5 s
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            while not closed:
+                try:
+                    closed = sock.recv(1024) == b""
+                except BlockingIOError:
+                    try:
+                        sock.sendall(b"X")
+                        sent += 1
+                    except OSError:
+                        closed = True
+                    await anyio.sleep(0.05)
+                except OSError:
+                    closed = True
+        sock.close()
+        tg.cancel_scope.cancel()
+    assert closed, f"still connected after trickling {sent} bytes"
