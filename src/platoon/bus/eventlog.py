@@ -2,15 +2,19 @@
 
 Each record is a 4-byte big-endian length and the event's msgpack bytes, so the file can be
 read while it is written and a record cut short by a crash is simply where reading stops.
+The file is created 0600, and fields an event type names in `secret_fields` (an agent's
+gateway key) are written as `<redacted>`.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import msgspec.structs
 
 from platoon.bus.codec import decode, encode
 from platoon.bus.core import Bus, Stream
@@ -19,6 +23,7 @@ from platoon.bus.events import Event
 __all__ = ["EVENT_LOG_NAME", "EventLog", "read_events"]
 
 EVENT_LOG_NAME = "events.msgpack"
+REDACTED = "<redacted>"
 _LENGTH = struct.Struct(">I")
 
 
@@ -43,17 +48,25 @@ class EventLog:
             self.attach(bus)
         assert self._events is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("ab") as file:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as file:
             with self._events as events:
                 try:
                     async for event in events:
-                        data = encode(event)
+                        data = encode(_without_secrets(event))
                         file.write(_LENGTH.pack(len(data)) + data)
                         self.count += 1
                         if self.count % self.flush_every == 0:
                             file.flush()
                 finally:
                     file.flush()
+
+
+def _without_secrets(event: Event) -> Event:
+    hidden = getattr(type(event), "secret_fields", ())
+    if not hidden:
+        return event
+    return msgspec.structs.replace(event, **dict.fromkeys(hidden, REDACTED))
 
 
 def read_events(run_dir_or_file: str | Path) -> Iterator[Event]:

@@ -11,7 +11,7 @@ A plugin adds its own event types by subclassing `Event` and decorating the clas
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -297,7 +297,12 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
 
 @register_event
 class AgentOpened(Reply, frozen=True, kw_only=True):
-    """`key` authenticates the agent's HTTP calls; `base_url` is the gateway's `/v1` root."""
+    """`key` authenticates the agent's HTTP calls; `base_url` is the gateway's `/v1` root.
+
+    The key is a secret: the event log writes it redacted (`secret_fields`).
+    """
+
+    secret_fields: ClassVar[tuple[str, ...]] = ("key",)
 
     key: str = ""
     base_url: str | None = None

@@ -2,7 +2,8 @@
 
 from .load import dumps_yaml, load_config, read_file, to_builtins, validate_config
 from .merge import deep_merge
-from .rundir import run_dir, write_run_files
+from .redact import redact
+from .rundir import make_private_dir, open_private, run_dir, write_run_files
 from .schema import (
     AdamParams,
     AgentsConfig,
@@ -50,7 +51,10 @@ __all__ = [
     "dumps_yaml",
     "load_config",
     "load_site",
+    "make_private_dir",
+    "open_private",
     "read_file",
+    "redact",
     "run_dir",
     "site_path",
     "to_builtins",

@@ -3,6 +3,11 @@
 ``<log_path or site runs>/<experiment_name>/<trial_name>/`` holds everything a run leaves. Its
 ``config.yaml`` reloads to the same config, and ``lock.json`` says what ran: platoon's version,
 Python's, those of the libraries that shape results, and every option in force.
+
+Neither holds a secret: keys, tokens and passwords written inline in a config, and passwords in
+URLs, are replaced by ``<redacted>`` (see `platoon.config.redact`); a resumed run takes them
+from the environment or the command line again. The directory is private to its owner (0700)
+and its files 0600.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from typing import Any
 import msgspec
 
 from .load import dumps_yaml, to_builtins
+from .redact import redact
 from .schema import Config
 from .site import Site
 
-__all__ = ["KEY_DEPENDENCIES", "run_dir", "write_run_files"]
+__all__ = ["KEY_DEPENDENCIES", "make_private_dir", "open_private", "run_dir", "write_run_files"]
 
 # Distributions whose versions change what a run does; absent ones are recorded as null.
 KEY_DEPENDENCIES = (
@@ -64,10 +70,12 @@ def write_run_files(
     ``extra`` adds keys to ``lock.json`` (the command line, choices made at start such as the
     tool-call parser). Each file is replaced whole or not at all.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    header = f"# The resolved config of this run (platoon {_version('platoon')}); defaults written out.\n"
-    _write_atomic(directory / "config.yaml", (header + dumps_yaml(config)).encode())
+    directory = make_private_dir(directory)
+    header = (
+        f"# The resolved config of this run (platoon {_version('platoon')}); defaults written out,\n"
+        "# secrets <redacted> (give them again through the environment or the command line).\n"
+    )
+    _write_atomic(directory / "config.yaml", (header + dumps_yaml(redact(to_builtins(config)))).encode())
     lock = {
         "platoon": _version("platoon"),
         "python": platform.python_version(),
@@ -77,7 +85,22 @@ def write_run_files(
         "config": to_builtins(config),
         **(extra or {}),
     }
+    lock = redact(lock)
     _write_atomic(directory / "lock.json", msgspec.json.format(msgspec.json.encode(lock), indent=2) + b"\n")
+
+
+def make_private_dir(directory: str | os.PathLike[str]) -> Path:
+    """Create the run directory (and parents) if missing; it is readable by its owner only."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def open_private(path: str | os.PathLike[str], mode: str = "a") -> Any:
+    """Open a run file for appending (`a` or `ab`), created 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, mode)
 
 
 def _version(distribution: str) -> str | None:

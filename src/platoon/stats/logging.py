@@ -8,6 +8,8 @@ from typing import Literal
 
 import structlog
 
+from platoon.config.redact import REDACTED, is_secret_key, redact_text
+
 __all__ = ["configure_logging"]
 
 
@@ -32,6 +34,16 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def _redact_secrets(logger: object, method: str, event_dict: dict) -> dict:
+    """No key, token or URL password reaches a log line, whoever logged it."""
+    for key, value in event_dict.items():
+        if is_secret_key(key) and value:
+            event_dict[key] = REDACTED
+        elif isinstance(value, str):
+            event_dict[key] = redact_text(value)
+    return event_dict
+
+
 def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "info") -> None:
     """Route structlog and the standard library's logging to stderr in one format."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -41,6 +53,7 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso" if fmt == "json" else "%H:%M:%S"),
+        _redact_secrets,
     ]
     renderer = (
         structlog.processors.JSONRenderer()
@@ -48,7 +61,7 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, structlog.processors.format_exc_info, _redact_secrets, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,

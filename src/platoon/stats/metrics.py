@@ -11,6 +11,7 @@ from typing import Any
 
 from platoon.bus import Bus, Stream
 from platoon.bus.events import EvalFinished, Event, TrainStepFinished
+from platoon.config.rundir import open_private
 
 __all__ = ["MetricsSink"]
 
@@ -81,7 +82,7 @@ class MetricsSink:
         self._start_wandb()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self.path.open("a") as file, self._events as events:
+            with open_private(self.path, "a") as file, self._events as events:
                 async for event in events:
                     if isinstance(event, TrainStepFinished):
                         record = {"step": event.step, "time": time.time(), **event.metrics}
