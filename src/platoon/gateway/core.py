@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -93,6 +94,7 @@ class AgentSession:
     sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
     closed: bool = False
+    in_flight: int = 0  # HTTP calls being answered
 
 
 @dataclass
@@ -115,7 +117,8 @@ class Gateway:
 
     `context_window` (tokens) makes a longer prompt a context-length error and clamps
     `max_tokens` to the room left; `max_concurrent_samples` bounds calls in flight (HTTP
-    callers get 429 past it, in-process callers wait).
+    callers get 429 past it, in-process callers wait), `max_calls_per_agent` those of one agent
+    over HTTP, and `max_body` the size of an HTTP request.
     """
 
     name = "gateway"
@@ -133,6 +136,8 @@ class Gateway:
         serve_http: bool = True,
         model_name: str = "platoon-policy",
         version_timeout: float = 600.0,
+        max_calls_per_agent: int = 16,
+        max_body: int = 64 * 2**20,
     ) -> None:
         self.renderer = renderer
         self.factory = sampler_factory
@@ -144,6 +149,9 @@ class Gateway:
         self.serve_http = serve_http
         self.model_name = model_name
         self.version_timeout = version_timeout
+        self._longest_token: int | None = None
+        self.max_calls_per_agent = max_calls_per_agent
+        self.max_body = max_body
         self.base_url: str | None = None
         self.sampler: Sampler | None = None
         self.agents: dict[str, AgentSession] = {}  # by key
@@ -302,10 +310,16 @@ class Gateway:
         if not messages:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
         completions = self._sampled_turns(session, messages)
+        chars = _text_size(messages) + _text_size(tools or ())
+        self._check_size(chars)
+        render = functools.partial(self.renderer.render, messages, tools or None, completions=completions)
         try:
-            prompt = self.renderer.render(messages, tools or None, completions=completions)
+            # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
+            prompt = await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render()
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
+        except UnicodeError:
+            raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
         sample_params = self._params(session, params, len(prompt))
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:
@@ -405,6 +419,21 @@ class Gateway:
                 completions[i] = samplings[min(n, len(samplings) - 1)]
         return completions
 
+    def _check_size(self, chars: int) -> None:
+        """Refuse, before tokenizing, a prompt that cannot fit: no token spans more than
+        `longest_token` characters, so `chars / longest_token` tokens at least."""
+        if self.context_window is None:
+            return
+        if self._longest_token is None:
+            self._longest_token = _longest_token(self.renderer.tokenizer)
+        if chars > self.context_window * self._longest_token:
+            raise GatewayError(
+                "context_length",
+                f"the prompt has {chars} characters, over {self.context_window} tokens whatever the "
+                f"tokenization; the context window is {self.context_window}",
+                param="messages",
+            )
+
     def _params(self, session: AgentSession, request: Mapping[str, Any], prompt_len: int) -> SampleParams:
         """Request values first, then the agent's defaults, then the gateway's."""
         merged: dict[str, Any] = {}
@@ -415,12 +444,7 @@ class Gateway:
         unknown = set(merged) - _PARAM_FIELDS
         for key in unknown:
             merged.pop(key)
-        try:
-            params = SampleParams(**merged)
-        except TypeError as exc:
-            raise GatewayError("bad_request", f"bad sampling parameters: {exc}") from None
-        if params.max_tokens is not None and params.max_tokens < 1:
-            raise GatewayError("bad_request", "max_tokens must be at least 1", param="max_tokens")
+        params = _checked_params(merged)
         if self.context_window is not None:
             room = self.context_window - prompt_len
             if room <= 0:
@@ -438,6 +462,70 @@ class Gateway:
 
 
 _PARAM_ALIASES = {"max_completion_tokens": "max_tokens"}
+_INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
+_MAX_TOKENS = 10_000_000  # no model samples more; a larger max_tokens is a mistake
+# What each sampling parameter may be: (type, lowest, highest).
+_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
+    "max_tokens": (int, 1, _MAX_TOKENS),
+    "temperature": (float, 0.0, 100.0),
+    "top_p": (float, 0.0, 1.0),
+    "top_k": (int, -1, 2**31 - 1),
+    "seed": (int, -(2**63), 2**63 - 1),
+}
+
+
+def _checked_params(values: dict[str, Any]) -> SampleParams:
+    """SampleParams from request values, each a finite number in range, or a 400 naming it."""
+    for name, (kind, low, high) in _PARAM_RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is int and ok_type and isinstance(value, float) and value.is_integer():
+            value = values[name] = int(value)
+        if (
+            not ok_type
+            or (kind is int and not isinstance(value, int))
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
+            raise GatewayError(
+                "bad_request",
+                f"{name} must be {'an integer' if kind is int else 'a number'} from {low} to {high}, "
+                f"got {value!r}",
+                param=name,
+            )
+    stop = values.get("stop")
+    if isinstance(stop, str):
+        values["stop"] = [stop]
+    elif stop is not None and (
+        not isinstance(stop, list)
+        or not all(isinstance(s, (str, int)) and not isinstance(s, bool) for s in stop)
+    ):
+        raise GatewayError("bad_request", "stop must be a string or a list of strings", param="stop")
+    return SampleParams(**values)
+
+
+def _text_size(value: Any) -> int:
+    """Characters of all the strings in a JSON-like value (a cheap bound on its tokens)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def _longest_token(tokenizer: Any) -> int:
+    """The most characters one token can stand for (vocabulary strings are at least as long)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary table: no bound known
+        return 1 << 30
+    return max((len(token) for token in vocab), default=1 << 30) or 1
+
+
 _PARAM_FIELDS = set(SampleParams.__struct_fields__)
 
 

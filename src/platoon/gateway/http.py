@@ -10,11 +10,14 @@ against the budget, aux calls train for free, judge calls are recorded and never
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,6 +25,7 @@ from starlette.routing import Route
 
 from platoon.gateway import dialects
 from platoon.gateway.core import AgentSession, Completion, GatewayError
+from platoon.serving import Guard
 
 if TYPE_CHECKING:
     from platoon.gateway.core import Gateway
@@ -97,10 +101,38 @@ def _kind(request: Request) -> str:
     return kind
 
 
+_INLINE_BODY = 1 << 20  # larger bodies are parsed on a worker thread
+# A JSON escape of a UTF-16 surrogate: only such bodies need the lone-surrogate check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse(body: bytes) -> Any:
+    value = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
+    if _SURROGATE_ESCAPE.search(body):
+        json.dumps(value, ensure_ascii=False).encode()  # raises on a lone surrogate
+    return value
+
+
 async def _json(request: Request) -> Any:
+    body = await request.body()
     try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return await anyio.to_thread.run_sync(_parse, body) if len(body) > _INLINE_BODY else _parse(body)
+    except RecursionError:
+        raise dialects.DialectError("the body is nested too deeply") from None
+    except UnicodeError:
+        raise dialects.DialectError("the body holds a string that is not valid Unicode") from None
+    except ValueError as exc:  # JSONDecodeError included
         raise dialects.DialectError(f"the body is not valid JSON: {exc}") from None
 
 
@@ -115,7 +147,7 @@ def _sse(events: Iterable[str | tuple[str, str]]) -> StreamingResponse:
     return StreamingResponse(lines(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
-def build_app(gateway: Gateway) -> Starlette:
+def build_app(gateway: Gateway) -> Guard:
     """The ASGI app of a gateway."""
 
     def token_texts(tokens: list[int]) -> list[str]:
@@ -126,8 +158,16 @@ def build_app(gateway: Gateway) -> Starlette:
     ) -> Response:
         try:
             session = gateway.authenticate(_key(request))
-            body = await _json(request)
-            return await call(session, body)
+            if session.in_flight >= gateway.max_calls_per_agent:
+                raise GatewayError(
+                    "overloaded", f"at most {gateway.max_calls_per_agent} calls of one agent at a time"
+                )
+            session.in_flight += 1
+            try:
+                body = await _json(request)
+                return await call(session, body)
+            finally:
+                session.in_flight -= 1
         except dialects.DialectError as exc:
             return (
                 error("bad_request", str(exc), exc.param)
@@ -234,7 +274,7 @@ def build_app(gateway: Gateway) -> Starlette:
         }
         return JSONResponse(body, status_code=405)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
@@ -245,6 +285,8 @@ def build_app(gateway: Gateway) -> Starlette:
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
+    # Agents' keys are checked per route (each agent has its own); the guard caps bodies.
+    return Guard(app, max_body=gateway.max_body, max_in_flight=4096)
 
 
 async def serve_gateway(
