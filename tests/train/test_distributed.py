@@ -136,13 +136,14 @@ class Cluster:
         command = [sys.executable, "-m", "platoon", "train", str(self.path)]
         self.trainer = self._spawn(command, f"trainer-{self.path.stem}")
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(self, *overrides: str) -> subprocess.Popen:
         policy = "scripted:test_distributed:slow_bisect"
         command = [
             sys.executable,
             "-m",
             "platoon.cli.worker",
             str(self.path),
+            *overrides,
             "--policy",
             policy,
             "--drain",
@@ -283,6 +284,25 @@ def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypat
     anyio.run(lambda: train(config, run_dir=one_dir, console=False, sampler_factory=factory))
     alone = check_batches(one_dir)
     assert summary(events) == summary(alone)
+
+
+def test_a_secured_run_trains_with_a_credential_per_role(site, tiny_model, tmp_path):
+    """The server `platoon nats init` configures: trainer and workers each log in as their role."""
+    from platoon.train.nats_auth import write_nats_setup
+
+    setup = write_nats_setup(tmp_path / "nats", run="secured")
+    with NatsServer(args=["-c", str(setup.server_config)]) as server:
+        config = make_config(tiny_model, url=server.url, run="secured")
+        config["nats"]["credentials_file"] = str(setup.trainer_credentials)
+        run = Cluster(site, config, "secured")
+        try:
+            run.start_trainer()
+            run.start_worker(f"nats.credentials_file={setup.worker_credentials}")
+            run.finish()
+        finally:
+            run.close()
+    events = check_batches(run.run_dir)
+    assert len([e for e in events if type(e).__name__ == "EpisodeGraded"]) >= BATCH * STEPS
 
 
 def test_a_worker_killed_mid_step_loses_no_episode(cluster):

@@ -39,6 +39,17 @@ sent while the *receiving* side is still reconnecting is lost, as core NATS goes
 events are not.) At shutdown the bridge spends up to `close_timeout` sending what is
 buffered and logs what it could not.
 
+Leases (`leases=`): who was given an episode may report on it, nobody else. A bridge with
+`issue_leases=True` (the trainer's) sends each work event with a fresh token in the
+`Platoon-Lease` header and drops any incoming event of an episode whose header does not hold a
+token it issued for that episode; a worker's bridges remember the token of each work event they
+take and attach it to every event of that episode they send. With the server's permissions
+(`platoon nats init`), a worker may take work only through the queue group, so the token of an
+episode reaches the one worker that plays it.
+
+Credentials: a NATS `.creds` file (JWT and nkey), or the JSON file `platoon nats init` writes
+for a role (`{"user": ..., "password": ...}`).
+
 `attach(bus)` (called by `run_components`, or by `run` itself) subscribes to the outgoing
 types before the connection exists, so nothing published early is missed.
 
@@ -52,8 +63,10 @@ import asyncio
 import functools
 import hashlib
 import importlib.util
+import json
 import random
 import re
+import secrets
 import ssl
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -81,12 +94,13 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("platoon.bus.nats needs nats-py: pip install 'platoon[nats]'") from exc
 
-__all__ = ["BridgeStats", "NatsBridge", "NatsBridgeError", "event_id", "subject_for"]
+__all__ = ["BridgeStats", "Leases", "NatsBridge", "NatsBridgeError", "event_id", "subject_for"]
 
 log = structlog.get_logger("platoon.bus.nats")
 
 ORIGIN_HEADER = "Platoon-Origin"
 MSG_ID_HEADER = "Nats-Msg-Id"
+LEASE_HEADER = "Platoon-Lease"
 ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _SCHEMES = ("nats", "tls", "ws", "wss")
@@ -108,6 +122,7 @@ class BridgeStats(msgspec.Struct):
     slow_consumer_drops: int = 0
     disconnects: int = 0
     unsent_at_close: int = 0
+    unleased: int = 0  # events of an episode, dropped for want of its lease token
 
 
 class _Out(msgspec.Struct):
@@ -123,6 +138,43 @@ class _Pending(msgspec.Struct):
     ack: asyncio.Future[Any] | None
     deadline: float  # when to give up waiting for `ack` and publish again
     connection: int  # which connection it went out on (the count of disconnects then)
+
+
+class Leases:
+    """Per-episode tokens: issued with work (trainer), remembered and attached (worker)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._tokens: OrderedDict[str, list[str]] = OrderedDict()
+
+    def issue(self, episode_id: str) -> str:
+        token = secrets.token_urlsafe(18)
+        self._tokens.setdefault(episode_id, []).append(token)  # a re-request keeps the old ones
+        self._trim(episode_id)
+        return token
+
+    def remember(self, episode_id: str, token: str) -> None:
+        self._tokens[episode_id] = [token]
+        self._trim(episode_id)
+
+    def token_for(self, episode_id: str) -> str | None:
+        tokens = self._tokens.get(episode_id)
+        return tokens[-1] if tokens else None
+
+    def valid(self, episode_id: str, token: str | None) -> bool:
+        return bool(token) and any(
+            secrets.compare_digest(token, issued) for issued in self._tokens.get(episode_id, ())
+        )
+
+    def _trim(self, episode_id: str) -> None:
+        self._tokens.move_to_end(episode_id)
+        while len(self._tokens) > self.limit:
+            self._tokens.popitem(last=False)
+
+
+def _episode(event: Event) -> str | None:
+    value = getattr(event, "episode_id", None)
+    return value if isinstance(value, str) and value else None
 
 
 @functools.cache
@@ -181,6 +233,8 @@ class NatsBridge:
         max_age: float = 7 * 24 * 3600.0,
         seen_limit: int = 100_000,
         close_timeout: float = 5.0,
+        leases: Leases | None = None,
+        issue_leases: bool = False,
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         for one in self.urls:
@@ -205,11 +259,13 @@ class NatsBridge:
                         f"{event_type.__name__} is both {seen[event_type]} and {kind}: pick one"
                     )
                 seen[event_type] = kind
+        self._login: dict[str, str] = {}
         if credentials is not None:
-            if not Path(credentials).is_file():
-                raise NatsBridgeError(f"NATS credentials file {credentials} does not exist")
-            if importlib.util.find_spec("nkeys") is None:
-                raise NatsBridgeError("NATS credentials files need the nkeys package: pip install nkeys")
+            self._login = _read_credentials(Path(credentials))
+        if issue_leases and leases is None:
+            leases = Leases(seen_limit)
+        self.leases = leases
+        self.issue_leases = issue_leases
         self.consume_work = consume_work
         self.consume_durable = consume_durable
         self.durable_name = durable_name
@@ -365,8 +421,7 @@ class NatsBridge:
         }
         if self.tls is not None:
             options["tls"] = self.tls
-        if self.credentials is not None:
-            options["user_credentials"] = str(self.credentials)
+        options.update(self._login)
         try:
             with anyio.fail_after(self.connect_timeout):
                 await nc.connect(**options)
@@ -495,15 +550,24 @@ class NatsBridge:
                 # Taking what is buffered without yielding lets nats-py write a batch per syscall.
                 while (out := await _receive(outbox)) is not None:
                     data = encode(out.event)
+                    lease = self._lease_out(out.event)
                     if out.durable:
                         assert js is not None
                         headers = {ORIGIN_HEADER: self.origin, MSG_ID_HEADER: event_id(out.event)}
+                        if lease:
+                            # In the id too, so a forged event of the same episode, sent first,
+                            # cannot make the stream drop the real one as a duplicate.
+                            headers[MSG_ID_HEADER] += (
+                                ":" + hashlib.blake2b(lease.encode(), digest_size=8).hexdigest()
+                            )
+                            headers[LEASE_HEADER] = lease
                         ack = await self._publish_async(nc, js, out.subject, data, headers)
                         deadline = anyio.current_time() + self.ack_timeout
                         pending = _Pending(out.subject, data, headers, ack, deadline, self.stats.disconnects)
                         await _send(inflight, pending)
                     else:
-                        await self._publish_core(nc, out.subject, data, core_headers)
+                        headers = {**core_headers, LEASE_HEADER: lease} if lease else core_headers
+                        await self._publish_core(nc, out.subject, data, headers)
                         self._sent()
 
     async def _publish_core(self, nc: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:
@@ -632,13 +696,43 @@ class NatsBridge:
             self.stats.echoes += 1
             return None
         try:
-            return decode(msg.data)
+            event = decode(msg.data)
         except msgspec.DecodeError as exc:
             self.stats.undecodable += 1
             log.error(
                 "undecodable event from NATS; is its plugin installed?", subject=msg.subject, error=str(exc)
             )
             return None
+        return self._lease_in(event, (msg.headers or {}).get(LEASE_HEADER))
+
+    def _lease_out(self, event: Event) -> str | None:
+        """The lease token to send with `event`: a new one with work we hand out, else the
+        one of its episode we were given."""
+        episode = _episode(event)
+        if self.leases is None or episode is None:
+            return None
+        if self.issue_leases and type(event) in self.work:
+            return self.leases.issue(episode)
+        return self.leases.token_for(episode)
+
+    def _lease_in(self, event: Event, token: str | None) -> Event | None:
+        episode = _episode(event)
+        if self.leases is None or episode is None:
+            return event
+        if type(event) in self.work and self.consume_work:
+            if token:
+                self.leases.remember(episode, token)
+            return event
+        if self.issue_leases and not self.leases.valid(episode, token):
+            self.stats.unleased += 1
+            log.warning(
+                "dropped an event of an episode its sender was not given",
+                type=type(event).__name__,
+                episode=episode,
+                dropped=self.stats.unleased,
+            )
+            return None
+        return event
 
     async def _deliver(self, bus: Bus, event: Event) -> None:
         self._from_nats[id(event)] = event
@@ -697,6 +791,24 @@ def _require_asyncio() -> None:
         raise NatsBridgeError(
             "the NATS bridge needs anyio's asyncio backend (nats-py is asyncio-only); "
             "run the bus under asyncio, e.g. anyio.run(main, backend='asyncio')"
+        ) from None
+
+
+def _read_credentials(path: Path) -> dict[str, str]:
+    """nats-py connect options from a credentials file: a `.creds` file, or platoon's JSON."""
+    if not path.is_file():
+        raise NatsBridgeError(f"NATS credentials file {path} does not exist")
+    if path.suffix == ".creds":
+        if importlib.util.find_spec("nkeys") is None:
+            raise NatsBridgeError("NATS .creds files need the nkeys package: pip install nkeys")
+        return {"user_credentials": str(path)}
+    try:
+        data = json.loads(path.read_text())
+        return {"user": str(data["user"]), "password": str(data["password"])}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise NatsBridgeError(
+            f"NATS credentials file {path}: expected a .creds file or the JSON `platoon nats init` "
+            f"writes ({type(exc).__name__}: {exc})"
         ) from None
 
 

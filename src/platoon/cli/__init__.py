@@ -83,6 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("name")
     q.set_defaults(handler="platoon.cli.harness:show_harness")
 
+    p = sub.add_parser("nats", help="NATS for distributed runs")
+    ns = p.add_subparsers(dest="nats_command", metavar="ACTION", required=True)
+    q = ns.add_parser("init", help="write a nats-server config and per-role credentials")
+    q.add_argument(
+        "directory", metavar="DIR", help="where to write nats-server.conf, trainer.json, worker.json"
+    )
+    q.add_argument("--run", default="*", help="scope the permissions to this run's subjects (default: any)")
+    q.add_argument("--host", default="127.0.0.1", help="where the server listens (default: loopback)")
+    q.add_argument("--port", type=int, default=4222)
+    q.add_argument("--tls-cert", metavar="FILE", help="the server's TLS certificate (with --tls-key)")
+    q.add_argument("--tls-key", metavar="FILE", help="its private key")
+    q.set_defaults(handler="platoon.cli.nats:nats_init")
+
     p = sub.add_parser("events", help="print a run's event log")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--type", action="append", dest="types", metavar="EVENT", help="only these event types")

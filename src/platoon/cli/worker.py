@@ -61,7 +61,13 @@ def worker(args: Any) -> int:
     parser = None if train.tool_call_parser == "auto" else train.tool_call_parser
     renderer = get_renderer(train.renderer_name, tokenizer, tool_call_parser=parser)
     policy = getattr(args, "policy", None)
-    sampler_for = _scripted(policy, tokenizer) if policy else _TinkerPolicies(config)
+    from platoon.train.distributed import authenticated
+
+    sampler_for = (
+        _scripted(policy, tokenizer)
+        if policy
+        else _TinkerPolicies(config, trust_announced=authenticated(config))
+    )
     try:
         node = Worker(
             config,
@@ -137,21 +143,36 @@ def _scripted(ref: str, tokenizer: Any) -> Any:
 
 
 class _TinkerPolicies:
-    """Samplers on the Tinker service the trainer announces, one service client per URL."""
+    """Samplers on the Tinker service the trainer announces, one service client per URL.
 
-    def __init__(self, config: Config) -> None:
+    The worker's `TINKER_API_KEY` goes only to a URL it trusts: its own `$TINKER_BASE_URL` or
+    `tinker_base_url`, hosted Tinker, or one announced over an authenticated NATS connection
+    (where only the trainer may announce). An announcement heard over an unauthenticated bus
+    could come from anyone, so its URL gets the placeholder key of a keyless local server.
+    """
+
+    def __init__(self, config: Config, *, trust_announced: bool = False) -> None:
         self.config = config
+        self.trust_announced = trust_announced
         self.clients: dict[str | None, Any] = {}
 
     def _client(self, base_url: str | None) -> Any:
-        url = os.environ.get("TINKER_BASE_URL") or base_url
+        own = os.environ.get("TINKER_BASE_URL") or self.config.tinker_base_url
+        url = own or base_url
         if url not in self.clients:
             if url is None:
                 self.clients[url] = system.tinker_service_client(self.config)
             else:
                 import tinker
 
-                api_key = os.environ.get("TINKER_API_KEY") or "tml-local"
+                trusted = url == own or self.trust_announced
+                api_key = (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
+                if not trusted:
+                    log.warning(
+                        "sampling from the announced Tinker URL without this worker's key: the announcement "
+                        "is not authenticated (set nats.credentials_file, or TINKER_BASE_URL)",
+                        url=url,
+                    )
                 self.clients[url] = tinker.ServiceClient(base_url=url, api_key=api_key)
         return self.clients[url]
 

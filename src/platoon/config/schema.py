@@ -249,8 +249,9 @@ class NatsConfig(_Strict):
     subject_prefix: str = "platoon"  # events travel on <prefix>.<run>.<event>
     run: str | None = None  # None: <experiment_name>-<trial_name>; trainer and workers must agree
     subjects: list[str] = []  # more event types (names or tags) mirrored between trainer and workers
-    credentials_file: FilePath | None = None
+    credentials_file: FilePath | None = None  # from `platoon nats init` (or a NATS .creds file)
     tls: NatsTLS | None = None
+    insecure: bool = False  # allow a server beyond loopback without credentials (isolated networks)
     # Failure handling (see platoon.train.distributed): an episode with no sign of life for
     # lease_timeout s is re-requested, at most max_attempts times in all.
     lease_timeout: PositiveFloat | None = None  # None: the rollout timeout + 30 s, else 600 s

@@ -182,6 +182,7 @@ def _bridge(config: Config, url: str | None, **options: Any) -> Any:
     from platoon.bus.nats import NatsBridge, NatsBridgeError
 
     nats = _nats(config, url)
+    _check_authenticated(nats, url or nats.url)
     try:
         return NatsBridge(
             url or nats.url,
@@ -192,6 +193,28 @@ def _bridge(config: Config, url: str | None, **options: Any) -> Any:
         )
     except NatsBridgeError as exc:
         raise DistributedError(str(exc)) from None
+
+
+def _check_authenticated(nats: Any, url: str) -> None:
+    """Beyond this machine, NATS without credentials lets anyone read the run and steer it."""
+    from urllib.parse import urlsplit
+
+    from platoon.serving import is_loopback
+
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    if nats.credentials_file or parts.password or nats.insecure or is_loopback(parts.hostname or ""):
+        return
+    raise DistributedError(
+        f"nats.url {parts.hostname}:{parts.port or 4222} is beyond this machine and no credentials are "
+        "given: anyone who reaches it could read every event and steer the run. Write a server config "
+        "and per-role credentials with `platoon nats init`, then set nats.credentials_file (or, on a "
+        "trusted isolated network only, nats.insecure: true)"
+    )
+
+
+def authenticated(config: Config) -> bool:
+    """Whether the run's NATS connection is authenticated (steering events come from the trainer)."""
+    return config.nats is not None and bool(config.nats.credentials_file)
 
 
 # --- the trainer's side ---------------------------------------------------------------------
@@ -210,6 +233,7 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
         durable=RESULT_TYPES,
         consume_durable=True,
         durable_name=TRAINER_DURABLE,
+        issue_leases=True,  # results count only from the worker that was given the episode
     )
     return [
         bridge,
@@ -578,8 +602,11 @@ class Worker:
         self.drain_timeout = nats.drain_timeout if drain_timeout is None else drain_timeout
         self.every = nats.announce_every
         mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
-        self.results = _bridge(config, url, mirror=mirrored, durable=RESULT_TYPES)
-        self.work = _bridge(config, url, work=[EpisodeRequested], consume_work=True)
+        from platoon.bus.nats import Leases
+
+        leases = Leases()  # the work bridge learns each episode's token, the results bridge sends it
+        self.results = _bridge(config, url, mirror=mirrored, durable=RESULT_TYPES, leases=leases)
+        self.work = _bridge(config, url, work=[EpisodeRequested], consume_work=True, leases=leases)
         self.follower = PolicyFollower(sampler_for)
         entries = system.entry_settings(config)
         self.seal = ResultSeal(worker=self.name, envs={e.name for e in entries})
