@@ -194,3 +194,48 @@ async def test_results_count_only_from_the_worker_given_the_episode(secured):
             tg.cancel_scope.cancel()
     assert [(g.episode_id, g.reward) for g in got] == [("ep-1", 1.0)]
     assert trainer_bridge.stats.unleased == 2
+
+
+def _certificate(directory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl command."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "server.pem", directory / "server-key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+async def test_with_tls_events_travel_encrypted_and_plain_clients_are_refused(tmp_path):
+    import ssl
+
+    cert, key = _certificate(tmp_path)
+    setup = write_nats_setup(tmp_path / "nats", run=RUN, tls_cert=cert, tls_key=key)
+    assert setup.url.startswith("tls://")
+    with NatsServer(args=["-c", str(setup.server_config)]) as server:
+        with pytest.raises((nats.errors.Error, OSError)):
+            await nats.connect(
+                server.url, allow_reconnect=False, connect_timeout=2, **login(setup.trainer_credentials)
+            )
+        context = ssl.create_default_context(cafile=cert)
+        heard = anyio.Event()
+        trainer = NatsBridge(
+            server.url, run=RUN, mirror=[WorkerStatus], tls=context, credentials=setup.trainer_credentials
+        )
+        worker = NatsBridge(
+            server.url, run=RUN, mirror=[WorkerStatus], tls=context, credentials=setup.worker_credentials
+        )
+        async with Bus() as trainer_bus, Bus() as worker_bus, anyio.create_task_group() as tg:
+            trainer_bus.subscribe(WorkerStatus, lambda _: heard.set())
+            await tg.start(trainer.run, trainer_bus)
+            await tg.start(worker.run, worker_bus)
+            await worker_bus.publish(WorkerStatus(worker="w"))
+            with anyio.fail_after(10):
+                await heard.wait()
+            tg.cancel_scope.cancel()
