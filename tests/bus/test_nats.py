@@ -468,3 +468,35 @@ async def test_tls(tmp_path):
             # without the certificate the handshake fails, and says so
             with pytest.raises(NatsBridgeError, match=r"could not connect.*CERTIFICATE_VERIFY_FAILED"):
                 await NatsBridge(url, run="test", mirror=[TrainStepFinished], connect_timeout=0.5).run(a)
+
+
+async def test_a_bridge_that_comes_later_still_learns_the_facts(js_server):
+    """The policy and the run's end are kept; a worker that connects afterwards reads them."""
+    from platoon.bus.events import PolicyAnnounced, RunFinished
+
+    facts = [PolicyAnnounced, RunFinished]
+    async with Bus() as trainer_bus:
+        async with bridged(
+            trainer_bus, js_server.url, mirror=facts, state=facts, write_state=True
+        ) as trainer:
+            await trainer_bus.publish(PolicyAnnounced(trainer="t1", version=3))
+            await trainer_bus.publish(RunFinished(status="completed"))
+            await trainer.flush()
+    heard: list = []
+    async with Bus() as late_bus:
+        late_bus.subscribe(PolicyAnnounced, heard.append)
+        late_bus.subscribe(RunFinished, heard.append)
+        async with bridged(late_bus, js_server.url, mirror=facts, state=facts, read_state=True):
+            await until(lambda: len(heard) == 2)
+    assert heard == [PolicyAnnounced(trainer="t1", version=3), RunFinished(status="completed")]
+
+    # A new trainer under the same run name starts from a clean slate.
+    async with Bus() as again_bus:
+        async with bridged(again_bus, js_server.url, mirror=facts, state=facts, write_state=True):
+            pass
+    fresh: list = []
+    async with Bus() as worker_bus:
+        worker_bus.subscribe(RunFinished, fresh.append)
+        async with bridged(worker_bus, js_server.url, mirror=facts, state=facts, read_state=True) as worker:
+            await worker._read_facts(worker_bus)  # a second read, after the first at start
+    assert fresh == []

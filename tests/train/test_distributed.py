@@ -96,7 +96,13 @@ def make_config(tiny_model: str, *, url: str | None, run: str) -> dict:
         "stats": {"experiment_name": "dist", "trial_name": run},
     }
     if url is not None:
-        config["nats"] = {"url": url, "run": run, "lease_timeout": 2.0, "announce_every": 0.5}
+        config["nats"] = {
+            "url": url,
+            "run": run,
+            "lease_timeout": 2.0,
+            "announce_every": 0.5,
+            "trainer_timeout": 5.0,
+        }
     return config
 
 

@@ -39,6 +39,14 @@ sent while the *receiving* side is still reconnecting is lost, as core NATS goes
 events are not.) At shutdown the bridge spends up to `close_timeout` sending what is
 buffered and logs what it could not.
 
+Facts (`state=`): event types whose latest value matters to whoever comes later, such as the
+current policy and the run's end. A bridge with `write_state=True` also keeps each one it sends
+in the run's state stream (`platoon-<run>-state`, one message per type); a bridge with
+`read_state=True` reads them at start and after every reconnect, so a worker that was down, or
+started after the trainer said something once, still learns it. A writer clears the stream when
+it starts, so a trainer that reuses a run name does not inherit its predecessor's end (a worker
+started before it may still read that end and stop: start the trainer first, or use a new run).
+
 Leases (`leases=`): who was given an episode may report on it, nobody else. A bridge with
 `issue_leases=True` (the trainer's) sends each work event with a fresh token in the
 `Platoon-Lease` header and drops any incoming event of an episode whose header does not hold a
@@ -235,6 +243,9 @@ class NatsBridge:
         close_timeout: float = 5.0,
         leases: Leases | None = None,
         issue_leases: bool = False,
+        state: Sequence[type[Event]] = (),
+        write_state: bool = False,
+        read_state: bool = False,
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         for one in self.urls:
@@ -266,6 +277,11 @@ class NatsBridge:
             leases = Leases(seen_limit)
         self.leases = leases
         self.issue_leases = issue_leases
+        self.state = _check_types("state", state)
+        self.write_state = write_state
+        self.read_state = read_state
+        self.state_stream = f"platoon-{run}-state"
+        self._js: JetStreamContext | None = None
         self.consume_work = consume_work
         self.consume_durable = consume_durable
         self.durable_name = durable_name
@@ -357,9 +373,12 @@ class NatsBridge:
 
     async def _bridge(self, bus: Bus, nc: NatsClient, task_status: TaskStatus[None]) -> None:
         assert self._outbox_out is not None
-        js = nc.jetstream() if self.durable else None
-        if js is not None:
+        js = nc.jetstream() if self.durable or self.state else None
+        self._js = js
+        if js is not None and self.durable:
             await self._jetstream_call(self._ensure_stream(js))
+        if js is not None and self.write_state:
+            await self._jetstream_call(self._ensure_state_stream(js))
         notices_send, notices = anyio.create_memory_object_stream[Event](64)
         inflight_send, inflight = anyio.create_memory_object_stream[_Pending](self.buffer_limit)
         self._notices = notices_send
@@ -373,6 +392,7 @@ class NatsBridge:
                 tg.start_soon(self._announce, bus, notices)
                 await self._subscribe_nats(tg, bus, nc, js)
                 await _synced(nc)
+                await self._read_facts(bus)
                 log.info("bridge up", server=self._server, run=self.run_name, origin=self.origin)
                 task_status.started()
                 await anyio.sleep_forever()
@@ -510,6 +530,56 @@ class NatsBridge:
         async with notices:
             async for event in notices:
                 await bus.publish(event)
+                if isinstance(event, BridgeReconnected):
+                    await self._read_facts(bus)  # what was said while we were away
+
+    # --- facts: the last value of each state type ------------------------------------------
+
+    def _state_subject(self, event_type: type[Event]) -> str:
+        return f"platoon.{self.run_name}.state.{_tag(event_type)}"
+
+    async def _ensure_state_stream(self, js: JetStreamContext) -> None:
+        """Create the run's state stream, or clear the facts an earlier writer (a trainer this
+        one replaces, under the same run name) left there."""
+        try:
+            await js.stream_info(self.state_stream)
+            await js.purge_stream(self.state_stream)
+        except nats.js.errors.NotFoundError:
+            try:
+                await js.add_stream(
+                    name=self.state_stream,
+                    subjects=[f"platoon.{self.run_name}.state.>"],
+                    max_msgs_per_subject=1,
+                    max_age=self.max_age,
+                )
+            except nats.js.errors.BadRequestError:
+                pass  # another bridge made it first
+
+    async def _write_fact(self, event: Event, data: bytes) -> None:
+        """Keep `event` as the last value of its type (best effort: the mirror still carries it)."""
+        if self._js is None:
+            return
+        try:
+            with anyio.fail_after(self.ack_timeout):
+                await self._js.publish(self._state_subject(type(event)), data)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning(
+                "could not keep a fact in the state stream", type=type(event).__name__, error=str(exc)
+            )
+
+    async def _read_facts(self, bus: Bus) -> None:
+        if not self.read_state or self._js is None:
+            return
+        for event_type in self.state:
+            try:
+                with anyio.fail_after(self.ack_timeout):
+                    msg = await self._js.get_last_msg(self.state_stream, self._state_subject(event_type))
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.debug("no fact in the state stream", type=event_type.__name__, error=str(exc))
+                continue
+            event = self._decode(msg)
+            if event is not None:
+                await self._deliver(bus, event)
 
     async def _connected(self, nc: NatsClient) -> None:
         while not nc.is_connected:
@@ -568,6 +638,8 @@ class NatsBridge:
                     else:
                         headers = {**core_headers, LEASE_HEADER: lease} if lease else core_headers
                         await self._publish_core(nc, out.subject, data, headers)
+                        if self.write_state and type(out.event) in self.state:
+                            await self._write_fact(out.event, data)
                         self._sent()
 
     async def _publish_core(self, nc: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:

@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument(
         "directory", metavar="DIR", help="where to write nats-server.conf, trainer.json, worker.json"
     )
-    q.add_argument("--run", default="*", help="scope the permissions to this run's subjects (default: any)")
+    q.add_argument("--run", required=True, help="the run (the config's nats.run) the permissions are for")
     q.add_argument("--host", default="127.0.0.1", help="where the server listens (default: loopback)")
     q.add_argument("--port", type=int, default=4222)
     q.add_argument("--tls-cert", metavar="FILE", help="the server's TLS certificate (with --tls-key)")

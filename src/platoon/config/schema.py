@@ -257,6 +257,9 @@ class NatsConfig(_Strict):
     lease_timeout: PositiveFloat | None = None  # None: the rollout timeout + 30 s, else 600 s
     max_attempts: PositiveInt = 3
     announce_every: PositiveFloat = 5.0  # s between re-announcements of the current policy
+    # A worker that has heard no announcement for this long takes the trainer for gone and
+    # stops (None: 10 announcement periods, at least 30 s).
+    trainer_timeout: PositiveFloat | None = None
     drain_timeout: NonNegativeFloat = 30.0  # s a stopping worker lets its episodes finish
 
 

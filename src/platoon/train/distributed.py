@@ -98,6 +98,8 @@ class DistributedError(RuntimeError):
 # --- the events that only a distributed run has ---------------------------------------------
 
 
+# What a worker must learn even if it was away when the trainer said it: kept in JetStream.
+FACTS: tuple[type[Event], ...] = (PolicyAnnounced, RunFinished)
 RESULT_TYPES: tuple[type[Event], ...] = (
     EpisodeStarted,
     AgentSpawned,
@@ -234,6 +236,8 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
         consume_durable=True,
         durable_name=TRAINER_DURABLE,
         issue_leases=True,  # results count only from the worker that was given the episode
+        state=FACTS,
+        write_state=True,
     )
     return [
         bridge,
@@ -449,6 +453,7 @@ class PolicyFollower:
         self.sampler_for = sampler_for
         self.policy: PolicyUpdated | None = None
         self.trainer: str | None = None
+        self.heard_at: float | None = None  # anyio clock of the last announcement
         self._changed = anyio.Event()
         self._samplers: dict[tuple[str | None, int, str], Any] = {}
         self._retired: set[str] = set()
@@ -465,6 +470,7 @@ class PolicyFollower:
 
     async def _on_announced(self, event: PolicyAnnounced) -> None:
         known = self.policy
+        self.heard_at = anyio.current_time()
         if event.trainer in self._retired:
             return  # a trainer that a newer one replaced; its last words may still be on the way
         if known is not None and event.trainer == self.trainer and event.version <= known.version:
@@ -601,11 +607,14 @@ class Worker:
         self.name = name or worker_name()
         self.drain_timeout = nats.drain_timeout if drain_timeout is None else drain_timeout
         self.every = nats.announce_every
+        self.trainer_timeout = nats.trainer_timeout or max(30.0, 10 * nats.announce_every)
         mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
         from platoon.bus.nats import Leases
 
         leases = Leases()  # the work bridge learns each episode's token, the results bridge sends it
-        self.results = _bridge(config, url, mirror=mirrored, durable=RESULT_TYPES, leases=leases)
+        self.results = _bridge(
+            config, url, mirror=mirrored, durable=RESULT_TYPES, leases=leases, state=FACTS, read_state=True
+        )
         self.work = _bridge(config, url, work=[EpisodeRequested], consume_work=True, leases=leases)
         self.follower = PolicyFollower(sampler_for)
         entries = system.entry_settings(config)
@@ -657,7 +666,10 @@ class Worker:
                     await bridge.start(self.results.run, bus)
                     await components.start(run_components, bus, self.components)
                     reason = await _first(
-                        policy=self.follower.known, stop=stop.wait, finished=self.run_finished.wait
+                        policy=self.follower.known,
+                        stop=stop.wait,
+                        finished=self.run_finished.wait,
+                        waiting=self._say_what_we_wait_for,
                     )
                     if reason == "policy":
                         async with anyio.create_task_group() as work:
@@ -665,7 +677,11 @@ class Worker:
                             work.start_soon(self._heartbeat, bus)
                             log.info("worker taking work", worker=self.name, run=self.results.run_name)
                             task_status.started()
-                            reason = await _first(stop=stop.wait, finished=self.run_finished.wait)
+                            reason = await _first(
+                                stop=stop.wait,
+                                finished=self.run_finished.wait,
+                                trainer_gone=self._trainer_gone,
+                            )
                             work.cancel_scope.cancel()
                     else:
                         task_status.started()
@@ -679,6 +695,32 @@ class Worker:
                     bridge.cancel_scope.cancel()
                 components.cancel_scope.cancel()
         return reason
+
+    async def _say_what_we_wait_for(self) -> None:
+        """Log, now and then, that the worker waits for the trainer's first announcement."""
+        while True:
+            log.info(
+                "worker waiting for the trainer's policy announcement",
+                worker=self.name,
+                run=self.results.run_name,
+                server=self.results._server,
+            )
+            await anyio.sleep(max(self.every * 4, 10.0))
+
+    async def _trainer_gone(self) -> None:
+        """Return once no announcement has come for `trainer_timeout` s: the trainer is gone
+        (its run's end may have been lost on the way), and waiting longer helps nobody."""
+        while True:
+            heard = self.follower.heard_at or anyio.current_time()
+            silent = anyio.current_time() - heard
+            if silent >= self.trainer_timeout:
+                log.warning(
+                    "no announcement from the trainer: taking it for gone",
+                    worker=self.name,
+                    silent_s=round(silent, 1),
+                )
+                return
+            await anyio.sleep(self.trainer_timeout - silent)
 
     async def _heartbeat(self, bus: Bus) -> None:
         while True:

@@ -46,13 +46,14 @@ def _subjects(run: str) -> dict[str, list[str]]:
     def subject(event_type: type) -> str:
         return subject_for(run, event_type)
 
-    stream = "*" if run == "*" else f"platoon-{run}"
+    stream = f"platoon-{run}"
     return {
         "worker_publish": [
             *(subject(t) for t in RESULT_TYPES),
             subject(WorkerStatus),
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.STREAM.CREATE.{stream}",
+            f"$JS.API.STREAM.MSG.GET.{stream}-state",  # the facts: policy and run end, nothing else
         ],
         "worker_subscribe": [
             subject(PolicyAnnounced),
@@ -72,7 +73,7 @@ def _quoted(items: list[str]) -> str:
 def write_nats_setup(
     directory: str | os.PathLike[str],
     *,
-    run: str = "*",
+    run: str,
     host: str = "127.0.0.1",
     port: int = 4222,
     tls_cert: str | None = None,
@@ -80,11 +81,11 @@ def write_nats_setup(
 ) -> NatsSetup:
     """Write `nats-server.conf`, `trainer.json` and `worker.json` (all 0600) into `directory`.
 
-    `run` scopes the permissions to one run's subjects (`*`: any run on this server).
+    `run` scopes the permissions to one run's subjects and streams (the config's `nats.run`).
     """
     if (tls_cert is None) != (tls_key is None):
         raise ValueError("TLS needs both a certificate and its key")
-    if run != "*" and not run.replace("-", "").replace("_", "").isalnum():
+    if not run.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"run name {run!r} must be letters, digits, '-' or '_'")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
