@@ -84,3 +84,12 @@ async def test_a_raising_reward_processor_leaves_the_episode_ungraded_with_the_r
 def test_an_unknown_reward_processor_fails_when_the_grader_is_built():
     with pytest.raises(Exception, match=r"programs_helpers.*no_such_function"):
         Grader(reward_processors={"toy": "programs_helpers:no_such_function"})
+
+
+async def test_a_non_finite_reward_leaves_the_episode_ungraded(toy_tokenizer):
+    """NaN would poison the whole group's advantages: the episode counts as not graded."""
+    async with toy_system(toy_tokenizer, reward_processors={"toy": "programs_helpers:not_a_number"}) as toy:
+        event = graded(await toy.play())
+    assert event.reward is None
+    assert event.reason == "non-finite reward nan from the environment"
+    assert "processed" not in event.rewards

@@ -6,6 +6,7 @@ batch is ready, what is excluded, the straggler timeout, per-agent calls) is che
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -181,6 +182,20 @@ async def test_failed_episodes_are_excluded_and_counted_by_reason():
     assert {d.episode_id for d in batch.datums} == {"a1", "a2"}
     # The group's rewards (None included) are published as they came.
     assert [g.rewards for g in h.groups] == [[1.0, 0.0, None], [1.0, None, None]]
+
+
+async def test_a_non_finite_reward_drops_its_episode_not_the_run():
+    async with assigner(group_size=2, batch_size=2) as h:
+        await h.episode("a1", "A", 1.0)
+        await h.episode("a2", "A", float("nan"))
+        await h.episode("b1", "B", float("inf"))
+        await h.episode("b2", "B", 0.0)
+        await h.until(lambda: len(h.batches) == 1)
+    (batch,) = h.batches
+    assert batch.stats["episodes/failed/non_finite_reward"] == 2.0
+    assert batch.stats["reward/mean"] == 0.5
+    assert {d.episode_id for d in batch.datums} <= {"a1", "b2"}
+    assert all(math.isfinite(a) for d in batch.datums for a in d.advantages)
 
 
 async def test_the_straggler_timeout_closes_a_group_with_a_quorum_and_drops_late_results():

@@ -9,6 +9,7 @@ session's grade, then pass it through the entry's reward processor, if any.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +57,11 @@ class Grader:
 
     async def _grade(self, bus: Bus, finished: EpisodeFinished) -> None:
         reward, rewards, reason = await self.grade(bus, finished)
+        if reward is not None and not math.isfinite(reward):
+            # NaN or inf would poison a whole group's advantages: this episode is not graded.
+            log.warning("non-finite reward: the episode counts as not graded", episode=finished.episode_id)
+            reward, reason = None, f"non-finite reward {reward!r} from the environment"
+        rewards = {k: v for k, v in rewards.items() if math.isfinite(v)}
         await bus.publish(
             EpisodeGraded(
                 episode_id=finished.episode_id,

@@ -281,6 +281,10 @@ class CreditAssigner:
                 if graded.reward is None:
                     failures[_bucket(graded.reason or graded.status)] += 1
                     continue
+                if not _finite(graded):  # a grader of another version, or a plugin's own events
+                    log.warning("non-finite reward: episode dropped", episode=graded.episode_id)
+                    failures["non_finite_reward"] += 1
+                    continue
                 rewards.append(graded.reward)
                 kept.append(record.rollout(graded))
             if kept:
@@ -318,9 +322,23 @@ class CreditAssigner:
         return BatchReady(step=step, datums=result.datums, stats=stats)
 
 
+def _finite(graded: EpisodeGraded) -> bool:
+    values = [graded.reward, *graded.agent_rewards.values()]
+    return all(v is not None and math.isfinite(v) for v in values)
+
+
 def _bucket(reason: str) -> str:
     text = reason.lower()
-    for kind in ("timeout", "cancelled", "harness raised", "env session", "grading failed", "gateway"):
+    kinds = (
+        "non-finite reward",
+        "timeout",
+        "cancelled",
+        "harness raised",
+        "env session",
+        "grading failed",
+        "gateway",
+    )
+    for kind in kinds:
         if kind in text:
-            return kind.replace(" ", "_")
+            return kind.replace(" ", "_").replace("-", "_")
     return "other"

@@ -187,9 +187,12 @@ def _report(
     for episode_id, event in graded.items():
         task = mine[episode_id]
         result = per_task[(task.env, task.split, task.task_id)]
-        result.rewards.append(event.reward)
-        if event.reward is None:
-            reason = _reason_kind(event.reason or event.status)
+        finite = event.reward is not None and math.isfinite(event.reward)
+        result.rewards.append(event.reward if finite else None)  # eval.json stays valid JSON
+        if not finite:
+            reason = (
+                _reason_kind(event.reason or event.status) if event.reward is None else "non_finite_reward"
+            )
             failures[reason] += 1
             result.failures.append(event.reason or event.status)
     rewards = [r for t in per_task.values() for r in t.rewards if r is not None]
