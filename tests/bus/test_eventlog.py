@@ -1,6 +1,12 @@
+import struct
+import time
+
+import anyio
+import anyio.lowlevel
 import pytest
 
-from platoon.bus import Bus, EventLog, read_events, run_components
+from platoon.bus import Bus, EventLog, LogDamage, read_events, read_records, run_components
+from platoon.bus.eventlog import SYNC
 from platoon.bus.events import ComponentFailed, RunFinished, TrainStepFinished
 
 pytestmark = pytest.mark.anyio
@@ -29,6 +35,72 @@ async def test_a_truncated_last_record_ends_reading(tmp_path):
     data = log.path.read_bytes()
     log.path.write_bytes(data[:-3])
     assert list(read_events(tmp_path)) == [RunFinished(status="completed")]
+
+
+async def _log_of(tmp_path, events) -> EventLog:
+    log = EventLog(tmp_path)
+    async with Bus() as bus:
+        log.attach(bus)
+        bus.start_soon(log.run, bus)
+        for event in events:
+            await bus.publish(event)
+    return log
+
+
+async def test_every_record_has_a_time_and_a_checksum(tmp_path):
+    before = time.time()
+    log = await _log_of(tmp_path, [TrainStepFinished(step=i, metrics={}) for i in range(3)])
+    records = list(read_records(tmp_path))
+    assert [e.step for _, e in records] == [0, 1, 2]
+    assert all(before <= t <= time.time() for t, _ in records)
+    assert log.path.read_bytes().startswith(b"PLTNEV02")
+
+
+async def test_a_damaged_record_is_skipped_and_counted(tmp_path):
+    log = await _log_of(tmp_path, [TrainStepFinished(step=i, metrics={"x": 1.0}) for i in range(5)])
+    data = bytearray(log.path.read_bytes())
+    at = [i for i in range(len(data)) if data[i : i + 2] == SYNC][2]  # the third record
+    data[at + 20] ^= 0xFF  # one flipped byte in its body
+    log.path.write_bytes(bytes(data))
+    damage = LogDamage(path=str(log.path))
+    assert [e.step for e in read_events(tmp_path, damage)] == [0, 1, 3, 4]
+    assert damage.damaged_records == 1 and damage.found
+
+
+async def test_garbage_in_the_middle_is_skipped_up_to_the_next_record(tmp_path):
+    log = await _log_of(tmp_path, [TrainStepFinished(step=i, metrics={}) for i in range(2)])
+    data = log.path.read_bytes()
+    first_end = data.index(SYNC, len(b"PLTNEV02") + 1)
+    log.path.write_bytes(data[:first_end] + b"garbage" * 50 + data[first_end:])
+    damage = LogDamage(path=str(log.path))
+    assert [e.step for e in read_events(tmp_path, damage)] == [0, 1]
+    assert damage.skipped_bytes == 350
+
+
+def test_a_log_from_before_the_framing_still_reads(tmp_path):
+    from platoon.bus.codec import encode
+
+    records = b"".join(
+        struct.pack(">I", len(data)) + data for data in (encode(RunFinished(status="completed")),) * 2
+    )
+    (tmp_path / "events.msgpack").write_bytes(records)
+    assert list(read_events(tmp_path)) == [RunFinished(status="completed")] * 2
+
+
+def test_platoon_events_exits_non_zero_on_a_damaged_log_unless_salvage(tmp_path, capsys):
+    import anyio
+
+    from platoon.cli import main
+
+    log = anyio.run(_log_of, tmp_path, [RunFinished(status="completed"), RunFinished(status="failed")])
+    log.path.write_bytes(log.path.read_bytes()[:-3])
+    assert main(["events", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "RunFinished status='completed'" in captured.out
+    assert "cut short" in captured.err
+    assert main(["events", str(tmp_path), "--salvage"]) == 0
+    assert main(["events", str(tmp_path), "--type", "RunFinishd"]) != 0
+    assert "did you mean RunFinished" in capsys.readouterr().err
 
 
 def test_missing_log_is_a_clear_error(tmp_path):
@@ -65,3 +137,19 @@ async def test_run_components_runs_all_and_reports_a_failure():
         assert "cannot start" in repr(info.value) or "cannot start" in str(info.value.exceptions)
     assert len(got) == 5
     assert failures[0].component == "crashes"
+
+
+async def test_what_the_bus_handed_over_is_on_disk_while_the_run_goes_on(tmp_path):
+    """The log flushes whenever it has nothing more to write: a crash now loses nothing."""
+    log = EventLog(tmp_path, flush_every=10_000)
+    async with Bus() as bus:
+        log.attach(bus)
+        bus.start_soon(log.run, bus)
+        for i in range(5):
+            await bus.publish(TrainStepFinished(step=i, metrics={}))
+        await bus.drained()
+        while log.count < 5:  # noqa: ASYNC110 - the log's progress, in its own task
+            await anyio.sleep(0.001)
+        await anyio.lowlevel.checkpoint()  # let it see that nothing more is waiting, and flush
+        on_disk = [e.step for e in read_events(tmp_path)]
+    assert on_disk == [0, 1, 2, 3, 4]

@@ -4,7 +4,7 @@ from platoon.bus import events
 from platoon.bus.codec import decode, encode, to_json
 from platoon.bus.components import Component, attach, run_components
 from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Stream, Subscription
-from platoon.bus.eventlog import EventLog, read_events
+from platoon.bus.eventlog import EventLog, LogDamage, read_events, read_records
 from platoon.bus.events import Event, Reply, Request, register_event
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Component",
     "Event",
     "EventLog",
+    "LogDamage",
     "NoResponder",
     "Reply",
     "Request",
@@ -24,6 +25,7 @@ __all__ = [
     "encode",
     "events",
     "read_events",
+    "read_records",
     "register_event",
     "run_components",
     "to_json",

@@ -139,6 +139,17 @@ class Stream(Generic[E]):
         """The next event; raises `StopAsyncIteration` when the bus has closed."""
         return await self.__anext__()
 
+    def receive_nowait(self) -> E:
+        """The next event if one waits, else `anyio.WouldBlock`; `StopAsyncIteration` once closed."""
+        if self._sub is None:
+            raise RuntimeError("use `async with bus.stream(T) as events:` before receiving")
+        try:
+            event = self._sub._receive.receive_nowait()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        self._bus._done(1)
+        return event
+
 
 class Bus:
     """The typed, in-process publish/subscribe bus. See the module docstring."""

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main"]
 
@@ -100,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--type", action="append", dest="types", metavar="EVENT", help="only these event types")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.add_argument("--salvage", action="store_true", help="exit 0 on a damaged log, after what could be read")
     p.set_defaults(handler="platoon.cli.events:events")
 
     p = sub.add_parser("serve", help="serve a platoon service")
@@ -146,8 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     from platoon.stats.logging import configure_logging
 
+    previous = None
     try:
         configure_logging(args.log_format, args.log_level)
+        previous = _terminate_like_interrupt(args.handler)
         module_name, _, func_name = args.handler.partition(":")
         handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
@@ -166,6 +172,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code != EXIT_CONFIG and not isinstance(exc, CommandError):
             print("(run with --debug for the traceback)", file=sys.stderr)
         return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_like_interrupt(handler: str) -> Any:
+    """SIGTERM ends a run the way Ctrl-C does: by cancellation, so files are flushed and closed
+    (the event log, metrics) instead of the process vanishing mid-write. The worker has its own."""
+    if handler.startswith("platoon.cli.worker") or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _exit_code(exc: Exception) -> int:

@@ -1,12 +1,19 @@
-"""`platoon events RUN_DIR`: print a run's event log."""
+"""`platoon events RUN_DIR`: print a run's event log.
+
+A damaged log (records that fail their checksum, a last record cut short) is read past the
+damage, and the command then says what was lost and exits 1; `--salvage` exits 0 all the same.
+"""
 
 from __future__ import annotations
 
+import difflib
 import sys
+from datetime import UTC, datetime
 
 import msgspec
 
-from platoon.bus import read_events, to_json
+from platoon.bus import LogDamage, read_records, to_json
+from platoon.bus.events import event_types
 
 
 def events(args) -> int:
@@ -19,17 +26,34 @@ def events(args) -> int:
 
 def _print(args) -> int:
     wanted = set(args.types or ())
+    known = sorted(t.__name__ for t in event_types())
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        from platoon.cli import CommandError
+
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise CommandError(f"--type {unknown[0]}: no such event type{hint}")
     out = sys.stdout
-    for event in read_events(args.run_dir):
+    damage = LogDamage(path="")
+    for stamp, event in read_records(args.run_dir, damage):
         name = type(event).__name__
         if wanted and name not in wanted:
             continue
         if args.json:
-            out.write(to_json(event).decode() + "\n")
+            data = msgspec.json.decode(to_json(event))
+            out.write(msgspec.json.encode({"time": stamp, **data}).decode() + "\n")
         else:
             fields = msgspec.structs.asdict(event)
             body = " ".join(f"{k}={_short(v)}" for k, v in fields.items())
-            out.write(f"{name} {body}\n")
+            when = datetime.fromtimestamp(stamp, UTC).strftime("%H:%M:%S.%f")[:-3] if stamp else "--"
+            out.write(f"{name} {body} @{when}\n")
+    if damage.found:
+        out.flush()
+        print(f"platoon: the event log is damaged: {damage.describe()}", file=sys.stderr)
+        if not getattr(args, "salvage", False):
+            print("platoon: what could be read is above; --salvage exits 0 all the same", file=sys.stderr)
+            return 1
     return 0
 
 
