@@ -148,3 +148,21 @@ async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
         tg.cancel_scope.cancel()
     assert all(len(r.sequences[0].tokens) == 16 for r in results)
     assert sampler.steps <= 16 + 2  # 8 requests x 16 tokens in about 16 batched steps, not 128
+
+
+def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_model):
+    """Refused before it runs, the request still uses up its place in the model's order: the
+    client's next forward_backward and optim_step answer instead of waiting for it forever."""
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
+    good = [datum([1, 2, 3, 4, 5])]
+    two_d = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2]),
+        loss_fn_inputs={"target_tokens": types.TensorData(data=[2, 3, 4, 5], dtype="int64", shape=[2, 2])},
+    )
+    with pytest.raises(tinker.APIStatusError, match="text|1-D|dimension|shape"):
+        client.forward_backward(good, "cross_entropy", {"mode": "fast"}).result(timeout=60)
+    with pytest.raises(tinker.APIStatusError):
+        client.forward_backward([two_d], "cross_entropy").result(timeout=60)
+    out = client.forward_backward(good, "cross_entropy").result(timeout=60)
+    assert out.metrics["loss:sum"] > 0
+    client.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=60)

@@ -25,7 +25,13 @@ __all__ = [
 
 
 class ProtoError(ValueError):
-    """A protobuf body this server cannot read or does not support."""
+    """A protobuf body this server cannot read or does not support.
+
+    `seq` is the request's (model_id, seq_id) when the body said them, so that the server can
+    still use up that place in the model's order (else every later request would wait for it).
+    """
+
+    seq: tuple[str, int] | None = None
 
 
 class Datum(msgspec.Struct):
@@ -87,12 +93,16 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         msg.ParseFromString(body)
     except Exception as exc:
         raise ProtoError(f"body is not a ForwardBackwardRequest: {exc}") from None
-    config: dict[str, float] = dict(msg.loss_fn_config.items())
-    for key, value in msg.loss_fn_config_v2.items():
-        if value.WhichOneof("value") == "text":
-            raise ProtoError(f"loss_fn_config[{key!r}] is text; this server takes numbers only")
-        config[key] = value.number
-    data = [_datum(i, d) for i, d in enumerate(msg.data)]
+    try:
+        config: dict[str, float] = dict(msg.loss_fn_config.items())
+        for key, value in msg.loss_fn_config_v2.items():
+            if value.WhichOneof("value") == "text":
+                raise ProtoError(f"loss_fn_config[{key!r}] is text; this server takes numbers only")
+            config[key] = value.number
+        data = [_datum(i, d) for i, d in enumerate(msg.data)]
+    except ProtoError as exc:
+        exc.seq = (msg.model_id, msg.seq_id)
+        raise
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,

@@ -243,7 +243,11 @@ class TinkerService:
     def _model(self, model_id: str) -> _Model:
         model = self.models.get(model_id)
         if model is None or not model.ready:
-            raise UserError(f"unknown model_id {model_id!r}")
+            raise UserError(
+                f"unknown model_id {model_id!r}: this server holds its models in memory and does not "
+                "know this one (was it restarted?); resume the run with `platoon train --resume`, which "
+                "loads the last checkpoint into a new model"
+            )
         if model.session.finished:
             raise UserError(f"session {model.session.id} of model {model_id} has finished")
         return model
@@ -281,6 +285,15 @@ class TinkerService:
         except (UserError, SeqError) as exc:
             self.futures.resolve(request_id, failure(str(exc)))
         return request_id
+
+    def skip(self, model_id: str, seq_id: int, message: str) -> None:
+        """Use up `seq_id` of a model with a failed request (its body was refused)."""
+
+        async def refused() -> Outcome:
+            raise UserError(message)
+
+        if model_id in self.models:
+            self._queued(model_id, seq_id, refused)
 
     async def _start_model(self, model_id: str, model: _Model) -> None:
         model.ready = True
@@ -602,9 +615,32 @@ def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": message, "category": "user"}, status_code=status)
 
 
+class _SeqIds(msgspec.Struct):
+    model_id: str | None = None
+    seq_id: int | None = None
+
+
+def _seq_of(exc: Exception, body: bytes) -> tuple[str, int] | None:
+    """The (model_id, seq_id) a rejected training request named, if it named them."""
+    if isinstance(exc, ProtoError):
+        return exc.seq
+    try:
+        ids = msgspec.json.decode(body, type=_SeqIds)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return (ids.model_id, ids.seq_id) if ids.model_id is not None and ids.seq_id is not None else None
+
+
 def _route(
-    service: TinkerService, handler: Callable[[bytes], Awaitable[Any]], max_decoded: int
+    service: TinkerService,
+    handler: Callable[[bytes], Awaitable[Any]],
+    max_decoded: int,
+    *,
+    ordered: bool = False,
 ) -> Callable[[Request], Awaitable[Response]]:
+    """An endpoint. An `ordered` one (a model's training requests) that rejects a request still
+    uses up its seq_id, so the client's later requests do not wait for it forever."""
+
     async def endpoint(request: Request) -> Response:
         try:
             body = read_body_limited(
@@ -614,10 +650,12 @@ def _route(
             return _error(str(exc), 413)
         try:
             result = await handler(body)
-        except (UserError, EngineError, ProtoError) as exc:
-            return _error(str(exc))
-        except msgspec.DecodeError as exc:
-            return _error(f"bad request body: {exc}")
+        except (UserError, EngineError, ProtoError, msgspec.DecodeError) as exc:
+            message = str(exc) if not isinstance(exc, msgspec.DecodeError) else f"bad request body: {exc}"
+            seq = _seq_of(exc, body) if ordered else None
+            if seq is not None:
+                service.skip(*seq, message)
+            return _error(message)
         if isinstance(result, Response):
             return result
         return Response(msgspec.json.encode(result), media_type="application/json")
@@ -631,8 +669,9 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     `service.api_key`, when set, is required on every route (the SDK sends it on each).
     """
 
-    def post(path: str, handler: Callable[[bytes], Awaitable[Any]]) -> Route:
-        return Route(f"/api/v1{path}", _route(service, handler, max_body * DECODED_FACTOR), methods=["POST"])
+    def post(path: str, handler: Callable[[bytes], Awaitable[Any]], *, ordered: bool = False) -> Route:
+        endpoint = _route(service, handler, max_body * DECODED_FACTOR, ordered=ordered)
+        return Route(f"/api/v1{path}", endpoint, methods=["POST"])
 
     async def not_found(body: bytes) -> Response:
         return _error("not supported by this server", 404)
@@ -662,11 +701,11 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         post("/telemetry", ok),
         post("/create_model", service.create_model),
         post("/get_info", service.get_info),
-        post("/forward_backward", service.forward_backward),
-        post("/optim_step", service.optim_step),
-        post("/save_weights", service.save_weights),
-        post("/save_weights_for_sampler", service.save_weights_for_sampler),
-        post("/load_weights", service.load_weights),
+        post("/forward_backward", service.forward_backward, ordered=True),
+        post("/optim_step", service.optim_step, ordered=True),
+        post("/save_weights", service.save_weights, ordered=True),
+        post("/save_weights_for_sampler", service.save_weights_for_sampler, ordered=True),
+        post("/load_weights", service.load_weights, ordered=True),
         post("/create_sampling_session", service.create_sampling_session),
         post("/asample", service.asample),
         post("/retrieve_future", service.retrieve_future),
