@@ -114,6 +114,7 @@ async def test_a_worker_takes_work_only_through_the_queue_group(secured):
     server, setup = secured
     trainer = await nats.connect(server.url, **login(setup.trainer_credentials))
     worker = await nats.connect(server.url, error_cb=_ignore, **login(setup.worker_credentials))
+    snooper = await nats.connect(server.url, error_cb=_ignore, **login(setup.worker_credentials))
     snooped, taken = [], anyio.Event()
 
     async def snoop(msg) -> None:
@@ -123,16 +124,18 @@ async def test_a_worker_takes_work_only_through_the_queue_group(secured):
         taken.set()
 
     subject = subject_for(RUN, EpisodeRequested)
-    await worker.subscribe(subject, cb=snoop)  # refused by the server
-    await worker.subscribe(f"platoon.{RUN}.>", cb=snoop)  # refused too
     await worker.subscribe(subject, queue=WORK_QUEUE, cb=take)
     await worker.flush()
+    await snooper.subscribe(subject, cb=snoop)  # refused by the server
+    await snooper.subscribe(f"platoon.{RUN}.>", cb=snoop)  # refused too
+    await snooper.flush()
     await trainer.publish(subject, encode(EpisodeRequested(episode_id="e", group_id="g", task=TASK)))
     await trainer.flush()
     with anyio.fail_after(10):
         await taken.wait()
-    await worker.flush()  # anything delivered with it has been handed over by now
+    await snooper.flush()  # anything delivered to it has been handed over by now
     assert snooped == []
+    await snooper.close()
     await worker.close()
     await trainer.close()
 

@@ -79,3 +79,54 @@ def test_a_resume_that_changes_the_model_is_refused(site, tiny_model):
         anyio.run(
             lambda: train(validate_config(learn_config(tiny_model, steps=1)), run_dir=run_dir, console=False)
         )
+
+
+def _train(config, run_dir, *, resume=False):
+    import anyio
+
+    from platoon.config import validate_config
+    from platoon.train.loop import train
+
+    anyio.run(lambda: train(validate_config(config), run_dir=run_dir, resume=resume, console=False))
+
+
+def _state_dir(run_dir, checkpoint):
+    run, kind, name = checkpoint["state_path"].removeprefix("tinker://").split("/")
+    return run_dir / "tinker" / run / kind / name
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_one_before_and_no_step_repeats(site, tiny_model):
+    run_dir = site / "run"
+    _train(learn_config(tiny_model, steps=3, save_every=1), run_dir)
+    saved = checkpoints(run_dir)
+    assert [c["step"] for c in saved] == [0, 1, 2]
+    adapter = _state_dir(run_dir, saved[-1]) / "adapter_model.safetensors"
+    data = bytearray(adapter.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the newest checkpoint's weights are damaged on disk
+    adapter.write_bytes(bytes(data))
+    with (run_dir / "checkpoints.jsonl").open("ab") as file:
+        file.write(b'{"step": 3, "state_pa')  # and a line torn by a crash
+
+    _train(learn_config(tiny_model, steps=4, save_every=1), run_dir, resume=True)
+    assert [c["step"] for c in checkpoints(run_dir)] == [0, 1, 2, 3]
+    lock = json.loads((run_dir / "lock.json").read_text())
+    assert lock["resumed_from_step"] == 2  # from step 1's checkpoint, the last that loads
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]  # each step once
+
+
+def test_a_resume_with_nothing_that_loads_changes_nothing(site, tiny_model):
+    from platoon.train.checkpoints import ResumeError
+
+    run_dir = site / "run"
+    _train(learn_config(tiny_model, steps=1, save_every=1), run_dir)
+    (saved,) = checkpoints(run_dir)
+    (_state_dir(run_dir, saved) / "optimizer.pt").write_bytes(b"not a torch file")
+    lock = (run_dir / "lock.json").read_bytes()
+    with pytest.raises(ResumeError, match=r"optimizer\.pt is missing or damaged"):
+        _train(learn_config(tiny_model, steps=2, save_every=1), run_dir, resume=True)
+    assert (run_dir / "lock.json").read_bytes() == lock
+
+    (run_dir / "checkpoints.jsonl").write_text("garbage\n")
+    with pytest.raises(ResumeError, match="holds no readable checkpoint"):
+        _train(learn_config(tiny_model, steps=2, save_every=1), run_dir, resume=True)

@@ -2,8 +2,10 @@
 
 `checkpoints.jsonl` in the run directory holds one line per saved checkpoint: the training
 state's path (weights and optimizer), the sampler weights' path, the step it completes, the
-policy version and the task cursor. A line is written only after both saves returned, so the
-last line always names a complete checkpoint, even after a SIGKILL.
+policy version and the task cursor. A line is written only after both saves returned, and the
+file is replaced whole (written aside, synced, renamed), so no line is ever torn. A line that
+cannot be read (the file damaged on disk) is skipped with a warning; a resume tries the newest
+checkpoint first and falls back to older ones whose files still load (see `train.loop`).
 
 `identity.json` records what a run is: the model, the renderer, the LoRA rank and the
 held-out split. A resume whose config changes any of them is refused.
@@ -13,10 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
+
+log = structlog.get_logger("platoon.checkpoints")
 
 __all__ = ["Checkpoint", "CheckpointStore", "ResumeError", "run_identity"]
 
@@ -51,22 +57,59 @@ class CheckpointStore:
         self.identity_path = self.run_dir / "identity.json"
 
     def append(self, checkpoint: Checkpoint) -> None:
+        """Record a checkpoint: the file is rewritten aside and renamed over the old one."""
+        self._write([*reversed(self.candidates(quiet=True)), checkpoint])
+
+    def keep_through(self, checkpoint: Checkpoint) -> None:
+        """Forget checkpoints newer than `checkpoint` (ones whose files did not load)."""
+        kept = [c for c in reversed(self.candidates(quiet=True)) if c.step <= checkpoint.step]
+        self._write(kept)
+
+    def _write(self, records: list[Checkpoint]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self.path.open("ab") as file:
-            file.write(msgspec.json.encode(checkpoint) + b"\n")
-            file.flush()
-            os.fsync(file.fileno())
+        content = b"".join(msgspec.json.encode(c) + b"\n" for c in records)
+        handle, temporary = tempfile.mkstemp(dir=self.run_dir, prefix=".checkpoints.")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                file.write(content)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory = os.open(self.run_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a crash
+        finally:
+            os.close(directory)
+
+    def candidates(self, *, quiet: bool = False) -> list[Checkpoint]:
+        """The readable checkpoints, newest first. A file with lines but none readable is an error."""
+        if not self.path.exists():
+            return []
+        found: list[Checkpoint] = []
+        bad = 0
+        for line in self.path.read_bytes().splitlines():
+            if not line.strip():
+                continue
+            try:
+                found.append(msgspec.json.decode(line, type=Checkpoint))
+            except msgspec.DecodeError:
+                bad += 1
+        if bad and not quiet:
+            log.warning("unreadable lines in checkpoints.jsonl skipped", path=str(self.path), lines=bad)
+        if bad and not found:
+            raise ResumeError(
+                f"{self.path} holds no readable checkpoint ({bad} damaged lines); start a new run "
+                "directory, or restore the file from a backup"
+            )
+        found.sort(key=lambda c: c.step, reverse=True)
+        return found
 
     def latest(self) -> Checkpoint | None:
-        if not self.path.exists():
-            return None
-        last = None
-        for line in self.path.read_bytes().splitlines():
-            try:
-                last = msgspec.json.decode(line, type=Checkpoint)
-            except msgspec.DecodeError:
-                break  # a line cut short by a crash: the one before it is the last complete one
-        return last
+        found = self.candidates()
+        return found[0] if found else None
 
     def write_identity(self, identity: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

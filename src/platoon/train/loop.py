@@ -16,6 +16,7 @@ the rollouts of step s run while step s-1 trains.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -193,10 +194,10 @@ async def train(
         assert train_cfg is not None
     store = CheckpointStore(run_dir)
     identity = run_identity(config)
-    checkpoint = store.latest() if resume else None
+    candidates = store.candidates() if resume else []
     if resume:
         store.check_identity(identity)
-        if checkpoint is None:
+        if not candidates:
             log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
     else:
         if store.path.exists():
@@ -204,18 +205,25 @@ async def train(
                 f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
             )
         store.write_identity(identity)
-    start_step = checkpoint.step + 1 if checkpoint else 0
     total_steps = train_cfg.max_training_steps
     workflow = train_cfg.workflow_config
 
     tokenizer = system.load_tokenizer(train_cfg.tokenizer or train_cfg.model_name)
     renderer, parser = system.make_renderer(train_cfg.renderer_name, tokenizer, train_cfg.tool_call_parser)
-    lock = {"renderer": train_cfg.renderer_name, "tool_call_parser": parser, "resumed_from_step": start_step}
-    write_run_files(run_dir, config, lock)
     last: dict[str, Any] = {}
 
     async with training_service(config, run_dir) as service:
-        client = await _training_client(service.client, config, checkpoint)
+        client, checkpoint = await _resumed_client(service.client, config, store, candidates)
+        start_step = checkpoint.step + 1 if checkpoint else 0
+        if resume:
+            _forget_metrics_from(run_dir, start_step)
+        # Only now that the run could start: a failed resume leaves the run's files as they were.
+        lock = {
+            "renderer": train_cfg.renderer_name,
+            "tool_call_parser": parser,
+            "resumed_from_step": start_step,
+        }
+        write_run_files(run_dir, config, lock)
         version = checkpoint.policy_version if checkpoint else 0
         trainer = Trainer(client, _settings(config, service.base_url), store, version=version)
         if config.nats is not None:
@@ -365,6 +373,45 @@ async def _eval_tasks_or_none(bus: Bus, config: Config) -> list[TaskRef]:
     except ValueError as exc:
         log.warning("no eval tasks", error=str(exc))
         return []
+
+
+async def _resumed_client(
+    service: Any, config: Config, store: CheckpointStore, candidates: list[Any]
+) -> tuple[Any, Any]:
+    """The training client, from the newest checkpoint whose files load (older ones next)."""
+    failures = []
+    for checkpoint in candidates:
+        try:
+            client = await _training_client(service, config, checkpoint)
+        except Exception as exc:
+            log.warning(
+                "checkpoint did not load; trying the one before", step=checkpoint.step, error=str(exc)
+            )
+            failures.append(f"step {checkpoint.step}: {exc}")
+            continue
+        if failures:
+            store.keep_through(checkpoint)
+        log.info("resuming", from_step=checkpoint.step, state=checkpoint.state_path)
+        return client, checkpoint
+    if failures:
+        raise ResumeError("no checkpoint of this run loads: " + "; ".join(failures))
+    return await _training_client(service, config, None), None
+
+
+def _forget_metrics_from(run_dir: Path, step: int) -> None:
+    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if not isinstance(record, dict) or record.get("step", -1) < step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 async def _training_client(service: Any, config: Config, checkpoint: Any) -> Any:

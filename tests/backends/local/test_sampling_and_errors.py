@@ -159,7 +159,7 @@ def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_m
         model_input=types.ModelInput.from_ints([1, 2]),
         loss_fn_inputs={"target_tokens": types.TensorData(data=[2, 3, 4, 5], dtype="int64", shape=[2, 2])},
     )
-    with pytest.raises(tinker.APIStatusError, match="text|1-D|dimension|shape"):
+    with pytest.raises(tinker.APIStatusError, match=r"text|1-D|dimension|shape"):
         client.forward_backward(good, "cross_entropy", {"mode": "fast"}).result(timeout=60)
     with pytest.raises(tinker.APIStatusError):
         client.forward_backward([two_d], "cross_entropy").result(timeout=60)

@@ -8,8 +8,10 @@ thread at a time, so no two of them ever run at once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import warnings
@@ -402,6 +404,7 @@ class Engine:
         (staging / "platoon_lora.json").write_text(json.dumps(meta))
         if optimizer:
             torch.save(model.optimizer.state_dict(), staging / "optimizer.pt")
+        _write_manifest(staging)
         shutil.rmtree(directory, ignore_errors=True)
         staging.rename(directory)
 
@@ -464,7 +467,11 @@ class Engine:
     def _load_into(self, adapter: str, directory: Path) -> None:
         from safetensors.torch import load_file
 
-        tensors = load_file(directory / "adapter_model.safetensors")
+        _check_manifest(directory)
+        try:
+            tensors = load_file(directory / "adapter_model.safetensors")
+        except Exception as exc:
+            raise EngineError(f"checkpoint {directory} cannot be read: {type(exc).__name__}: {exc}") from None
         self._copy_into(adapter, tensors, str(directory))
 
     def _copy_into(self, adapter: str, tensors: dict[str, torch.Tensor], source: str) -> None:
@@ -481,6 +488,7 @@ class Engine:
         """Load a `save_state` checkpoint into an existing training model."""
         model = self._trainable(model_id)
         directory = self.local_path(tinker_path)
+        _check_manifest(directory)
         spec = _read_spec(directory)
         if (spec.rank, spec.train_mlp, spec.train_attn, spec.train_unembed) != (
             model.spec.rank,
@@ -494,6 +502,7 @@ class Engine:
     def create_from_state(self, model_id: str, tinker_path: str, *, optimizer: bool) -> None:
         """A new training model whose LoRA config and weights (and optimizer) come from a checkpoint."""
         directory = self.local_path(tinker_path)
+        _check_manifest(directory)
         self.create_model(model_id, _read_spec(directory))
         try:
             self._restore(self._models[model_id], directory, tinker_path, optimizer=optimizer)
@@ -508,7 +517,12 @@ class Engine:
             state_file = directory / "optimizer.pt"
             if not state_file.is_file():
                 raise EngineError(f"checkpoint {source} holds no optimizer state (sampler weights?)")
-            model.optimizer.load_state_dict(torch.load(state_file, map_location=self.device))
+            try:
+                model.optimizer.load_state_dict(torch.load(state_file, map_location=self.device))
+            except Exception as exc:
+                raise EngineError(
+                    f"checkpoint {source}: its optimizer state cannot be read: {type(exc).__name__}: {exc}"
+                ) from None
         else:
             model.optimizer.state.clear()
         meta = json.loads((directory / "platoon_lora.json").read_text())
@@ -563,6 +577,35 @@ class Engine:
         """Forget an ephemeral snapshot once no sampler uses it."""
         if ref.key is not None and ref.key.startswith("snapshot:"):
             self._forget_snapshot(ref.key)
+
+
+_MANIFEST = "platoon_manifest.json"
+
+
+def _write_manifest(directory: Path) -> None:
+    """sha256 of every file of a checkpoint, each synced to disk before the directory is renamed."""
+    digests = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+            with path.open("rb") as file:
+                os.fsync(file.fileno())
+    (directory / _MANIFEST).write_text(json.dumps(digests, indent=1))
+
+
+def _check_manifest(directory: Path) -> None:
+    """A damaged checkpoint is an EngineError naming the file, not a KeyError from deep inside torch."""
+    manifest = directory / _MANIFEST
+    if not manifest.is_file():
+        return  # written before checksums
+    try:
+        digests = json.loads(manifest.read_text())
+    except ValueError:
+        raise EngineError(f"checkpoint {directory}: its manifest is damaged") from None
+    for name, digest in digests.items():
+        path = directory / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise EngineError(f"checkpoint {directory}: {name} is missing or damaged (checksum mismatch)")
 
 
 def _read_spec(directory: Path) -> LoraSpec:
