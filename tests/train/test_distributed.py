@@ -311,6 +311,20 @@ def test_a_secured_run_trains_with_a_credential_per_role(site, tiny_model, tmp_p
     assert len([e for e in events if type(e).__name__ == "EpisodeGraded"]) >= BATCH * STEPS
 
 
+def test_a_worker_with_another_config_is_refused_by_name(cluster):
+    """The handshake: a worker whose episodes would differ (here an env option) takes no work."""
+    run = cluster("handshake")
+    run.start_trainer()
+    odd = run.start_worker("environments.0.service_kwargs.options.hi=20")
+    assert odd.wait(timeout=120) != 0
+    log = run.log_of(odd)
+    assert "differs from the trainer's" in log and "environments:" in log
+    run.workers.remove(odd)
+    run.start_worker()
+    run.finish()
+    assert len(check_batches(run.run_dir)) > 0
+
+
 def test_a_worker_killed_mid_step_loses_no_episode(cluster):
     run = cluster("kill", delay=0.15)
     run.start_trainer()

@@ -501,6 +501,9 @@ class PolicyAnnounced(Event, frozen=True, kw_only=True):
     sampler_path: str = ""
     base_model: str = ""
     base_url: str | None = None
+    identity: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # what shapes episodes, see worker_identity
 
     def policy(self) -> PolicyUpdated:
         return PolicyUpdated(

@@ -80,6 +80,8 @@ def worker(args: Any) -> int:
     except DistributedError as exc:
         raise CommandError(str(exc)) from None
     reason = anyio.run(_serve, node, backend="asyncio")
+    if node.refusal is not None:
+        raise CommandError(node.refusal)
     print(f"platoon worker {node.name}: stopped ({reason})", file=sys.stderr)
     return 0
 

@@ -214,6 +214,46 @@ def _check_authenticated(nats: Any, url: str) -> None:
     )
 
 
+def worker_identity(config: Config) -> dict[str, str]:
+    """What must be the same on the trainer and its workers, for episodes to be the ones the
+    trainer means: platoon's version, the environments (names, env versions, harnesses and their
+    options, service options without secrets), the rollout settings, the model and renderer."""
+    import hashlib
+    import json
+
+    from platoon import __version__
+    from platoon.config import redact, to_builtins
+
+    def digest(value: Any) -> str:
+        text = json.dumps(redact(value), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    train = config.train
+    assert train is not None
+    environments = []
+    for entry in to_builtins(config)["environments"]:
+        entry.pop("service", None)  # where the env server is may differ per machine
+        entry.get("service_kwargs", {}).pop("secrets", None)
+        environments.append(entry)
+    return {
+        "platoon": __version__,
+        "environments": digest(environments),
+        "rollout": digest(to_builtins(train.workflow_config)),
+        "renderer": f"{train.renderer_name} ({train.tool_call_parser})",
+        "lora_rank": str(train.lora_rank),
+    }
+
+
+def identity_mismatch(trainer: dict[str, str], worker: dict[str, str]) -> str | None:
+    """What differs between the trainer's identity and ours, in words; None if nothing."""
+    differ = [
+        f"{key}: the trainer's {trainer.get(key)!r}, this worker's {worker.get(key)!r}"
+        for key in sorted(set(trainer) | set(worker))
+        if trainer.get(key) != worker.get(key)
+    ]
+    return "; ".join(differ) or None
+
+
 def authenticated(config: Config) -> bool:
     """Whether the run's NATS connection is authenticated (steering events come from the trainer)."""
     return config.nats is not None and bool(config.nats.credentials_file)
@@ -242,7 +282,7 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
     return [
         bridge,
         LeaseKeeper(lease=lease_timeout(config), max_attempts=nats.max_attempts),
-        PolicyAnnouncer(policy, every=nats.announce_every),
+        PolicyAnnouncer(policy, every=nats.announce_every, identity=worker_identity(config)),
         WorkerRegistry(every=nats.announce_every),
     ]
 
@@ -290,9 +330,12 @@ class PolicyAnnouncer:
 
     name = "policy-announcer"
 
-    def __init__(self, policy: PolicyUpdated, *, every: float = 5.0) -> None:
+    def __init__(
+        self, policy: PolicyUpdated, *, every: float = 5.0, identity: dict[str, str] | None = None
+    ) -> None:
         self.policy = policy
         self.every = every
+        self.identity = identity or {}
         self.trainer = new_id()
         self._bus: Bus | None = None
 
@@ -316,6 +359,7 @@ class PolicyAnnouncer:
                 sampler_path=p.sampler_path,
                 base_model=p.base_model,
                 base_url=p.base_url,
+                identity=self.identity,
             )
         )
 
@@ -453,6 +497,7 @@ class PolicyFollower:
         self.sampler_for = sampler_for
         self.policy: PolicyUpdated | None = None
         self.trainer: str | None = None
+        self.trainer_identity: dict[str, str] = {}
         self.heard_at: float | None = None  # anyio clock of the last announcement
         self._changed = anyio.Event()
         self._samplers: dict[tuple[str | None, int, str], Any] = {}
@@ -478,6 +523,7 @@ class PolicyFollower:
         if self.trainer is not None and event.trainer != self.trainer:
             self._retired.add(self.trainer)
         self.policy, self.trainer = event.policy(), event.trainer
+        self.trainer_identity = dict(event.identity)
         log.info("policy learned", version=event.version, path=event.sampler_path or "(base model)")
         self._changed.set()
         self._changed = anyio.Event()
@@ -608,6 +654,8 @@ class Worker:
         self.drain_timeout = nats.drain_timeout if drain_timeout is None else drain_timeout
         self.every = nats.announce_every
         self.trainer_timeout = nats.trainer_timeout or max(30.0, 10 * nats.announce_every)
+        self.identity = worker_identity(config)
+        self.refusal: str | None = None  # why this worker would not play for the trainer
         mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
         from platoon.bus.nats import Leases
 
@@ -671,7 +719,10 @@ class Worker:
                         finished=self.run_finished.wait,
                         waiting=self._say_what_we_wait_for,
                     )
-                    if reason == "policy":
+                    if reason == "policy" and self._refuse_a_different_run():
+                        reason = "mismatch"
+                        task_status.started()
+                    elif reason == "policy":
                         async with anyio.create_task_group() as work:
                             await work.start(self.work.run, bus)
                             work.start_soon(self._heartbeat, bus)
@@ -695,6 +746,15 @@ class Worker:
                     bridge.cancel_scope.cancel()
                 components.cancel_scope.cancel()
         return reason
+
+    def _refuse_a_different_run(self) -> bool:
+        """The handshake: a worker whose config shapes episodes differently takes no work."""
+        theirs = self.follower.trainer_identity
+        mismatch = identity_mismatch(theirs, self.identity) if theirs else None
+        if mismatch is not None:
+            self.refusal = f"this worker's config differs from the trainer's, so it takes no work: {mismatch}"
+            log.error("worker refused", worker=self.name, why=self.refusal)
+        return mismatch is not None
 
     async def _say_what_we_wait_for(self) -> None:
         """Log, now and then, that the worker waits for the trainer's first announcement."""
