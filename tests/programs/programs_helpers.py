@@ -238,9 +238,10 @@ async def toy_system(
     tool_timeout: float = 5.0,
     reward_processors: dict[str, str] | None = None,
     seed: int = 0,
+    tool_errors: str = "env",
 ) -> AsyncIterator[Toy]:
     backend = backend or ToyBackend()
-    service = EnvService("toy", backend, tool_timeout=tool_timeout)
+    service = EnvService("toy", backend, tool_timeout=tool_timeout, tool_errors=tool_errors)
     gateway = Gateway(
         renderer=get_renderer("qwen3_instruct", tokenizer),
         sampler_factory=ScriptedSamplerFactory(tokenizer, script),

@@ -73,15 +73,30 @@ async def test_an_env_session_that_fails_to_open_is_an_error(toy_tokenizer):
     assert only(events, EpisodeGraded)[0].reward is None
 
 
-async def test_a_hanging_tool_times_out_and_the_harness_sees_the_error(toy_tokenizer):
+async def test_a_hanging_tool_is_the_environments_failure_not_a_reward(toy_tokenizer):
+    """The harness sees the error and goes on, but the episode ends as an error: its grade
+    would measure the environment, not the policy."""
     async with toy_system(toy_tokenizer, entry("prog-hanging-tool"), tool_timeout=0.2) as toy:
         events = await toy.play()
         assert await toy.all_closed()
     (returned,) = only(events, ToolReturned)
-    assert returned.error == "tool hang timed out after 0.2s"
+    assert returned.error == "tool hang timed out after 0.2s" and returned.env_fault
     done = finished(events)
-    assert (done.status, done.final_message) == ("completed", "Error: tool hang timed out after 0.2s")
-    assert only(events, EpisodeGraded)[0].reward == 0.0  # played, not found: graded, not an error
+    assert (done.status, done.final_message) == ("error", "Error: tool hang timed out after 0.2s")
+    assert done.reason == "the environment failed: tool hang timed out after 0.2s"
+    (graded,) = only(events, EpisodeGraded)
+    assert graded.reward is None  # counted as failed, never trained on as a 0
+
+
+async def test_an_env_may_declare_its_tool_errors_the_agents_doing(toy_tokenizer):
+    async with toy_system(
+        toy_tokenizer, entry("prog-hanging-tool"), tool_timeout=0.2, tool_errors="agent"
+    ) as toy:
+        events = await toy.play()
+    (returned,) = only(events, ToolReturned)
+    assert not returned.env_fault
+    assert finished(events).status == "completed"
+    assert only(events, EpisodeGraded)[0].reward == 0.0  # played, not found: graded
 
 
 async def test_the_episode_timeout_ends_it_as_timeout(toy_tokenizer):

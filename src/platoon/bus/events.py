@@ -208,6 +208,9 @@ class ToolCalled(Request, frozen=True, kw_only=True):
 
 @register_event
 class ToolReturned(Reply, frozen=True, kw_only=True):
+    """A tool call's answer. `env_fault`: the environment failed (the tool raised, timed out or
+    answered garbage), not the agent; such an episode ends as an error, never as a reward."""
+
     episode_id: str
     agent_id: str
     name: str
@@ -215,6 +218,7 @@ class ToolReturned(Reply, frozen=True, kw_only=True):
     reward: float | None = None
     finished: bool = False
     duration_s: float = 0.0
+    env_fault: bool = False
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):

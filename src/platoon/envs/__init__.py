@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # Keyword arguments of a config's `service_kwargs` that belong to the service, not the backend.
-_SERVICE_KEYS = ("secrets",)
+_SERVICE_KEYS = ("secrets", "tool_errors")
 
 
 def build_env_service(
@@ -58,7 +58,10 @@ def build_env_service(
     (an ORS server), `harbor` (a Harbor dataset), or `module:Class` (an ORS class, or a class
     implementing `EnvBackend`, built with the service kwargs). `env`: a named environment,
     `NAME[@VERSION]`. `service_kwargs` go to the backend, except `secrets` (a mapping, or a
-    list of environment variable names) which the service hands to every session.
+    list of environment variable names) which the service hands to every session, and
+    `tool_errors` (`env`, the default: a tool that raises or times out is the environment's
+    failure and its episode ends as an error; `agent`: such errors are the agent's doing, and
+    the episode goes on to be graded).
     """
     kwargs = dict(service_kwargs or {})
     service_options = {key: kwargs.pop(key) for key in _SERVICE_KEYS if key in kwargs}

@@ -171,10 +171,14 @@ class EnvService:
         tool_timeout: float | None = 120.0,
         open_timeout: float | None = 600.0,
         close_timeout: float = 60.0,
+        tool_errors: Literal["env", "agent"] = "env",
     ) -> None:
         self.name = name
         self.backend = backend
         self.tool_timeout = tool_timeout
+        if tool_errors not in ("env", "agent"):
+            raise EnvError(f"tool_errors must be 'env' or 'agent', got {tool_errors!r}")
+        self.tool_errors = tool_errors
         self.open_timeout = open_timeout
         self.close_timeout = close_timeout
         self._secrets = secrets
@@ -395,6 +399,7 @@ class EnvService:
     ) -> None:
         result: ToolResult | None = None
         error: str | None = None
+        env_fault = False
         duration = 0.0
         try:
             if previous is not None:
@@ -409,11 +414,16 @@ class EnvService:
                     result = await slot.session.call_tool(req.name, dict(req.arguments))
                 if scope.cancelled_caught:
                     result, error = None, f"tool {req.name} timed out after {self.tool_timeout:g}s"
+                    env_fault = True
             duration = time.perf_counter() - start
-        except EnvError as exc:  # refusals, and failures the backend already explained
+        except ToolError as exc:  # the tool refused the call: the agent's doing
             error = str(exc)
-        except Exception as exc:
+        except EnvError as exc:  # a failure the backend already explained
+            error = str(exc)
+            env_fault = True
+        except Exception as exc:  # the environment broke
             error = f"tool {req.name} failed: {_describe(exc)}"
+            env_fault = True
         finally:
             done.set()
         reply = ToolReturned(
@@ -426,6 +436,7 @@ class EnvService:
             finished=result.finished if result is not None else False,
             error=error,
             duration_s=duration,
+            env_fault=env_fault and self.tool_errors == "env",
         )
         await self._reply(reply)
 

@@ -132,6 +132,7 @@ class AgentContext:
         params: dict[str, Any] | None = None,
         request_timeout: float | None = None,
         spawner: Callable[..., Awaitable[Any]] | None = None,
+        env_faults: list[str] | None = None,
     ) -> None:
         self.bus = bus
         self.task = task
@@ -146,6 +147,9 @@ class AgentContext:
         self.api_key = api_key
         self.params = dict(params or {})
         self.request_timeout = request_timeout
+        # The environment's failures in this episode (shared with subagents): they make the
+        # episode an error, however the agent carries on.
+        self.env_faults = env_faults if env_faults is not None else []
         self._tools = list(tools)
         self._spawner = spawner
         self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
@@ -192,6 +196,8 @@ class AgentContext:
             timeout=self.request_timeout,
         )
         assert isinstance(reply, ToolReturned)
+        if reply.env_fault:
+            self.env_faults.append(reply.error or f"tool {name} failed")
         return ToolResult(
             name=name, output=reply.output, reward=reply.reward, finished=reply.finished, error=reply.error
         )

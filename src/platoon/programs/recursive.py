@@ -298,6 +298,7 @@ class AgentTree:
             api_key=key.key,
             params=parent.params,
             request_timeout=parent.request_timeout,
+            env_faults=parent.env_faults,
         )
         ctx = self.equip(ctx)
         if tools is not None:  # they name env tools: spawning stays as the depth limit allows

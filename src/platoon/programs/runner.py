@@ -87,6 +87,7 @@ class EpisodeRunner:
         self.options: dict[tuple[str, str], Any] = {}
         self.program_options: dict[str, Any] = {}
         self._requests: Stream[EpisodeRequested] | None = None
+        self._env_faults: dict[str, list[str]] = {}  # episodes being played -> the env's failures
         for entry in entries:
             self._check(entry)
 
@@ -129,7 +130,12 @@ class EpisodeRunner:
             self.limiter.release_on_behalf_of(request.episode_id)
 
     async def play(self, bus: Bus, request: EpisodeRequested) -> EpisodeFinished:
-        """Play one episode and publish (and return) its `EpisodeFinished`."""
+        """Play one episode and publish (and return) its `EpisodeFinished`.
+
+        An episode in which the environment failed (a tool raised, timed out or answered
+        garbage: `ToolReturned.env_fault`) ends as an error with that reason, whatever the
+        agent did after: its grade would measure the environment, not the policy."""
+        self._env_faults[request.episode_id] = []
         entry = self.entries[request.task.env]
         harness_name = request.harness or choose_harness(entry.harness, request.episode_id, self.seed)
         agent_id = new_id()
@@ -236,6 +242,7 @@ class EpisodeRunner:
             gateway_url=key.base_url,
             api_key=key.key,
             request_timeout=self.request_timeout,
+            env_faults=self._env_faults.setdefault(request.episode_id, []),
         )
 
     async def _finish(
@@ -249,6 +256,9 @@ class EpisodeRunner:
         *,
         cancelled: bool = False,
     ) -> EpisodeFinished:
+        faults = self._env_faults.pop(request.episode_id, [])
+        if faults and result.status != "error" and not cancelled:
+            result = AgentResult("error", result.final_message, f"the environment failed: {faults[0]}")
         status = "cancelled" if cancelled else result.status
         await bus.publish(
             AgentFinished(
