@@ -221,3 +221,17 @@ async def test_a_request_can_name_its_harness(toy_tokenizer):
     async with toy_system(toy_tokenizer, entry({"prog-guesser": 1.0, "prog-other": 0.0})) as toy:
         events = await toy.play(harness="prog-other")
     assert only(events, AgentSpawned)[0].harness == "prog-other"
+
+
+async def test_a_tool_still_running_when_the_episode_times_out_does_not_hold_up_its_grade(toy_tokenizer):
+    """The episode's own timeout ends it; grading stops the hanging tool instead of waiting
+    out the (much longer) tool timeout."""
+    async with toy_system(toy_tokenizer, entry("prog-hanging-tool", timeout=0.3), tool_timeout=60) as toy:
+        with anyio.fail_after(20):  # a bound for a broken service; the grade comes at once
+            events = await toy.play()
+        assert await toy.all_closed()
+    assert finished(events).status == "timeout"
+    assert len(only(events, EpisodeGraded)) == 1
+    (returned,) = only(events, ToolReturned)
+    assert returned.error == "tool hang was stopped: the agent's episode ended first"
+    assert not returned.env_fault

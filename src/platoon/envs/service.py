@@ -138,7 +138,7 @@ class _Slot:
     on how the event loop schedules the tasks that carry the requests out.
     """
 
-    __slots__ = ("closed", "session", "subtask", "tail", "task", "tool_names")
+    __slots__ = ("calls", "closed", "ended", "session", "subtask", "tail", "task", "tool_names")
 
     def __init__(self, session: EnvSession, task: TaskInfo, *, subtask: bool = False) -> None:
         self.session = session
@@ -146,6 +146,8 @@ class _Slot:
         self.subtask = subtask  # a subagent's own subtask: its instruction is the env's prompt
         self.tool_names = {tool.name for tool in session.tools}
         self.tail: anyio.Event | None = None
+        self.calls: set[anyio.CancelScope] = set()  # tool calls running now
+        self.ended = False  # graded: its agent is done, and a tool still running is moot
         self.closed = False
 
     def enqueue(self) -> tuple[anyio.Event | None, anyio.Event]:
@@ -294,6 +296,11 @@ class EnvService:
             reason = self._no_session(req.episode_id, req.agent_id)
             self._spawn(self._reply, Graded(reply_to=req.request_id, error=reason, reason=reason))
             return
+        # The agent is done (the episode ended, perhaps by its timeout): a tool call still
+        # running would only hold up the grade, for as long as the tool timeout.
+        slot.ended = True
+        for scope in list(slot.calls):
+            scope.cancel()
         self._spawn(self._grade, req, slot, *slot.enqueue())
 
     def _on_episode_graded(self, event: EpisodeGraded) -> None:
@@ -407,12 +414,20 @@ class EnvService:
             start = time.perf_counter()
             if slot.closed:
                 error = f"the env session of agent {req.agent_id} has closed"
+            elif slot.ended:
+                error = f"tool {req.name} was not run: the agent's episode has ended"
             elif req.name not in slot.tool_names:
                 error = f"unknown tool {req.name!r} (tools: {', '.join(sorted(slot.tool_names)) or 'none'})"
             else:
                 with anyio.move_on_after(self.tool_timeout) as scope:
-                    result = await slot.session.call_tool(req.name, dict(req.arguments))
-                if scope.cancelled_caught:
+                    slot.calls.add(scope)
+                    try:
+                        result = await slot.session.call_tool(req.name, dict(req.arguments))
+                    finally:
+                        slot.calls.discard(scope)
+                if scope.cancelled_caught and slot.ended:
+                    result, error = None, f"tool {req.name} was stopped: the agent's episode ended first"
+                elif scope.cancelled_caught:
                     result, error = None, f"tool {req.name} timed out after {self.tool_timeout:g}s"
                     env_fault = True
             duration = time.perf_counter() - start
