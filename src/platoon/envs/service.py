@@ -146,8 +146,8 @@ class _Slot:
         self.subtask = subtask  # a subagent's own subtask: its instruction is the env's prompt
         self.tool_names = {tool.name for tool in session.tools}
         self.tail: anyio.Event | None = None
-        self.calls: set[anyio.CancelScope] = set()  # tool calls running now
-        self.ended = False  # graded: its agent is done, and a tool still running is moot
+        self.calls: dict[anyio.CancelScope, str] = {}  # tool calls running now -> their agent
+        self.ended: set[str] = set()  # agents graded: done, so a tool of theirs still running is moot
         self.closed = False
 
     def enqueue(self) -> tuple[anyio.Event | None, anyio.Event]:
@@ -298,9 +298,10 @@ class EnvService:
             return
         # The agent is done (the episode ended, perhaps by its timeout): a tool call still
         # running would only hold up the grade, for as long as the tool timeout.
-        slot.ended = True
-        for scope in list(slot.calls):
-            scope.cancel()
+        slot.ended.add(req.agent_id)  # a shared (forked) session serves other agents too
+        for scope, agent in list(slot.calls.items()):
+            if agent == req.agent_id:
+                scope.cancel()
         self._spawn(self._grade, req, slot, *slot.enqueue())
 
     def _on_episode_graded(self, event: EpisodeGraded) -> None:
@@ -414,18 +415,18 @@ class EnvService:
             start = time.perf_counter()
             if slot.closed:
                 error = f"the env session of agent {req.agent_id} has closed"
-            elif slot.ended:
+            elif req.agent_id in slot.ended:
                 error = f"tool {req.name} was not run: the agent's episode has ended"
             elif req.name not in slot.tool_names:
                 error = f"unknown tool {req.name!r} (tools: {', '.join(sorted(slot.tool_names)) or 'none'})"
             else:
                 with anyio.move_on_after(self.tool_timeout) as scope:
-                    slot.calls.add(scope)
+                    slot.calls[scope] = req.agent_id
                     try:
                         result = await slot.session.call_tool(req.name, dict(req.arguments))
                     finally:
-                        slot.calls.discard(scope)
-                if scope.cancelled_caught and slot.ended:
+                        slot.calls.pop(scope, None)
+                if scope.cancelled_caught and req.agent_id in slot.ended:
                     result, error = None, f"tool {req.name} was stopped: the agent's episode ended first"
                 elif scope.cancelled_caught:
                     result, error = None, f"tool {req.name} timed out after {self.tool_timeout:g}s"
