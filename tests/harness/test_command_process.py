@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 
 def spec(tmp_path: Path, body: str, name: str = "agent") -> CommandHarness:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'name = "{name}"\n' + textwrap.dedent(body))
+    path.write_text(f'name = "{name}"\nruns_in = "host"\n' + textwrap.dedent(body))
     return load_spec_harness(path)
 
 

@@ -3,7 +3,7 @@ a command-line harness as a subagent, and the tree's credit through the credit a
 
 from __future__ import annotations
 
-import sys
+import shutil
 import textwrap
 import time
 
@@ -338,31 +338,39 @@ def test_program_options_are_checked_before_anything_runs():
 # --- a command-line harness as a subagent -------------------------------------------------------
 
 AGENT = """
-import os, sys, httpx
-reply = httpx.post(
+import json, os, sys, urllib.request
+request = urllib.request.Request(
     os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
-    json={"model": "platoon-policy", "messages": [{"role": "user", "content": sys.argv[1]}]},
-    timeout=30,
+    data=json.dumps({"model": "platoon-policy", "messages": [{"role": "user", "content": sys.argv[1]}]}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
 )
-reply.raise_for_status()
-print("cli says: " + reply.json()["choices"][0]["message"]["content"])
+reply = json.load(urllib.request.urlopen(request, timeout=30))
+leaked = sorted(k for k in os.environ if "TINKER" in k or "PLATOON" in k)
+print("cli says: " + reply["choices"][0]["message"]["content"] + (f" leaked {leaked}" if leaked else ""))
 """
 
 SPEC = """
 name = "tree-test-cli"
-command = ["{python}", "{spec_dir}/agent.py", "{instruction}"]
+runs_in = "{runs_in}"
+command = ["{{python}}", "{{spec_dir}}/agent.py", "{{instruction}}"]
 
 [env]
-OPENAI_BASE_URL = "{gateway_url}"
-OPENAI_API_KEY = "{api_key}"
+OPENAI_BASE_URL = "{{gateway_url}}"
+OPENAI_API_KEY = "{{api_key}}"
 """
 
 
-async def test_a_command_line_harness_runs_as_a_subagent(toy_tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("runs_in", ["sandbox", "host"])
+async def test_a_command_line_harness_runs_as_a_subagent(toy_tokenizer, tmp_path, monkeypatch, runs_in):
+    """The subagent's program runs in a sandbox of its own (this env has none), seeing none of
+    the host's environment and reaching the gateway through the forwarded port; or, chosen
+    explicitly, on the host."""
+    if runs_in == "sandbox" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
     (tmp_path / "agent.py").write_text(textwrap.dedent(AGENT))
     spec = tmp_path / "cli.toml"
-    spec.write_text(SPEC)
+    spec.write_text(SPEC.format(runs_in=runs_in))
+    monkeypatch.setenv("TINKER_API_KEY", "host-secret")
     monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     (tmp_path / "site.yaml").write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
 
@@ -385,8 +393,10 @@ async def test_a_command_line_harness_runs_as_a_subagent(toy_tokenizer, tmp_path
     assert call.agent_id == child.agent_id
     finished = of(events, EpisodeFinished)[0]
     assert finished.status == "completed", finished.reason
-    assert finished.final_message.strip() == "cli says: hello from the policy (say hello)"
-    assert sys.executable  # the spec ran with platoon's interpreter
+    if runs_in == "sandbox":
+        assert finished.final_message.strip() == "cli says: hello from the policy (say hello)"
+    else:  # a host process inherits the host's environment: why sandbox is the default
+        assert finished.final_message.strip().startswith("cli says: hello from the policy (say hello) leaked")
 
 
 def instruction_text(messages):

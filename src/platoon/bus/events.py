@@ -19,6 +19,8 @@ __all__ = [
     "AgentFinished",
     "AgentOpenRequested",
     "AgentOpened",
+    "AgentProcessExited",
+    "AgentProcessRequested",
     "AgentSpawned",
     "BatchReady",
     "BridgeDisconnected",
@@ -249,6 +251,44 @@ class SessionOpenRequested(Request, frozen=True, kw_only=True):
 class SessionOpened(Reply, frozen=True, kw_only=True):
     instruction: str = ""
     tools: list[ToolSpec] = msgspec.field(default_factory=list)
+
+
+@register_event
+class AgentProcessRequested(Request, frozen=True, kw_only=True):
+    """Run a command-line agent inside the agent's env session sandbox (see `platoon.sandbox.agent`).
+
+    `payload` is JSON `{"argv", "env", "files"}`: it holds the agent's gateway key, so the event
+    log writes it redacted. `forwards` map ports inside the sandbox to host endpoints (`host:port`);
+    `toolchain` and `spec_dir` are host folders mounted read-only at `/opt/platoon/toolchain` and
+    `/opt/platoon/spec`.
+    """
+
+    secret_fields: ClassVar[tuple[str, ...]] = ("payload",)
+
+    episode_id: str
+    agent_id: str
+    env: str
+    payload: str
+    forwards: dict[int, str] = msgspec.field(default_factory=dict)
+    toolchain: str | None = None
+    spec_dir: str | None = None
+    timeout: float | None = None
+    output_cap: int = 65_536
+
+
+@register_event
+class AgentProcessExited(Reply, frozen=True, kw_only=True):
+    """How the agent process ended: `return_code` None means it never ran (`error` says why;
+    `unsupported` when the env session has no sandbox to run it in). Output is the capped tail."""
+
+    return_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    timed_out: bool = False
+    unsupported: bool = False
+    duration_s: float = 0.0
 
 
 @register_event

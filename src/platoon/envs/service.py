@@ -7,6 +7,7 @@ ORS classes, ORS servers and Harbor datasets each implement:
     TasksRequested       -> TasksListed
     SessionOpenRequested -> SessionOpened     (a subagent's session forks its parent's)
     ToolCalled           -> ToolReturned
+    AgentProcessRequested -> AgentProcessExited (a command-line agent run in the session's sandbox)
     GradeRequested       -> Graded
     EpisodeGraded        -> every session of that episode is closed
 
@@ -26,10 +27,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 import msgspec
+import msgspec.structs
 import structlog
 
 from platoon.bus import Bus, BusClosed
 from platoon.bus.events import (
+    AgentProcessExited,
+    AgentProcessRequested,
     EpisodeGraded,
     Event,
     Graded,
@@ -214,6 +218,7 @@ class EnvService:
             (TasksRequested, self._on_tasks),
             (SessionOpenRequested, self._on_open),
             (ToolCalled, self._on_call),
+            (AgentProcessRequested, self._on_agent_process),
             (GradeRequested, self._on_grade),
             (EpisodeGraded, self._on_episode_graded),
         ]
@@ -287,6 +292,23 @@ class EnvService:
             self._spawn(self._reply, reply)
             return
         self._spawn(self._call, req, slot, *slot.enqueue())
+
+    def _on_agent_process(self, req: AgentProcessRequested) -> None:
+        if req.env != self.name:
+            return
+        slot = self._slots.get((req.episode_id, req.agent_id))
+        if slot is None:
+            error = self._no_session(req.episode_id, req.agent_id)
+            self._spawn(self._reply, AgentProcessExited(reply_to=req.request_id, error=error))
+        elif not callable(getattr(slot.session, "run_agent", None)):
+            error = f"environment {self.name} has no sandbox to run an agent in"
+            self._spawn(
+                self._reply, AgentProcessExited(reply_to=req.request_id, error=error, unsupported=True)
+            )
+        else:
+            # Not queued behind the session's tool calls: the agent runs beside them, for as long
+            # as its episode; the agent's grade (or the session closing) ends it.
+            self._spawn(self._agent_process, req, slot)
 
     def _on_grade(self, req: GradeRequested) -> None:
         if req.env != self.name:
@@ -453,6 +475,31 @@ class EnvService:
             error=error,
             duration_s=duration,
             env_fault=env_fault and self.tool_errors == "env",
+        )
+        await self._reply(reply)
+
+    async def _agent_process(self, req: AgentProcessRequested, slot: _Slot) -> None:
+        start = time.perf_counter()
+        reply: AgentProcessExited | None = None
+        with anyio.CancelScope() as scope:
+            slot.calls[scope] = req.agent_id
+            try:
+                if slot.closed or req.agent_id in slot.ended:
+                    reply = AgentProcessExited(reply_to=req.request_id, error="the agent's episode has ended")
+                else:
+                    reply = await slot.session.run_agent(req)  # type: ignore[attr-defined]
+            except Exception as exc:
+                reply = AgentProcessExited(
+                    reply_to=req.request_id, error=f"running the agent failed: {_describe(exc)}"
+                )
+            finally:
+                slot.calls.pop(scope, None)
+        if reply is None:
+            reply = AgentProcessExited(
+                reply_to=req.request_id, error="the agent was stopped: its episode ended"
+            )
+        reply = msgspec.structs.replace(
+            reply, reply_to=req.request_id, duration_s=time.perf_counter() - start
         )
         await self._reply(reply)
 

@@ -1,14 +1,19 @@
 """Command-line harnesses: an agent program described by a TOML spec.
 
-platoon starts the program once per episode. The program reaches the policy through the
+platoon starts the program once per episode, by default inside the episode's sandbox (see
+"Where the agent runs" below). The program reaches the policy through the
 gateway's OpenAI-compatible HTTP (`{gateway_url}`, `{api_key}`), so its model calls are recorded
 like any other, and the environment's tools over MCP (`{mcp_url}`). A spec::
 
     name = "my-agent"
     description = "What the agent is."
+    runs_in = "sandbox"                    # the default; "host" runs it as a host process
     command = ["my-agent", "--task", "{instruction}", "--max-turns", "{option.max_turns}"]
     install = ["{python}", "-m", "pip", "install", "my-agent==1.2"]   # once, cached
     timeout = 600                          # seconds; the process group is killed past it
+
+    [toolchain]                            # pinned packages, built once into the site cache
+    pip = ["my-agent==1.2"]                # and/or npm = ["@scope/agent@1.2.3"]
 
     [env]
     OPENAI_BASE_URL = "{gateway_url}"
@@ -30,16 +35,37 @@ like any other, and the environment's tools over MCP (`{mcp_url}`). A spec::
 Placeholders: `{instruction}`, `{gateway_url}`, `{api_key}`, `{max_steps}`, `{mcp_url}`,
 `{workdir}`, `{option.NAME}`, `{python}` (platoon's interpreter), `{spec_dir}` (the spec's
 folder) and `{cache_dir}` (the harness's folder in the site cache, where `install` can put
-things); `{{` and `}}` are literal braces. `install` takes only the last three. The program's
-stdout (its tail) becomes the agent's final message.
+things), `{toolchain}` (where the toolchain is); `{{` and `}}` are literal braces. `install`
+takes only the static ones. The program's stdout (its tail) becomes the agent's final message.
+
+Where the agent runs. `runs_in = "sandbox"`: agent code is untrusted, so the program runs inside
+a sandbox, never on the host. The harness asks the agent's env session over the bus to run it
+(`AgentProcessRequested`): a session that owns a sandbox (Harbor) runs it there, in the task's
+workdir and as the task's agent user, so its commands act on the files the task's tests will
+grade (`platoon.envs.agent_process`). An environment with no sandbox answers `unsupported`, and
+the harness starts a fresh sandbox of the default provider for the agent, which then reaches the
+env's tools over MCP (`{mcp_url}`). Either way the program sees only: the toolchain, read-only at
+`/opt/platoon/toolchain` (`{toolchain}/bin` first on PATH); the spec's folder, read-only at
+`/opt/platoon/spec` (`{spec_dir}`; `{python}` is the sandbox's `python3`); a home folder (`HOME`, `{workdir}`)
+where `[files]` are written; an environment of exactly `[env]` (nothing of the host's: no API
+keys, no site config); and, as its only way out, `127.0.0.1:<port>` forwarded to the gateway (and
+to the MCP server when the spec uses `{mcp_url}`) through a unix socket (`platoon.sandbox.agent`).
+The request names host paths (the toolchain) and host endpoints, so the env service that runs
+the sandbox shares the harness's machine and site cache. `runs_in = "host"` runs the program on
+the host as before, in a temp dir (`{workdir}`) with the host's environment: trusted code only.
+
+`[toolchain]` is built by `platoon prepare`, or by the first episode that needs it (once, under
+a lock; `platoon.harness.toolchain`); `install` still works for host runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import keyword
 import os
+import random
 import re
 import signal
 import subprocess
@@ -49,14 +75,16 @@ import tomllib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import msgspec
 import msgspec.structs
 
-from platoon.bus.events import ModelCallFinished
+from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ModelCallFinished
 from platoon.harness.context import AgentContext, AgentResult
+from platoon.harness.toolchain import MOUNT_POINT, Toolchain, ToolchainError, build_toolchain
 
 __all__ = ["CommandHarness", "CommandSpec", "OptionSpec", "SpecError", "load_spec_harness", "parse_spec"]
 
@@ -64,10 +92,11 @@ Status = Literal["completed", "limit", "timeout", "error"]
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][\w.]*)\}|[{}]")
 _EPISODE = {"instruction", "gateway_url", "api_key", "max_steps", "mcp_url", "workdir"}
-_STATIC = {"python", "spec_dir", "cache_dir"}
+_STATIC = {"python", "spec_dir", "cache_dir", "toolchain"}
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 _TAIL_BYTES = 16_384
 _KILL_GRACE_S = 2.0
+_SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SpecError(ValueError):
@@ -97,6 +126,9 @@ class CommandSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     options: dict[str, OptionSpec] = {}
     exit_codes: dict[str, Status] = {}
     timeout: float | None = None
+    runs_in: Literal["sandbox", "host"] = "sandbox"
+    toolchain: Toolchain = Toolchain()
+    output_cap: int = 65_536  # bytes of the tail of stdout and of stderr kept
 
 
 def load_spec_harness(path: str | os.PathLike[str]) -> CommandHarness:
@@ -117,7 +149,9 @@ def parse_spec(data: Mapping[str, Any], where: str = "<spec>") -> CommandSpec:
     # Tables keyed by the user's names are checked entry by entry, so an error names the entry.
     options = _convert(data.pop("options", {}), dict[str, Any], "options", where)
     exit_codes = _convert(data.pop("exit_codes", {}), dict[str, Any], "exit_codes", where)
+    toolchain = _convert(data.pop("toolchain", {}), Toolchain, "toolchain", where)
     spec = _convert(data, CommandSpec, "", where)
+    spec = msgspec.structs.replace(spec, toolchain=toolchain)
     spec = msgspec.structs.replace(
         spec,
         options={k: _convert(v, OptionSpec, f"options.{k}", where) for k, v in options.items()},
@@ -155,6 +189,12 @@ def _problems(spec: CommandSpec) -> Iterator[str]:
         yield "command: must name a program"
     if spec.timeout is not None and spec.timeout <= 0:
         yield "timeout: must be positive"
+    if spec.output_cap <= 0:
+        yield "output_cap: must be positive"
+    for key, pins in (("pip", spec.toolchain.pip), ("npm", spec.toolchain.npm)):
+        for i, pin in enumerate(pins):
+            if not _pinned(key, pin):
+                yield f"toolchain.{key}.{i}: {pin!r} is not pinned to one version"
     for name, option in spec.options.items():
         if not name.isidentifier() or keyword.iskeyword(name):
             yield f"options.{name}: an option's name must be a Python identifier"
@@ -181,6 +221,15 @@ def _problems(spec: CommandSpec) -> Iterator[str]:
             known = _STATIC | _EPISODE | {f"option.{o}" for o in spec.options} if per_episode else _STATIC
             if name not in known:
                 yield f"{key}: unknown placeholder {{{name}}}"
+
+
+def _pinned(kind: str, pin: str) -> bool:
+    if kind == "pip":
+        return (
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?==[A-Za-z0-9.+!-]+", pin)
+            is not None
+        )
+    return re.fullmatch(r"(@[a-z0-9._-]+/)?[a-z0-9._-]+@\d[\w.+-]*", pin) is not None
 
 
 def _option_problems(option: OptionSpec) -> Iterator[str]:
@@ -280,14 +329,29 @@ class CommandHarness:
         }
         self.uses_mcp = "mcp_url" in used
         self.uses_cache_dir = "cache_dir" in used
+        self.uses_spec_dir = "spec_dir" in used
         self._installed = False
         self._install_lock: anyio.Lock | None = None
+        self._toolchain: Path | None = None
 
     def __repr__(self) -> str:
         return f"<command harness {self.name} {self.spec_dir}>"
 
     def _static_values(self) -> dict[str, str]:
-        return {"python": sys.executable, "spec_dir": str(self.spec_dir), "cache_dir": str(self.cache_dir())}
+        return {
+            "python": sys.executable,
+            "spec_dir": str(self.spec_dir),
+            "cache_dir": str(self.cache_dir()),
+            "toolchain": self._toolchain_path(),
+        }
+
+    def _toolchain_path(self) -> str:
+        """`{toolchain}`: the mount point inside a sandbox, the cached folder on the host."""
+        if self.spec.runs_in == "sandbox":
+            return MOUNT_POINT
+        if self._toolchain is not None:
+            return str(self._toolchain)
+        return ""
 
     def cache_dir(self) -> Path:
         """The harness's folder in the site cache (created on first use)."""
@@ -300,13 +364,23 @@ class CommandHarness:
 
     async def install(self) -> None:
         """Run the spec's `install` command once; a marker in the cache dir remembers it."""
-        if self._installed or not self.spec.install:
+        if self._installed or not (self.spec.install or self.spec.toolchain):
             self._installed = True
             return
         if self._install_lock is None:
             self._install_lock = anyio.Lock()
         async with self._install_lock:
             if self._installed:
+                return
+            if self.spec.toolchain:
+                from platoon.config import load_site
+
+                try:
+                    self._toolchain = await build_toolchain(self.spec.toolchain, load_site().cache)
+                except ToolchainError as exc:
+                    raise SpecError(f"harness {self.name!r}: its toolchain did not build: {exc}") from None
+            if not self.spec.install:
+                self._installed = True
                 return
             values = self._static_values()
             argv = [_fill(a, values) for a in self.spec.install]
@@ -326,11 +400,16 @@ class CommandHarness:
             self._installed = True
 
     async def run(self, ctx: AgentContext) -> AgentResult:
-        await self.install()
+        try:
+            await self.install()
+        except SpecError as exc:
+            return AgentResult("error", reason=str(exc))
         if not ctx.gateway_url:
             return AgentResult(
                 "error", reason="the gateway does not serve HTTP, which a command-line harness needs"
             )
+        if self.spec.runs_in == "sandbox":
+            return await self._run_in_sandbox(ctx)
         with tempfile.TemporaryDirectory(prefix="platoon-harness-") as workdir:
             async with contextlib.AsyncExitStack() as stack:
                 values = self._values(ctx, workdir)
@@ -355,12 +434,68 @@ class CommandHarness:
             "python": sys.executable,
             "spec_dir": str(self.spec_dir),
             "cache_dir": str(self.cache_dir()) if self.uses_cache_dir else "",
+            "toolchain": self._toolchain_path(),
         }
         if self.options_type is not None:
             options = ctx.options if ctx.options is not None else msgspec.convert({}, self.options_type)
             for name in self.spec.options:
                 values[f"option.{name}"] = _text(getattr(options, name))
         return values
+
+    async def _run_in_sandbox(self, ctx: AgentContext) -> AgentResult:
+        """Run the program in the episode's sandbox, or a fresh one (see the module docstring)."""
+        from platoon.sandbox.agent import AGENT_HOME, SPEC_DIR
+
+        assert ctx.gateway_url is not None
+        gateway = urlsplit(ctx.gateway_url)
+        ports = random.sample(range(20_000, 60_000), 2)
+        forwards = {ports[0]: gateway.netloc}
+        async with contextlib.AsyncExitStack() as stack:
+            values = self._values(ctx, AGENT_HOME)
+            values["python"] = "python3"  # the sandbox's
+            values["spec_dir"] = SPEC_DIR
+            values["gateway_url"] = urlunsplit(("http", f"127.0.0.1:{ports[0]}", gateway.path, "", ""))
+            if self.uses_mcp:
+                from platoon.harness.mcp import serve_tools
+
+                mcp = urlsplit(await stack.enter_async_context(serve_tools(ctx)))
+                forwards[ports[1]] = mcp.netloc
+                values["mcp_url"] = urlunsplit(("http", f"127.0.0.1:{ports[1]}", mcp.path, "", ""))
+            path = f"{MOUNT_POINT}/bin:{_SANDBOX_PATH}" if self.spec.toolchain else _SANDBOX_PATH
+            env = {"PATH": path, **{k: _fill(v, values) for k, v in self.spec.env.items()}}
+            payload = {
+                "argv": [_fill(a, values) for a in self.spec.command],
+                "env": env,
+                "files": {name: _fill(t, values) for name, t in self.spec.files.items()},
+            }
+            request = AgentProcessRequested(
+                episode_id=ctx.episode_id,
+                agent_id=ctx.agent_id,
+                env=ctx.task.env,
+                payload=json.dumps(payload),
+                forwards=forwards,
+                toolchain=str(self._toolchain) if self._toolchain is not None else None,
+                spec_dir=str(self.spec_dir) if self.uses_spec_dir else None,
+                timeout=self.spec.timeout,
+                output_cap=self.spec.output_cap,
+            )
+            await stack.enter_async_context(_count_model_calls(ctx))
+            reply = await ctx.bus.request(request, timeout=None)
+            assert isinstance(reply, AgentProcessExited)
+            if reply.unsupported:
+                reply = await _run_in_fresh_sandbox(request)
+        return self._exited(ctx, reply)
+
+    def _exited(self, ctx: AgentContext, reply: AgentProcessExited) -> AgentResult:
+        final = reply.stdout.strip()[-4000:] or None
+        if reply.timed_out:
+            return AgentResult("timeout", final, f"{self.name} passed its {self.spec.timeout} s timeout")
+        if reply.return_code is None:
+            return AgentResult("error", final, f"{self.name} did not run: {reply.error or 'no reason given'}")
+        result = self._result(ctx, reply.return_code, final, reply.stderr)
+        if result.status == "completed" and ctx.budget.used == 0:
+            return AgentResult("error", final, f"{self.name} exited without calling the model")
+        return result
 
     async def _launch(
         self, ctx: AgentContext, argv: list[str], env: dict[str, str], workdir: str
@@ -421,6 +556,18 @@ class CommandHarness:
             # It most likely failed because the gateway refused calls past the budget.
             return AgentResult("limit", final, f"out of model calls; {reason}")
         return AgentResult(status, final, reason)
+
+
+async def _run_in_fresh_sandbox(request: AgentProcessRequested) -> AgentProcessExited:
+    """An environment without a sandbox: the agent still gets one (its code is untrusted)."""
+    from platoon.envs.agent_process import run_requested_agent
+    from platoon.sandbox import SandboxError, SandboxSpec, create_sandbox
+
+    try:
+        async with create_sandbox(SandboxSpec(workdir="/work")) as box:
+            return await run_requested_agent(box, request)
+    except SandboxError as exc:
+        return AgentProcessExited(reply_to=request.request_id, error=f"no sandbox for the agent: {exc}")
 
 
 def _write_files(workdir: str, files: Mapping[str, str]) -> None:

@@ -20,7 +20,7 @@ import anyio.to_thread
 from . import _archive
 from ._process import OUTPUT_LIMIT, run_process
 from .errors import SandboxError
-from .spec import ExecResult, SandboxSpec
+from .spec import ExecResult, Mount, SandboxSpec
 
 __all__ = ["BaseSandbox", "CommandSandbox", "Sandbox"]
 
@@ -127,11 +127,20 @@ class CommandSandbox(BaseSandbox):
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         user: str | None = None,
+        mounts: tuple[Mount, ...] = (),
     ) -> ExecResult:
+        """Run `command` with `bash -c`; `mounts` (providers with `exec_mounts` only) are added
+        for this command alone."""
         self._check_started()
         if timeout is not None and timeout <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
-        argv = self._exec_argv(command, cwd=remote_path(cwd or self.spec.workdir), env=_env(env), user=user)
+        cwd = remote_path(cwd or self.spec.workdir)
+        if mounts:
+            if not getattr(self, "exec_mounts", False):
+                raise SandboxError(f"{type(self).__name__} cannot add mounts to one command")
+            argv = self._exec_argv(command, cwd=cwd, env=_env(env), user=user, mounts=mounts)  # type: ignore[call-arg]
+        else:
+            argv = self._exec_argv(command, cwd=cwd, env=_env(env), user=user)
         result = await run_process(
             argv, timeout=timeout, output_limit=self.output_limit, env=self.process_env
         )

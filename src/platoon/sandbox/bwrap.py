@@ -34,7 +34,7 @@ from ._netns import RESOLV_CONF, SandboxNetwork
 from ._process import OUTPUT_LIMIT, run_process
 from .base import CommandSandbox, remove_tree
 from .errors import SandboxError
-from .spec import SandboxSpec
+from .spec import Mount, SandboxSpec
 
 __all__ = ["BwrapSandbox"]
 
@@ -179,13 +179,24 @@ class BwrapSandbox(CommandSandbox):
             prefix += ["taskset", "-c", ",".join(map(str, sorted(chosen)))]
         return prefix
 
-    def _exec_argv(self, command: str, *, cwd: str, env: Mapping[str, str], user: str | None) -> list[str]:
+    # A process per command, so each command may get mounts of its own (`exec(mounts=...)`).
+    exec_mounts = True
+
+    def _exec_argv(
+        self,
+        command: str,
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        user: str | None,
+        mounts: tuple[Mount, ...] = (),
+    ) -> list[str]:
         args = [*self._prefix, *self._root_args, "--dev", "/dev", "--proc", "/proc"]
         # Root inside maps to the host's uid 0, so host-wide kernel knobs must not be writable.
         args += ["--ro-bind", "/proc/sys", "/proc/sys"]
         if os.path.exists("/proc/sysrq-trigger"):
             args += ["--ro-bind", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
-        for mount in self.spec.mounts:
+        for mount in (*self.spec.mounts, *mounts):
             args += ["--ro-bind" if mount.read_only else "--bind", mount.source, mount.target]
         args += ["--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
         if self._network is not None:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import anyio
 
-from platoon.bus.events import ToolSpec
+from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
 from platoon.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox, default_provider
 
@@ -230,6 +230,16 @@ class HarborSession:
         return ToolResult(
             output=f"[the agent's time limit of {limit:g} s is up; the task's tests grade the result]",
             finished=True,
+        )
+
+    async def run_agent(self, req: AgentProcessRequested) -> AgentProcessExited:
+        """Run a command-line agent in this task's sandbox, in its workdir, as its agent user;
+        `[agent].timeout_sec` bounds it."""
+        from platoon.envs.agent_process import run_requested_agent
+
+        left = self._time_left()
+        return await run_requested_agent(
+            self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
         )
 
     async def grade(self) -> Grade:
