@@ -15,6 +15,7 @@ from platoon import plugins
 from platoon.cli import CommandError
 from platoon.harness.registry import (
     BUILTINS,
+    SPECS_DIR,
     FunctionHarness,
     Harness,
     HarnessError,
@@ -42,6 +43,7 @@ class HarnessInfo:
     description: str = ""
     options: list[OptionInfo] = field(default_factory=list)
     error: str | None = None  # why it could not be loaded
+    runs: list[str] = field(default_factory=list)  # where a spec's program runs, what it installs
 
 
 def list_harnesses(args: Any) -> int:
@@ -64,6 +66,8 @@ def show_harness(args: Any) -> int:
     print(f"{info.name} ({info.kind} harness)")
     print(f"  provided by: {info.provider}")
     print(f"  defined in:  {info.source}")
+    for line in info.runs:
+        print(f"  {line}")
     if info.description:
         print()
         for line in info.description.splitlines():
@@ -98,11 +102,26 @@ def describe(name: str) -> HarnessInfo:
         source=_source(harness),
         description=harness.description,
         options=_options(harness.options_type),
+        runs=_runs(harness),
     )
 
 
+def _runs(harness: Harness) -> list[str]:
+    spec = getattr(harness, "spec", None)
+    if spec is None:
+        return []
+    lines = [
+        f"runs in:     {spec.runs_in}" + (" (the episode's sandbox)" if spec.runs_in == "sandbox" else "")
+    ]
+    packages = [*spec.toolchain.pip, *spec.toolchain.npm]
+    if packages:
+        lines.append(f"toolchain:   {', '.join(packages)} (built by `platoon prepare`)")
+    return lines
+
+
 def _provider(name: str, harness: Harness | None) -> str:
-    if name in BUILTINS:
+    path = getattr(harness, "path", None)
+    if name in BUILTINS or (path is not None and path.parent == SPECS_DIR.resolve()):
         return _with_version("platoon")
     entry = plugins.available("harnesses").get(name)
     if entry is not None and entry.dist is not None:

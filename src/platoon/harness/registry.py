@@ -2,8 +2,9 @@
 
 A harness is anything with `name`, `options_type` and `async run(ctx) -> AgentResult`.
 Function harnesses come from the decorator, command-line harnesses from TOML specs. Names are
-resolved in this order: registered in this process, platoon's built-ins, then installed
-packages' `platoon.harnesses` entry points (imported only when named).
+resolved in this order: registered in this process, platoon's built-ins (functions, and the
+shipped agent specs: `specs/<name>.toml`), then installed packages' `platoon.harnesses` entry
+points (imported only when named).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -37,6 +39,13 @@ BUILTINS = {
     "platoon-codeact": "platoon.harness.builtin.codeact:codeact",
     "platoon-bash": "platoon.harness.builtin.bash:bash",
 }
+
+# Shipped command-line agents: one TOML spec per agent, named like the file.
+SPECS_DIR = Path(__file__).parent / "specs"
+
+
+def _shipped_specs() -> dict[str, Path]:
+    return {path.stem: path for path in sorted(SPECS_DIR.glob("*.toml"))}
 
 
 class HarnessError(LookupError):
@@ -114,6 +123,13 @@ def get_harness(name: str) -> Harness:
         h = load_spec_harness(name)
         _registry[name] = h
         return h
+    shipped = _shipped_specs().get(name)
+    if shipped is not None:
+        from platoon.harness.command import load_spec_harness
+
+        h = load_spec_harness(shipped)
+        _registry[name] = h
+        return h
     ref = BUILTINS.get(name)
     try:
         obj = plugins.import_ref(ref) if ref else plugins.load("harnesses", name)
@@ -133,7 +149,7 @@ def get_harness(name: str) -> Harness:
 
 
 def harness_names() -> list[str]:
-    return sorted({*_registry, *BUILTINS, *plugins.available("harnesses")})
+    return sorted({*_registry, *BUILTINS, *_shipped_specs(), *plugins.available("harnesses")})
 
 
 def choose_harness(spec: str | Mapping[str, float], key: str, seed: int = 0) -> str:
