@@ -6,6 +6,7 @@ it was given and the gateway splices its own earlier assistant turns as the samp
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import time
@@ -134,7 +135,7 @@ async def test_mini_swe_agent_solves_a_harbor_task_in_its_sandbox(toy_tokenizer,
         assert call.completion_tokens == [*toy_tokenizer.encode(text, add_special_tokens=False), stop]
     # mini sends back the history it was given: each prompt extends the previous prompt plus
     # its completion token for token, so the episode trains as one datum for its one agent.
-    for before, after in zip(calls, calls[1:], strict=False):
+    for before, after in itertools.pairwise(calls):
         previous = [*before.prompt_tokens, *before.completion_tokens]
         assert after.prompt_tokens[: len(previous)] == previous, _where_it_breaks(
             toy_tokenizer, previous, after
