@@ -238,6 +238,10 @@ class HarborSession:
         from platoon.envs.agent_process import run_requested_agent
 
         left = self._time_left()
+        if left is not None and left <= 0:
+            return AgentProcessExited(
+                reply_to=req.request_id, error="the agent's time limit is up", timed_out=True
+            )
         return await run_requested_agent(
             self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
         )
