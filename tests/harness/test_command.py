@@ -4,6 +4,8 @@ with the scripted tokens, and its options are checked like any harness's."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from agents.episodes import AGENTS, binary_search, guessing
 
@@ -125,3 +127,16 @@ def test_load_spec_harness_reads_the_file():
     assert agent.uses_mcp
     assert agent.exit_codes == {3: "limit"}
     assert agent.description.startswith("An agent script using the openai client")
+
+
+@ASYNCIO_ONLY
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+async def test_an_env_without_a_sandbox_gives_the_agent_a_fresh_one_with_tools_over_mcp(toy_tokenizer):
+    spec = AGENTS / "stdlib_mcp_agent.toml"
+    async with guessing(toy_tokenizer, binary_search, str(spec)) as system:
+        events = await system.play("train-42")
+    finished, graded = first(events, EpisodeFinished), first(events, EpisodeGraded)
+    assert (finished.status, finished.final_message, graded.reward) == ("completed", "Correct!", 1.0)
+    tools = [e.arguments["number"] for e in events if isinstance(e, ToolCalled)]
+    assert tools == [50, 25, 37, 43, 40, 41, 42]  # each through the forwarded MCP port
+    assert finished.num_model_calls == 7
