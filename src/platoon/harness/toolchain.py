@@ -126,9 +126,8 @@ def _install(toolchain: Toolchain, work: Path) -> None:
             ]
         )
         # npm puts bins under node_modules/.bin; give them the venv's bin/ too.
-        steps.append(
-            ["bash", "-c", f"mkdir -p {MOUNT_POINT}/bin && ln -sf ../node_modules/.bin/* {MOUNT_POINT}/bin/"]
-        )
+        link = f"mkdir -p {MOUNT_POINT}/bin && cd {MOUNT_POINT}/bin && ln -sf ../node_modules/.bin/* ."
+        steps.append(["bash", "-c", link])
     bwrap = shutil.which("bwrap")
     for step in steps:
         if bwrap is not None:
