@@ -31,6 +31,7 @@ __all__ = [
     "ServingError",
     "bind_socket",
     "is_loopback",
+    "presented_key",
     "read_body_limited",
     "require_key",
     "serve_asgi",
@@ -74,15 +75,17 @@ def require_key(host: str, api_key: str | None, what: str) -> None:
         )
 
 
-def _presented_key(scope: Scope) -> str | None:
+def presented_key(scope: Scope) -> str | None:
+    """The key a request presents: an `Authorization: Bearer` token, else `X-API-Key`."""
+    api_key = None
     for name, value in scope.get("headers", ()):
-        if name == b"x-api-key":
-            return value.decode("latin-1")
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer":
                 return token.strip()
-    return None
+        elif name == b"x-api-key":
+            api_key = value.decode("latin-1")
+    return api_key
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -123,7 +126,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if self.api_key is not None:
-            presented = _presented_key(scope) or ""
+            presented = presented_key(scope) or ""
             if not hmac.compare_digest(presented.encode(), self.api_key.encode()):
                 await _refuse(send, 401, "invalid or missing API key (X-API-Key or Authorization: Bearer)")
                 return

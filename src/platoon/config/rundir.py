@@ -29,7 +29,14 @@ from .redact import redact
 from .schema import Config
 from .site import Site
 
-__all__ = ["KEY_DEPENDENCIES", "make_private_dir", "open_private", "run_dir", "write_run_files"]
+__all__ = [
+    "KEY_DEPENDENCIES",
+    "make_private_dir",
+    "open_private",
+    "run_dir",
+    "write_private",
+    "write_run_files",
+]
 
 # Distributions whose versions change what a run does; absent ones are recorded as null.
 KEY_DEPENDENCIES = (
@@ -75,7 +82,7 @@ def write_run_files(
         f"# The resolved config of this run (platoon {_version('platoon')}); defaults written out,\n"
         "# secrets <redacted> (give them again through the environment or the command line).\n"
     )
-    _write_atomic(directory / "config.yaml", (header + dumps_yaml(redact(to_builtins(config)))).encode())
+    write_private(directory / "config.yaml", (header + dumps_yaml(redact(to_builtins(config)))).encode())
     lock = {
         "platoon": _version("platoon"),
         "python": platform.python_version(),
@@ -86,7 +93,7 @@ def write_run_files(
         **(extra or {}),
     }
     lock = redact(lock)
-    _write_atomic(directory / "lock.json", msgspec.json.format(msgspec.json.encode(lock), indent=2) + b"\n")
+    write_private(directory / "lock.json", msgspec.json.format(msgspec.json.encode(lock), indent=2) + b"\n")
 
 
 def make_private_dir(directory: str | os.PathLike[str]) -> Path:
@@ -110,12 +117,21 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _write_atomic(path: Path, content: bytes) -> None:
+def write_private(path: str | os.PathLike[str], content: bytes) -> None:
+    """Replace `path` whole or not at all: written aside (0600), synced, renamed, the rename synced."""
+    path = Path(path)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
-        os.unlink(temporary)
+        Path(temporary).unlink(missing_ok=True)
         raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

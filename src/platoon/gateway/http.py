@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from platoon.gateway import dialects
 from platoon.gateway.core import AgentSession, Completion, GatewayError
-from platoon.serving import Guard
+from platoon.serving import Guard, presented_key
 
 if TYPE_CHECKING:
     from platoon.gateway.core import Gateway
@@ -88,10 +88,7 @@ def _anthropic_error(kind: str, message: str) -> JSONResponse:
 
 
 def _key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return presented_key(request.scope)
 
 
 def _kind(request: Request) -> str:

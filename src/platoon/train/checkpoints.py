@@ -14,13 +14,13 @@ held-out split. A resume whose config changes any of them is refused.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
+
+from platoon.config.rundir import write_private
 
 log = structlog.get_logger("platoon.checkpoints")
 
@@ -67,22 +67,7 @@ class CheckpointStore:
 
     def _write(self, records: list[Checkpoint]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        content = b"".join(msgspec.json.encode(c) + b"\n" for c in records)
-        handle, temporary = tempfile.mkstemp(dir=self.run_dir, prefix=".checkpoints.")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(content)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        directory = os.open(self.run_dir, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a crash
-        finally:
-            os.close(directory)
+        write_private(self.path, b"".join(msgspec.json.encode(c) + b"\n" for c in records))
 
     def candidates(self, *, quiet: bool = False) -> list[Checkpoint]:
         """The readable checkpoints, newest first. A file with lines but none readable is an error."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from platoon.bus.events import EpisodeRequested, PolicyAnnounced, RunFinished, WorkerStatus
 from platoon.bus.nats import subject_for
+from platoon.config.rundir import write_private
 
 __all__ = ["WORK_QUEUE", "NatsSetup", "write_nats_setup"]
 
@@ -119,18 +120,12 @@ def write_nats_setup(
         "}",
     ]
     config = out / "nats-server.conf"
-    _write_private(config, "\n".join(lines) + "\n")
+    write_private(config, ("\n".join(lines) + "\n").encode())
     written = {}
     for role, password in passwords.items():
         path = out / f"{role}.json"
-        _write_private(path, json.dumps({"user": role, "password": password}, indent=2) + "\n")
+        write_private(path, (json.dumps({"user": role, "password": password}, indent=2) + "\n").encode())
         written[role] = path
     scheme = "tls" if tls_cert else "nats"
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return NatsSetup(config, written["trainer"], written["worker"], f"{scheme}://{shown}:{port}")
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
