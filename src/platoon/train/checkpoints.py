@@ -98,7 +98,7 @@ class CheckpointStore:
 
     def write_identity(self, identity: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.identity_path.write_text(json.dumps(identity, indent=2, sort_keys=True))
+        write_private(self.identity_path, json.dumps(identity, indent=2, sort_keys=True).encode())
 
     def check_identity(self, identity: dict[str, Any]) -> None:
         """Refuse a resume that changes what the run is."""
