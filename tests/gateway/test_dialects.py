@@ -299,6 +299,24 @@ def test_anthropic_request_turns_blocks_into_messages():
     assert stream is True
 
 
+def test_anthropic_request_keeps_a_system_message_between_turns():
+    """Claude Code 2.1 sends late instructions as a `system` message inside `messages`."""
+    body = {
+        "max_tokens": 10,
+        "messages": [
+            {"role": "user", "content": "Go."},
+            {"role": "system", "content": [{"type": "text", "text": "Tools changed."}]},
+            {"role": "assistant", "content": "Ok."},
+        ],
+    }
+    messages, _, _, _ = dialects.anthropic_request(body)
+    assert messages == [
+        {"role": "user", "content": "Go."},
+        {"role": "system", "content": "Tools changed."},
+        {"role": "assistant", "content": "Ok."},
+    ]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

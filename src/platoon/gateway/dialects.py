@@ -410,9 +410,13 @@ def anthropic_request(
     if not isinstance(raw, list) or not raw:
         raise DialectError("messages: expected a non-empty array of messages", "messages")
     for i, message in enumerate(raw):
-        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
-            raise DialectError(f"messages.{i}.role: expected user or assistant", f"messages.{i}.role")
+        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant", "system"):
+            raise DialectError(f"messages.{i}.role: expected user, assistant or system", f"messages.{i}.role")
         content = message.get("content")
+        if message["role"] == "system":
+            # Claude Code sends late instructions as a system message between turns.
+            messages.append({"role": "system", "content": _blocks_text(content, f"messages.{i}.content")})
+            continue
         if isinstance(content, str):
             messages.append({"role": message["role"], "content": content})
             continue

@@ -32,7 +32,8 @@ like any other, and the environment's tools over MCP (`{mcp_url}`). A spec::
     [exit_codes]                           # exit code -> status; 0 is completed, others error
     3 = "limit"
 
-Placeholders: `{instruction}`, `{gateway_url}`, `{api_key}`, `{max_steps}`, `{mcp_url}`,
+Placeholders: `{instruction}`, `{gateway_url}`, `{gateway_root}` (the same without `/v1`, for
+clients that add it themselves), `{api_key}`, `{max_steps}`, `{mcp_url}`,
 `{workdir}`, `{option.NAME}`, `{python}` (platoon's interpreter), `{spec_dir}` (the spec's
 folder) and `{cache_dir}` (the harness's folder in the site cache, where `install` can put
 things), `{toolchain}` (where the toolchain is); `{{` and `}}` are literal braces. `install`
@@ -91,7 +92,7 @@ __all__ = ["CommandHarness", "CommandSpec", "OptionSpec", "SpecError", "load_spe
 Status = Literal["completed", "limit", "timeout", "error"]
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][\w.]*)\}|[{}]")
-_EPISODE = {"instruction", "gateway_url", "api_key", "max_steps", "mcp_url", "workdir"}
+_EPISODE = {"instruction", "gateway_url", "gateway_root", "api_key", "max_steps", "mcp_url", "workdir"}
 _STATIC = {"python", "spec_dir", "cache_dir", "toolchain"}
 _TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 _TAIL_BYTES = 16_384
@@ -427,6 +428,7 @@ class CommandHarness:
         values = {
             "instruction": ctx.instruction,
             "gateway_url": ctx.gateway_url or "",
+            "gateway_root": _root(ctx.gateway_url or ""),
             "api_key": ctx.api_key,
             "max_steps": str(ctx.budget.remaining()),
             "mcp_url": "",
@@ -455,6 +457,7 @@ class CommandHarness:
             values["python"] = "python3"  # the sandbox's
             values["spec_dir"] = SPEC_DIR
             values["gateway_url"] = urlunsplit(("http", f"127.0.0.1:{ports[0]}", gateway.path, "", ""))
+            values["gateway_root"] = f"http://127.0.0.1:{ports[0]}"
             if self.uses_mcp:
                 from platoon.harness.mcp import serve_tools
 
@@ -568,6 +571,12 @@ async def _run_in_fresh_sandbox(request: AgentProcessRequested) -> AgentProcessE
             return await run_requested_agent(box, request)
     except SandboxError as exc:
         return AgentProcessExited(reply_to=request.request_id, error=f"no sandbox for the agent: {exc}")
+
+
+def _root(url: str) -> str:
+    """`scheme://host:port` of a URL: what clients that add `/v1` themselves want (Anthropic's)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "", "", "")) if parts.netloc else ""
 
 
 def _write_files(workdir: str, files: Mapping[str, str]) -> None:

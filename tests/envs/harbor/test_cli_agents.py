@@ -1,8 +1,16 @@
-"""The shipped mini-swe-agent spec, end to end: the real `mini` (installed from PyPI by the
-toolchain build) runs inside the bwrap sandbox of a small Harbor task, driven by a scripted
-policy that writes the bash tool calls mini expects, and solves it. Every model call is recorded
-with its exact tokens and the episode trains as one datum per agent: mini sends back the history
-it was given and the gateway splices its own earlier assistant turns as the sampled tokens."""
+"""The shipped command-line agents, end to end: each real agent (installed from PyPI or npm by
+the toolchain build, pinned) runs inside the bwrap sandbox of a small Harbor task, driven by a
+scripted policy that writes the tool calls that agent expects, and solves it. Every model call is
+recorded with its exact tokens, and the episode trains as one datum per agent: each agent sends
+back the history it was given and the gateway splices its own earlier assistant turns in as the
+sampled tokens.
+
+| agent | dialect | its shell tool |
+|---|---|---|
+| mini-swe-agent | chat completions (litellm) | `bash` {command} |
+| codex | Responses, streamed | `exec_command` {cmd} |
+| claude-code | Anthropic Messages, streamed | `Bash` {command, description} |
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,8 @@ import itertools
 import json
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -54,18 +64,49 @@ SUM_TEST = """\
 COMMANDS = [
     "cat question.txt",
     "echo $(( $(tr ' ' + < question.txt) )) > answer.txt && cat answer.txt",
-    "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
 ]
 
 
-def mini_policy(messages: list[dict[str, Any]]) -> str:
-    """One bash tool call per turn, in the tool-call format the qwen3 renderer parses."""
-    turn = sum(1 for m in messages if m.get("role") == "assistant")
-    call = {"name": "bash", "arguments": {"command": COMMANDS[min(turn, len(COMMANDS) - 1)]}}
-    return f"Step {turn + 1}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+@dataclass(frozen=True)
+class Agent:
+    harness: str
+    options: dict[str, Any]
+    tool: str
+    call: Callable[[str], dict[str, Any]]
+    done: str | None  # the last turn's text; None: a last tool call that ends the agent
+
+    def policy(self, messages: list[dict[str, Any]]) -> str:
+        """One shell tool call per turn in the format the qwen3 renderer parses, then `done`."""
+        return self.turn(sum(1 for m in messages if m.get("role") == "assistant"))
+
+    def turn(self, n: int) -> str:
+        commands = COMMANDS if self.done is not None else [*COMMANDS, _MINI_SUBMIT]
+        if n >= len(commands):
+            return self.done or "Done."
+        call = {"name": self.tool, "arguments": self.call(commands[n])}
+        return f"Step {n + 1}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    @property
+    def calls(self) -> int:
+        return len(COMMANDS) + 1
 
 
-async def test_mini_swe_agent_solves_a_harbor_task_in_its_sandbox(toy_tokenizer, make_task, tmp_path):
+_MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+AGENTS = [
+    Agent("mini-swe-agent", {"step_limit": 6}, "bash", lambda c: {"command": c}, None),
+    Agent("codex", {}, "exec_command", lambda c: {"cmd": c}, "The sum is in answer.txt."),
+    Agent(
+        "claude-code",
+        {"max_turns": 6},
+        "Bash",
+        lambda c: {"command": c, "description": "run a command"},
+        "The sum is in answer.txt.",
+    ),
+]
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
+async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, make_task, tmp_path):
     task = make_task(
         "sum",
         instruction="Add the two numbers of question.txt and write the sum to answer.txt.\n",
@@ -73,7 +114,7 @@ async def test_mini_swe_agent_solves_a_harbor_task_in_its_sandbox(toy_tokenizer,
         dockerfile=DOCKERFILE,
         files={"environment/question.txt": "19 23\n"},
     )
-    harness = get_harness("mini-swe-agent")
+    harness = get_harness(agent.harness)
     started = time.monotonic()
     await harness.install()  # the toolchain, from PyPI the first time (cached in the site cache)
     print(f"toolchain ready in {time.monotonic() - started:.1f} s")
@@ -88,14 +129,10 @@ async def test_mini_swe_agent_solves_a_harbor_task_in_its_sandbox(toy_tokenizer,
         EnvService(ENV, backend),
         Gateway(
             renderer=get_renderer("qwen3_instruct", toy_tokenizer),
-            sampler_factory=ScriptedSamplerFactory(toy_tokenizer, mini_policy),
+            sampler_factory=ScriptedSamplerFactory(toy_tokenizer, agent.policy),
         ),
         EpisodeRunner(
-            [
-                EntrySettings(
-                    name=ENV, harness="mini-swe-agent", max_steps=8, harness_options={"step_limit": 6}
-                )
-            ],
+            [EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)],
             request_timeout=60,
         ),
         Grader(),
@@ -121,27 +158,27 @@ async def test_mini_swe_agent_solves_a_harbor_task_in_its_sandbox(toy_tokenizer,
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
     graded = next(e for e in events if isinstance(e, EpisodeGraded))
     assert finished.status == "completed", (finished.reason, exited.stdout[-3000:], exited.stderr[-3000:])
-    assert graded.reward == 1.0  # the task's own tests saw the answer mini's command wrote
+    assert graded.reward == 1.0  # the task's own tests saw the answer the agent's command wrote
     print(f"agent process: {exited.duration_s:.2f} s in the sandbox")
 
     # Every model call is recorded with the exact tokens the scripted policy sampled.
     calls = [e for e in events if isinstance(e, ModelCallFinished)]
-    assert len(calls) == len(COMMANDS) == finished.num_model_calls
-    [agent] = [e.agent_id for e in events if isinstance(e, AgentSpawned)]
+    assert len(calls) == agent.calls == finished.num_model_calls
+    [agent_id] = [e.agent_id for e in events if isinstance(e, AgentSpawned)]
     stop = toy_tokenizer.convert_tokens_to_ids("<|im_end|>")
     for turn, call in enumerate(calls):
-        text = mini_policy([{"role": "assistant"}] * turn)
-        assert call.agent_id == agent
+        text = agent.turn(turn)
+        assert call.agent_id == agent_id
         assert call.completion_tokens == [*toy_tokenizer.encode(text, add_special_tokens=False), stop]
-    # mini sends back the history it was given: each prompt extends the previous prompt plus
-    # its completion token for token, so the episode trains as one datum for its one agent.
+    # The agent sends back the history it was given: each prompt extends the previous prompt
+    # plus its completion token for token, so the episode trains as one datum for its one agent.
     for before, after in itertools.pairwise(calls):
         previous = [*before.prompt_tokens, *before.completion_tokens]
         assert after.prompt_tokens[: len(previous)] == previous, _where_it_breaks(
             toy_tokenizer, previous, after
         )
     [batch] = batches
-    assert [d.agent_id for d in batch.datums] == [agent]
+    assert [d.agent_id for d in batch.datums] == [agent_id]
     sampled = sum(len(c.completion_tokens) for c in calls)
     assert sum(d.num_trained_tokens for d in batch.datums) == sampled
 
