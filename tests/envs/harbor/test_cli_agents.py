@@ -10,6 +10,7 @@ sampled tokens.
 | mini-swe-agent | chat completions (litellm) | `bash` {command} |
 | codex | Responses, streamed | `exec_command` {cmd} |
 | claude-code | Anthropic Messages, streamed | `Bash` {command, description} |
+| pi | chat completions, streamed | `bash` {command} |
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ AGENTS = [
         lambda c: {"command": c, "description": "run a command"},
         "The sum is in answer.txt.",
     ),
+    Agent("pi", {}, "bash", lambda c: {"command": c}, "The sum is in answer.txt."),
 ]
 
 
