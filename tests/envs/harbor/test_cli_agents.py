@@ -39,12 +39,13 @@ from platoon.bus.events import (
     TaskRef,
     new_id,
 )
+from platoon.config import AgentsConfig
 from platoon.credit import CreditConfig
 from platoon.envs import EnvService
 from platoon.envs.harbor.service import HarborBackend
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
-from platoon.harness import get_harness
+from platoon.harness import AgentContext, AgentResult, get_harness, harness
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
 from platoon.train.batcher import CreditAssigner
@@ -107,8 +108,10 @@ AGENTS = [
 ]
 
 
-@pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
-async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, make_task, tmp_path):
+async def play(
+    tokenizer: Any, make_task: Any, tmp_path: Any, policy: Any, entry: EntrySettings
+) -> tuple[list[Event], list[BatchReady]]:
+    """One episode of the `sum` task with `entry`: its events and the batch it made."""
     task = make_task(
         "sum",
         instruction="Add the two numbers of question.txt and write the sum to answer.txt.\n",
@@ -116,11 +119,6 @@ async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_token
         dockerfile=DOCKERFILE,
         files={"environment/question.txt": "19 23\n"},
     )
-    harness = get_harness(agent.harness)
-    started = time.monotonic()
-    await harness.install()  # the toolchain, from PyPI the first time (cached in the site cache)
-    print(f"toolchain ready in {time.monotonic() - started:.1f} s")
-
     backend = HarborBackend(
         task.parent,
         provider="bwrap",
@@ -130,13 +128,10 @@ async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_token
     components = [
         EnvService(ENV, backend),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", toy_tokenizer),
-            sampler_factory=ScriptedSamplerFactory(toy_tokenizer, agent.policy),
+            renderer=get_renderer("qwen3_instruct", tokenizer),
+            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
         ),
-        EpisodeRunner(
-            [EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)],
-            request_timeout=60,
-        ),
+        EpisodeRunner([entry], request_timeout=60),
         Grader(),
         # A group of one keeps its datums (its advantage is 0): the datums are what is checked.
         CreditAssigner(group_size=1, batch_size=1, credit=CreditConfig(remove_constant_groups=False)),
@@ -155,6 +150,20 @@ async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_token
                 if isinstance(event, EpisodeGraded) and event.episode_id == episode_id:
                     break
         await bus.drained()
+    return events, batches
+
+
+async def installed(name: str) -> None:
+    started = time.monotonic()
+    await get_harness(name).install()  # its toolchain, from the registry the first time (then cached)
+    print(f"{name} toolchain ready in {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
+async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, make_task, tmp_path):
+    await installed(agent.harness)
+    entry = EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)
+    events, batches = await play(toy_tokenizer, make_task, tmp_path, agent.policy, entry)
 
     exited = next(e for e in events if isinstance(e, AgentProcessExited))
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
@@ -193,3 +202,38 @@ def _where_it_breaks(tokenizer: Any, previous: list[int], call: ModelCallFinishe
         f"the prefix breaks at token {at}: had {tokenizer.decode(previous[at : at + 30])!r}, "
         f"got {tokenizer.decode(call.prompt_tokens[at : at + 30])!r}"
     )
+
+
+@harness("cli-agents-test-delegate")
+async def delegate_to_pi(ctx: AgentContext) -> AgentResult:
+    """A root agent that hands the whole task to pi, a command-line agent, as its subagent."""
+    result = await ctx.spawn(ctx.instruction, harness="pi")
+    return AgentResult(result.status, final_message=result.final_message, reason=result.reason)
+
+
+async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
+    toy_tokenizer, make_task, tmp_path
+):
+    """In a recursive program, pi runs as the root's subagent, in the episode's own sandbox, so
+    its commands act on the files the task's tests grade; its calls train as its own datum."""
+    await installed("pi")
+    pi = next(a for a in AGENTS if a.harness == "pi")
+    entry = EntrySettings(
+        name=ENV,
+        harness="cli-agents-test-delegate",
+        program="recursive",
+        max_steps=8,
+        agents=AgentsConfig(max_depth=1),
+    )
+    events, batches = await play(toy_tokenizer, make_task, tmp_path, pi.policy, entry)
+
+    root, child = [e for e in events if isinstance(e, AgentSpawned)]
+    assert (child.parent_id, child.depth, child.harness) == (root.agent_id, 1, "pi")
+    finished = next(e for e in events if isinstance(e, EpisodeFinished))
+    assert finished.status == "completed", finished.reason
+    assert next(e for e in events if isinstance(e, EpisodeGraded)).reward == 1.0
+    calls = [e for e in events if isinstance(e, ModelCallFinished)]
+    assert len(calls) == pi.calls and {c.agent_id for c in calls} == {child.agent_id}
+    [batch] = batches
+    assert [d.agent_id for d in batch.datums] == [child.agent_id]
+    assert sum(d.num_trained_tokens for d in batch.datums) == sum(len(c.completion_tokens) for c in calls)
