@@ -1,0 +1,107 @@
+"""`platoon gateway serve`: the model gateway on a port, for pointing an agent at it by hand.
+
+It admits one agent with no budget and prints its key, then one line per model call. The policy
+is a scripted one (`--policy scripted:MODULE:ATTR`), or the config's: the embedded backend for
+`train.backend: local`, else a Tinker service. With `--events-dir DIR` the calls (exact tokens included)
+go to an event log that `platoon events DIR` reads.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from platoon import system
+from platoon.cli import CommandError
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(args: Any) -> int:
+    if args.config is None and args.policy is None:
+        raise CommandError("give a CONFIG (its policy) or --policy scripted:MODULE:ATTR")
+    config = None
+    if args.config is not None:
+        from platoon.config import load_config
+
+        path = Path(args.config)
+        config = load_config(path, args.overrides)
+        system.import_packages(config, path.resolve().parent)
+    elif args.overrides:
+        raise CommandError("KEY=VALUE overrides need a CONFIG")
+    if args.host not in _LOOPBACK:
+        print(
+            f"platoon: warning: serving on {args.host}: anyone who can reach it and holds the key "
+            "samples the policy",
+            file=sys.stderr,
+        )
+    from platoon.cli.run import run_async
+
+    run_async(lambda: _serve(args, config))
+    return 0
+
+
+async def _serve(args: Any, config: Any) -> None:
+    from platoon.bus import Bus, EventLog
+    from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
+    from platoon.config import Config
+    from platoon.gateway import Gateway
+
+    config = config or Config()
+    tokenizer = system.tokenizer_for(config, scripted=bool(args.policy))
+    _, renderer_name = system.model_and_renderer(config)
+    renderer_name = args.renderer or renderer_name
+    renderer, _ = system.make_renderer(
+        renderer_name,
+        tokenizer,
+        config.train.tool_call_parser if config.train else "auto",
+    )
+
+    def report(call: ModelCallFinished) -> None:
+        print(
+            f"call {call.call_id[:8]}: {len(call.prompt_tokens)} prompt + {len(call.completion_tokens)} "
+            f"sampled tokens, {call.stop_reason}, {call.duration_s:.2f} s",
+            flush=True,
+        )
+
+    async with system.sampler_factory(config, tokenizer, args.policy) as factory:
+        gateway = Gateway(
+            renderer=renderer,
+            sampler_factory=factory,
+            context_window=config.train.context_window_length if config.train else None,
+            host=args.host,
+            port=args.port,
+            model_name=args.model_name,
+        )
+        components: list[Any] = [gateway]
+        if args.events_dir:
+            Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            components.append(EventLog(Path(args.events_dir), flush_every=1))
+        async with Bus() as bus, system.running(bus, components):
+            bus.subscribe(ModelCallFinished, report, name="gateway-serve:report")
+            opened = await bus.request(AgentOpenRequested(episode_id=new_id(), agent_id="agent"))
+            assert isinstance(opened, AgentOpened)
+            base = opened.base_url or ""
+            root = base.removesuffix("/v1")
+            print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
+            print(f"key      {opened.key}")
+            print("point an agent at it:")
+            print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
+            print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
+            if args.events_dir:
+                print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
+            print("Ctrl-C stops it.", flush=True)
+            await _stopped()
+
+
+async def _stopped() -> None:
+    """Wait for Ctrl-C or SIGTERM, taken here so the servers close in order (a KeyboardInterrupt
+    raised in the middle of the loop would cut hypercorn's shutdown short)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            print("stopping", file=sys.stderr, flush=True)
+            return
