@@ -12,8 +12,8 @@ import anthropic
 import openai
 import pytest
 
-from platoon.bus.events import ModelCallFinished
 from platoon.bus.eventlog import read_events
+from platoon.bus.events import ModelCallFinished
 
 POLICY = 'def echo(messages):\n    return "you said: " + str(messages[-1]["content"])\n'
 
