@@ -39,6 +39,8 @@ def serve(args: Any) -> int:
             "samples the policy",
             file=sys.stderr,
         )
+    if args.events_dir:
+        Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     from platoon.cli.run import run_async
 
     run_async(lambda: _serve(args, config))
@@ -79,7 +81,6 @@ async def _serve(args: Any, config: Any) -> None:
         )
         components: list[Any] = [gateway]
         if args.events_dir:
-            Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
             components.append(EventLog(Path(args.events_dir), flush_every=1))
         async with Bus() as bus, system.running(bus, components):
             bus.subscribe(ModelCallFinished, report, name="gateway-serve:report")
