@@ -22,7 +22,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,8 +41,16 @@ from platoon.bus.events import (
     PolicyUpdated,
     new_id,
 )
-from platoon.gateway.renderers import Renderer, RendererError
-from platoon.policy.base import SampleParams, Sampler, SamplerFactory
+from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
+from platoon.gateway.streaming import TextStream, find_stop, tokens_through
+from platoon.policy.base import (
+    SampledCompletion,
+    SampleParams,
+    Sampler,
+    SamplerFactory,
+    StopReason,
+    StreamingSampler,
+)
 
 __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
 
@@ -110,6 +118,20 @@ class Completion:
     budget_remaining: int | None
     tokens: list[int]
     logprobs: list[float]
+    stop_sequence: str | None = None  # the client's stop sequence that ended the reply
+    streamed: str = ""  # the content sent as deltas while sampling
+
+
+@dataclass
+class _Controls:
+    """How one call's reply is steered and cut (see `Gateway.complete_stream`)."""
+
+    stops: list[str]
+    markers: list[str]
+    plain: bool
+    prefill: str = ""
+    parse_tools: bool = True
+    after_first_call: str | None = None
 
 
 class Gateway:
@@ -303,12 +325,38 @@ class Gateway:
         wait: bool = True,
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
+        replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
+        async for item in replies:
+            if isinstance(item, Completion):
+                return item
+        raise AssertionError("complete_stream ended without a completion")
+
+    async def complete_stream(
+        self,
+        session: AgentSession,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        params: Mapping[str, Any],
+        kind: CallKind = "policy",
+        *,
+        wait: bool = True,
+        stream: bool = True,
+    ) -> AsyncIterator[str | Completion]:
+        """`complete`, yielding the reply's content as it is sampled (str deltas, when the sampler
+        streams and `stream` is set), then the `Completion`. Errors come before the first item.
+
+        `params` may also hold `stop` (strings: the client's stop sequences, which end the reply
+        where they appear), `tool_choice` ("auto", "none", "required" or {"name": ...}) and
+        `parallel_tool_calls` (False: the reply ends after its first tool call).
+        """
         if self.sampler is None:
             raise GatewayError("sampler", "the gateway has no sampler yet")
         if kind == "policy":
             session.budget.check()
         if not messages:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
+        params = dict(params)
+        controls = self._controls(params, tools)
         completions = self._sampled_turns(session, messages)
         chars = _text_size(messages) + _text_size(tools or ())
         self._check_size(chars)
@@ -320,6 +368,8 @@ class Gateway:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
             raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
+        prefill = self.renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
+        prompt += prefill
         sample_params = self._params(session, params, len(prompt))
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:
@@ -329,42 +379,73 @@ class Gateway:
                 sample_params = SampleParams(**{**_asdict(sample_params), "max_tokens": room})
         sampler = await self._sampler_for(session)
 
+        # The limiter is held on behalf of this call, not of a task: a stream is answered by
+        # the task that started it and then by the one that sends the response.
+        holder = object()
         if wait:
-            await self.limiter.acquire()
+            await self.limiter.acquire_on_behalf_of(holder)
         else:
             try:
-                self.limiter.acquire_nowait()
+                self.limiter.acquire_on_behalf_of_nowait(holder)
             except anyio.WouldBlock:
                 raise GatewayError("overloaded", "the sampler is saturated; retry later") from None
         started = time.time()
         clock = time.perf_counter()
+        reserved = False
+        text = TextStream(
+            self.renderer.tokenizer,
+            markers=controls.markers,
+            stops=controls.stops,
+            after_first_call=controls.after_first_call,
+            stop_token_ids=self.renderer.stop_token_ids,
+            plain=controls.plain,
+        )
         try:
             if kind == "policy":
                 # Checked again and reserved now: concurrent calls of one budget may have
                 # waited for capacity since the first check.
-                session.budget.check()
-                session.budget.calls += 1
+                budget.check()
+                budget.calls += 1
+                reserved = True
+            streams = isinstance(sampler, StreamingSampler) and (stream or controls.stops)
             try:
-                sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
-            except BaseException as exc:
-                if kind == "policy":
-                    session.budget.calls -= 1
-                if not isinstance(exc, Exception):
-                    raise
+                if streams:
+                    tokens: list[int] = []
+                    logprobs: list[float] = []
+                    reason: StopReason = "stop"
+                    chunks = sampler.sample_stream(prompt, sample_params, messages=list(messages))
+                    try:
+                        async for chunk in chunks:
+                            tokens += chunk.tokens
+                            logprobs += chunk.logprobs
+                            reason = chunk.stop_reason or reason
+                            delta = text.feed(chunk.tokens)
+                            if delta and stream:
+                                yield delta
+                            if text.stop is not None:
+                                break  # a stop sequence: no need to sample further
+                    finally:
+                        await chunks.aclose()  # type: ignore[attr-defined]
+                    sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
+                else:
+                    sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
+            except Exception as exc:
                 log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                raise GatewayError("sampler", f"sampling failed: {type(exc).__name__}: {exc}") from exc
+                raise _sampler_error(exc) from exc
+        except BaseException:
+            if reserved:
+                budget.calls -= 1
+            raise
         finally:
-            self.limiter.release()
+            self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        parsed = self.renderer.parse(sampled.tokens, tools or None)
-        if sampled.stop_reason == "length":
-            parsed.finish_reason = "length"
+        sampled, parsed, stop_sequence = self._read(sampled, tools, controls)
         message = parsed.to_openai()
         call_id = new_id()
         key = _turn_key(message)
         if key is not None:
-            session.sampled.setdefault(key, []).append(list(sampled.tokens))
+            session.sampled.setdefault(key, []).append(prefill + list(sampled.tokens))
         session.calls += 1
         if kind == "policy":
             session.budget.tokens += len(sampled.tokens)
@@ -385,7 +466,10 @@ class Gateway:
                     duration_s=duration,
                 )
             )
-        return Completion(
+        rest = text.rest(parsed.content or "") if stream else ""
+        if rest:
+            yield rest
+        yield Completion(
             message=message,
             call_id=call_id,
             finish_reason=parsed.finish_reason,
@@ -395,7 +479,104 @@ class Gateway:
             budget_remaining=session.budget.remaining(),
             tokens=list(sampled.tokens),
             logprobs=list(sampled.logprobs),
+            stop_sequence=stop_sequence,
+            streamed=text.sent if stream else "",
         )
+
+    def _controls(self, params: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> _Controls:
+        """Take the reply controls (stop sequences, tool choice, parallel calls) out of `params`."""
+        stop = params.pop("stop", None)
+        if isinstance(stop, str):
+            stop = [stop]
+        stops: list[str] = []
+        if (
+            isinstance(stop, list)
+            and stop
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in stop)
+        ):
+            params["stop"] = stop  # token ids replace the renderer's stop tokens at the sampler
+        elif stop is not None:
+            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+                raise GatewayError(
+                    "bad_request", "stop must be a non-empty string or a list of them", param="stop"
+                )
+            stops = list(stop)
+        choice = params.pop("tool_choice", None) or "auto"
+        parallel = params.pop("parallel_tool_calls", None)
+        markers, plain = self.renderer.stream_markers()
+        controls = _Controls(stops=stops, markers=markers, plain=plain)
+        names = [_tool_name(t) for t in tools or ()]
+        if choice == "none":
+            controls.parse_tools = False
+            controls.markers = [m for m in markers if m not in _tool_markers(self.renderer)]
+        elif choice == "required" or isinstance(choice, Mapping):
+            name = choice.get("name") if isinstance(choice, Mapping) else None
+            if not names:
+                raise GatewayError(
+                    "bad_request",
+                    "tool_choice asks for a tool call but no tools are given",
+                    param="tool_choice",
+                )
+            if name is not None and name not in names:
+                raise GatewayError(
+                    "bad_request",
+                    f"tool_choice names {name!r}, which is not among the tools",
+                    param="tool_choice",
+                )
+            prefill = self.renderer.tool_call_prefill(name)
+            if prefill is None:
+                raise GatewayError(
+                    "bad_request",
+                    f"tool_choice {choice!r} cannot be enforced with this renderer's tool call format",
+                    param="tool_choice",
+                )
+            controls.prefill = prefill
+            controls.plain = False  # the reply is a tool call from its first token
+        elif choice != "auto":
+            raise GatewayError(
+                "bad_request",
+                f"tool_choice {choice!r} is not auto, none, required or a tool",
+                param="tool_choice",
+            )
+        if parallel is False and controls.parse_tools:
+            controls.after_first_call = self.renderer.tool_call_end()
+        return controls
+
+    def _read(
+        self, sampled: SampledCompletion, tools: Sequence[Mapping[str, Any]] | None, controls: _Controls
+    ) -> tuple[SampledCompletion, ParsedMessage, str | None]:
+        """Parse a completion, cut at the first stop (what is after it was never the reply)."""
+        tokens = list(sampled.tokens)
+        stop_ids = set(self.renderer.stop_token_ids)
+        stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+        body = tokens if stop_at is None else tokens[:stop_at]
+        tokenizer = self.renderer.tokenizer
+        text = tokenizer.decode(body, skip_special_tokens=False)
+        stop = (
+            find_stop(text, controls.stops, controls.after_first_call)
+            if controls.stops or controls.after_first_call
+            else None
+        )
+        if stop is None:
+            parsed = self.renderer.parse_text(
+                controls.prefill + text,
+                tools or None,
+                stopped=stop_at is not None,
+                tool_calls=controls.parse_tools,
+            )
+            if sampled.stop_reason == "length":
+                parsed.finish_reason = "length"
+            return sampled, parsed, None
+        keep = tokens_through(tokenizer, body, stop.end)
+        sampled = SampledCompletion(
+            tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
+        )
+        parsed = self.renderer.parse_text(
+            controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
+        )
+        if stop.sequence is not None:
+            parsed.finish_reason = "stop"
+        return sampled, parsed, stop.sequence
 
     def _sampled_turns(
         self, session: AgentSession, messages: Sequence[Mapping[str, Any]]
@@ -531,6 +712,28 @@ _PARAM_FIELDS = set(SampleParams.__struct_fields__)
 
 def _asdict(params: SampleParams) -> dict[str, Any]:
     return {f: getattr(params, f) for f in SampleParams.__struct_fields__}
+
+
+def _tool_name(tool: Mapping[str, Any]) -> Any:
+    function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    return function.get("name") if isinstance(function, Mapping) else None
+
+
+def _tool_markers(renderer: Renderer) -> set[str]:
+    parser = renderer.tool_call_parser
+    return {getattr(parser, "start", None) or ""} if parser is not None else set()
+
+
+_CONTEXT_WORDS = ("context length", "context window", "too long", "maximum context", "exceeds the context")
+
+
+def _sampler_error(exc: Exception) -> GatewayError:
+    """A sampler's failure as the gateway answers it: a prompt the model cannot take is the
+    client's error (400 context_length_exceeded, at once), anything else a 502."""
+    message = f"{type(exc).__name__}: {exc}"
+    if any(word in str(exc).lower() for word in _CONTEXT_WORDS):
+        return GatewayError("context_length", f"the model refused the prompt: {message}", param="messages")
+    return GatewayError("sampler", f"sampling failed: {message}")
 
 
 def _kind(exc: GatewayError) -> Any:

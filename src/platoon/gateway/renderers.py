@@ -278,21 +278,57 @@ class Renderer(ABC):
 
     # Parsing
 
-    def parse(self, tokens: Sequence[int], tools: Sequence[Tool] | None = None) -> ParsedMessage:
-        """Read sampled tokens back into an assistant message. Never raises on model output."""
+    def parse(
+        self, tokens: Sequence[int], tools: Sequence[Tool] | None = None, *, tool_calls: bool = True
+    ) -> ParsedMessage:
+        """Read sampled tokens back into an assistant message. Never raises on model output.
+
+        `tool_calls=False` reads tool-call markup as plain text (`tool_choice: none`)."""
         tokens = list(tokens)
         stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_token_ids), None)
         body = tokens if stop_at is None else tokens[:stop_at]
         text = self.tokenizer.decode(body, skip_special_tokens=False)
-        text, stopped = self._cut_at_stop_string(text, stopped=stop_at is not None)
+        return self.parse_text(text, tools, stopped=stop_at is not None, tool_calls=tool_calls)
+
+    def parse_text(
+        self, text: str, tools: Sequence[Tool] | None = None, *, stopped: bool, tool_calls: bool = True
+    ) -> ParsedMessage:
+        """`parse` on the decoded text of a completion (its stop token left out)."""
+        text, stopped = self._cut_at_stop_string(text, stopped=stopped)
         reasoning, content = self._split(text)
         calls: list[dict[str, Any]] = []
         errors: list[str] = []
-        if self.tool_call_parser is not None:
+        if self.tool_call_parser is not None and tool_calls:
             result = self.tool_call_parser.parse(content, tools)
             content, calls, errors = result.content, result.tool_calls, result.errors
         finish = "length" if not stopped else ("tool_calls" if calls else "stop")
         return ParsedMessage(content, reasoning, calls, errors, finish)
+
+    # Streaming and constrained calls
+
+    reasoning_markers: ClassVar[tuple[str, ...]] = ()
+
+    def stream_markers(self) -> tuple[list[str], bool]:
+        """(markers, plain): text from a marker on is not plain content (a tool call, reasoning,
+        a stop string); `plain` False means the parser reads whole replies, so nothing streams
+        before the end."""
+        parser = self.tool_call_parser
+        start = getattr(parser, "start", None) if parser is not None else None
+        plain = parser is None or start is not None
+        return [*self.reasoning_markers, *self.stop_strings, *([start] if start else [])], plain
+
+    def tool_call_end(self) -> str | None:
+        """The text that closes one tool call, where the format has one."""
+        return getattr(self.tool_call_parser, "end", None) if self.tool_call_parser else None
+
+    def tool_call_prefill(self, name: str | None) -> str | None:
+        """The beginning of a reply that must call a tool (`name`, or any): sampled from there,
+        the reply is a tool call by construction. None: the format cannot be steered so."""
+        parser = self.tool_call_parser
+        start = getattr(parser, "start", None) if parser is not None else None
+        if start != "<tool_call>":
+            return None
+        return "<tool_call>\n" + ("" if name is None else '{"name": ' + json.dumps(name) + ', "arguments": ')
 
     def _cut_at_stop_string(self, text: str, *, stopped: bool) -> tuple[str, bool]:
         cuts = [text.find(s) for s in self.stop_strings if s in text]
@@ -335,6 +371,7 @@ class Qwen3Renderer(Renderer):
     default_tool_call_parser = "hermes"
     stop_token_names = ("<|im_end|>", "<|endoftext|>")
     thinking: ClassVar[bool] = True
+    reasoning_markers = ("<think>", "</think>")
 
     def _generation_text(self) -> str:
         return "<|im_start|>assistant\n"

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
 from platoon.bus.events import PolicyUpdated
 
-__all__ = ["SampleParams", "SampledCompletion", "Sampler", "SamplerFactory", "StopReason"]
+__all__ = [
+    "SampleParams",
+    "SampledChunk",
+    "SampledCompletion",
+    "Sampler",
+    "SamplerFactory",
+    "StopReason",
+    "StreamingSampler",
+]
 
 StopReason = Literal["stop", "length"]
 
@@ -53,6 +61,32 @@ class Sampler(Protocol):
         *,
         messages: list[dict[str, Any]] | None = None,
     ) -> SampledCompletion: ...
+
+
+class SampledChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens as a streaming sampler produces them; the last chunk carries the stop reason."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason | None = None
+
+
+@runtime_checkable
+class StreamingSampler(Sampler, Protocol):
+    """A sampler that can also hand out its tokens as they are sampled.
+
+    The gateway streams them to HTTP clients that ask for a stream, and stops sampling early
+    when a client's stop sequence appears. The chunks, joined, are exactly what `sample` would
+    have returned.
+    """
+
+    def sample_stream(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SampleParams,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> AsyncIterator[SampledChunk]: ...
 
 
 @runtime_checkable

@@ -7,11 +7,11 @@ sample, parse, record, merge into datums) runs exactly as it does with a model.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from platoon.bus.events import PolicyUpdated
-from platoon.policy.base import SampledCompletion, SampleParams
+from platoon.policy.base import SampledChunk, SampledCompletion, SampleParams
 
 __all__ = ["Script", "ScriptedSampler", "ScriptedSamplerFactory"]
 
@@ -34,8 +34,10 @@ class ScriptedSampler:
         stop_token: str | None = "<|im_end|>",
         logprob: float = -0.25,
         version: int = 0,
+        pace: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.pace = pace
         self.version = version
         self.logprob = logprob
         self.calls = 0
@@ -65,6 +67,30 @@ class ScriptedSampler:
         *,
         messages: list[dict[str, Any]] | None = None,
     ) -> SampledCompletion:
+        tokens, stop_reason = await self._complete(params, messages)
+        return SampledCompletion(
+            tokens=tokens, logprobs=[self.logprob] * len(tokens), stop_reason=stop_reason
+        )
+
+    async def sample_stream(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SampleParams,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> AsyncIterator[SampledChunk]:
+        tokens, stop_reason = await self._complete(params, messages)
+        for i, token in enumerate(tokens):
+            if self.pace is not None:
+                await self.pace(i)
+            last = i == len(tokens) - 1
+            yield SampledChunk(
+                tokens=[token], logprobs=[self.logprob], stop_reason=stop_reason if last else None
+            )
+
+    async def _complete(
+        self, params: SampleParams, messages: list[dict[str, Any]] | None
+    ) -> tuple[list[int], Any]:
         text = self._respond(messages or [])
         if inspect.isawaitable(text):
             text = await text
@@ -74,9 +100,7 @@ class ScriptedSampler:
         if params.max_tokens is not None and len(tokens) > params.max_tokens:
             tokens = tokens[: params.max_tokens]
             stop_reason = "length"
-        return SampledCompletion(
-            tokens=tokens, logprobs=[self.logprob] * len(tokens), stop_reason=stop_reason
-        )
+        return tokens, stop_reason
 
 
 class ScriptedSamplerFactory:
