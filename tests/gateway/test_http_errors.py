@@ -75,7 +75,7 @@ async def test_openai_dialects_name_the_bad_field(toy_tokenizer, path, body, fie
     ("body", "field"),
     [
         ({"messages": USER}, "max_tokens"),
-        ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
             {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
             "messages.0.content.0.type",
