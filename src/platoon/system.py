@@ -219,6 +219,7 @@ def gateway_for(
         host=config.gateway.host,
         port=config.gateway.port,
         model_name=model_name,
+        model_aliases=config.gateway.model_aliases,
     )
 
 

@@ -42,16 +42,57 @@ def test_chat_request_reads_messages_tools_and_params():
         "max_tokens": 64,
         "stop": ["END"],
         "seed": 3,
+        "tool_choice": None,
+        "parallel_tool_calls": None,
     }
     assert (n, stream) == (2, True)
     assert body["messages"][0]["role"] == "developer"  # the body is not changed
 
 
-def test_chat_request_tool_choice_none_drops_the_tools():
-    _, tools, _, _, _ = dialects.chat_request(
+def test_chat_request_passes_tool_choice_on_with_the_tools():
+    """The model still sees the tools under tool_choice none; the gateway then parses no calls."""
+    _, tools, params, _, _ = dialects.chat_request(
         {"messages": [{"role": "user", "content": "Hi"}], "tools": [TOOL], "tool_choice": "none"}
     )
-    assert tools is None
+    assert tools == [TOOL] and params["tool_choice"] == "none"
+    named = {"type": "function", "function": {"name": "guess"}}
+    _, _, params, _, _ = dialects.chat_request(
+        {"messages": [{"role": "user", "content": "Hi"}], "tools": [TOOL], "tool_choice": named}
+    )
+    assert params["tool_choice"] == {"name": "guess"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"no_such_parameter": 1}, "no_such_parameter"),
+        ({"tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
+    ],
+)
+def test_chat_request_refuses_what_it_cannot_honour(extra, field):
+    with pytest.raises(DialectError) as error:
+        dialects.chat_request({"messages": [{"role": "user", "content": "Hi"}], **extra})
+    assert error.value.param == field and str(error.value).startswith(field)
+
+
+def test_chat_request_takes_hints_and_neutral_values():
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "user": "u",
+        "metadata": {"a": "b"},
+        "store": False,
+        "reasoning_effort": "low",
+        "response_format": {"type": "text"},
+        "top_logprobs": 0,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+    }
+    dialects.chat_request(body)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +226,13 @@ def test_responses_request_turns_items_into_messages():
             "function": {"name": "guess", "description": "Guess.", "parameters": {"type": "object"}},
         }
     ]
-    assert params == {"temperature": 0.2, "top_p": None, "max_tokens": 50}
+    assert params == {
+        "temperature": 0.2,
+        "top_p": None,
+        "max_tokens": 50,
+        "tool_choice": None,
+        "parallel_tool_calls": None,
+    }
     assert stream is False
 
 
@@ -199,7 +246,8 @@ def test_responses_request_turns_items_into_messages():
         ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content.0"),
         ({"input": [{"type": "computer_call"}]}, "input.0.type"),
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "previous_response_id": 5}, "previous_response_id"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text"),
         ({"input": "hi", "instructions": 5}, "instructions"),
         ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools.0"),
         ({"input": "hi", "max_output_tokens": 1.5}, "max_output_tokens"),
@@ -295,7 +343,15 @@ def test_anthropic_request_turns_blocks_into_messages():
             "function": {"name": "guess", "description": "Guess.", "parameters": {"type": "object"}},
         }
     ]
-    assert params == {"temperature": 0.3, "top_p": None, "top_k": 5, "max_tokens": 100, "stop": ["END"]}
+    assert params == {
+        "temperature": 0.3,
+        "top_p": None,
+        "top_k": 5,
+        "max_tokens": 100,
+        "stop": ["END"],
+        "tool_choice": None,
+        "parallel_tool_calls": None,
+    }
     assert stream is True
 
 

@@ -96,12 +96,12 @@ async def test_async_openai_client_drives_a_tool_calling_agent(toy_tokenizer, ec
             for n in range(4):
                 if n % 2:  # every other call streams
                     stream = await client.chat.completions.create(
-                        model="policy", messages=messages, tools=GUESS_TOOLS, stream=True
+                        model="platoon-policy", messages=messages, tools=GUESS_TOOLS, stream=True
                     )
                     message = _Streamed(assemble([chunk async for chunk in stream])).message
                 else:
                     response = await client.chat.completions.create(
-                        model="policy", messages=messages, tools=GUESS_TOOLS
+                        model="platoon-policy", messages=messages, tools=GUESS_TOOLS
                     )
                     message = response.choices[0].message
                     assert response.choices[0].finish_reason == ("tool_calls" if n < 3 else "stop")
@@ -127,14 +127,20 @@ async def test_logprobs_come_back_with_the_tokens(toy_tokenizer, anyio_backend):
         opened = await gw.open("ep1")
         messages = [{"role": "user", "content": "Guess."}]
         async with async_client(opened) as client:
-            text = await client.chat.completions.create(model="m", messages=messages, logprobs=True)
+            text = await client.chat.completions.create(
+                model="platoon-policy", messages=messages, logprobs=True
+            )
             call = await client.chat.completions.create(
-                model="m", messages=messages, tools=GUESS_TOOLS, logprobs=True
+                model="platoon-policy", messages=messages, tools=GUESS_TOOLS, logprobs=True
             )
             streams = []
             for tools in (None, GUESS_TOOLS):
                 stream = await client.chat.completions.create(
-                    model="m", messages=messages, tools=tools or openai.omit, logprobs=True, stream=True
+                    model="platoon-policy",
+                    messages=messages,
+                    tools=tools or openai.omit,
+                    logprobs=True,
+                    stream=True,
                 )
                 streams.append(
                     [
@@ -145,7 +151,9 @@ async def test_logprobs_come_back_with_the_tokens(toy_tokenizer, anyio_backend):
                         for lp in ch.logprobs.content
                     ]
                 )
-            plain = await client.chat.completions.create(model="m", messages=messages, tools=GUESS_TOOLS)
+            plain = await client.chat.completions.create(
+                model="platoon-policy", messages=messages, tools=GUESS_TOOLS
+            )
         records = await gw.settled()
 
     assert plain.choices[0].logprobs is None
@@ -162,7 +170,11 @@ async def test_n_choices_are_each_recorded(toy_tokenizer, anyio_backend):
         opened = await gw.open("ep1")
         async with async_client(opened) as client:
             response = await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "Count."}], n=3, temperature=0.7, seed=1
+                model="platoon-policy",
+                messages=[{"role": "user", "content": "Count."}],
+                n=3,
+                temperature=0.7,
+                seed=1,
             )
         records = await gw.settled()
 
@@ -191,7 +203,7 @@ async def test_stream_usage_and_models(toy_tokenizer, anyio_backend):
     assert assemble(chunks)["content"] == "Hello there."
     assert chunks[-1].usage.completion_tokens == len(record.completion_tokens)
     assert chunks[-1].usage.prompt_tokens == len(record.prompt_tokens)
-    assert [m.id for m in models.data] == ["pol"]
+    assert sorted(m.id for m in models.data) == ["platoon-policy", "pol"]
 
 
 @asyncio_only
@@ -205,14 +217,16 @@ async def test_real_qwen3_tokenizer_over_http(qwen3_tokenizer, anyio_backend):
         opened = await gw.open("ep1")
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Guess a number."}]
         async with async_client(opened) as client:
-            first = await client.chat.completions.create(model="m", messages=messages, tools=GUESS_TOOLS)
+            first = await client.chat.completions.create(
+                model="platoon-policy", messages=messages, tools=GUESS_TOOLS
+            )
             message = first.choices[0].message
             messages += [
                 message.model_dump(exclude_none=True),
                 {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "too high"},
             ]
             stream = await client.chat.completions.create(
-                model="m", messages=messages, tools=GUESS_TOOLS, stream=True
+                model="platoon-policy", messages=messages, tools=GUESS_TOOLS, stream=True
             )
             chunks = [c async for c in stream]
         records = await gw.settled()
@@ -235,14 +249,20 @@ async def test_sync_openai_client_in_a_thread(toy_tokenizer):
         def harness() -> tuple[Any, list[Any], list[Any]]:
             with openai.OpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
                 messages: list[Any] = [{"role": "user", "content": "Guess."}]
-                first = client.chat.completions.create(model="m", messages=messages, tools=GUESS_TOOLS)
+                first = client.chat.completions.create(
+                    model="platoon-policy", messages=messages, tools=GUESS_TOOLS
+                )
                 message = first.choices[0].message
                 messages += [
                     message.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "right"},
                 ]
-                second = client.chat.completions.create(model="m", messages=messages, tools=GUESS_TOOLS)
-                chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True))
+                second = client.chat.completions.create(
+                    model="platoon-policy", messages=messages, tools=GUESS_TOOLS
+                )
+                chunks = list(
+                    client.chat.completions.create(model="platoon-policy", messages=messages, stream=True)
+                )
                 return first, [second], chunks
 
         first, [second], chunks = await anyio.to_thread.run_sync(harness)
@@ -260,7 +280,7 @@ async def test_httpx_streams_server_sent_events(toy_tokenizer):
     async with running_gateway(toy_tokenizer, [tool_call_text(9, preamble="Nine.")], serve_http=True) as gw:
         opened = await gw.open("ep1")
         body = {
-            "model": "m",
+            "model": "platoon-policy",
             "messages": [{"role": "user", "content": "Go."}],
             "tools": GUESS_TOOLS,
             "stream": True,
@@ -302,7 +322,7 @@ async def test_concurrent_episodes_over_http_keep_their_own_records(toy_tokenize
                 for _ in range(3):
                     messages.append({"role": "user", "content": "next"})
                     response = await client.post(
-                        "/chat/completions", json={"model": "m", "messages": messages}
+                        "/chat/completions", json={"model": "platoon-policy", "messages": messages}
                     )
                     messages.append(response.json()["choices"][0]["message"])
 

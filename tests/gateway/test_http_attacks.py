@@ -34,7 +34,7 @@ async def test_a_huge_prompt_is_refused_before_it_is_tokenized(qwen3_tokenizer):
         gw.gateway.renderer.render = lambda *a, **k: calls.append(1) or []  # must not be reached
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "a" * (50 * 2**20)}]
+                model="platoon-policy", messages=[{"role": "user", "content": "a" * (50 * 2**20)}]
             )
         await client.close()
     assert caught.value.code == "context_length_exceeded"

@@ -45,7 +45,10 @@ async def test_responses_api_with_tool_calls_stream_and_not(toy_tokenizer, anyio
         items: list[Any] = [{"role": "user", "content": "Guess a number."}]
         async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
             first = await client.responses.create(
-                model="m", instructions="You play a guessing game.", input=items, tools=RESPONSES_TOOLS
+                model="platoon-policy",
+                instructions="You play a guessing game.",
+                input=items,
+                tools=RESPONSES_TOOLS,
             )
             assert [o.type for o in first.output] == ["reasoning", "function_call"]
             assert first.output[0].content[0].text == "Start high."
@@ -57,7 +60,7 @@ async def test_responses_api_with_tool_calls_stream_and_not(toy_tokenizer, anyio
             events = [
                 e
                 async for e in await client.responses.create(
-                    model="m",
+                    model="platoon-policy",
                     instructions="You play a guessing game.",
                     input=items,
                     tools=RESPONSES_TOOLS,
@@ -75,7 +78,10 @@ async def test_responses_api_with_tool_calls_stream_and_not(toy_tokenizer, anyio
             )
 
             third = await client.responses.create(
-                model="m", instructions="You play a guessing game.", input=items, tools=RESPONSES_TOOLS
+                model="platoon-policy",
+                instructions="You play a guessing game.",
+                input=items,
+                tools=RESPONSES_TOOLS,
             )
         records = await gw.settled()
 
@@ -89,7 +95,9 @@ async def test_responses_api_string_input_and_max_output_tokens(toy_tokenizer, a
     async with running_gateway(toy_tokenizer, ["one two three four five six"], serve_http=True) as gw:
         opened = await gw.open("ep1")
         async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
-            response = await client.responses.create(model="m", input="Count.", max_output_tokens=2)
+            response = await client.responses.create(
+                model="platoon-policy", input="Count.", max_output_tokens=2
+            )
         [record] = await gw.settled()
 
     assert response.status == "incomplete"
@@ -113,7 +121,11 @@ async def test_anthropic_messages_with_tool_use_stream_and_not(toy_tokenizer, an
         system = [{"type": "text", "text": "You play a guessing game."}]
         async with anthropic_client(opened, api_key=opened.key) as client:
             first = await client.messages.create(
-                model="m", max_tokens=200, system=system, messages=messages, tools=ANTHROPIC_TOOLS
+                model="platoon-policy",
+                max_tokens=200,
+                system=system,
+                messages=messages,
+                tools=ANTHROPIC_TOOLS,
             )
             assert first.stop_reason == "tool_use"
             assert [b.type for b in first.content] == ["text", "tool_use"]
@@ -130,7 +142,11 @@ async def test_anthropic_messages_with_tool_use_stream_and_not(toy_tokenizer, an
             ]
 
             async with client.messages.stream(
-                model="m", max_tokens=200, system=system, messages=messages, tools=ANTHROPIC_TOOLS
+                model="platoon-policy",
+                max_tokens=200,
+                system=system,
+                messages=messages,
+                tools=ANTHROPIC_TOOLS,
             ) as stream:
                 second = await stream.get_final_message()
             assert second.stop_reason == "tool_use"
@@ -153,7 +169,7 @@ async def test_anthropic_messages_with_tool_use_stream_and_not(toy_tokenizer, an
             events = [
                 e
                 async for e in await client.messages.create(
-                    model="m",
+                    model="platoon-policy",
                     max_tokens=200,
                     system=system,
                     messages=messages,
@@ -176,8 +192,10 @@ async def test_anthropic_bearer_auth_max_tokens_and_count_tokens(toy_tokenizer, 
         opened = await gw.open("ep1")
         messages = [{"role": "user", "content": "Count."}]
         async with anthropic_client(opened, auth_token=opened.key) as client:
-            reply = await client.messages.create(model="m", max_tokens=3, messages=messages)
-            counted = await client.messages.count_tokens(model="m", messages=messages, tools=ANTHROPIC_TOOLS)
+            reply = await client.messages.create(model="platoon-policy", max_tokens=3, messages=messages)
+            counted = await client.messages.count_tokens(
+                model="platoon-policy", messages=messages, tools=ANTHROPIC_TOOLS
+            )
         [record] = await gw.settled()
 
     assert reply.stop_reason == "max_tokens"

@@ -38,7 +38,7 @@ def anthropic_client(opened: Any, key: str | None = None) -> anthropic.AsyncAnth
 # --- 400: the field is named ------------------------------------------------------------------
 
 BAD_BODIES = [
-    ("/chat/completions", {"model": "m"}, "messages"),
+    ("/chat/completions", {"model": "platoon-policy"}, "messages"),
     ("/chat/completions", {"messages": USER, "temperature": "hot"}, "temperature"),
     ("/chat/completions", {"messages": USER, "max_tokens": 0}, "max_tokens"),
     ("/chat/completions", {"messages": USER, "max_completion_tokens": 0}, "max_tokens"),
@@ -47,9 +47,9 @@ BAD_BODIES = [
     ("/chat/completions", {"messages": USER, "tools": {"a": 1}}, "tools"),
     ("/chat/completions", {"messages": [{"content": "no role"}]}, "messages.0"),
     ("/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
-    ("/responses", {"model": "m"}, "input"),
+    ("/responses", {"model": "platoon-policy"}, "input"),
     ("/responses", {"input": [{"type": "web_search_call"}]}, "input.0.type"),
-    ("/responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ("/responses", {"input": "hi", "previous_response_id": 7}, "previous_response_id"),
     ("/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0"),
 ]
 
@@ -114,11 +114,15 @@ async def test_clients_raise_bad_request_naming_the_field(toy_tokenizer, anyio_b
         opened = await gw.open("ep1")
         async with openai_client(opened) as client, anthropic_client(opened) as claude:
             with pytest.raises(openai.BadRequestError) as chat:
-                await client.chat.completions.create(model="m", messages=USER, temperature="hot")
+                await client.chat.completions.create(model="platoon-policy", messages=USER, temperature="hot")
             with pytest.raises(openai.BadRequestError) as responses:
-                await client.responses.create(model="m", input=[{"type": "item_reference", "id": "x"}])
+                await client.responses.create(
+                    model="platoon-policy", input=[{"type": "item_reference", "id": "x"}]
+                )
             with pytest.raises(anthropic.BadRequestError) as messages:
-                await claude.messages.create(model="m", max_tokens=5, messages=USER, stop_sequences="END")
+                await claude.messages.create(
+                    model="platoon-policy", max_tokens=5, messages=USER, stop_sequences="END"
+                )
 
     assert chat.value.status_code == 400 and chat.value.param == "temperature"
     assert responses.value.param == "input.0.type"
@@ -162,15 +166,15 @@ async def test_the_key_stops_working_when_the_episode_finishes(toy_tokenizer, an
             openai_client(b) as client_b,
             anthropic_client(a) as claude_a,
         ):
-            await client_a.chat.completions.create(model="m", messages=USER)
+            await client_a.chat.completions.create(model="platoon-policy", messages=USER)
             await gw.finish("A")
             with pytest.raises(openai.AuthenticationError, match="invalid or expired API key"):
-                await client_a.chat.completions.create(model="m", messages=USER)
+                await client_a.chat.completions.create(model="platoon-policy", messages=USER)
             with pytest.raises(openai.AuthenticationError):
-                await client_a.responses.create(model="m", input="hi")
+                await client_a.responses.create(model="platoon-policy", input="hi")
             with pytest.raises(anthropic.AuthenticationError):
-                await claude_a.messages.create(model="m", max_tokens=5, messages=USER)
-            reply = await client_b.chat.completions.create(model="m", messages=USER)
+                await claude_a.messages.create(model="platoon-policy", max_tokens=5, messages=USER)
+            reply = await client_b.chat.completions.create(model="platoon-policy", messages=USER)
         records = await gw.settled()
 
     assert reply.choices[0].message.content == "b"
@@ -213,16 +217,16 @@ async def test_a_saturated_sampler_answers_429(toy_tokenizer, anyio_backend):
             anthropic_client(b) as claude_b,
         ):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: client_a.chat.completions.create(model="m", messages=USER))
+                tg.start_soon(lambda: client_a.chat.completions.create(model="platoon-policy", messages=USER))
                 await sampler.entered.wait()
                 with pytest.raises(openai.RateLimitError) as chat:
-                    await client_b.chat.completions.create(model="m", messages=USER)
+                    await client_b.chat.completions.create(model="platoon-policy", messages=USER)
                 with pytest.raises(openai.RateLimitError):
-                    await client_b.responses.create(model="m", input="hi")
+                    await client_b.responses.create(model="platoon-policy", input="hi")
                 with pytest.raises(anthropic.RateLimitError):
-                    await claude_b.messages.create(model="m", max_tokens=5, messages=USER)
+                    await claude_b.messages.create(model="platoon-policy", max_tokens=5, messages=USER)
                 sampler.release.set()
-            reply = await client_b.chat.completions.create(model="m", messages=USER)
+            reply = await client_b.chat.completions.create(model="platoon-policy", messages=USER)
         records = await gw.settled()
 
     assert chat.value.status_code == 429 and chat.value.code == "rate_limit_exceeded"
@@ -244,11 +248,11 @@ async def test_context_length_errors_in_each_dialect(toy_tokenizer, anyio_backen
         opened = await gw.open("ep1")
         async with openai_client(opened) as client, anthropic_client(opened) as claude:
             with pytest.raises(openai.BadRequestError) as chat:
-                await client.chat.completions.create(model="m", messages=long)
+                await client.chat.completions.create(model="platoon-policy", messages=long)
             with pytest.raises(openai.BadRequestError) as responses:
-                await client.responses.create(model="m", input="word " * 100)
+                await client.responses.create(model="platoon-policy", input="word " * 100)
             with pytest.raises(anthropic.BadRequestError) as messages:
-                await claude.messages.create(model="m", max_tokens=5, messages=long)
+                await claude.messages.create(model="platoon-policy", max_tokens=5, messages=long)
         assert await gw.settled() == []
 
     for error in (chat.value, responses.value):
@@ -266,9 +270,13 @@ async def test_max_tokens_is_clamped_to_the_room_left_over_http(toy_tokenizer, a
     async with running_gateway(toy_tokenizer, [text] * 3, serve_http=True, context_window=prompt + 4) as gw:
         opened = await gw.open("ep1")
         async with openai_client(opened) as client, anthropic_client(opened) as claude:
-            chat = await client.chat.completions.create(model="m", messages=USER, max_completion_tokens=500)
-            responses = await client.responses.create(model="m", input="Hi.", max_output_tokens=500)
-            messages = await claude.messages.create(model="m", max_tokens=500, messages=USER)
+            chat = await client.chat.completions.create(
+                model="platoon-policy", messages=USER, max_completion_tokens=500
+            )
+            responses = await client.responses.create(
+                model="platoon-policy", input="Hi.", max_output_tokens=500
+            )
+            messages = await claude.messages.create(model="platoon-policy", max_tokens=500, messages=USER)
         records = await gw.settled()
 
     assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 4
@@ -283,22 +291,24 @@ async def test_budget_exhaustion_and_call_kinds_over_http(toy_tokenizer, anyio_b
     async with running_gateway(toy_tokenizer, [f"reply {n}" for n in range(6)], serve_http=True) as gw:
         opened = await gw.open("ep1", max_model_calls=2)
         async with openai_client(opened) as client, anthropic_client(opened) as claude:
-            await client.chat.completions.create(model="m", messages=USER)
+            await client.chat.completions.create(model="platoon-policy", messages=USER)
             aux = {"X-Platoon-Call-Kind": "aux"}
-            await client.chat.completions.create(model="m", messages=USER, extra_headers=aux)
-            await client.responses.create(model="m", input="hi", extra_headers=aux)
+            await client.chat.completions.create(model="platoon-policy", messages=USER, extra_headers=aux)
+            await client.responses.create(model="platoon-policy", input="hi", extra_headers=aux)
             await client.chat.completions.create(
-                model="m", messages=USER, extra_headers={"X-Platoon-Call-Kind": "judge"}
+                model="platoon-policy", messages=USER, extra_headers={"X-Platoon-Call-Kind": "judge"}
             )
-            await client.chat.completions.create(model="m", messages=USER)
+            await client.chat.completions.create(model="platoon-policy", messages=USER)
             with pytest.raises(openai.BadRequestError) as chat:
-                await client.chat.completions.create(model="m", messages=USER)
+                await client.chat.completions.create(model="platoon-policy", messages=USER)
             with pytest.raises(anthropic.BadRequestError) as messages:
-                await claude.messages.create(model="m", max_tokens=5, messages=USER)
-            await claude.messages.create(model="m", max_tokens=5, messages=USER, extra_headers=aux)
+                await claude.messages.create(model="platoon-policy", max_tokens=5, messages=USER)
+            await claude.messages.create(
+                model="platoon-policy", max_tokens=5, messages=USER, extra_headers=aux
+            )
             with pytest.raises(openai.BadRequestError, match="X-Platoon-Call-Kind"):
                 await client.chat.completions.create(
-                    model="m", messages=USER, extra_headers={"X-Platoon-Call-Kind": "free"}
+                    model="platoon-policy", messages=USER, extra_headers={"X-Platoon-Call-Kind": "free"}
                 )
         records = await gw.settled()
 
@@ -317,7 +327,7 @@ async def test_a_sampler_failure_is_502(toy_tokenizer, anyio_backend):
         opened = await gw.open("ep1")
         async with openai_client(opened) as client:
             with pytest.raises(openai.InternalServerError) as error:
-                await client.chat.completions.create(model="m", messages=USER)
+                await client.chat.completions.create(model="platoon-policy", messages=USER)
 
     assert error.value.status_code == 502
     assert "sampling failed: RuntimeError: out of memory" in error.value.message

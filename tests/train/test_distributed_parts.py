@@ -225,7 +225,9 @@ async def test_the_follower_learns_each_announced_policy_once():
         return policy.version
 
     follower = PolicyFollower(sampler_for)
-    announcer = PolicyAnnouncer(PolicyUpdated(version=0, sampler_path="", base_model="m"), every=0.05)
+    announcer = PolicyAnnouncer(
+        PolicyUpdated(version=0, sampler_path="", base_model="platoon-policy"), every=0.05
+    )
     updates: list[PolicyUpdated] = []
     async with Bus() as bus, anyio.create_task_group() as trainer:
         follower.attach(bus)
@@ -235,7 +237,7 @@ async def test_the_follower_learns_each_announced_policy_once():
         trainer.start_soon(announcer.run, bus)
         assert await follower.initial() == 0
         await collect(bus, PolicyUpdated, updates)
-        await bus.publish(PolicyUpdated(version=1, sampler_path="p1", base_model="m"))
+        await bus.publish(PolicyUpdated(version=1, sampler_path="p1", base_model="platoon-policy"))
         assert await follower.wait_for(1, 1.0)
         await anyio.sleep(0.2)  # several re-announcements of version 1
         assert await follower.updated(follower.policy) == 1

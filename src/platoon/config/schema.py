@@ -234,6 +234,8 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: Port = 0  # 0: a free port chosen at start
     max_concurrent_samples: PositiveInt = 256
+    # Model names agents may ask for besides the policy's and "platoon-policy"; others are a 404.
+    model_aliases: list[str] = []
 
 
 class NatsTLS(_Strict):

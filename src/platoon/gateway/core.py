@@ -22,6 +22,7 @@ import json
 import math
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,7 +57,7 @@ __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
 
 log = structlog.get_logger("platoon.gateway")
 
-ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler", "overloaded"]
+ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler", "overloaded", "not_found"]
 TurnKey = tuple[str, tuple[tuple[str, str], ...]]  # an assistant turn's text and (name, arguments) calls
 
 
@@ -103,6 +104,11 @@ class AgentSession:
     calls: int = 0
     closed: bool = False
     in_flight: int = 0  # HTTP calls being answered
+    # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
+    # conversation without instructions, reply included; the response object). Bounded.
+    responses: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(
+        default_factory=OrderedDict
+    )
 
 
 @dataclass
@@ -157,6 +163,7 @@ class Gateway:
         port: int = 0,
         serve_http: bool = True,
         model_name: str = "platoon-policy",
+        model_aliases: Sequence[str] = (),
         version_timeout: float = 600.0,
         max_calls_per_agent: int = 16,
         max_body: int = 64 * 2**20,
@@ -170,6 +177,8 @@ class Gateway:
         self.port = port
         self.serve_http = serve_http
         self.model_name = model_name
+        # What agents may ask for: the policy's name, the generic one, and configured aliases.
+        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases})
         self.version_timeout = version_timeout
         self._longest_token: int | None = None
         self.max_calls_per_agent = max_calls_per_agent
@@ -466,7 +475,8 @@ class Gateway:
                     duration_s=duration,
                 )
             )
-        rest = text.rest(parsed.content or "") if stream else ""
+        # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
+        rest = text.rest(parsed.content or "") if stream and text.sent else ""
         if rest:
             yield rest
         yield Completion(

@@ -55,6 +55,93 @@ def _number(body: Mapping[str, Any], key: str) -> float | None:
     return value
 
 
+def _check_keys(
+    body: Mapping[str, Any],
+    api: str,
+    known: frozenset[str],
+    only_if: Mapping[str, Any],
+) -> None:
+    """Refuse, naming it, every field the gateway would otherwise ignore.
+
+    `known` fields are honoured, or are hints with nothing to honour (metadata, cache keys,
+    a reasoning effort: the policy's own chat template decides how it reasons). `only_if` maps
+    a field to a check of its value: values the gateway cannot honour (a penalty, a JSON
+    output format, top log-probabilities) are refused rather than silently dropped.
+    """
+    for key, value in body.items():
+        if key in known:
+            continue
+        check = only_if.get(key)
+        if check is None:
+            raise DialectError(f"{key}: not a {api} parameter the gateway honours", key)
+        if value is not None and not check(value):
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise DialectError(f"{key}: the gateway cannot honour {shown} (it samples the policy as is)", key)
+
+
+def _text_format(value: Any) -> bool:
+    return isinstance(value, Mapping) and value.get("type", "text") == "text"
+
+
+_NO_VALUE: dict[str, Any] = {
+    "top_logprobs": lambda v: v == 0,
+    "frequency_penalty": lambda v: v == 0,
+    "presence_penalty": lambda v: v == 0,
+    "logit_bias": lambda v: v == {},
+    "response_format": _text_format,
+    "modalities": lambda v: v == ["text"],
+    "functions": lambda v: v == [],
+    "function_call": lambda v: v in ("auto", "none"),
+    "prediction": lambda v: False,
+    "audio": lambda v: False,
+    "web_search_options": lambda v: False,
+    "truncation": lambda v: v == "disabled",
+    "background": lambda v: v is False,
+    "max_tool_calls": lambda v: False,
+    "conversation": lambda v: False,
+    "prompt": lambda v: False,
+    "text": lambda v: isinstance(v, Mapping) and _text_format(v.get("format", {"type": "text"})),
+    "output_config": lambda v: isinstance(v, Mapping) and v.get("format") is None,
+    "container": lambda v: False,
+    "mcp_servers": lambda v: v == [],
+}
+_HINTS = frozenset(
+    {"model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+_CHAT_KEYS = _HINTS | {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "stop", "max_tokens",
+    "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options",
+    "seed", "logprobs", "reasoning_effort", "verbosity",
+}  # fmt: skip
+_RESPONSES_KEYS = _HINTS | {
+    "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+    "temperature", "top_p", "stream", "stream_options", "previous_response_id", "include",
+    "reasoning", "client_metadata", "prompt_cache_retention",
+}  # fmt: skip
+_MESSAGES_KEYS = _HINTS | {
+    "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
+    "stream", "tools", "tool_choice", "thinking", "context_management",
+}  # fmt: skip
+
+
+def _openai_tool_choice(value: Any, nested: bool) -> Any:
+    """ "auto", "none", "required" or {"name": ...} from an OpenAI tool_choice."""
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        function = value.get("function") if nested else value
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            return {"name": function["name"]}
+    raise DialectError("tool_choice: expected auto, none, required or a function tool by name", "tool_choice")
+
+
+def _model(body: Mapping[str, Any]) -> None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise DialectError("model: expected a string", "model")
+
+
 def _int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -77,10 +164,9 @@ def chat_request(
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise DialectError(f"messages.{i}: expected an object with a role", f"messages.{i}")
+    _check_keys(body, "chat completions", _CHAT_KEYS, _NO_VALUE)
+    _model(body)
     tools = _expect(body, "tools", list, "an array of tools")
-    tool_choice = body.get("tool_choice")
-    if tool_choice == "none":
-        tools = None
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -96,7 +182,10 @@ def chat_request(
         "max_tokens": max_tokens,
         "stop": stop,
         "seed": _int(body, "seed"),
+        "tool_choice": _openai_tool_choice(body.get("tool_choice"), nested=True),
+        "parallel_tool_calls": _expect(body, "parallel_tool_calls", bool, "a boolean"),
     }
+    _expect(body, "logprobs", bool, "a boolean")
     n = _int(body, "n")
     n = 1 if n is None else n
     if n < 1 or n > 16:
@@ -143,40 +232,65 @@ def chat_response(
 
 def chat_stream(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
     """The SSE `data:` payloads of a finished chat completion, as a stream would carry them."""
-    base = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-        return json.dumps(base | {"choices": choices} | extra)
-
+    stream = ChatStream(response["id"], response["model"], response["created"], include_usage)
     for choice in response["choices"]:
+        yield from stream.start(choice["index"])
+        yield from stream.choice_end(choice)
+    yield from stream.finish(response)
+
+
+class ChatStream:
+    """The SSE `data:` payloads of a chat completion while it is sampled: `start`, a `delta` per
+    piece of content as it comes, then `end` with the finished response (what was not streamed)."""
+
+    def __init__(self, response_id: str, model: str, created: int, include_usage: bool) -> None:
+        self.base = {"id": response_id, "created": created, "model": model, "object": "chat.completion.chunk"}
+        self.include_usage = include_usage
+        self.sent = ""
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        return json.dumps(self.base | {"choices": choices} | extra)
+
+    def start(self, index: int = 0) -> Iterator[str]:
+        self.sent = ""
+        yield self._chunk(
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        )
+
+    def delta(self, text: str, index: int = 0) -> Iterator[str]:
+        self.sent += text
+        yield self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None}])
+
+    def end(self, response: dict[str, Any]) -> Iterator[str]:
+        yield from self.choice_end(response["choices"][0])
+        yield from self.finish(response)
+
+    def choice_end(self, choice: dict[str, Any]) -> Iterator[str]:
         index, message = choice["index"], choice["message"]
-        yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         if message.get("reasoning_content"):
             delta = {"reasoning_content": message["reasoning_content"]}
-            yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
+            yield self._chunk([{"index": index, "delta": delta, "finish_reason": None}])
         # Logprobs travel with the content, or with the last chunk when there is none.
         logprobs = choice["logprobs"]
-        if message.get("content"):
-            yield chunk(
-                [
-                    {
-                        "index": index,
-                        "delta": {"content": message["content"]},
-                        "logprobs": logprobs,
-                        "finish_reason": None,
-                    }
-                ]
-            )
+        content = message.get("content") or ""
+        rest = content[len(self.sent) :] if content.startswith(self.sent) else ""
+        if rest:
+            delta = {"content": rest}
+            yield self._chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}])
             logprobs = None
         for n, call in enumerate(message.get("tool_calls") or []):
             delta = {"tool_calls": [{"index": n, **call}]}
-            yield chunk([{"index": index, "delta": delta, "finish_reason": None}])
-        yield chunk(
-            [{"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}]
-        )
-    if include_usage:
-        yield chunk([], usage=response["usage"])
-    yield "[DONE]"
+            yield self._chunk([{"index": index, "delta": delta, "finish_reason": None}])
+        last = {"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}
+        yield self._chunk([last])
+
+    def finish(self, response: dict[str, Any]) -> Iterator[str]:
+        if self.include_usage:
+            yield self._chunk([], usage=response["usage"])
+        yield "[DONE]"
+
+    def error(self, kind: str, message: str) -> Iterator[str]:
+        yield json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
 
 
 # --- OpenAI Responses ------------------------------------------------------------------------
@@ -206,11 +320,9 @@ def responses_request(
     """(messages, tools, params, stream) of a Responses API body."""
     if not isinstance(body, Mapping):
         raise DialectError("the body must be a JSON object")
-    if body.get("previous_response_id"):
-        raise DialectError(
-            "previous_response_id: the gateway keeps no responses; send the whole input",
-            "previous_response_id",
-        )
+    _check_keys(body, "Responses", _RESPONSES_KEYS, _NO_VALUE)
+    _model(body)
+    _expect(body, "previous_response_id", str, "a string")
     messages: list[dict[str, Any]] = []
     instructions = _expect(body, "instructions", str, "a string")
     if instructions:
@@ -268,12 +380,12 @@ def responses_request(
                     },
                 }
             )
-    if body.get("tool_choice") == "none":
-        tools = None
     params = {
         "temperature": _number(body, "temperature"),
         "top_p": _number(body, "top_p"),
         "max_tokens": _int(body, "max_output_tokens"),
+        "tool_choice": _openai_tool_choice(body.get("tool_choice"), nested=False),
+        "parallel_tool_calls": _expect(body, "parallel_tool_calls", bool, "a boolean"),
     }
     stream = bool(_expect(body, "stream", bool, "a boolean"))
     return messages, tools, params, stream
@@ -337,54 +449,113 @@ def responses_response(
 
 def responses_stream(response: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of the Responses streaming protocol for a finished response."""
-    seq = 0
+    stream = ResponsesStream(response["id"], response["model"], response["created_at"])
+    yield from stream.start()
+    yield from stream.end(response)
 
-    def event(kind: str, **data: Any) -> tuple[str, str]:
-        nonlocal seq
-        seq += 1
-        return kind, json.dumps({"type": kind, "sequence_number": seq} | data)
 
-    started = response | {"status": "in_progress", "output": []}
-    yield event("response.created", response=started)
-    yield event("response.in_progress", response=started)
-    for index, item in enumerate(response["output"]):
-        if item["type"] == "message":
-            empty = item | {"status": "in_progress", "content": []}
-            yield event("response.output_item.added", output_index=index, item=empty)
+class ResponsesStream:
+    """The Responses streaming protocol while a reply is sampled: `start`, `delta` per piece of
+    text (the message item opens with the first), `end` with the finished response."""
+
+    def __init__(self, response_id: str, model: str, created_at: int) -> None:
+        self.skeleton = {
+            "id": response_id,
+            "object": "response",
+            "created_at": created_at,
+            "status": "in_progress",
+            "model": model,
+            "output": [],
+        }
+        self.seq = 0
+        self.sent = ""
+        self.message_id: str | None = None
+
+    def _event(self, kind: str, **data: Any) -> tuple[str, str]:
+        self.seq += 1
+        return kind, json.dumps({"type": kind, "sequence_number": self.seq} | data)
+
+    def start(self) -> Iterator[tuple[str, str]]:
+        yield self._event("response.created", response=self.skeleton)
+        yield self._event("response.in_progress", response=self.skeleton)
+
+    def delta(self, text: str) -> Iterator[tuple[str, str]]:
+        if self.message_id is None:
+            self.message_id = f"msg_{self.skeleton['id'].removeprefix('resp_')}"
+            item = {
+                "type": "message",
+                "id": self.message_id,
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+            yield self._event("response.output_item.added", output_index=0, item=item)
             part = {"type": "output_text", "text": "", "annotations": []}
-            yield event(
+            yield self._event(
                 "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
+                item_id=self.message_id,
+                output_index=0,
                 content_index=0,
                 part=part,
             )
-            text = item["content"][0]["text"]
+        self.sent += text
+        common = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        yield self._event("response.output_text.delta", delta=text, logprobs=[], **common)
+
+    def end(self, response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        output = list(response["output"])
+        if self.message_id is not None:
+            # The streamed message went out first: it keeps index 0 and its id.
+            message = next((o for o in output if o["type"] == "message"), None)
+            output = [o for o in output if o is not message]
+            text = message["content"][0]["text"] if message else self.sent
+            message = (message or {"type": "message", "status": "completed", "role": "assistant"}) | {
+                "id": self.message_id,
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+            rest = text[len(self.sent) :] if text.startswith(self.sent) else ""
+            if rest:
+                yield from self.delta(rest)
+            common = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+            yield self._event("response.output_text.done", text=text, logprobs=[], **common)
+            yield self._event("response.content_part.done", part=message["content"][0], **common)
+            yield self._event("response.output_item.done", output_index=0, item=message)
+            output = [message, *output]
+            response = response | {"output": output}
+        first = 1 if self.message_id is not None else 0
+        for index, item in enumerate(output[first:], start=first):
+            yield from self._item(index, item)
+        kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
+        yield self._event(kind, response=response)
+
+    def _item(self, index: int, item: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        if item["type"] == "message":
+            empty = item | {"status": "in_progress", "content": []}
+            yield self._event("response.output_item.added", output_index=index, item=empty)
+            part = {"type": "output_text", "text": "", "annotations": []}
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield event("response.output_text.delta", delta=text, logprobs=[], **common)
-            yield event("response.output_text.done", text=text, logprobs=[], **common)
-            yield event("response.content_part.done", part=item["content"][0], **common)
+            yield self._event("response.content_part.added", part=part, **common)
+            text = item["content"][0]["text"]
+            yield self._event("response.output_text.delta", delta=text, logprobs=[], **common)
+            yield self._event("response.output_text.done", text=text, logprobs=[], **common)
+            yield self._event("response.content_part.done", part=item["content"][0], **common)
         elif item["type"] == "function_call":
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item=item | {"arguments": "", "status": "in_progress"},
-            )
+            added = item | {"arguments": "", "status": "in_progress"}
+            yield self._event("response.output_item.added", output_index=index, item=added)
             common = {"item_id": item["id"], "output_index": index}
-            yield event("response.function_call_arguments.delta", delta=item["arguments"], **common)
-            yield event(
+            yield self._event("response.function_call_arguments.delta", delta=item["arguments"], **common)
+            yield self._event(
                 "response.function_call_arguments.done",
                 arguments=item["arguments"],
                 name=item["name"],
                 **common,
             )
         else:
-            yield event("response.output_item.added", output_index=index, item=item)
-        yield event("response.output_item.done", output_index=index, item=item)
-    yield event(
-        "response.completed" if response["status"] == "completed" else "response.incomplete",
-        response=response,
-    )
+            yield self._event("response.output_item.added", output_index=index, item=item)
+        yield self._event("response.output_item.done", output_index=index, item=item)
+
+    def error(self, kind: str, message: str) -> Iterator[tuple[str, str]]:
+        yield self._event("error", code=kind, message=message, param=None)
 
 
 # --- Anthropic Messages ----------------------------------------------------------------------
@@ -400,6 +571,8 @@ def anthropic_request(
     """(messages, tools, params, stream) of an Anthropic Messages body."""
     if not isinstance(body, Mapping):
         raise DialectError("the body must be a JSON object")
+    _check_keys(body, "Messages", _MESSAGES_KEYS, _NO_VALUE)
+    _model(body)
     max_tokens = _int(body, "max_tokens")
     if max_tokens is None:
         raise DialectError("max_tokens: field required", "max_tokens")
@@ -475,22 +648,49 @@ def anthropic_request(
                 }
             )
     stop = _expect(body, "stop_sequences", list, "an array of strings")
+    if stop is not None and not all(isinstance(s, str) and s for s in stop):
+        raise DialectError("stop_sequences: expected an array of non-empty strings", "stop_sequences")
+    choice, parallel = _anthropic_tool_choice(body.get("tool_choice"))
     params = {
         "temperature": _number(body, "temperature"),
         "top_p": _number(body, "top_p"),
         "top_k": _int(body, "top_k"),
         "max_tokens": max_tokens,
-        "stop": stop,
+        "stop": stop or None,
+        "tool_choice": choice,
+        "parallel_tool_calls": parallel,
     }
     stream = bool(_expect(body, "stream", bool, "a boolean"))
     return messages, tools, params, stream
+
+
+def _anthropic_tool_choice(value: Any) -> tuple[Any, bool | None]:
+    """(tool_choice as the gateway takes it, parallel_tool_calls) of an Anthropic tool_choice."""
+    if value is None:
+        return None, None
+    kinds = {"auto": "auto", "any": "required", "none": "none"}
+    if not isinstance(value, Mapping) or value.get("type") not in (*kinds, "tool"):
+        raise DialectError("tool_choice: expected an object of type auto, any, tool or none", "tool_choice")
+    parallel = False if value.get("disable_parallel_tool_use") else None
+    if value["type"] == "tool":
+        if not isinstance(value.get("name"), str):
+            raise DialectError(
+                "tool_choice.name: a tool choice of type tool names the tool", "tool_choice.name"
+            )
+        return {"name": value["name"]}, parallel
+    return kinds[value["type"]], parallel
 
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def anthropic_response(
-    model: str, message: dict[str, Any], finish: str, usage: tuple[int, int], rid: str
+    model: str,
+    message: dict[str, Any],
+    finish: str,
+    usage: tuple[int, int],
+    rid: str,
+    stop_sequence: str | None = None,
 ) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -511,85 +711,86 @@ def anthropic_response(
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP_REASONS.get(finish, "end_turn"),
-        "stop_sequence": None,
+        "stop_reason": "stop_sequence"
+        if stop_sequence is not None
+        else _STOP_REASONS.get(finish, "end_turn"),
+        "stop_sequence": stop_sequence,
         "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
     }
 
 
 def anthropic_stream(response: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of Anthropic's streaming protocol for a finished message."""
-    start = response | {
-        "content": [],
-        "stop_reason": None,
-        "usage": {"input_tokens": response["usage"]["input_tokens"], "output_tokens": 0},
-    }
-    yield "message_start", json.dumps({"type": "message_start", "message": start})
-    for index, block in enumerate(response["content"]):
+    stream = MessagesStream(response["id"], response["model"], response["usage"]["input_tokens"])
+    yield from stream.start()
+    yield from stream.end(response)
+
+
+class MessagesStream:
+    """Anthropic's streaming protocol while a reply is sampled: `start`, `delta` per piece of
+    text (a text block opens with the first), `end` with the finished message."""
+
+    def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+        self.message = {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }
+        self.sent = ""
+        self.text_open = False
+
+    @staticmethod
+    def _event(kind: str, **data: Any) -> tuple[str, str]:
+        return kind, json.dumps({"type": kind} | data)
+
+    def start(self) -> Iterator[tuple[str, str]]:
+        yield self._event("message_start", message=self.message)
+
+    def delta(self, text: str) -> Iterator[tuple[str, str]]:
+        if not self.text_open:
+            self.text_open = True
+            yield self._event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        self.sent += text
+        yield self._event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+
+    def end(self, response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+        blocks = list(response["content"])
+        index = 0
+        if self.text_open:
+            text_block = next((b for b in blocks if b["type"] == "text"), None)
+            blocks = [b for b in blocks if b is not text_block]
+            text = text_block["text"] if text_block else self.sent
+            rest = text[len(self.sent) :] if text.startswith(self.sent) else ""
+            if rest:
+                yield from self.delta(rest)
+            yield self._event("content_block_stop", index=0)
+            index = 1
+        for block in blocks:
+            yield from self._block(index, block)
+            index += 1
+        delta = {"stop_reason": response["stop_reason"], "stop_sequence": response.get("stop_sequence")}
+        # The prompt's size is known only now when the reply streamed: it goes with the end too.
+        yield self._event("message_delta", delta=delta, usage=dict(response["usage"]))
+        yield self._event("message_stop")
+
+    def _block(self, index: int, block: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if block["type"] == "text":
-            yield (
-                "content_block_start",
-                json.dumps(
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    }
-                ),
-            )
-            yield (
-                "content_block_delta",
-                json.dumps(
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "text_delta", "text": block["text"]},
-                    }
-                ),
-            )
+            yield self._event("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            delta = {"type": "text_delta", "text": block["text"]}
         elif block["type"] == "thinking":
-            yield (
-                "content_block_start",
-                json.dumps(
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "thinking", "thinking": "", "signature": ""},
-                    }
-                ),
-            )
-            yield (
-                "content_block_delta",
-                json.dumps(
-                    {
-                        "type": "content_block_delta",
-                        "index": index,
-                        "delta": {"type": "thinking_delta", "thinking": block["thinking"]},
-                    }
-                ),
-            )
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            yield self._event("content_block_start", index=index, content_block=start)
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
-            yield (
-                "content_block_start",
-                json.dumps(
-                    {"type": "content_block_start", "index": index, "content_block": block | {"input": {}}}
-                ),
-            )
+            yield self._event("content_block_start", index=index, content_block=block | {"input": {}})
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-            yield (
-                "content_block_delta",
-                json.dumps({"type": "content_block_delta", "index": index, "delta": delta}),
-            )
-        yield "content_block_stop", json.dumps({"type": "content_block_stop", "index": index})
-    delta = {"stop_reason": response["stop_reason"], "stop_sequence": None}
-    yield (
-        "message_delta",
-        json.dumps(
-            {
-                "type": "message_delta",
-                "delta": delta,
-                "usage": {"output_tokens": response["usage"]["output_tokens"]},
-            }
-        ),
-    )
-    yield "message_stop", json.dumps({"type": "message_stop"})
+        yield self._event("content_block_delta", index=index, delta=delta)
+        yield self._event("content_block_stop", index=index)
+
+    def error(self, kind: str, message: str) -> Iterator[tuple[str, str]]:
+        yield self._event("error", error={"type": kind, "message": message})

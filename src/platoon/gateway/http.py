@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from platoon.bus.events import new_id
 from platoon.gateway import dialects
 from platoon.gateway.core import AgentSession, Completion, GatewayError
 from platoon.serving import Guard, presented_key
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["build_app", "serve_gateway"]
 
 _STATUS = {
+    "not_found": 404,
     "bad_request": 400,
     "context_length": 400,
     "budget": 400,
@@ -41,6 +44,7 @@ _STATUS = {
     "overloaded": 429,
 }
 _OPENAI_TYPE = {
+    "not_found": "invalid_request_error",
     "bad_request": "invalid_request_error",
     "context_length": "invalid_request_error",
     "budget": "insufficient_quota",
@@ -49,12 +53,14 @@ _OPENAI_TYPE = {
     "overloaded": "rate_limit_error",
 }
 _OPENAI_CODE = {
+    "not_found": "model_not_found",
     "context_length": "context_length_exceeded",
     "budget": "budget_exhausted",
     "auth": "invalid_api_key",
     "overloaded": "rate_limit_exceeded",
 }
 _ANTHROPIC_TYPE = {
+    "not_found": "not_found_error",
     "bad_request": "invalid_request_error",
     "context_length": "invalid_request_error",
     "budget": "invalid_request_error",
@@ -133,9 +139,9 @@ async def _json(request: Request) -> Any:
         raise dialects.DialectError(f"the body is not valid JSON: {exc}") from None
 
 
-def _sse(events: Iterable[str | tuple[str, str]]) -> StreamingResponse:
-    def lines():
-        for item in events:
+def _sse(events: AsyncIterator[str | tuple[str, str]]) -> StreamingResponse:
+    async def lines() -> AsyncIterator[str]:
+        async for item in events:
             if isinstance(item, tuple):
                 yield f"event: {item[0]}\ndata: {item[1]}\n\n"
             else:
@@ -144,11 +150,74 @@ def _sse(events: Iterable[str | tuple[str, str]]) -> StreamingResponse:
     return StreamingResponse(lines(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
+async def _streamed(
+    replies: AsyncIterator[Any], format: Any, finish: Callable[[Completion], Any]
+) -> Response:
+    """An SSE response that sends each content delta of `replies` as it is sampled.
+
+    The first item is awaited here, so a call that fails before sampling (a bad request, the
+    context, the budget) is still answered with its HTTP status; a failure mid-stream becomes
+    the dialect's error event.
+    """
+    first = await anext(replies)
+
+    async def events() -> AsyncIterator[Any]:
+        try:
+            for event in format.start():
+                yield event
+            item = first
+            while not isinstance(item, Completion):
+                for event in format.delta(item):
+                    yield event
+                item = await anext(replies)
+            for event in format.end(finish(item)):
+                yield event
+        except GatewayError as exc:
+            for event in format.error(_OPENAI_TYPE.get(exc.kind, "server_error"), str(exc)):
+                yield event
+        finally:
+            await replies.aclose()  # type: ignore[attr-defined]
+
+    return _sse(events())
+
+
+def _whole(events: Iterable[Any]) -> AsyncIterator[Any]:
+    async def each() -> AsyncIterator[Any]:
+        for event in events:
+            yield event
+
+    return each()
+
+
+async def _last(replies: AsyncIterator[Any]) -> Completion:
+    async for item in replies:
+        if isinstance(item, Completion):
+            return item
+    raise AssertionError("a reply ended without its completion")
+
+
+_KEPT_RESPONSES = 64  # per agent, for previous_response_id
+
+
 def build_app(gateway: Gateway) -> Guard:
     """The ASGI app of a gateway."""
 
     def token_texts(tokens: list[int]) -> list[str]:
         return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
+
+    def model_of(body: Any) -> str:
+        """The model a body asks for: one the gateway serves, or a 404."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if model in (None, ""):
+            return gateway.model_name
+        if model not in gateway.model_names:
+            raise GatewayError(
+                "not_found",
+                f"the model {model!r} does not exist here; this gateway serves {sorted(gateway.model_names)} "
+                "(more names: gateway.model_aliases)",
+                param="model",
+            )
+        return model
 
     async def answer(
         request: Request, call: Callable[[AgentSession, Any], Any], error: Callable[..., JSONResponse]
@@ -179,54 +248,99 @@ def build_app(gateway: Gateway) -> Guard:
     async def chat_completions(request: Request) -> Response:
         async def call(session: AgentSession, body: Any) -> Response:
             messages, tools, params, n, stream = dialects.chat_request(body)
+            model = model_of(body)
             kind = _kind(request)
+            want_logprobs = bool(body.get("logprobs"))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            def shape(done: list[Completion], rid: str) -> dict[str, Any]:
+                choices = [
+                    (
+                        c.message,
+                        c.finish_reason,
+                        (token_texts(c.tokens), c.logprobs) if want_logprobs else None,
+                    )
+                    for c in done
+                ]
+                usage = (done[0].prompt_tokens, sum(c.completion_tokens for c in done))
+                return dialects.chat_response(model, choices, usage, rid)
+
+            if stream and n == 1:
+                rid = new_id()
+                replies = gateway.complete_stream(session, messages, tools, params, kind, wait=False)
+                format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
+                return await _streamed(replies, format, lambda c: shape([c], rid))
             done: list[Completion] = []
             for _ in range(n):
                 done.append(await gateway.complete(session, messages, tools, params, kind, wait=False))
-            want_logprobs = bool(body.get("logprobs"))
-            choices = [
-                (c.message, c.finish_reason, (token_texts(c.tokens), c.logprobs) if want_logprobs else None)
-                for c in done
-            ]
-            usage = (done[0].prompt_tokens, sum(c.completion_tokens for c in done))
-            response = dialects.chat_response(
-                body.get("model") or gateway.model_name, choices, usage, done[0].call_id
-            )
+            response = shape(done, done[0].call_id)
             if stream:
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return _sse(dialects.chat_stream(response, include_usage))
+                return _sse(_whole(dialects.chat_stream(response, include_usage)))
             return JSONResponse(response)
 
         return await answer(request, call, _openai_error)
 
-    def one_completion(
-        parse: Callable[..., Any], shape: Callable[..., Any], stream_events: Callable[..., Any]
-    ):
-        """An endpoint of a dialect that answers with one completion (Responses, Messages)."""
-
-        async def call(request: Request, session: AgentSession, body: Any) -> Response:
-            messages, tools, params, stream = parse(body)
-            c = await gateway.complete(session, messages, tools, params, _kind(request), wait=False)
-            usage = (c.prompt_tokens, c.completion_tokens)
-            response = shape(
-                body.get("model") or gateway.model_name, c.message, c.finish_reason, usage, c.call_id
-            )
-            return _sse(stream_events(response)) if stream else JSONResponse(response)
-
-        return call
-
-    responses_call = one_completion(
-        dialects.responses_request, dialects.responses_response, dialects.responses_stream
-    )
-    messages_call = one_completion(
-        dialects.anthropic_request, dialects.anthropic_response, dialects.anthropic_stream
-    )
-
     async def responses(request: Request) -> Response:
-        return await answer(request, lambda s, b: responses_call(request, s, b), _openai_error)
+        async def call(session: AgentSession, body: Any) -> Response:
+            messages, tools, params, stream = dialects.responses_request(body)
+            model = model_of(body)
+            previous = body.get("previous_response_id")
+            instructions = 1 if body.get("instructions") else 0
+            if previous:
+                kept = session.responses.get(previous)
+                if kept is None:
+                    raise GatewayError(
+                        "not_found",
+                        f"no response {previous!r} is kept for this agent (responses are kept for "
+                        "the episode's life when sent with store true, the default)",
+                        param="previous_response_id",
+                    )
+                # The earlier conversation, then this input; instructions are not carried over.
+                messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
+            rid = new_id()
+
+            def finish(c: Completion) -> dict[str, Any]:
+                response = dialects.responses_response(
+                    model, c.message, c.finish_reason, (c.prompt_tokens, c.completion_tokens), rid
+                )
+                if body.get("store", True) is not False:
+                    conversation = [*messages[instructions:], c.message]
+                    session.responses[response["id"]] = (conversation, response)
+                    while len(session.responses) > _KEPT_RESPONSES:
+                        session.responses.popitem(last=False)
+                return response
+
+            replies = gateway.complete_stream(
+                session, messages, tools, params, _kind(request), wait=False, stream=stream
+            )
+            if stream:
+                format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
+                return await _streamed(replies, format, finish)
+            return JSONResponse(finish(await _last(replies)))
+
+        return await answer(request, call, _openai_error)
 
     async def messages_endpoint(request: Request) -> Response:
-        return await answer(request, lambda s, b: messages_call(request, s, b), _anthropic_error)
+        async def call(session: AgentSession, body: Any) -> Response:
+            messages, tools, params, stream = dialects.anthropic_request(body)
+            model = model_of(body)
+            rid = new_id()
+
+            def finish(c: Completion) -> dict[str, Any]:
+                usage = (c.prompt_tokens, c.completion_tokens)
+                return dialects.anthropic_response(
+                    model, c.message, c.finish_reason, usage, rid, c.stop_sequence
+                )
+
+            replies = gateway.complete_stream(
+                session, messages, tools, params, _kind(request), wait=False, stream=stream
+            )
+            if stream:
+                format = dialects.MessagesStream(f"msg_{rid}", model, 0)
+                return await _streamed(replies, format, finish)
+            return JSONResponse(finish(await _last(replies)))
+
+        return await answer(request, call, _anthropic_error)
 
     async def count_tokens(request: Request) -> Response:
         async def call(session: AgentSession, body: Any) -> Response:
@@ -242,13 +356,25 @@ def build_app(gateway: Gateway) -> Guard:
 
         return await answer(request, call, _anthropic_error)
 
+    def model_object(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "platoon"}
+
     async def models(request: Request) -> Response:
         try:
             gateway.authenticate(_key(request))
         except GatewayError as exc:
             return _openai_error(exc.kind, str(exc))
-        model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "platoon"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse(
+            {"object": "list", "data": [model_object(n) for n in sorted(gateway.model_names)]}
+        )
+
+    async def model(request: Request) -> Response:
+        try:
+            gateway.authenticate(_key(request))
+            name = model_of({"model": request.path_params["model"]})
+        except GatewayError as exc:
+            return _openai_error(exc.kind, str(exc), exc.param)
+        return JSONResponse(model_object(name))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -278,6 +404,7 @@ def build_app(gateway: Gateway) -> Guard:
             Route("/v1/messages", messages_endpoint, methods=["POST"]),
             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},

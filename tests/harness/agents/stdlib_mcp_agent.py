@@ -41,7 +41,7 @@ auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
 for _ in range(20):
     reply = post(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        {"model": "policy", "messages": messages, "tools": tools},
+        {"model": "platoon-policy", "messages": messages, "tools": tools},
         auth,
     )
     message = reply["choices"][0]["message"]

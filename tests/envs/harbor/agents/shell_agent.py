@@ -11,7 +11,7 @@ import urllib.request
 def chat(messages):
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": "policy", "messages": messages}).encode(),
+        data=json.dumps({"model": "platoon-policy", "messages": messages}).encode(),
         headers={
             "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
             "Content-Type": "application/json",
