@@ -461,7 +461,7 @@ async def test_concurrent_calls_cannot_overrun_the_budget(toy_tokenizer):
 async def test_a_prompt_past_the_context_window_ends_the_agent(toy_tokenizer):
     async with running_gateway(toy_tokenizer, ["never"], context_window=20) as gw:
         ctx = await gw.context("ep1")
-        with pytest.raises(BudgetExhausted, match="context window is 20"):
+        with pytest.raises(BudgetExhausted, match="maximum context length is 20 tokens"):
             await ctx.chat([{"role": "user", "content": "word " * 50}])
         assert await gw.settled() == []
 

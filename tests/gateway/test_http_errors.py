@@ -257,7 +257,7 @@ async def test_context_length_errors_in_each_dialect(toy_tokenizer, anyio_backen
 
     for error in (chat.value, responses.value):
         assert error.code == "context_length_exceeded" and error.param == "messages"
-        assert "the context window is 30" in error.message
+        assert "maximum context length is 30 tokens" in error.message
     assert messages.value.body["error"]["type"] == "invalid_request_error"
     assert messages.value.body["error"]["message"].startswith("prompt is too long:")
 

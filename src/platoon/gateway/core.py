@@ -620,8 +620,8 @@ class Gateway:
         if chars > self.context_window * self._longest_token:
             raise GatewayError(
                 "context_length",
-                f"the prompt has {chars} characters, over {self.context_window} tokens whatever the "
-                f"tokenization; the context window is {self.context_window}",
+                f"This model's maximum context length is {self.context_window} tokens; the prompt "
+                f"has {chars} characters, more than that whatever the tokenization",
                 param="messages",
             )
 
@@ -641,7 +641,8 @@ class Gateway:
             if room <= 0:
                 raise GatewayError(
                     "context_length",
-                    f"the prompt has {prompt_len} tokens; the context window is {self.context_window}",
+                    f"This model's maximum context length is {self.context_window} tokens; the prompt "
+                    f"has {prompt_len} tokens",
                     param="messages",
                 )
             if params.max_tokens is None or params.max_tokens > room:
@@ -742,7 +743,11 @@ def _sampler_error(exc: Exception) -> GatewayError:
     client's error (400 context_length_exceeded, at once), anything else a 502."""
     message = f"{type(exc).__name__}: {exc}"
     if any(word in str(exc).lower() for word in _CONTEXT_WORDS):
-        return GatewayError("context_length", f"the model refused the prompt: {message}", param="messages")
+        return GatewayError(
+            "context_length",
+            f"This model's maximum context length is exceeded: the model refused the prompt ({message})",
+            param="messages",
+        )
     return GatewayError("sampler", f"sampling failed: {message}")
 
 
