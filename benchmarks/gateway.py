@@ -163,13 +163,13 @@ async def main(calls: int, turns: int, clients: int, per_client: int) -> None:
             "id": "chatcmpl-x",
             "object": "chat.completion",
             "created": 0,
-            "model": "m",
+            "model": "platoon-policy",
             "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": REPLY}, "finish_reason": "stop"}
             ],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
-        body = {"model": "m", "messages": messages, "tools": TOOLS}
+        body = {"model": "platoon-policy", "messages": messages, "tools": TOOLS}
         headers = {"authorization": f"Bearer {opened.key}"}
         async with anyio.create_task_group() as tg:
             floor_url = await tg.start(serve_asgi, canned_app(canned))

@@ -11,9 +11,13 @@ environment answers higher or lower. Every call is recorded (`ModelCallFinished`
 * `http`: the same environment, a harness posting to the gateway's OpenAI-compatible HTTP with
   the episode's key (`httpx`, or the `openai` SDK with `--client openai`);
 * `server`: the in-process harness, with the environment behind an ORS env server
-  (`platoon.envs.server.running_env_server`, `service: http://...`).
+  (`platoon.envs.server.running_env_server`, `service: http://...`);
+* `floor`: the `http` harness and clients against a bare endpoint on the same server stack
+  (starlette on `serving.serve_asgi`) that answers the binary search's tool call as JSON with
+  no rendering, tokenizing, parsing or recording: what HTTP costs before the gateway does
+  anything. `http` over `floor` is the gateway's own share.
 
-    python benchmarks/rollout.py [--modes inproc,http,server] [--concurrency 1,16,128]
+    python benchmarks/rollout.py [--modes inproc,http,floor,server] [--concurrency 1,16,128]
                                  [--episodes N] [--tokenizer qwen3|toy] [--client httpx|openai]
                                  [--event-log]
 
@@ -110,11 +114,10 @@ async def http_harness(ctx: pt.AgentContext) -> pt.AgentResult:
     messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.instruction}]
     headers = {"Authorization": f"Bearer {ctx.api_key}"}
     # No TLS to loopback: skip loading the CA bundle each client would otherwise read.
-    async with httpx.AsyncClient(
-        base_url=str(ctx.gateway_url), headers=headers, timeout=60, verify=False
-    ) as http:
+    base_url = FLOOR_URL[0] if FLOOR_URL else str(ctx.gateway_url)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=60, verify=False) as http:
         while ctx.budget.remaining() > 0:
-            body = {"model": "policy", "messages": messages, "tools": tools}
+            body = {"model": "platoon-policy", "messages": messages, "tools": tools}
             if CLIENT == "openai":
                 message = await _openai_complete(ctx, body)
             else:
@@ -140,6 +143,51 @@ async def _openai_complete(ctx: pt.AgentContext, body: dict[str, Any]) -> dict[s
         _openai.append(AsyncOpenAI(base_url=ctx.gateway_url, api_key="unused", max_retries=0))
     completion = await _openai[0].with_options(api_key=ctx.api_key).chat.completions.create(**body)
     return completion.choices[0].message.model_dump(exclude_none=True)
+
+
+FLOOR_CALLS = [0]
+
+
+@contextlib.asynccontextmanager
+async def floor_endpoint() -> AsyncIterator[str]:
+    """A bare chat completions endpoint answering the binary search's next call as JSON."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from platoon.serving import serve_asgi
+
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        FLOOR_CALLS[0] += 1
+        text = binary_search(body["messages"])
+        call = json.loads(text.split("<tool_call>\n", 1)[1].split("\n</tool_call>", 1)[0])
+        tool_call = {
+            "id": f"call_{FLOOR_CALLS[0]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+        }
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+        return JSONResponse(
+            {
+                "id": "chatcmpl-floor",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "platoon-policy",
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }
+        )
+
+    app = Starlette(routes=[Route("/v1/chat/completions", complete, methods=["POST"])])
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(serve_asgi, app, "127.0.0.1", 0)
+        yield f"{url}/v1"
+        tg.cancel_scope.cancel()
+
+
+FLOOR_URL: list[str] = []
 
 
 @contextlib.asynccontextmanager
@@ -189,10 +237,13 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
     # Loaded as a run loads its model's tokenizer (building it from ranks would cost more memory
     # than any run spends).
     tokenizer = system.load_tokenizer(tokenizer_dir(tokenizer_name))
-    harness = "bench-http" if mode == "http" else "bench-inproc"
+    harness = "bench-http" if mode in ("http", "floor") else "bench-inproc"
     tools = ToolCounter()
     with tempfile.TemporaryDirectory() as run_dir:
-        async with env_service(mode) as service:
+        async with contextlib.AsyncExitStack() as stack:
+            if mode == "floor":
+                FLOOR_URL.append(await stack.enter_async_context(floor_endpoint()))
+            service = await stack.enter_async_context(env_service(mode))
             components = [
                 service,
                 Gateway(
@@ -210,6 +261,7 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
                 warm = min(concurrency, 16)
                 await evaluate(bus, tasks[:warm], concurrency=concurrency, publish=False)
                 tools_before, errors_before = tools.count, tools.errors
+                floor_before = FLOOR_CALLS[0]
                 started, cpu_started = time.perf_counter(), time.process_time()
                 report = await evaluate(
                     bus, tasks[warm : warm + episodes], concurrency=concurrency, publish=False
@@ -225,7 +277,7 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
         "failures": report.failures,
         "seconds": seconds,
         "cpu_seconds": cpu,
-        "model_calls": report.tokens.get("calls", 0),
+        "model_calls": report.tokens.get("calls", 0) if mode != "floor" else FLOOR_CALLS[0] - floor_before,
         "tool_calls": tools.count - tools_before,
         "tool_errors": tools.errors - errors_before,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -263,6 +315,7 @@ def main() -> None:
         f"{'mode':<8} {'conc':>4} {'episodes':>8} {'calls/ep':>8} {'ep/s':>7} {'calls/s':>8} "
         f"{'ms/call':>7} {'cpu ms':>7} {'RSS MB':>7}  reward"
     )
+    rates: dict[tuple[str, int], tuple[float, float]] = {}
     for mode in args.modes.split(","):
         for concurrency in map(int, args.concurrency.split(",")):
             episodes = args.episodes or min(40 * concurrency, 512)
@@ -285,6 +338,7 @@ def main() -> None:
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
             rate = r["model_calls"] / r["seconds"]
+            rates[mode, concurrency] = (rate, 1e3 * r["cpu_seconds"] / r["model_calls"])
             print(
                 f"{mode:<8} {concurrency:>4} {r['episodes']:>8} {r['model_calls'] / r['episodes']:>8.2f} "
                 f"{r['episodes'] / r['seconds']:>7.1f} {rate:>8.0f} {1e3 / rate:>7.2f} "
@@ -294,6 +348,19 @@ def main() -> None:
                 + (f"  tool errors {r['tool_errors']}" if r["tool_errors"] else "")
             )
 
+    for concurrency in map(int, args.concurrency.split(",")):
+        if ("http", concurrency) in rates and ("floor", concurrency) in rates:
+            (http, http_cpu), (floor, floor_cpu) = rates["http", concurrency], rates["floor", concurrency]
+            print(
+                f"over HTTP at {concurrency}: the bare floor answers {floor / http:.2f}x as many calls/s "
+                f"(target <= 1.25); the gateway's own CPU is {http_cpu - floor_cpu:.2f} ms a call "
+                f"({http_cpu / floor_cpu:.2f}x the floor's); {http / PEER_HTTP_CALLS_S:.2f}x platoon "
+                f"0.4.0's {PEER_HTTP_CALLS_S} calls/s on this machine"
+            )
+
+
+# platoon 0.4.0 measured on this machine: HTTP, a client per episode, 128 concurrent episodes.
+PEER_HTTP_CALLS_S = 372
 
 if __name__ == "__main__":
     main()

@@ -50,7 +50,6 @@ from platoon.policy.base import (
     Sampler,
     SamplerFactory,
     StopReason,
-    StreamingSampler,
 )
 
 __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
@@ -244,6 +243,8 @@ class Gateway:
         while the gateway may still be loading them: sampling the old policy then would make
         off-policy data out of an on-policy step.
         """
+        if self.sampler is not None and self.sampler.version >= session.min_version:
+            return self.sampler  # the usual case, without a cancel scope per call
         with anyio.move_on_after(self.version_timeout):
             while self.sampler is None or self.sampler.version < session.min_version:
                 await self._updated.wait()
@@ -377,8 +378,10 @@ class Gateway:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
             raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
-        prefill = self.renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
-        prompt += prefill
+        prefill: list[int] = []
+        if controls.prefill:
+            prefill = self.renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
+            prompt += prefill
         sample_params = self._params(session, params, len(prompt))
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:
@@ -416,7 +419,7 @@ class Gateway:
                 budget.check()
                 budget.calls += 1
                 reserved = True
-            streams = isinstance(sampler, StreamingSampler) and (stream or controls.stops)
+            streams = _streams(sampler) and (stream or controls.stops)
             try:
                 if streams:
                     tokens: list[int] = []
@@ -700,13 +703,19 @@ def _checked_params(values: dict[str, Any]) -> SampleParams:
 
 def _text_size(value: Any) -> int:
     """Characters of all the strings in a JSON-like value (a cheap bound on its tokens)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_text_size(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_text_size(v) for v in value)
-    return 0
+    total = 0
+    pending = [value]
+    while pending:  # a loop, not recursion: it runs on every call's whole history
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):  # JSON is dicts and lists; an ABC check costs 10x more
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+    return total
 
 
 def _longest_token(tokenizer: Any) -> int:
@@ -723,6 +732,12 @@ _PARAM_FIELDS = set(SampleParams.__struct_fields__)
 
 def _asdict(params: SampleParams) -> dict[str, Any]:
     return {f: getattr(params, f) for f in SampleParams.__struct_fields__}
+
+
+def _streams(sampler: Sampler) -> bool:
+    """Whether a sampler streams (`StreamingSampler`; an isinstance check of a protocol costs
+    more than the rest of a call's bookkeeping)."""
+    return callable(getattr(sampler, "sample_stream", None))
 
 
 def _tool_name(tool: Mapping[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import anyio.to_thread
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -68,6 +69,13 @@ _ANTHROPIC_TYPE = {
     "sampler": "api_error",
     "overloaded": "rate_limit_error",
 }
+
+
+class _JSON(JSONResponse):
+    """A JSON response encoded by msgspec (several times faster than `json.dumps`)."""
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
 
 
 def _openai_error(kind: str, message: str, param: str | None = None) -> JSONResponse:
@@ -276,7 +284,7 @@ def build_app(gateway: Gateway) -> Guard:
             response = shape(done, done[0].call_id)
             if stream:
                 return _sse(_whole(dialects.chat_stream(response, include_usage)))
-            return JSONResponse(response)
+            return _JSON(response)
 
         return await answer(request, call, _openai_error)
 
@@ -316,7 +324,7 @@ def build_app(gateway: Gateway) -> Guard:
             if stream:
                 format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
                 return await _streamed(replies, format, finish)
-            return JSONResponse(finish(await _last(replies)))
+            return _JSON(finish(await _last(replies)))
 
         return await answer(request, call, _openai_error)
 
@@ -338,7 +346,7 @@ def build_app(gateway: Gateway) -> Guard:
             if stream:
                 format = dialects.MessagesStream(f"msg_{rid}", model, 0)
                 return await _streamed(replies, format, finish)
-            return JSONResponse(finish(await _last(replies)))
+            return _JSON(finish(await _last(replies)))
 
         return await answer(request, call, _anthropic_error)
 

@@ -38,6 +38,7 @@ class ScriptedSampler:
     ) -> None:
         self.tokenizer = tokenizer
         self.pace = pace
+        self._encoded: dict[str, list[int]] = {}
         self.version = version
         self.logprob = logprob
         self.calls = 0
@@ -95,7 +96,13 @@ class ScriptedSampler:
         if inspect.isawaitable(text):
             text = await text
         self.calls += 1
-        tokens = list(self.tokenizer.encode(text, add_special_tokens=False)) + self.stop_ids
+        encoded = self._encoded.get(text)
+        if encoded is None:
+            # A model's sampler costs no tokenizing; scripts repeat their texts, so cache them.
+            encoded = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(self._encoded) < 4096:
+                self._encoded[text] = encoded
+        tokens = list(encoded) + self.stop_ids
         stop_reason = "stop"
         if params.max_tokens is not None and len(tokens) > params.max_tokens:
             tokens = tokens[: params.max_tokens]
