@@ -97,6 +97,25 @@ async def test_bash_tool_runs_in_the_workdir_and_reports_exit_codes_and_timeouts
 
 
 @needs_bwrap
+async def test_a_flood_of_output_is_kept_to_its_head_and_tail(make_task, tmp_path):
+    """A command that prints megabytes returns (and the event log stores) what a model can read."""
+    make_task()
+    session = await backend(tmp_path / "tasks", tmp_path, tool_output_chars=2000).open(
+        TaskInfo(split="train", task_id="task", index=0), {}
+    )
+    try:
+        flood = await session.call_tool(
+            "bash", {"command": "echo FIRST; yes line | head -c 4000000; echo LAST"}
+        )
+    finally:
+        await session.close()
+    text = flood.output
+    assert len(text) <= 2000 + len("\n[exit code 0]")
+    assert text.startswith("FIRST") and text.endswith("LAST\n[exit code 0]")
+    assert "characters of output cut" in text
+
+
+@needs_bwrap
 async def test_agent_time_limit_finishes_the_tool(make_task, tmp_path):
     make_task(toml="[agent]\ntimeout_sec = 0.5\n")
     session = await backend(tmp_path / "tasks", tmp_path).open(

@@ -40,6 +40,8 @@ from .grading import grade
 from .spec import sandbox_spec_for
 from .task import HarborTask
 
+TOOL_OUTPUT_CHARS = 30_000  # of one bash call's output
+
 __all__ = ["BASH_TOOL", "HarborBackend", "HarborSession"]
 
 DEFAULT_COMMAND_TIMEOUT = 60.0
@@ -68,7 +70,9 @@ class HarborBackend:
     """The env backend of `service: harbor` (see the module docstring).
 
     `provider` and `cache` default to the site profile's; `provider_options` go to the
-    sandbox provider (for docker: `url`, `ulimits`; for bwrap: `state_dir`).
+    sandbox provider (for docker: `url`, `ulimits`; for bwrap: `state_dir`). A `bash` call's
+    output is kept to `tool_output_chars` characters (its head and its tail): what a model can
+    read of it, and what the event log stores.
     """
 
     def __init__(
@@ -80,7 +84,11 @@ class HarborBackend:
         provider: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         provider_options: Mapping[str, Any] | None = None,
+        tool_output_chars: int = TOOL_OUTPUT_CHARS,
     ) -> None:
+        if tool_output_chars < 256:
+            raise EnvError(f"tool_output_chars must be at least 256, got {tool_output_chars}")
+        self.tool_output_chars = tool_output_chars
         if provider is None or cache is None:
             from platoon.config import load_site
 
@@ -216,7 +224,9 @@ class HarborSession:
         if result.timed_out and cut:
             return self._time_up()
         parts = [result.stdout, result.stderr]
-        text = "\n".join(p.rstrip("\n") for p in parts if p.strip())
+        text = _head_and_tail(
+            "\n".join(p.rstrip("\n") for p in parts if p.strip()), self.backend.tool_output_chars
+        )
         status = (
             f"[timed out after {timeout:g} s]" if result.timed_out else f"[exit code {result.return_code}]"
         )
@@ -259,6 +269,16 @@ class HarborSession:
 
     async def close(self) -> None:
         await self.sandbox.stop()
+
+
+def _head_and_tail(text: str, limit: int) -> str:
+    """`text`, or its first and last parts with how much was cut between them."""
+    if len(text) <= limit:
+        return text
+    note = f"\n[... {len(text) - limit} characters of output cut ...]\n"
+    head = (limit - len(note)) // 2
+    tail = limit - len(note) - head
+    return text[:head] + note + text[len(text) - tail :]
 
 
 def _bash_arguments(arguments: Mapping[str, Any]) -> tuple[str, float]:
