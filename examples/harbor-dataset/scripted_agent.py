@@ -1,7 +1,7 @@
 """Scripted policies for trying the dataset without a model, written as the tool calls a Qwen3
 model would sample:
 
-    platoon rollout train.yaml --task train:0 --policy scripted:scripted_agent:solve
+    platoon rollout train.yaml --task train:#0 --policy scripted:scripted_agent:solve
     platoon eval train.yaml --policy scripted:scripted_agent:solve
 
 `solve` runs the task's own solution/solve.sh through the bash tool, then answers; `wrong`

@@ -185,6 +185,22 @@ def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
     return ScriptedSamplerFactory(tokenizer, plugins.import_ref(target))
 
 
+def check_training_service(config: Config) -> None:
+    """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
+    none is named (the embedded backend needs none)."""
+    if config.train is not None and config.train.backend == "local":
+        return
+    if not (config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or os.environ.get("TINKER_API_KEY")):
+        raise SystemError(_NO_SERVICE)
+
+
+_NO_SERVICE = (
+    "no training service: set TINKER_API_KEY for hosted Tinker, TINKER_BASE_URL or "
+    "tinker_base_url for a self-hosted one, or train.backend=local for the embedded one "
+    "(rollout and eval also take --policy scripted:MODULE:ATTR)"
+)
+
+
 def tinker_service_client(config: Config) -> Any:
     """A `tinker.ServiceClient` for the config: `tinker_base_url`, else `$TINKER_BASE_URL`,
     else hosted Tinker (which needs `TINKER_API_KEY`)."""
@@ -197,11 +213,7 @@ def tinker_service_client(config: Config) -> Any:
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL")
     api_key = os.environ.get("TINKER_API_KEY")
     if base_url is None and not api_key:
-        raise SystemError(
-            "no training service: set TINKER_API_KEY for hosted Tinker, TINKER_BASE_URL or "
-            "tinker_base_url for a self-hosted one, train.backend: local for the embedded one, "
-            "or pass --policy scripted:MODULE:ATTR"
-        )
+        raise SystemError(_NO_SERVICE)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
 
 

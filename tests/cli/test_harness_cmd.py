@@ -65,7 +65,10 @@ def test_show_a_spec(capsys):
     options = {line.split()[0]: line for line in out[out.index("options (harness_options):") + 1 :]}
     assert options["max_turns"].split()[:7] == ["max_turns", "int", ">=", "1", "<=", "100", "default"]
     assert options["max_turns"].endswith("model calls before the agent gives up (exit code 3)")
-    assert "one of 'platoon-policy', 'policy'" in options["model"] and "default 'policy'" in options["model"]
+    assert (
+        "one of 'platoon-policy', 'policy'" in options["model"]
+        and "default 'platoon-policy'" in options["model"]
+    )
 
 
 def test_show_an_installed_harness(capsys, installed_harness):

@@ -113,7 +113,7 @@ def test_hf_datasets_are_fetched_by_prepare_and_only_read_at_run_time(tmp_path, 
     # Before prepare, a run refuses the dataset rather than fetching it.
     (tmp_path / "idle_policy.py").write_text("def done(messages):\n    return 'Done.'\n")
     code, _, err = run(
-        capsys, "rollout", str(config), "--task", "train:0", "--policy", "scripted:idle_policy:done"
+        capsys, "rollout", str(config), "--task", "train:#0", "--policy", "scripted:idle_policy:done"
     )
     assert (
         code == 1

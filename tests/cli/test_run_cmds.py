@@ -30,7 +30,7 @@ def site(tmp_path, monkeypatch):
 @pytest.fixture
 def rollout_dir(site, capsys):
     assert (
-        main(["rollout", "train.yaml", "stats.trial_name=ev", "--task", "train:0", "--policy", POLICY]) == 0
+        main(["rollout", "train.yaml", "stats.trial_name=ev", "--task", "train:#0", "--policy", POLICY]) == 0
     )
     capsys.readouterr()
     return site / "runs" / "quickstart" / "ev"
@@ -64,11 +64,18 @@ def test_a_bad_task_is_a_one_line_error(site, capsys):
     assert main(["rollout", "train.yaml", "--task", "41", "--policy", POLICY]) == 1
     assert (
         capsys.readouterr().err.strip().splitlines()[-1]
-        == "platoon: error: --task '41': expected SPLIT:ID, e.g. train:41"
+        == "platoon: error: --task '41': expected SPLIT:ID (e.g. train:train-41) or SPLIT:#N"
     )
     assert main(["rollout", "train.yaml", "--task", "train:nope", "--policy", POLICY]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == "platoon: error: task 'nope' is not in split 'train' of 'guess' (100 tasks)"
+    assert err.startswith("platoon: error: task 'nope' is not in split 'train' of 'guess' (100 tasks)")
+    # An index is never taken for an id: train:41 is not train-41 (nor the 41st task) ...
+    assert main(["rollout", "train.yaml", "--task", "train:41", "--policy", POLICY]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "did you mean train-41" in err and "#N for the N-th task" in err
+    # ... and #N is the N-th, from 0.
+    assert main(["rollout", "train.yaml", "--task", "train:#41", "--policy", POLICY]) == 0
+    assert "train-42" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

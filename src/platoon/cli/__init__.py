@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollout", help="run one task and print it as an agent tree")
     _config_args(p)
-    p.add_argument("--task", required=True, metavar="SPLIT:ID", help="e.g. train:41")
+    p.add_argument(
+        "--task", required=True, metavar="SPLIT:ID", help="a task id as listed (train:train-41), or SPLIT:#N"
+    )
     p.add_argument("--env", help="the environment entry's name (default: the first)")
     p.add_argument("--policy", help="scripted:MODULE:ATTR to roll out a scripted policy")
     p.set_defaults(handler="platoon.cli.run:rollout")

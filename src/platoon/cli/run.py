@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def run_async(main: Any) -> Any:
 def _task(args: Any, config: Config) -> TaskRef:
     split, sep, task_id = args.task.partition(":")
     if not sep or not task_id:
-        raise CommandError(f"--task {args.task!r}: expected SPLIT:ID, e.g. train:41")
+        raise CommandError(f"--task {args.task!r}: expected SPLIT:ID (e.g. train:train-41) or SPLIT:#N")
     names = system.entry_names(config)
     env = args.env or names[0]
     if env not in names:
@@ -61,16 +62,25 @@ def _task(args: Any, config: Config) -> TaskRef:
 
 
 async def _find_task(bus: Bus, wanted: TaskRef) -> TaskRef:
+    """The task whose id is exactly `wanted.task_id`, or the `#N`-th of the split (from 0)."""
     from platoon.train.evaluate import list_tasks
 
     tasks = await list_tasks(bus, wanted.env, wanted.split)
     for task in tasks:
         if task.task_id == wanted.task_id:
             return task
-    if wanted.task_id.isdigit() and int(wanted.task_id) < len(tasks):
-        return tasks[int(wanted.task_id)]
+    index = wanted.task_id.removeprefix("#")
+    if wanted.task_id.startswith("#") and index.isdigit():
+        if int(index) < len(tasks):
+            return tasks[int(index)]
+        raise CommandError(f"--task {wanted.split}:#{index}: split {wanted.split!r} has {len(tasks)} tasks")
+    ids = [t.task_id for t in tasks]
+    close = [i for i in ids if i.endswith(("-" + wanted.task_id, "_" + wanted.task_id))][:3]
+    close = close or difflib.get_close_matches(wanted.task_id, ids, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; its first are {', '.join(ids[:3])}"
     raise CommandError(
-        f"task {wanted.task_id!r} is not in split {wanted.split!r} of {wanted.env!r} ({len(tasks)} tasks)"
+        f"task {wanted.task_id!r} is not in split {wanted.split!r} of {wanted.env!r} ({len(tasks)} tasks){hint} "
+        f"(give an id as listed, or #N for the N-th task)"
     )
 
 

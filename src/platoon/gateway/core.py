@@ -234,7 +234,7 @@ class Gateway:
         self.sampler = await self.factory.updated(event)
         updated, self._updated = self._updated, anyio.Event()
         updated.set()
-        log.info("sampler updated", version=event.version, path=event.sampler_path)
+        log.debug("sampler updated", version=event.version, path=event.sampler_path)
 
     async def _sampler_for(self, session: AgentSession) -> Sampler:
         """The current sampler, once it is at least the version the agent's episode asked for.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +188,8 @@ async def train(
     train_cfg = config.train
     if train_cfg is None:
         raise ValueError("the config has no train: section")
+    if sampler_factory is None:
+        system.check_training_service(config)
     if train_cfg.model_name == TINY_MODEL:
         config = _replace_model(config, _tiny_model(config))
         train_cfg = config.train
@@ -443,10 +445,11 @@ def train_command(args: Any) -> int:
     config = load_config(path, args.overrides)
     system.import_packages(config, path.resolve().parent)
     directory = Path(args.resume) if getattr(args, "resume", None) else run_dir(config, load_site())
-    metrics = anyio.run(lambda: train(config, run_dir=directory, resume=bool(getattr(args, "resume", None))))
-    print(f"run directory: {directory}", file=sys.stderr)
-    if metrics:
-        print({k: round(v, 4) for k, v in metrics.items() if k.startswith(("reward/", "train/"))})
+    started = time.monotonic()
+    anyio.run(lambda: train(config, run_dir=directory, resume=bool(getattr(args, "resume", None))))
+    from platoon.stats.summary import train_summary
+
+    print(train_summary(directory, time.monotonic() - started))
     return 0
 
 
