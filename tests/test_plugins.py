@@ -62,11 +62,11 @@ async def test_installed_handler_plugin_receives_the_events_it_declares(installe
 
 
 def test_unknown_names_and_refs_are_clear_errors():
-    with pytest.raises(plugins.PluginError, match="no event handler named 'nope'"):
+    with pytest.raises(plugins.PluginError, match="unknown event handler 'nope'"):
         plugins.load("event_handlers", "nope")
     with pytest.raises(plugins.PluginError, match="cannot import 'no_such_module'"):
         plugins.import_ref("no_such_module:x")
-    with pytest.raises(plugins.PluginError, match="has no attribute 'missing'"):
+    with pytest.raises(plugins.PluginError, match="unknown name 'missing'"):
         plugins.import_ref("platoon.hooks:missing")
     with pytest.raises(plugins.PluginError, match="not a reference"):
         plugins.import_ref("platoon.hooks")

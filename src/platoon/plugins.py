@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from platoon.bus import Bus, Event, events
+from platoon.naming import unknown_name
 
 __all__ = [
     "GROUPS",
@@ -57,7 +58,8 @@ def import_ref(ref: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginError(f"{module_name!r} has no attribute {attr!r}") from None
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise PluginError(f"{module_name!r}: {unknown_name('name', part, names)}") from None
     return obj
 
 
@@ -72,8 +74,7 @@ def load(kind: str, name: str) -> Any:
         return import_ref(name)
     found = available(kind)
     if name not in found:
-        known = ", ".join(sorted(found)) or "none installed"
-        raise PluginError(f"no {kind[:-1].replace('_', ' ')} named {name!r} (known: {known})")
+        raise PluginError(unknown_name(kind[:-1].replace("_", " "), name, found))
     try:
         return found[name].load()
     except Exception as exc:

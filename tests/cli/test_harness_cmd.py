@@ -85,5 +85,7 @@ def test_show_an_installed_harness(capsys, installed_harness):
 def test_an_unknown_harness_is_a_one_line_error(capsys):
     assert main(["harness", "show", "no-such-agent"]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("platoon: error: unknown harness 'no-such-agent' (known: ")
+    assert err[0].startswith("platoon: error: unknown harness 'no-such-agent'") and "(known: " in err[0]
     assert len(err) == 1
+    assert main(["harness", "show", "codx"]) == 1
+    assert "unknown harness 'codx'; did you mean 'codex'? (known: " in capsys.readouterr().err

@@ -73,7 +73,7 @@ def test_named_environment_errors() -> None:
     assert load_named_env("platoon-number-search@1") is NumberSearch
     with pytest.raises(EnvError, match="is version 1, but the config asks for 2"):
         load_named_env("platoon-number-search@2")
-    with pytest.raises(EnvError, match=r"no environment named 'nope' \(known: .*platoon-number-search"):
+    with pytest.raises(EnvError, match=r"unknown environment 'nope' \(known: .*platoon-number-search"):
         build_env_service("x", env="nope@1")
     with pytest.raises(EnvError, match="NAME or NAME@VERSION"):
         parse_env_name("nope@")

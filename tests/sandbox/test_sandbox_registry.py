@@ -34,7 +34,7 @@ def test_builtin_providers_by_name():
 
 
 def test_unknown_provider_names_the_known_ones():
-    with pytest.raises(SandboxError, match=r"unknown sandbox provider 'nope'; known: .*bwrap"):
+    with pytest.raises(SandboxError, match=r"unknown sandbox provider 'nope' \(known: .*bwrap"):
         get_provider("nope")
 
 

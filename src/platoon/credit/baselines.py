@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from platoon.credit.exceptions import CreditError
+from platoon.naming import unknown_name
 
 CreditRule = Callable[[Sequence[float]], list[float]]
 
@@ -33,7 +34,7 @@ def get_credit_rule(name: str) -> CreditRule:
     try:
         return _RULES[name]
     except KeyError:
-        raise CreditError(f"unknown credit rule {name!r} (known: {', '.join(sorted(_RULES))})") from None
+        raise CreditError(unknown_name("credit rule", name, _RULES)) from None
 
 
 @register_credit_rule("mean")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from platoon.envs.service import EnvError
+from platoon.naming import unknown_name
 from platoon.plugins import PluginError, available, load
 
 __all__ = ["load_named_env", "parse_env_name"]
@@ -27,8 +28,7 @@ def load_named_env(ref: str) -> Any:
     """The environment class registered under `ref`'s name, checked against its version."""
     name, version = parse_env_name(ref)
     if name not in available("environments"):
-        known = ", ".join(sorted(available("environments"))) or "none installed"
-        raise EnvError(f"no environment named {name!r} (known: {known})")
+        raise EnvError(unknown_name("environment", name, available("environments")))
     try:
         env = load("environments", name)
     except PluginError as exc:

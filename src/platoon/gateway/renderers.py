@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
+from platoon.naming import unknown_name
 
 __all__ = [
     "Llama3Renderer",
@@ -632,9 +633,7 @@ def get_renderer(name: str, tokenizer: Any, *, tool_call_parser: str | None = No
     try:
         factory = _RENDERERS[name]
     except KeyError:
-        raise UnknownRendererError(
-            f"unknown renderer {name!r} (known: {', '.join(sorted(_RENDERERS))})"
-        ) from None
+        raise UnknownRendererError(unknown_name("renderer", name, _RENDERERS)) from None
     return factory(tokenizer, tool_call_parser=tool_call_parser)
 
 

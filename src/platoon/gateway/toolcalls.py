@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
+from platoon.naming import unknown_name
+
 __all__ = [
     "HermesToolParser",
     "JsonToolParser",
@@ -307,9 +309,7 @@ def get_tool_call_parser(name: str) -> ToolCallParser:
     try:
         factory = _PARSERS[name]
     except KeyError:
-        raise UnknownToolParserError(
-            f"unknown tool_call_parser {name!r} (known: {', '.join(sorted(_PARSERS))})"
-        ) from None
+        raise UnknownToolParserError(unknown_name("tool_call_parser", name, _PARSERS)) from None
     return factory()
 
 

@@ -20,6 +20,7 @@ import msgspec.inspect
 
 from platoon import plugins
 from platoon.harness.context import AgentContext, AgentResult
+from platoon.naming import unknown_name
 
 __all__ = [
     "FunctionHarness",
@@ -134,8 +135,9 @@ def get_harness(name: str) -> Harness:
     try:
         obj = plugins.import_ref(ref) if ref else plugins.load("harnesses", name)
     except plugins.PluginError as exc:
-        known = ", ".join(harness_names()) or "none"
-        raise HarnessError(f"unknown harness {name!r} (known: {known}); {exc}") from None
+        if ":" in name or ref:  # a module:attr reference that did not import: say why
+            raise HarnessError(f"harness {name!r}: {exc}") from None
+        raise HarnessError(unknown_name("harness", name, harness_names())) from None
     if name in _registry:  # importing the module registered it through the decorator
         return _registry[name]
     if isinstance(obj, FunctionHarness) or hasattr(obj, "run"):

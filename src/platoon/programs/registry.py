@@ -18,6 +18,7 @@ from platoon import plugins
 from platoon.bus import Bus
 from platoon.bus.events import EpisodeRequested
 from platoon.harness import AgentContext, AgentResult, Harness
+from platoon.naming import unknown_name
 
 __all__ = [
     "Episode",
@@ -81,9 +82,9 @@ def get_program(name: str) -> Program:
     try:
         obj = plugins.import_ref(ref) if ref else plugins.load("programs", name)
     except plugins.PluginError as exc:
-        raise ProgramError(
-            f"unknown episode program {name!r} (known: {', '.join(program_names())}); {exc}"
-        ) from None
+        if ":" in name or ref:
+            raise ProgramError(f"episode program {name!r}: {exc}") from None
+        raise ProgramError(unknown_name("episode program", name, program_names())) from None
     _programs.setdefault(name, obj)
     return _programs[name]
 

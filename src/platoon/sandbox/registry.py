@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from platoon.naming import unknown_name
+
 from .base import Sandbox
 from .errors import SandboxError
 from .spec import SandboxSpec
@@ -66,7 +68,7 @@ def get_provider(name: str) -> ProviderFactory:
             return ep.load()
         except Exception as exc:
             raise SandboxError(f"sandbox provider {name!r} ({ep.value}) failed to load: {exc}") from exc
-    raise SandboxError(f"unknown sandbox provider {name!r}; known: {', '.join(provider_names())}")
+    raise SandboxError(unknown_name("sandbox provider", name, provider_names()))
 
 
 def create_sandbox(spec: SandboxSpec, provider: str | None = None, **options: Any) -> Sandbox:
