@@ -123,3 +123,41 @@ def test_run_without_a_train_section_evaluates(site, tiny_model, monkeypatch, ca
     assert set(report["pass_at_k"]) == {"1", "2"}
     assert report["tokens"]["calls"] >= 6
     assert not (site / "runs" / "cli" / "run-eval" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_version_and_overrides_anywhere_on_the_line(site, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("platoon ")
+    # An override after an option is an override, not an unrecognized argument.
+    argv = ["eval", "eval.yaml", "--policy", POLICY, "eval.group_size=1", "eval.max_tasks=2"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 2
+    with pytest.raises(SystemExit):
+        main(["eval", "eval.yaml", "--policy", POLICY, "--bogus"])
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+@pytest.mark.torch
+def test_train_on_a_taken_run_directory_asks_which_way(site, tiny_model, capsys):
+    base = [
+        "train",
+        str(ROOT / "examples" / "quickstart" / "train-local.yaml"),
+        f"train.model_name={tiny_model}",
+        "train.max_training_steps=1",
+        "train.save_every=0",
+        "stats.trial_name=again",
+    ]
+    runs = site / "runs" / "quickstart"
+    assert main(base) == 0
+    capsys.readouterr()
+    assert main(base) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0] and "--new-trial" in err[0] and "--overwrite" in err[0]
+    assert main([*base, "--new-trial"]) == 0
+    assert main([*base, "--new-trial"]) == 0
+    assert sorted(p.name for p in runs.iterdir()) == ["again", "again-2", "again-3"]
+    assert "trial_name: again-2" in (runs / "again-2" / "config.yaml").read_text()
+    (runs / "again" / "marker").write_text("old")
+    assert main([*base, "--overwrite"]) == 0
+    assert not (runs / "again" / "marker").exists() and (runs / "again" / "metrics.jsonl").exists()

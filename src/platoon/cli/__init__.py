@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="platoon",
         description="Train LLM agents and systems of agents with reinforcement learning.",
     )
+    parser.add_argument("--version", action="version", version=f"platoon {_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--log-format", choices=["console", "json"], default="console")
     parser.add_argument("--log-level", default="info")
@@ -51,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train the policy on a config's environments")
     _config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--new-trial", action="store_true", help="if the run directory is taken, train as <trial>-2, -3, ..."
+    )
+    again.add_argument(
+        "--overwrite", action="store_true", help="if the run directory is taken, delete that run first"
+    )
     p.set_defaults(handler="platoon.cli.run:train")
 
     p = sub.add_parser("eval", help="evaluate the policy on a split and write a JSON report")
@@ -157,9 +165,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("platoon")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, taking KEY=VALUE overrides wherever they stand on the line (after options too)."""
+    args, extra = parser.parse_known_args(argv)
+    overrides = [a for a in extra if "=" in a and not a.startswith("-")]
+    rest = [a for a in extra if a not in overrides]
+    if rest or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(rest or overrides)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_CONFIG

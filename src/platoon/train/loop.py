@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
 
 from platoon import system
@@ -439,12 +440,53 @@ def _replace_model(config: Config, model: str) -> Config:
     return msgspec.structs.replace(config, train=msgspec.structs.replace(config.train, model_name=model))
 
 
+_RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl", "config.yaml", "lock.json")
+
+
+def _holds_run(directory: Path) -> bool:
+    return any((directory / name).exists() for name in _RUN_FILES)
+
+
+def _claimed(config: Config, directory: Path, *, new_trial: bool, overwrite: bool) -> tuple[Config, Path]:
+    """The config and directory a new run writes to, when its directory may hold a run already:
+    refused with the three ways on, or a numbered new trial beside it, or the old run deleted."""
+    if not _holds_run(directory):
+        return config, directory
+    n = 2
+    while _holds_run(directory.with_name(f"{directory.name}-{n}")):
+        n += 1
+    beside = directory.with_name(f"{directory.name}-{n}")
+    if new_trial:
+        stats = msgspec.structs.replace(config.stats, trial_name=beside.name)
+        return msgspec.structs.replace(config, stats=stats), beside
+    if overwrite:
+        import shutil
+
+        shutil.rmtree(directory)
+        return config, directory
+    from platoon.cli import CommandError
+
+    raise CommandError(
+        f"{directory} already holds a run: pass --resume {directory} to continue it, --new-trial to "
+        f"train as {beside.name} beside it, or --overwrite to delete it and start over"
+    )
+
+
 def train_command(args: Any) -> int:
     """`platoon train CONFIG [KEY=VALUE ...] [--resume RUN_DIR]`."""
     path = Path(args.config)
     config = load_config(path, args.overrides)
     system.import_packages(config, path.resolve().parent)
-    directory = Path(args.resume) if getattr(args, "resume", None) else run_dir(config, load_site())
+    if getattr(args, "resume", None):
+        directory = Path(args.resume)
+    else:
+        directory = run_dir(config, load_site())
+        config, directory = _claimed(
+            config,
+            directory,
+            new_trial=getattr(args, "new_trial", False),
+            overwrite=getattr(args, "overwrite", False),
+        )
     started = time.monotonic()
     anyio.run(lambda: train(config, run_dir=directory, resume=bool(getattr(args, "resume", None))))
     from platoon.stats.summary import train_summary
