@@ -50,14 +50,15 @@ async def test_quickstart_environment_end_to_end() -> None:
         assert GuessTheNumber.live == set()
 
 
-async def test_unfinished_episode_has_no_reward() -> None:
+async def test_an_unfinished_episode_is_graded_by_the_sum_of_its_rewards() -> None:
+    """An agent that stops or runs out of steps failed: it is graded (0 here) and trained on."""
     service = build_env_service("guess", service="python://ors_sample_envs:GuessTheNumber")
     async with serving(service) as bus:
         await open_session(bus, "guess", "train-5")
         await call_tool(bus, "guess", "guess", {"number": 1})
         grade = await bus.request(GradeRequested(episode_id="ep", agent_id="root", env="guess"))
-        assert grade.reward is None
-        assert grade.reason == "the episode did not finish: no tool result had finished=True"
+        assert grade.reward == 0.0
+        assert grade.reason.startswith("the episode did not finish (no tool result had finished=True)")
     assert GuessTheNumber.live == set()
 
 

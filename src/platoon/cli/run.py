@@ -141,6 +141,15 @@ def evaluate(args: Any) -> int:
     }
     print(json.dumps(summary))
     print(f"report: {path}", file=sys.stderr)
+    if not report.episodes:
+        split = getattr(args, "split", None) or "the eval split"
+        raise CommandError(f"nothing was evaluated: {split} has no tasks (see eval.split, eval.max_tasks)")
+    if not report.graded:
+        why = (
+            ", ".join(f"{n} {reason}" for reason, n in sorted(report.failures.items()))
+            or "no reason recorded"
+        )
+        raise CommandError(f"no episode was graded ({why}); see {path}")
     return 0
 
 

@@ -119,8 +119,9 @@ def terminal_spec(term: Any) -> ToolSpec:
 class RewardTracker:
     """Grades an ORS session from the tool results it saw.
 
-    `final`: the reward of the result that finished the episode; an episode that never
-    finished is `None` with the reason (it cannot be told apart from a broken env).
+    `final`: the reward of the result that finished the episode. An episode that never
+    finished (the agent stopped, or ran out of steps) is graded by the sum of the rewards it
+    saw, 0 when none, and says so in its reason: it failed, and must be trained on as such.
     `sum`: the sum of every reward seen, for environments that reward as they go. The sum of
     no rewards is 0: an agent that stopped without earning anything scored nothing, and
     must be trained on as such, or a policy that never acts would never be corrected.
@@ -149,7 +150,11 @@ class RewardTracker:
                 return Grade(reward=0.0, reason="no tool result carried a reward")
             return Grade(reward=self.total)
         if not self.finished:
-            return Grade(reward=None, reason="the episode did not finish: no tool result had finished=True")
+            return Grade(
+                reward=self.total,
+                reason="the episode did not finish (no tool result had finished=True): graded by the sum "
+                "of its rewards",
+            )
         if self.final is None:
             return Grade(reward=None, reason="the tool result that finished the episode carried no reward")
         return Grade(reward=self.final)

@@ -115,4 +115,7 @@ class MetricsSink:
             return
         of = f"/{self.total_steps}" if self.total_steps else ""
         parts = [fmt.format(event.metrics[key]) for key, fmt in _CONSOLE_KEYS if key in event.metrics]
+        total, graded = event.metrics.get("episodes/total", 0), event.metrics.get("episodes/graded", 0)
+        if graded < total:
+            parts.insert(0, f"graded {graded:.0f}/{total:.0f}" + ("" if graded else ", reward n/a"))
         print(f"step {event.step + 1}{of}  " + "  ".join(parts), file=sys.stderr, flush=True)

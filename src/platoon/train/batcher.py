@@ -292,11 +292,14 @@ class CreditAssigner:
         result = assign_credit(rollouts, self.credit)
         stats = {f"credit/{k}": float(v) for k, v in result.stats.items()}
         n = len(rewards)
-        mean = sum(rewards) / n if n else 0.0
+        if n:  # no reward at all is "not graded", never a reward of 0
+            mean = sum(rewards) / n
+            stats |= {
+                "reward/mean": mean,
+                "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
+                "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n,
+            }
         stats |= {
-            "reward/mean": mean,
-            "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0,
-            "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n if n else 0.0,
             "episodes/total": float(episodes),
             "episodes/graded": float(n),
             "train/datums": float(len(result.datums)),

@@ -301,6 +301,28 @@ async def train(
     return last
 
 
+class NothingGraded(RuntimeError):
+    """The first step graded none of its episodes: training on would learn nothing."""
+
+
+def _check_graded(metrics: dict[str, Any]) -> None:
+    if metrics.get("episodes/graded", 0) or not metrics.get("episodes/total", 0):
+        return
+    failed = {
+        k.removeprefix("episodes/failed/"): int(v)
+        for k, v in metrics.items()
+        if k.startswith("episodes/failed/")
+    }
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(failed.items())) or "no reason recorded"
+    raise NothingGraded(
+        f"no episode of the first step was graded ({why}), so there is nothing to learn from; "
+        "an ORS environment grades an episode by the reward of the tool result that finished it "
+        "(give that result a reward), or by the sum of its rewards (platoon_reward = 'sum' on the "
+        "class, or service_kwargs: {reward: sum}); `platoon events RUN_DIR --type EpisodeGraded` "
+        "shows each episode's reason"
+    )
+
+
 async def _schedule(
     bus: Bus,
     config: Config,
@@ -346,6 +368,8 @@ async def _schedule(
             event = await finished.receive()
             trained = event.step + 1
             last = event.metrics
+            if event.step == start_step:
+                _check_graded(event.metrics)
             if eval_cfg and eval_cfg.every and trained % eval_cfg.every == 0:
                 evals.start_soon(run_eval, trained)
 
@@ -440,7 +464,8 @@ def _replace_model(config: Config, model: str) -> Config:
     return msgspec.structs.replace(config, train=msgspec.structs.replace(config.train, model_name=model))
 
 
-_RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl", "config.yaml", "lock.json")
+# What a training run leaves (a rollout or an eval of the same config shares the directory).
+_RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl")
 
 
 def _holds_run(directory: Path) -> bool:
@@ -477,6 +502,7 @@ def train_command(args: Any) -> int:
     path = Path(args.config)
     config = load_config(path, args.overrides)
     system.import_packages(config, path.resolve().parent)
+    system.check_training_service(config)
     if getattr(args, "resume", None):
         directory = Path(args.resume)
     else:

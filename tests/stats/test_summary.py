@@ -1,0 +1,53 @@
+"""What a training run tells its user on the terminal: the step line, the first step that graded
+nothing, and the summary at the end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from platoon.bus.events import TrainStepFinished
+from platoon.stats.metrics import MetricsSink
+from platoon.stats.summary import sparkline, train_summary
+from platoon.train.loop import NothingGraded, _check_graded
+
+
+def test_sparkline_follows_the_values():
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([0.3, 0.3]) == "▁▁"
+    assert len(sparkline([i / 200 for i in range(200)], width=40)) == 40
+    assert sparkline([]) == ""
+
+
+def test_the_summary_reads_the_metrics(tmp_path):
+    rows = [{"step": i, "reward/mean": r} for i, r in enumerate([0.2, 0.3, 0.25, 0.5, 0.9, 1.0])]
+    rows.insert(2, {"step": 99})  # a step that graded nothing has no reward: it is skipped
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut')
+    text = train_summary(tmp_path, 12.3)
+    assert text.splitlines()[0] == "trained 7 steps in 12 s"
+    assert "first 3 steps 0.250, last 3 steps 0.800  (0.20 → 1.00)" in text
+    assert f"run     {tmp_path}" in text
+    assert "no step was graded" in train_summary(tmp_path / "nowhere")
+
+
+def test_reward_zero_and_not_graded_read_differently(capsys):
+    sink = MetricsSink.__new__(MetricsSink)
+    sink.console, sink.total_steps = True, 3
+    zero = {"reward/mean": 0.0, "episodes/total": 8.0, "episodes/graded": 8.0}
+    some = {"reward/mean": 0.5, "episodes/total": 8.0, "episodes/graded": 6.0}
+    none = {"episodes/total": 8.0, "episodes/graded": 0.0}
+    for step, metrics in enumerate([zero, some, none]):
+        sink._console_line(TrainStepFinished(step=step, metrics=metrics))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "step 1/3  reward 0.000"
+    assert lines[1] == "step 2/3  graded 6/8  reward 0.500"
+    assert lines[2] == "step 3/3  graded 0/8, reward n/a"
+
+
+def test_a_first_step_that_graded_nothing_stops_the_run_saying_why():
+    _check_graded({"episodes/total": 8.0, "episodes/graded": 1.0})
+    _check_graded({"episodes/total": 0.0, "episodes/graded": 0.0})
+    with pytest.raises(NothingGraded) as stopped:
+        _check_graded({"episodes/total": 8.0, "episodes/graded": 0.0, "episodes/failed/no_reward": 8.0})
+    assert "(8 no_reward)" in str(stopped.value) and "service_kwargs: {reward: sum}" in str(stopped.value)
