@@ -140,12 +140,33 @@ def _service(name: str, entry: EnvironmentConfig) -> Any:
     return build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
 
 
+TINY_MODEL = "platoon-tiny-qwen3"
+
+
+def resolve_model(name: str, *, seed: int = 0) -> str:
+    """A model name as the loaders take it: a built-in model (`platoon-tiny-qwen3`, a tiny
+    random-init Qwen3 with a Qwen3 tokenizer) is built into the site cache on first use and
+    named by its directory; any other name is returned as it is."""
+    if name != TINY_MODEL:
+        return name
+    from platoon.config import load_site
+
+    directory = Path(load_site().cache).expanduser() / "models" / TINY_MODEL
+    if not (directory / "config.json").exists():
+        from platoon.testing.models import save_tiny_model
+
+        log.info("building the tiny demo model", path=str(directory))
+        save_tiny_model(directory, hidden_size=64, num_layers=2, seed=seed)
+    return str(directory)
+
+
 def load_tokenizer(name_or_path: str) -> Any:
-    """A tokenizer from a local directory or the HF cache; never downloads."""
+    """A tokenizer from a local directory or the HF cache (or a built-in model's); never downloads."""
     if name_or_path == TOY_TOKENIZER:
         from platoon.testing.tokenizers import toy_tokenizer
 
         return toy_tokenizer()
+    name_or_path = resolve_model(name_or_path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         return _tokenizer_class(name_or_path).from_pretrained(name_or_path)
@@ -321,11 +342,12 @@ async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = N
     if config.train is not None and config.train.backend == "local":
         from platoon.backends.local import running_server_in_thread
 
-        async with running_server_in_thread(config.train.model_name) as base_url:
+        local = resolve_model(config.train.model_name, seed=config.train.seed)
+        async with running_server_in_thread(local) as base_url:
             import tinker
 
             async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
-                yield TinkerSamplerFactory(client, config.train.model_name, model_path=model_path)
+                yield TinkerSamplerFactory(client, local, model_path=model_path)
         return
     async with closing(tinker_service_client(config)) as client:
         yield TinkerSamplerFactory(client, model or "", model_path=model_path)

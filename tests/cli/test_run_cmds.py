@@ -161,3 +161,14 @@ def test_train_on_a_taken_run_directory_asks_which_way(site, tiny_model, capsys)
     (runs / "again" / "marker").write_text("old")
     assert main([*base, "--overwrite"]) == 0
     assert not (runs / "again" / "marker").exists() and (runs / "again" / "metrics.jsonl").exists()
+
+
+@pytest.mark.torch
+def test_the_tiny_model_name_works_in_every_command(site, capsys):
+    """`platoon-tiny-qwen3` is built into the site cache by whichever command meets it first."""
+    local = str(ROOT / "examples" / "quickstart" / "train-local.yaml")
+    assert main(["eval", local, "eval.max_tasks=2", "eval.group_size=1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 2
+    assert (site / "cache" / "models" / "platoon-tiny-qwen3" / "config.json").exists()
+    assert main(["rollout", local, "--task", "train:train-3"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("reward: ")

@@ -273,11 +273,12 @@ def _load_tokenizer(config: Config) -> None:
     if name is None:
         return
     try:
-        tokenizer = system.load_tokenizer(name)
+        tokenizer = system.load_tokenizer(name)  # a built-in model is built into the cache here
     except system.SystemError:
         print(
-            f"tokenizer {name}: not in a local directory or the Hugging Face cache; download it "
-            f"(`hf download {name}`) or set train.tokenizer to a local directory before training"
+            f"tokenizer {name}: not in a local directory or the Hugging Face cache; put it in the "
+            f"cache (`hf download {name}` on a machine with network) or set train.tokenizer to a "
+            "local directory before training"
         )
         return
     print(f"tokenizer {name}: loaded ({len(tokenizer)} tokens)")

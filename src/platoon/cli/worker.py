@@ -125,10 +125,10 @@ async def _serve(node: Any) -> str:
 
 def _local_model(config: Config) -> Config:
     """Build platoon's tiny demo model here too, when the config trains it."""
-    from platoon.train.loop import TINY_MODEL, _replace_model, _tiny_model
+    from platoon.train.loop import TINY_MODEL, _replace_model
 
     if config.train is not None and config.train.model_name == TINY_MODEL:
-        return _replace_model(config, _tiny_model(config))
+        return _replace_model(config, system.resolve_model(TINY_MODEL, seed=config.train.seed))
     return config
 
 

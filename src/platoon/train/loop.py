@@ -44,7 +44,7 @@ __all__ = ["TaskOrder", "run", "train", "train_command"]
 
 log = structlog.get_logger("platoon.train")
 
-TINY_MODEL = "platoon-tiny-qwen3"
+TINY_MODEL = system.TINY_MODEL
 
 
 class TaskOrder:
@@ -97,19 +97,6 @@ class Service:
 
     client: Any
     base_url: str | None
-
-
-def _tiny_model(config: Config) -> str:
-    """Build platoon's tiny random-init model into the site cache (once)."""
-    from platoon.testing.models import save_tiny_model
-
-    directory = Path(load_site().cache).expanduser() / "models" / TINY_MODEL
-    if not (directory / "config.json").exists():
-        log.info("building the tiny demo model", path=str(directory))
-        save_tiny_model(
-            directory, hidden_size=64, num_layers=2, seed=config.train.seed if config.train else 0
-        )
-    return str(directory)
 
 
 @contextlib.asynccontextmanager
@@ -192,7 +179,7 @@ async def train(
     if sampler_factory is None:
         system.check_training_service(config)
     if train_cfg.model_name == TINY_MODEL:
-        config = _replace_model(config, _tiny_model(config))
+        config = _replace_model(config, system.resolve_model(TINY_MODEL, seed=train_cfg.seed))
         train_cfg = config.train
         assert train_cfg is not None
     store = CheckpointStore(run_dir)
