@@ -53,7 +53,7 @@ async def test_every_record_has_a_time_and_a_checksum(tmp_path):
     records = list(read_records(tmp_path))
     assert [e.step for _, e in records] == [0, 1, 2]
     assert all(before <= t <= time.time() for t, _ in records)
-    assert log.path.read_bytes().startswith(b"PLTNEV02")
+    assert log.path.read_bytes().startswith(b"PLTNEV03")
 
 
 async def test_a_damaged_record_is_skipped_and_counted(tmp_path):
@@ -153,3 +153,55 @@ async def test_what_the_bus_handed_over_is_on_disk_while_the_run_goes_on(tmp_pat
         await anyio.lowlevel.checkpoint()  # let it see that nothing more is waiting, and flush
         on_disk = [e.step for e in read_events(tmp_path)]
     assert on_disk == [0, 1, 2, 3, 4]
+
+
+async def test_large_records_are_stored_compressed_and_read_back_the_same(tmp_path):
+    from platoon.bus.events import ModelCallFinished
+
+    call = ModelCallFinished(
+        call_id="c",
+        episode_id="e",
+        agent_id="a",
+        prompt_tokens=[151_000 + i % 7 for i in range(4000)],
+        completion_tokens=list(range(300)),
+        logprobs=[-0.5] * 300,
+        stop_reason="stop",
+        policy_version=0,
+    )
+    log = await _log_of(tmp_path, [call, RunFinished(status="completed")])
+    assert log.path.stat().st_size < len(__import__("platoon").bus.encode(call)) / 3
+    assert list(read_events(tmp_path)) == [call, RunFinished(status="completed")]
+
+
+async def test_scan_gives_offsets_that_read_at_reads_back(tmp_path):
+    from platoon.bus.eventlog import read_at, scan
+
+    events = [
+        TrainStepFinished(step=i, metrics={"x": float(i)} | {f"k{j}": 1.0 for j in range(60)})
+        for i in range(4)
+    ]
+    log = await _log_of(tmp_path, events)
+    records = list(scan(tmp_path))
+    assert [r.event for r in records] == events
+    with log.path.open("rb") as file:
+        assert [read_at(file, r.offset).event for r in reversed(records)] == events[::-1]
+        with pytest.raises(ValueError):
+            read_at(file, records[1].offset + 1)
+    # Reading on from an offset `scan` gave: the records after it.
+    assert [r.event for r in scan(tmp_path, start=records[1].end)] == events[2:]
+
+
+async def test_a_pltnev02_log_reads_and_is_appended_in_its_own_format(tmp_path):
+    from platoon.bus.eventlog import frame
+
+    first = TrainStepFinished(step=0, metrics={f"k{j}": 1.0 for j in range(100)})
+    (tmp_path / "events.msgpack").write_bytes(b"PLTNEV02" + frame(first, compress=False))
+    later = TrainStepFinished(step=1, metrics={f"k{j}": 2.0 for j in range(100)})
+    log = await _log_of(tmp_path, [later])
+    assert list(read_events(tmp_path)) == [first, later]
+    data = log.path.read_bytes()
+    assert data.startswith(b"PLTNEV02") and not any(
+        struct.unpack_from(">I", data, at + 2)[0] & 0x8000_0000
+        for at in range(len(data))
+        if data[at : at + 2] == SYNC
+    )
