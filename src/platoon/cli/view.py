@@ -8,6 +8,7 @@ copy instead of serving.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -54,10 +55,16 @@ def view(args: Any) -> int:
     app = make_app(runs, allowed_hosts=allowed)
 
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            url = await tg.start(serve_asgi, app, args.host, args.port)
-            where = "the site's runs folder" if runs.root else f"{len(runs)} run(s)"
-            print(f"platoon view: serving {where} at {url}/  (Ctrl-C stops)", flush=True)
+        # Ctrl-C and SIGTERM stop the server from inside the loop: hypercorn then closes the
+        # browser's kept-alive connections itself, instead of the loop being torn down under it.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tg:
+                url = await tg.start(serve_asgi, app, args.host, args.port)
+                where = "the site's runs folder" if runs.root else f"{len(runs)} run(s)"
+                print(f"platoon view: serving {where} at {url}/  (Ctrl-C stops)", flush=True)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
 
     anyio.run(main)
     return 0
