@@ -148,7 +148,7 @@ def _walk(page, log, shots: Path, name: str) -> None:
     assert [t[1] for t in tokens] == pytest.approx(datum.advantages[span])
     assert [t[2] for t in tokens] == datum.weights[span]
     assert int(box.get_attribute("data-trained")) == sum(datum.weights[span])
-    page.click("text=advantage")  # shade by advantage instead of logprob
+    page.click("button:has-text('advantage')")  # shade by advantage instead of logprob
     page.screenshot(path=shots / f"{name}-5-call.png", full_page=True)
 
 

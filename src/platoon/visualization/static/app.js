@@ -134,10 +134,10 @@ function plot(title, series, { xLabel = "step" } = {}) {
     svg.appendChild(s("line", { x1: L, x2: W - R, y1: Y(y), y2: Y(y), stroke: "#eceef1" }));
     svg.appendChild(s("text", { x: L - 4, y: Y(y) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7078" }, fmt(y, 2)));
   }
-  const xticks = Math.min(6, Math.max(1, Math.round(x1 - x0)));
-  for (let i = 0; i <= xticks; i++) {
-    const x = x0 + ((x1 - x0) * i) / xticks;
-    svg.appendChild(s("text", { x: X(x), y: H - 8, "text-anchor": "middle", "font-size": 10, fill: "#6b7078" }, fmt(Math.round(x * 10) / 10, 1)));
+  // Steps are integers: tick at whole steps, as many as fit.
+  const every = Math.max(1, Math.ceil((x1 - x0) / 8));
+  for (let x = Math.ceil(x0 / every) * every; x <= x1; x += every) {
+    svg.appendChild(s("text", { x: X(x), y: H - 8, "text-anchor": "middle", "font-size": 10, fill: "#6b7078" }, fmt(x)));
   }
   series.forEach((ser, i) => {
     const color = ser.color || COLORS[i % COLORS.length];
@@ -184,7 +184,7 @@ function pointsOf(rows, key) {
 const PANELS = [
   { title: "reward", keys: ["reward/mean"], band: ["reward/mean", "reward/std"] },
   { title: "pass rate", keys: ["reward/pass_rate"] },
-  { title: "eval", prefix: "eval/", limit: 8 },
+  { title: "eval", prefix: "eval/", match: /pass@|reward|success|rate/, limit: 8 },
   { title: "step time (s)", keys: ["time/step", "time/rollout", "time/credit", "time/train", "time/sampler_refresh"] },
   { title: "tokens", keys: ["train/trained_tokens", "credit/input_tokens", "credit/trained_tokens"] },
   { title: "datums", keys: ["train/datums", "credit/datums"] },
@@ -198,6 +198,7 @@ function metricPanels(rows) {
   const cards = [];
   for (const panel of PANELS) {
     let ks = panel.keys ? panel.keys.filter((k) => keys.has(k)) : [...keys].filter((k) => k.startsWith(panel.prefix)).sort();
+    if (panel.match) ks = ks.filter((k) => panel.match.test(k));
     if (panel.limit) ks = ks.filter((k) => k.split("/").length <= 3).slice(0, panel.limit);
     if (!ks.length) continue;
     ks.forEach((k) => used.add(k));
@@ -422,12 +423,14 @@ function tokensView(data) {
     tokenBox.replaceChildren(...spans);
   };
   const tokenBox = h("div", { class: "tokens" });
-  const tabs = h("span", { class: "tabs" }, ["logprob", "advantage"].map((m) => h("button", { class: state.shade === m ? "on" : "", onclick: (e) => { e.stopPropagation(); state.shade = m; [...tabs.children].forEach((b) => b.classList.toggle("on", b.textContent === m)); draw(); } }, m)));
+  const HINTS = { logprob: " darker = less likely under the sampler", advantage: " green = positive advantage, red = negative; struck through = masked (weight 0)" };
+  const hint = h("span", { class: "muted" }, HINTS[state.shade]);
+  const tabs = h("span", { class: "tabs" }, ["logprob", "advantage"].map((m) => h("button", { class: state.shade === m ? "on" : "", onclick: (e) => { e.stopPropagation(); state.shade = m; [...tabs.children].forEach((b) => b.classList.toggle("on", b.textContent === m)); hint.textContent = HINTS[m]; draw(); } }, m)));
   const d = data.datum;
   const advs = d ? d.advantages.map((a) => fmt(a, 4)).join(", ") : null;
   box.append(...[
     h("h3", {}, `Sampled tokens (${data.tokens.length}, ${data.trained_tokens} trained)`),
-    h("p", {}, "shade by ", tabs, state.shade === "logprob" ? h("span", { class: "muted" }, " darker = less likely under the sampler") : h("span", { class: "muted" }, " green = positive advantage, red = negative; struck through = masked (weight 0)")),
+    h("p", {}, "shade by ", tabs, hint),
     d ? h("p", { "data-testid": "datum" }, `datum ${d.index} of step ${d.step}: ${fmt(d.length)} tokens, ${fmt(d.num_trained_tokens)} trained, policy version ${d.policy_version}, advantage ${advs}`)
       : h("p", { class: "problems" }, data.untrained_reason || "not trained"),
     data.tokenizer_error ? h("p", { class: "muted" }, "token ids shown as numbers: " + data.tokenizer_error) : null,
