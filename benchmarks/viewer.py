@@ -24,7 +24,8 @@ import statistics
 import time
 from pathlib import Path
 
-from platoon.bus.eventlog import EVENT_LOG_NAME, MAGIC, frame, scan
+from platoon.bus.codec import encode
+from platoon.bus.eventlog import EVENT_LOG_NAME, MAGIC, Deltas, frame, scan
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -86,9 +87,13 @@ def write_synthetic_run(
         log.write(MAGIC)
         written = len(MAGIC)
 
+        deltas = Deltas()  # written as the event log writes: compressed, contexts as deltas
+        raw = 0
+
         def put(event) -> None:
-            nonlocal written
-            data = frame(event, now)
+            nonlocal written, raw
+            raw += len(encode(event)) + 18
+            data = frame(event, now, deltas=deltas, offset=written)
             log.write(data)
             written += len(data)
 
@@ -238,7 +243,7 @@ def write_synthetic_run(
         put(RunFinished(status="completed"))
     with (run_dir / "metrics.jsonl").open("w") as file:
         file.writelines(json.dumps(m) + "\n" for m in metrics)
-    return {"bytes": path.stat().st_size, "steps": step, "episodes": episodes, "calls": calls}
+    return {"bytes": path.stat().st_size, "raw": raw, "steps": step, "episodes": episodes, "calls": calls}
 
 
 def measure(run_dir: Path, samples: int = 40) -> None:
@@ -336,8 +341,8 @@ def quickstart_sizes(steps: int = 5) -> None:
             sizes[n] = (log.stat().st_size, old)
     per_step = [(sizes[1 + steps][i] - sizes[1][i]) / steps for i in (0, 1)]
     print("quickstart (train-local.yaml: 4 tasks x 4 rollouts x up to 4 turns of 24 tokens), per step:")
-    print(f"  stored (PLTNEV03, large records zlib-compressed): {per_step[0] / 1e3:.0f} kB")
-    print(f"  as PLTNEV02 stored it (uncompressed):            {per_step[1] / 1e3:.0f} kB")
+    print(f"  stored (PLTNEV03: compressed, contexts as deltas): {per_step[0] / 1e3:.0f} kB")
+    print(f"  as PLTNEV02 stored it:                            {per_step[1] / 1e3:.0f} kB")
     print(f"  1,000 steps: {per_step[0] * 1000 / 1e6:.0f} MB (was {per_step[1] * 1000 / 1e6:.0f} MB)")
 
 
@@ -361,8 +366,9 @@ def main() -> None:
         started = time.perf_counter()
         made = write_synthetic_run(run_dir, target_bytes=target)
         print(
-            f"wrote {made['bytes'] / 1e9:.2f} GB of events: {made['steps']} steps, {made['episodes']} episodes, "
-            f"{made['calls']} model calls in {time.perf_counter() - started:.0f} s"
+            f"wrote {made['bytes'] / 1e9:.2f} GB of events ({made['raw'] / 1e9:.1f} GB as PLTNEV02 stored them): "
+            f"{made['steps']} steps, {made['episodes']} episodes, {made['calls']} model calls "
+            f"in {time.perf_counter() - started:.0f} s"
         )
     measure(run_dir)
     if not args.keep:

@@ -205,3 +205,81 @@ async def test_a_pltnev02_log_reads_and_is_appended_in_its_own_format(tmp_path):
         for at in range(len(data))
         if data[at : at + 2] == SYNC
     )
+
+
+def _call(agent: str, prompt: list[int], completion: list[int]):
+    from platoon.bus.events import ModelCallFinished
+
+    return ModelCallFinished(
+        call_id=f"{agent}-{len(prompt)}",
+        episode_id="e",
+        agent_id=agent,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        logprobs=[-0.5] * len(completion),
+        stop_reason="stop",
+        policy_version=0,
+    )
+
+
+def _conversation(agents: int, turns: int, *, compact_at: int | None = None):
+    """Interleaved agents whose prompts extend their previous prompt and completion; with
+    `compact_at`, one agent's context is cut there (a new prompt that extends nothing)."""
+    import random
+
+    from platoon.bus.events import ChatRequested
+
+    rng = random.Random(0)
+    prompts = {f"a{i}": [rng.randrange(150_000) for _ in range(300)] for i in range(agents)}
+    messages = {agent: [{"role": "user", "content": "go"}] for agent in prompts}
+    events = []
+    for turn in range(turns):
+        for agent in prompts:
+            if turn == compact_at and agent == "a0":
+                prompts[agent] = [7] * 100
+                messages[agent] = [{"role": "user", "content": "summary"}]
+            events.append(ChatRequested(episode_id="e", agent_id=agent, messages=list(messages[agent])))
+            completion = [rng.randrange(150_000) for _ in range(40)]
+            events.append(_call(agent, list(prompts[agent]), completion))
+            prompts[agent] = prompts[agent] + completion + [rng.randrange(150_000) for _ in range(20)]
+            messages[agent] = [*messages[agent], {"role": "assistant", "content": f"t{turn}"}]
+    return events
+
+
+async def test_an_agents_growing_context_is_stored_once_and_reads_back_exactly(tmp_path):
+    from platoon.bus.codec import encode
+    from platoon.bus.eventlog import RecordReader, read_at, scan
+
+    events = _conversation(agents=3, turns=40, compact_at=25)
+    log = await _log_of(tmp_path, events)
+    assert list(read_events(tmp_path)) == events
+    stored = log.path.stat().st_size
+    assert stored < sum(len(encode(e)) for e in events) / 5
+    records = list(scan(tmp_path))
+    # Any record reads alone at its offset (following at most 16 bases), or in any order.
+    with log.path.open("rb") as file:
+        assert [read_at(file, r.offset).event for r in records[::7]] == events[::7]
+        reader = RecordReader(file)
+        assert [reader.at(r.offset).event for r in reversed(records)] == events[::-1]
+    # Scanning on from the middle rebuilds deltas whose bases come before where it starts.
+    middle = records[len(records) // 2].offset
+    assert [r.event for r in scan(tmp_path, start=middle)] == events[len(records) // 2 :]
+
+
+async def test_a_damaged_base_loses_its_deltas_not_the_rest(tmp_path):
+    from platoon.bus.eventlog import scan
+
+    events = _conversation(agents=2, turns=6)
+    log = await _log_of(tmp_path, events)
+    records = list(scan(tmp_path))
+    data = bytearray(log.path.read_bytes())
+    victim = records[1]  # the first ModelCallFinished of agent a0: the base of its next calls
+    data[victim.offset + 30] ^= 0xFF
+    log.path.write_bytes(bytes(data))
+    damage = LogDamage(path=str(log.path))
+    read = list(read_events(tmp_path, damage))
+    assert damage.damaged_records >= 2  # the record and what was built on it
+    assert all(e in events for e in read)
+    assert [e for e in read if getattr(e, "agent_id", "") == "a1"] == [
+        e for e in events if getattr(e, "agent_id", "") == "a1"
+    ]

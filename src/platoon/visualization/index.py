@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from platoon.bus.eventlog import EVENT_LOG_NAME, LogDamage, Record, read_at, scan
+from platoon.bus.eventlog import EVENT_LOG_NAME, LogDamage, Record, RecordReader, scan
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -335,9 +335,10 @@ class RunIndex:
         ]
         out = []
         with self.log_path.open("rb") as file:
+            reader = RecordReader(file)  # an agent's calls are deltas of its previous ones
             for offset in offsets:
                 with contextlib.suppress(ValueError, msgspec.DecodeError):
-                    out.append(read_at(file, offset))
+                    out.append(reader.at(offset))
         return out
 
     def datums(self, episode_id: str) -> list[tuple[int, Datum]]:
