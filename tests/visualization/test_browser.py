@@ -50,12 +50,15 @@ class Viewer:
             text=True,
         )
         assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        if not found:
-            self.close()
-            raise AssertionError(f"platoon view printed no URL: {line!r}")
-        self.url = found.group(0)
+        lines = []
+        for line in self.process.stdout:  # after indexing, it prints the address to open
+            lines.append(line)
+            found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+            if found:
+                self.url = found.group(0)
+                return
+        self.close()
+        raise AssertionError(f"platoon view printed no URL: {''.join(lines)!r}")
 
     def close(self) -> None:
         self.process.terminate()

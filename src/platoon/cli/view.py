@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from typing import Any
 
 import anyio
@@ -30,6 +31,7 @@ def view(args: Any) -> int:
         from platoon.config import load_site
 
         runs = RunSet(root=load_site().runs)
+    _index(runs)
     if args.export:
         from platoon.visualization.export import export
 
@@ -68,3 +70,19 @@ def view(args: Any) -> int:
 
     anyio.run(main)
     return 0
+
+
+def _index(runs: Any) -> None:
+    """Index every run's log now (once; later only what it gained), so pages answer at once."""
+    for run in runs:
+        log = run.index.log_path
+        if not log.is_file():
+            continue
+        started = time.perf_counter()
+        run.refresh()
+        took = time.perf_counter() - started
+        if took > 1.0:
+            print(
+                f"platoon view: indexed {run.id} ({log.stat().st_size / 1e6:.0f} MB of events) in {took:.0f} s",
+                file=sys.stderr,
+            )
