@@ -262,7 +262,7 @@ def measure(run_dir: Path, samples: int = 40) -> None:
     )
 
     started = time.perf_counter()
-    client = TestClient(make_app(RunSet([run_dir])))
+    client = TestClient(make_app(RunSet([run_dir])), base_url="http://127.0.0.1")
     run_id = run_dir.name
     for name in ("runs", "run", "metrics", "steps"):
         response = client.get(f"/api/{name}", params={"run": run_id})

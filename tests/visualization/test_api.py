@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 @pytest.fixture
 def client(quickstart_run):
-    return TestClient(make_app(RunSet([quickstart_run])))
+    return TestClient(make_app(RunSet([quickstart_run])), base_url="http://127.0.0.1")
 
 
 def _get(client, name, **params):
@@ -162,7 +162,9 @@ def test_odd_directories_say_what_is_wrong(tmp_path, quickstart_run):
     (junk / "events.msgpack").write_bytes(b"PLTNEV03" + b"\x00garbage" * 40)
     (junk / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n{"step": 1, "rew')
     (junk / "lock.json").write_text("{not json")
-    client = TestClient(make_app(RunSet([empty, tmp_path / "fresh", junk, tmp_path / "missing"])))
+    client = TestClient(
+        make_app(RunSet([empty, tmp_path / "fresh", junk, tmp_path / "missing"])), base_url="http://127.0.0.1"
+    )
     runs = {r["id"]: r for r in _get(client, "runs")["runs"]}
     assert "not a run directory" in runs["empty"]["problems"][0]
     assert any("empty" in p for p in runs["fresh"]["problems"])
@@ -187,7 +189,7 @@ def test_a_half_written_log_shows_what_is_whole_and_catches_up_as_it_grows(tmp_p
     log = live / "events.msgpack"
     cut = len(data) // 2
     log.write_bytes(data[:cut])
-    client = TestClient(make_app(RunSet([live])))
+    client = TestClient(make_app(RunSet([live])), base_url="http://127.0.0.1")
     first = _get(client, "runs")["runs"][0]
     assert first["status"] == "running" and 0 < first["episodes"] < 48
     assert any("cut short" in p for p in first["problems"])
@@ -207,7 +209,7 @@ def test_a_half_written_log_shows_what_is_whole_and_catches_up_as_it_grows(tmp_p
 def test_the_site_runs_folder_is_listed_and_new_runs_appear(tmp_path, quickstart_run):
     root = tmp_path / "runs"
     shutil.copytree(quickstart_run, root / "quickstart" / "a")
-    client = TestClient(make_app(RunSet(root=root)))
+    client = TestClient(make_app(RunSet(root=root)), base_url="http://127.0.0.1")
     assert [r["id"] for r in _get(client, "runs")["runs"]] == ["quickstart/a"]
     shutil.copytree(quickstart_run, root / "quickstart" / "b")
     assert [r["id"] for r in _get(client, "runs")["runs"]] == ["quickstart/a", "quickstart/b"]
@@ -229,7 +231,29 @@ def test_export_writes_what_the_api_answers(tmp_path, quickstart_run):
     prefix = f"window.__platoonData[{json.dumps(key)}] = "
     assert text.startswith(prefix)
     exported = json.loads(text[len(prefix) :].rstrip().rstrip(";"))
-    client = TestClient(make_app(RunSet([quickstart_run])))
+    client = TestClient(make_app(RunSet([quickstart_run])), base_url="http://127.0.0.1")
     assert exported == _get(client, "episode", run="guess", id=episode_id)
     files = {p.name for p in (out / "data").iterdir()}
     assert len([f for f in files if f.startswith("call_")]) == sum(map(len, calls.values()))
+
+
+def test_two_viewers_index_the_same_run_at_once_and_each_record_once(tmp_path, quickstart_run):
+    import threading
+
+    from platoon.visualization.index import RunIndex
+
+    run = tmp_path / "run"
+    shutil.copytree(quickstart_run, run, ignore=shutil.ignore_patterns("events.index.sqlite*"))
+    indexes = [RunIndex(run), RunIndex(run)]
+    threads = [threading.Thread(target=index.refresh) for index in indexes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    alone = RunIndex(run, index_path=tmp_path / "alone.sqlite")
+    alone.refresh()
+    for index in indexes:
+        assert index.summary()["episodes"] == 48
+        assert index.steps() == alone.steps()
+        assert index._query("SELECT COUNT(*) FROM records") == alone._query("SELECT COUNT(*) FROM records")
+        assert index._query("SELECT COUNT(*) FROM datums") == alone._query("SELECT COUNT(*) FROM datums")

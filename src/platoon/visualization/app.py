@@ -215,7 +215,7 @@ def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None) -> Starlet
     async def not_found(request: Request, exc: HTTPException) -> Response:
         return _json({"error": exc.detail}, exc.status_code)
 
-    hosts = ["127.0.0.1", "localhost", "::1", "[::1]", "testserver", *(allowed_hosts or [])]
+    hosts = ["127.0.0.1", "localhost", "::1", "[::1]", *(allowed_hosts or [])]
     return Starlette(
         routes=[
             Route("/", index),

@@ -30,7 +30,6 @@ import msgspec
 
 from platoon.bus.eventlog import EVENT_LOG_NAME, LogDamage, Record, RecordReader, scan
 from platoon.bus.events import (
-    AgentFinished,
     AgentSpawned,
     BatchReady,
     ComponentFailed,
@@ -134,7 +133,8 @@ class RunIndex:
             path = self.index_path
             if not path.exists():
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # private like the log
-            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            # A long wait: another viewer may be indexing a large log for a minute.
+            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=600)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
@@ -148,66 +148,66 @@ class RunIndex:
                 self._db = None
 
     def refresh(self) -> bool:
-        """Index what the log gained since the last refresh; True when something was added."""
+        """Index what the log gained since the last refresh; True when something was added.
+
+        Another viewer may index the same run at the same time: the write lock is taken first
+        and what is indexed read again under it, so each record is indexed once."""
         with self._lock:
             if not self.log_path.is_file():
                 return False
             db = self._connect()
             size = self.log_path.stat().st_size
-            head = _head(self.log_path)
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-            end = int(meta.get("end", 0))
-            if meta.get("version") != _VERSION or meta.get("head") != head[: len(meta.get("head", ""))]:
-                end = -1
-            elif size < end:
-                end = -1
-            if end == -1:
-                self._reset(db)
-                end = 0
-                meta = {}
-            if meta and size == int(meta.get("size", -1)):
+            if meta.get("version") == _VERSION and size == int(meta.get("size", -1)):
                 self.damage = msgspec.json.decode(meta.get("damage", "{}"), type=LogDamage)
-                return False
-            damage = msgspec.json.decode(meta["damage"], type=LogDamage) if "damage" in meta else None
-            damage = damage or LogDamage(path=str(self.log_path))
-            damage.truncated_tail = 0  # measured again below: the tail may be whole by now
-            added = self._scan(db, end, damage, size)
-            self.damage = damage
+                return False  # the common case, answered without the write lock
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                added = self._update(db, size)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
             return added
 
-    def _reset(self, db: sqlite3.Connection) -> None:
-        for table in ("meta", "episodes", "records", "requests", "datums", "metrics", "failures"):
-            db.execute(f"DROP TABLE IF EXISTS {table}")
-        db.executescript(_SCHEMA)
-
-    def _scan(self, db: sqlite3.Connection, start: int, damage: LogDamage, size: int) -> bool:
+    def _update(self, db: sqlite3.Connection, size: int) -> bool:
+        head = _head(self.log_path)
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        end = int(meta.get("end", 0))
+        fresh = meta.get("version") != _VERSION or meta.get("head") != head[: len(meta.get("head", ""))]
+        if fresh or size < end:  # another log in this place: index it from the start
+            for table in ("meta", "episodes", "records", "requests", "datums", "metrics", "failures"):
+                db.execute(f"DROP TABLE IF EXISTS {table}")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            end, meta = 0, {}
+        if meta and size == int(meta.get("size", -1)):  # another viewer indexed it meanwhile
+            self.damage = msgspec.json.decode(meta.get("damage", "{}"), type=LogDamage)
+            return False
+        damage = msgspec.json.decode(meta["damage"], type=LogDamage) if "damage" in meta else None
+        damage = damage or LogDamage(path=str(self.log_path))
+        damage.truncated_tail = 0  # measured again: the tail may be whole by now
         writer = _Writer(db)
-        end = start
-        db.execute("BEGIN")
-        try:
-            for record in scan(self.log_path, start, damage):
-                writer.add(record)
-                end = max(end, record.end)
-            writer.flush()
-            head = _head(self.log_path)
-            meta = {
-                "version": _VERSION,
-                "head": head,
-                "end": str(end),
-                "size": str(size),
-                "damage": msgspec.json.encode(damage).decode(),
-            }
-            if writer.first_time is not None:
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('first_time', ?)", (str(writer.first_time),))
-            if writer.last_time is not None:
-                meta["last_time"] = str(writer.last_time)
-            if writer.finished is not None:
-                meta["finished"] = writer.finished
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        for record in scan(self.log_path, end, damage):
+            writer.add(record)
+            end = max(end, record.end)
+        writer.flush()
+        values = {
+            "version": _VERSION,
+            "head": _head(self.log_path),
+            "end": str(end),
+            "size": str(size),
+            "damage": msgspec.json.encode(damage).decode(),
+        }
+        if writer.first_time is not None:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('first_time', ?)", (str(writer.first_time),))
+        if writer.last_time is not None:
+            values["last_time"] = str(writer.last_time)
+        if writer.finished is not None:
+            values["finished"] = writer.finished
+        db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
+        self.damage = damage
         return writer.count > 0
 
     # --- reading ----------------------------------------------------------------------------
@@ -483,8 +483,6 @@ class _Writer:
             self._upsert(event.episode_id, reward=event.reward, grade_reason=event.reason)
         elif isinstance(event, EpisodeAbandoned):
             self._upsert(event.episode_id, status="abandoned", reason=event.reason)
-        elif isinstance(event, AgentFinished):
-            pass
 
     def _batch(self, event: BatchReady) -> None:
         self.db.executemany(

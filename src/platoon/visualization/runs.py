@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from platoon.bus.eventlog import EVENT_LOG_NAME
 from platoon.visualization.index import RunIndex
@@ -35,16 +34,19 @@ class Run:
         self.index = RunIndex(path)
         self._tokenizer: Any = None
         self._tokenizer_error: str | None = None
+        self._index_error: str | None = None
         self._lock = threading.Lock()
 
     # --- files ------------------------------------------------------------------------------
 
     def refresh(self) -> bool:
         try:
-            return self.index.refresh()
-        except (OSError, ValueError) as exc:
+            changed = self.index.refresh()
+        except (OSError, ValueError, sqlite3.Error) as exc:
             self._index_error = f"the event log could not be indexed: {exc}"
             return False
+        self._index_error = None
+        return changed
 
     def config_text(self) -> str | None:
         try:
@@ -92,7 +94,7 @@ class Run:
         experiment = stats.get("experiment_name") if isinstance(stats, dict) else None
         return experiment or self.path.parent.name, self.path.name
 
-    def problems(self) -> list[str]:
+    def problems(self, metric_problems: list[str] | None = None) -> list[str]:
         out = []
         if not self.path.is_dir():
             return [f"{self.path} is not a directory"]
@@ -105,7 +107,7 @@ class Run:
             out.append("no event log (events.msgpack): episodes cannot be shown")
         elif self.index.log_path.stat().st_size == 0:
             out.append("the event log is empty: the run has not written anything yet")
-        if getattr(self, "_index_error", None):
+        if self._index_error:
             out.append(self._index_error)
         if self.index.damage.found:
             out.append("the event log is damaged: " + self.index.damage.describe())
@@ -114,7 +116,8 @@ class Run:
         _, lock_problem = self.lock()
         if lock_problem and lock_problem != "no lock.json":
             out.append(lock_problem)
-        _, metric_problems = self.metrics()
+        if metric_problems is None:
+            _, metric_problems = self.metrics()
         out += metric_problems
         return out
 
@@ -134,7 +137,7 @@ class Run:
         self.refresh()
         summary = self.index.summary() if self.index.log_path.is_file() else {"episodes": 0}
         experiment, trial = self.experiment_and_trial()
-        rows, _ = self.metrics()
+        rows, metric_problems = self.metrics()
         train_rows = [r for r in rows if "reward/mean" in r]
         last_reward = train_rows[-1]["reward/mean"] if train_rows else summary.get("last_reward")
         started = summary.get("first_time")
@@ -155,7 +158,7 @@ class Run:
             "started": started,
             "updated": summary.get("last_time"),
             "log_bytes": summary.get("log_bytes", 0),
-            "problems": self.problems(),
+            "problems": self.problems(metric_problems),
         }
 
     # --- tokens -----------------------------------------------------------------------------
@@ -271,7 +274,3 @@ def _relative(path: Path, root: Path) -> str:
         return path.relative_to(root).as_posix() or path.name
     except ValueError:
         return path.name
-
-
-def to_json(value: Any) -> bytes:
-    return msgspec.json.encode(value)

@@ -527,7 +527,7 @@ function schedulePoll(runId) {
       state.lastPoll = key;
       live.textContent = runId && now.status ? "● " + now.status : "● live";
     } catch (err) { live.textContent = "○ server unreachable"; }
-    state.poll = setTimeout(tick, POLL_MS);
+    state.poll = setTimeout(tick, runId ? POLL_MS : POLL_MS * 3); // the runs table reads every run
   };
   state.lastPoll = null;
   state.poll = setTimeout(tick, 10);
