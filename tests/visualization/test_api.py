@@ -257,3 +257,28 @@ def test_two_viewers_index_the_same_run_at_once_and_each_record_once(tmp_path, q
         assert index.steps() == alone.steps()
         assert index._query("SELECT COUNT(*) FROM records") == alone._query("SELECT COUNT(*) FROM records")
         assert index._query("SELECT COUNT(*) FROM datums") == alone._query("SELECT COUNT(*) FROM datums")
+
+
+def test_a_run_of_an_older_platoon_shows_its_episodes(tmp_path, quickstart_run):
+    """A log from before the framing (bare lengths, no times) is indexed and read by offset."""
+    import struct
+
+    from platoon.bus import encode
+
+    old = tmp_path / "old"
+    old.mkdir()
+    events = list(read_events(quickstart_run))
+    (old / "events.msgpack").write_bytes(
+        b"".join(struct.pack(">I", len(encode(e))) + encode(e) for e in events)
+    )
+    client = TestClient(make_app(RunSet([old])), base_url="http://127.0.0.1")
+    run = _get(client, "runs")["runs"][0]
+    assert run["episodes"] == 48 and run["status"] == "completed"
+    graded, calls, tools, _ = _log(quickstart_run)
+    episode_id = next(iter(graded))
+    view = _get(client, "episode", run="old", id=episode_id)
+    (root,) = view["agents"]
+    assert [i["output"] for i in root["items"] if i["kind"] == "tool"] == tools[episode_id]
+    call = calls[episode_id][0]
+    tokens = _get(client, "call", run="old", episode=episode_id, call=call.call_id)
+    assert [t["id"] for t in tokens["tokens"]] == call.completion_tokens and tokens["datum"]

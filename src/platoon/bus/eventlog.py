@@ -315,11 +315,15 @@ class RecordReader:
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
         self._resolver = _Resolver(lambda base: self.at(base).event)
+        file.seek(0)
+        self._legacy = file.read(len(MAGIC)) not in (MAGIC, MAGIC_V2)
 
     def at(self, offset: int) -> Record:
         """The record at `offset` (one `scan` yielded); ValueError if there is none, whole."""
         file = self.file
         file.seek(offset)
+        if self._legacy:
+            return _legacy_record(file, offset)
         head = file.read(_HEAD.size)
         if len(head) < _HEAD.size:
             raise ValueError(f"no record at offset {offset}")
@@ -382,8 +386,8 @@ def read_records(
 def scan(run_dir_or_file: str | Path, start: int = 0, damage: LogDamage | None = None) -> Iterator[Record]:
     """Every record from byte `start` on (0: the whole log), with its offset, skipping damage.
 
-    `start` is an offset `scan` gave out (a record's `offset` or `end`). A legacy log, having no
-    frames to find again, is always read whole, with offsets 0.
+    `start` is an offset `scan` gave out (a record's `offset` or `end`). A legacy log (no magic,
+    bare lengths) has offsets too, but no times: they read as 0.0.
     """
     path = _log_path(run_dir_or_file)
     report = damage is None
@@ -397,12 +401,27 @@ def scan(run_dir_or_file: str | Path, start: int = 0, damage: LogDamage | None =
         if head in (MAGIC, MAGIC_V2):
             yield from _framed(data, max(start, len(MAGIC)), damage)
         elif size:
-            yield from (Record(0, 0, 0.0, event) for event in _legacy(bytes(data), path, damage))
+            yield from _legacy(data, start, damage)
     finally:
         if isinstance(data, mmap.mmap):
             data.close()
     if damage.found and report:
         log.warning("the event log is damaged", detail=damage.describe())
+
+
+def _legacy_record(file: BinaryIO, offset: int) -> Record:
+    head = file.read(_LEGACY_LENGTH.size)
+    if len(head) < _LEGACY_LENGTH.size:
+        raise ValueError(f"no record at offset {offset}")
+    (size,) = _LEGACY_LENGTH.unpack(head)
+    data = file.read(size)
+    if len(data) < size:
+        raise ValueError(f"the record at offset {offset} is cut short")
+    try:
+        event = decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"the record at offset {offset} does not decode: {exc}") from None
+    return Record(offset, offset + _LEGACY_LENGTH.size + size, 0.0, event)
 
 
 def read_at(file: BinaryIO, offset: int) -> Record:
@@ -499,8 +518,8 @@ def _record_in(data: bytes | mmap.mmap, offset: int, resolver: _Resolver) -> Eve
         raise ValueError(f"the record at offset {offset} does not decode: {exc}") from None
 
 
-def _legacy(data: bytes, path: Path, damage: LogDamage) -> Iterator[Event]:
-    at, end = 0, len(data)
+def _legacy(data: bytes | mmap.mmap, at: int, damage: LogDamage) -> Iterator[Record]:
+    end = len(data)
     while at < end:
         if end - at < _LEGACY_LENGTH.size:
             damage.truncated_tail += end - at
@@ -509,11 +528,13 @@ def _legacy(data: bytes, path: Path, damage: LogDamage) -> Iterator[Event]:
         if at + _LEGACY_LENGTH.size + size > end:
             damage.truncated_tail += end - at
             return
+        following = at + _LEGACY_LENGTH.size + size
         try:
-            yield decode(data[at + _LEGACY_LENGTH.size : at + _LEGACY_LENGTH.size + size])
+            event = decode(data[at + _LEGACY_LENGTH.size : following])
         except msgspec.DecodeError:
             # Without checksums or sync marks there is no telling where the next record starts.
             damage.damaged_records += 1
             damage.skipped_bytes += end - at
             return
-        at += _LEGACY_LENGTH.size + size
+        yield Record(at, following, 0.0, event)
+        at = following
