@@ -311,6 +311,7 @@ async function pageStep(params) {
     (!f.depth || String(e.depth) === f.depth) && (!f.policy_version || String(e.policy_version) === f.policy_version) &&
     (!f.task || (e.task_id || "").includes(f.task)) &&
     (f.min_reward === "" || (e.reward !== null && e.reward >= +f.min_reward)) && (f.max_reward === "" || (e.reward !== null && e.reward <= +f.max_reward)));
+  state.live = !list.episodes.length || list.episodes.some((e) => !e.status || (e.reward === null && !e.grade_reason));
   const dir = f.order === "asc" ? 1 : -1;
   rows = rows.slice().sort((a, b) => {
     const x = a[f.sort], y = b[f.sort];
@@ -340,6 +341,7 @@ async function pageGroup(params) {
   crumbs(link("", {}, "runs"), link("run", { run: runId }, run.experiment + " / " + run.trial),
     link("step", { run: runId, purpose: first.purpose, step: first.step }, `${first.purpose} step ${first.step}`), h("span", {}, "group " + (group || "").slice(0, 8)));
   const episodes = await Promise.all(list.episodes.map((e) => api("episode", { run: runId, id: e.episode_id })));
+  state.live = list.episodes.some((e) => !e.status);
   setMain(
     h("h1", {}, `Group of ${first.task_id || "?"}`, h("span", { class: "muted" }, ` · ${episodes.length} episodes, best first`)),
     h("div", { class: "side", "data-testid": "group" }, episodes.map((ep) => {
@@ -444,6 +446,7 @@ async function pageEpisode(params) {
   const runId = params.get("run"), id = params.get("id");
   const [run, ep] = await Promise.all([api("run", { run: runId }), api("episode", { run: runId, id })]);
   const e = ep.episode;
+  state.live = !e.status || !ep.graded;
   crumbs(link("", {}, "runs"), link("run", { run: runId }, run.experiment + " / " + run.trial),
     link("step", { run: runId, purpose: e.purpose, step: e.step }, `${e.purpose} step ${e.step}`), h("span", {}, "episode " + id.slice(0, 8)));
   const agentIds = ep.agents.map((a) => a.agent_id);
@@ -499,6 +502,7 @@ async function render(keepScroll) {
   const params = new URLSearchParams(query || "");
   const page = PAGES[route] || pageRuns;
   const y = window.scrollY;
+  state.live = true; // pages whose data can no longer change set it false
   try {
     await page(params);
     if (keepScroll) window.scrollTo(0, y);
@@ -519,7 +523,9 @@ function schedulePoll(runId) {
     try {
       const now = runId ? await api("poll", { run: runId }) : (await api("runs")).runs.map((r) => [r.id, r.log_bytes, r.status]);
       const key = JSON.stringify(now);
-      if (state.lastPoll !== null && state.lastPoll !== key && !document.querySelector("input:focus, select:focus")) {
+      // A page whose data is final (a finished episode, a step with nothing in flight) is left
+      // alone: redrawing it would close what the reader opened.
+      if (state.lastPoll !== null && state.lastPoll !== key && state.live && !document.querySelector("input:focus, select:focus")) {
         state.lastPoll = key;
         await render(true);
         return;
