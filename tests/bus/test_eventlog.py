@@ -53,7 +53,7 @@ async def test_every_record_has_a_time_and_a_checksum(tmp_path):
     records = list(read_records(tmp_path))
     assert [e.step for _, e in records] == [0, 1, 2]
     assert all(before <= t <= time.time() for t, _ in records)
-    assert log.path.read_bytes().startswith(b"PLTNEV02")
+    assert log.path.read_bytes().startswith(b"PLTNEV03")
 
 
 async def test_a_damaged_record_is_skipped_and_counted(tmp_path):
@@ -153,3 +153,133 @@ async def test_what_the_bus_handed_over_is_on_disk_while_the_run_goes_on(tmp_pat
         await anyio.lowlevel.checkpoint()  # let it see that nothing more is waiting, and flush
         on_disk = [e.step for e in read_events(tmp_path)]
     assert on_disk == [0, 1, 2, 3, 4]
+
+
+async def test_large_records_are_stored_compressed_and_read_back_the_same(tmp_path):
+    from platoon.bus.events import ModelCallFinished
+
+    call = ModelCallFinished(
+        call_id="c",
+        episode_id="e",
+        agent_id="a",
+        prompt_tokens=[151_000 + i % 7 for i in range(4000)],
+        completion_tokens=list(range(300)),
+        logprobs=[-0.5] * 300,
+        stop_reason="stop",
+        policy_version=0,
+    )
+    log = await _log_of(tmp_path, [call, RunFinished(status="completed")])
+    assert log.path.stat().st_size < len(__import__("platoon").bus.encode(call)) / 3
+    assert list(read_events(tmp_path)) == [call, RunFinished(status="completed")]
+
+
+async def test_scan_gives_offsets_that_read_at_reads_back(tmp_path):
+    from platoon.bus.eventlog import read_at, scan
+
+    events = [
+        TrainStepFinished(step=i, metrics={"x": float(i)} | {f"k{j}": 1.0 for j in range(60)})
+        for i in range(4)
+    ]
+    log = await _log_of(tmp_path, events)
+    records = list(scan(tmp_path))
+    assert [r.event for r in records] == events
+    with log.path.open("rb") as file:
+        assert [read_at(file, r.offset).event for r in reversed(records)] == events[::-1]
+        with pytest.raises(ValueError):
+            read_at(file, records[1].offset + 1)
+    # Reading on from an offset `scan` gave: the records after it.
+    assert [r.event for r in scan(tmp_path, start=records[1].end)] == events[2:]
+
+
+async def test_a_pltnev02_log_reads_and_is_appended_in_its_own_format(tmp_path):
+    from platoon.bus.eventlog import frame
+
+    first = TrainStepFinished(step=0, metrics={f"k{j}": 1.0 for j in range(100)})
+    (tmp_path / "events.msgpack").write_bytes(b"PLTNEV02" + frame(first, compress=False))
+    later = TrainStepFinished(step=1, metrics={f"k{j}": 2.0 for j in range(100)})
+    log = await _log_of(tmp_path, [later])
+    assert list(read_events(tmp_path)) == [first, later]
+    data = log.path.read_bytes()
+    assert data.startswith(b"PLTNEV02") and not any(
+        struct.unpack_from(">I", data, at + 2)[0] & 0x8000_0000
+        for at in range(len(data))
+        if data[at : at + 2] == SYNC
+    )
+
+
+def _call(agent: str, prompt: list[int], completion: list[int]):
+    from platoon.bus.events import ModelCallFinished
+
+    return ModelCallFinished(
+        call_id=f"{agent}-{len(prompt)}",
+        episode_id="e",
+        agent_id=agent,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        logprobs=[-0.5] * len(completion),
+        stop_reason="stop",
+        policy_version=0,
+    )
+
+
+def _conversation(agents: int, turns: int, *, compact_at: int | None = None):
+    """Interleaved agents whose prompts extend their previous prompt and completion; with
+    `compact_at`, one agent's context is cut there (a new prompt that extends nothing)."""
+    import random
+
+    from platoon.bus.events import ChatRequested
+
+    rng = random.Random(0)
+    prompts = {f"a{i}": [rng.randrange(150_000) for _ in range(300)] for i in range(agents)}
+    messages = {agent: [{"role": "user", "content": "go"}] for agent in prompts}
+    events = []
+    for turn in range(turns):
+        for agent in prompts:
+            if turn == compact_at and agent == "a0":
+                prompts[agent] = [7] * 100
+                messages[agent] = [{"role": "user", "content": "summary"}]
+            events.append(ChatRequested(episode_id="e", agent_id=agent, messages=list(messages[agent])))
+            completion = [rng.randrange(150_000) for _ in range(40)]
+            events.append(_call(agent, list(prompts[agent]), completion))
+            prompts[agent] = prompts[agent] + completion + [rng.randrange(150_000) for _ in range(20)]
+            messages[agent] = [*messages[agent], {"role": "assistant", "content": f"t{turn}"}]
+    return events
+
+
+async def test_an_agents_growing_context_is_stored_once_and_reads_back_exactly(tmp_path):
+    from platoon.bus.codec import encode
+    from platoon.bus.eventlog import RecordReader, read_at, scan
+
+    events = _conversation(agents=3, turns=40, compact_at=25)
+    log = await _log_of(tmp_path, events)
+    assert list(read_events(tmp_path)) == events
+    stored = log.path.stat().st_size
+    assert stored < sum(len(encode(e)) for e in events) / 5
+    records = list(scan(tmp_path))
+    # Any record reads alone at its offset (following at most 16 bases), or in any order.
+    with log.path.open("rb") as file:
+        assert [read_at(file, r.offset).event for r in records[::7]] == events[::7]
+        reader = RecordReader(file)
+        assert [reader.at(r.offset).event for r in reversed(records)] == events[::-1]
+    # Scanning on from the middle rebuilds deltas whose bases come before where it starts.
+    middle = records[len(records) // 2].offset
+    assert [r.event for r in scan(tmp_path, start=middle)] == events[len(records) // 2 :]
+
+
+async def test_a_damaged_base_loses_its_deltas_not_the_rest(tmp_path):
+    from platoon.bus.eventlog import scan
+
+    events = _conversation(agents=2, turns=6)
+    log = await _log_of(tmp_path, events)
+    records = list(scan(tmp_path))
+    data = bytearray(log.path.read_bytes())
+    victim = records[1]  # the first ModelCallFinished of agent a0: the base of its next calls
+    data[victim.offset + 30] ^= 0xFF
+    log.path.write_bytes(bytes(data))
+    damage = LogDamage(path=str(log.path))
+    read = list(read_events(tmp_path, damage))
+    assert damage.damaged_records >= 2  # the record and what was built on it
+    assert all(e in events for e in read)
+    assert [e for e in read if getattr(e, "agent_id", "") == "a1"] == [
+        e for e in events if getattr(e, "agent_id", "") == "a1"
+    ]

@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--salvage", action="store_true", help="exit 0 on a damaged log, after what could be read")
     p.set_defaults(handler="platoon.cli.events:events")
 
+    p = sub.add_parser("view", help="look inside runs in a local web page: curves, episodes, tokens")
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="runs to show (default: the site's runs)")
+    p.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="listen here instead of loopback (prints a warning)")
+    p.add_argument("--export", metavar="DIR", help="write a static copy that opens from disk, then exit")
+    p.set_defaults(handler="platoon.cli.view:view")
+
     p = sub.add_parser("serve", help="serve a platoon service")
     ss = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     q = ss.add_parser("tinker", help="the embedded Tinker-API training service (torch + transformers)")

@@ -1,5 +1,11 @@
 """Where step metrics go: `metrics.jsonl` in the run directory, a line on the console, and
-Weights & Biases when `stats.wandb.mode` is `online` or `offline`."""
+Weights & Biases when `stats.wandb.mode` is `online` or `offline`.
+
+In W&B every metric is plotted against `platoon/step`, not W&B's own step counter: an eval runs
+while training goes on and may finish after later steps were logged, which W&B would otherwise
+drop. Each eval also logs `eval/table`, a table of its episodes (task, reward, status, calls,
+tokens, final message) to read next to its pass@k.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,34 @@ from pathlib import Path
 from typing import Any
 
 from platoon.bus import Bus, Stream
-from platoon.bus.events import EvalFinished, Event, TrainStepFinished
+from platoon.bus.events import (
+    EpisodeFinished,
+    EpisodeGraded,
+    EpisodeRequested,
+    EvalFinished,
+    Event,
+    ModelCallFinished,
+    TrainStepFinished,
+)
 from platoon.config.rundir import open_private
 
-__all__ = ["MetricsSink"]
+__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink"]
+
+STEP_KEY = "platoon/step"
+EVAL_TABLE_COLUMNS = (
+    "episode_id",
+    "env",
+    "split",
+    "task_id",
+    "reward",
+    "status",
+    "reason",
+    "model_calls",
+    "completion_tokens",
+    "duration_s",
+    "final_message",
+)
+_FINAL_MESSAGE_CHARS = 2000
 
 _CONSOLE_KEYS = (
     ("reward/mean", "reward {:.3f}"),
@@ -51,6 +81,7 @@ class MetricsSink:
         self._config = config or {}
         self._run: Any = None
         self._events: Stream[Event] | None = None
+        self._eval_episodes: dict[str, dict[str, Any]] = {}  # what the W&B eval table shows
 
     def attach(self, bus: Bus) -> None:
         if self._events is None:
@@ -75,6 +106,8 @@ class MetricsSink:
             config=self._config,
             dir=str(self.path.parent),
         )
+        self._run.define_metric(STEP_KEY)
+        self._run.define_metric("*", step_metric=STEP_KEY)
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -84,6 +117,8 @@ class MetricsSink:
         try:
             with open_private(self.path, "a") as file, self._events as events:
                 async for event in events:
+                    if self._run is not None:
+                        self._track_eval(event)
                     if isinstance(event, TrainStepFinished):
                         record = {"step": event.step, "time": time.time(), **event.metrics}
                         self._console_line(event)
@@ -103,12 +138,58 @@ class MetricsSink:
                     file.write(json.dumps(record) + "\n")
                     file.flush()
                     if self._run is not None:
-                        self._run.log(
-                            {k: v for k, v in record.items() if k not in ("step", "time")}, step=event.step
-                        )
+                        logged: dict[str, Any] = {
+                            k: v for k, v in record.items() if k not in ("step", "time")
+                        }
+                        logged[STEP_KEY] = event.step
+                        if isinstance(event, EvalFinished):
+                            logged["eval/table"] = self._eval_table(
+                                event.step
+                            )  # "eval/episodes" is the count
+                        self._run.log(logged)
         finally:
             if self._run is not None:
                 self._run.finish()
+
+    def _track_eval(self, event: Event) -> None:
+        """Gather what the eval table shows, for eval episodes only."""
+        if isinstance(event, EpisodeRequested):
+            if event.purpose == "eval":
+                self._eval_episodes[event.episode_id] = {
+                    "step": event.step,
+                    "episode_id": event.episode_id,
+                    "env": event.task.env,
+                    "split": event.task.split,
+                    "task_id": event.task.task_id,
+                    "model_calls": 0,
+                    "completion_tokens": 0,
+                }
+            return
+        row = self._eval_episodes.get(getattr(event, "episode_id", ""))
+        if row is None:
+            return
+        if isinstance(event, ModelCallFinished):
+            row["model_calls"] += 1
+            row["completion_tokens"] += len(event.completion_tokens)
+        elif isinstance(event, EpisodeFinished):
+            row.update(status=event.status, reason=event.reason, duration_s=event.duration_s)
+            row["final_message"] = (event.final_message or "")[:_FINAL_MESSAGE_CHARS]
+        elif isinstance(event, EpisodeGraded):
+            row["reward"] = event.reward
+            if event.reason and not row.get("reason"):
+                row["reason"] = event.reason
+
+    def _eval_table(self, step: int) -> Any:
+        """The episodes of the eval at `step`, as a W&B table (and forgotten here)."""
+        import wandb
+
+        rows = [row for row in self._eval_episodes.values() if row["step"] == step]
+        for row in rows:
+            del self._eval_episodes[row["episode_id"]]
+        rows.sort(key=lambda r: (r["env"], r["task_id"], r["episode_id"]))
+        return wandb.Table(
+            columns=list(EVAL_TABLE_COLUMNS), data=[[row.get(c) for c in EVAL_TABLE_COLUMNS] for row in rows]
+        )
 
     def _console_line(self, event: TrainStepFinished) -> None:
         if not self.console:

@@ -1,0 +1,88 @@
+"""`platoon view [RUN_DIR ...]`: the trajectory viewer, a local web page over runs.
+
+With no RUN_DIR it shows every run under the site's `runs` folder. It listens on 127.0.0.1 (a
+free port unless `--port`); `--host` shares it on a network, which shows the runs (prompts,
+outputs, configs) to anyone who can reach the port, so it warns. `--export DIR` writes a static
+copy instead of serving.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from platoon.cli import CommandError
+
+
+def view(args: Any) -> int:
+    try:
+        from platoon.visualization.app import make_app
+        from platoon.visualization.runs import RunSet
+    except ImportError as exc:  # starlette and hypercorn are core, tokenizers too: a broken install
+        raise CommandError(f"the viewer cannot load: {exc}") from None
+
+    if args.run_dirs:
+        runs = RunSet(args.run_dirs)
+    else:
+        from platoon.config import load_site
+
+        runs = RunSet(root=load_site().runs)
+    _index(runs)
+    if args.export:
+        from platoon.visualization.export import export
+
+        if not len(runs):
+            raise CommandError("nothing to export: no run directories found")
+        counts = export(runs, args.export)
+        print(
+            f"exported {len(runs)} run(s), {counts.get('episode', 0)} episodes and "
+            f"{counts.get('call', 0)} model calls to {args.export}/index.html",
+            file=sys.stderr,
+        )
+        return 0
+
+    from platoon.serving import is_loopback, serve_asgi
+
+    if not is_loopback(args.host):
+        print(
+            f"platoon view: warning: listening on {args.host}: anyone who can reach this port can read "
+            "these runs (prompts, agent outputs, configs). There is no password.",
+            file=sys.stderr,
+        )
+    allowed = [] if is_loopback(args.host) else ["*"]
+    app = make_app(runs, allowed_hosts=allowed)
+
+    async def main() -> None:
+        # Ctrl-C and SIGTERM stop the server from inside the loop: hypercorn then closes the
+        # browser's kept-alive connections itself, instead of the loop being torn down under it.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tg:
+                url = await tg.start(serve_asgi, app, args.host, args.port)
+                where = "the site's runs folder" if runs.root else f"{len(runs)} run(s)"
+                print(f"platoon view: serving {where} at {url}/  (Ctrl-C stops)", flush=True)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    anyio.run(main)
+    return 0
+
+
+def _index(runs: Any) -> None:
+    """Index every run's log now (once; later only what it gained), so pages answer at once."""
+    for run in runs:
+        log = run.index.log_path
+        if not log.is_file():
+            continue
+        started = time.perf_counter()
+        run.refresh()
+        took = time.perf_counter() - started
+        if took > 1.0:
+            print(
+                f"platoon view: indexed {run.id} ({log.stat().st_size / 1e6:.0f} MB of events) in {took:.0f} s",
+                file=sys.stderr,
+            )
