@@ -1,4 +1,5 @@
-"""A small real run, made once: the quickstart trained for 3 steps with a scripted policy."""
+"""A small real run, made once: the quickstart's guessing game trained for 3 steps on the
+embedded backend with a scripted policy."""
 
 import random
 import sys
@@ -37,8 +38,20 @@ def quickstart_run(tmp_path_factory) -> Path:
     sys.path.insert(0, str(QUICKSTART))
     try:
         config = load_config(
-            QUICKSTART / "train-local.yaml",
-            [f"train.model_name={model}", "train.max_training_steps=3", "train.save_every=0"],
+            QUICKSTART / "train.yaml",
+            [
+                f"train.model_name={model}",
+                "train.backend=local",
+                "train.lora_rank=8",
+                "train.batch_size=4",
+                "train.max_training_steps=3",
+                "train.save_every=0",
+                "train.workflow_config.group_size=4",
+                "train.workflow_config.remove_constant_reward_groups=false",
+                "train.workflow_config.rollout_config.max_steps=4",
+                "train.workflow_config.rollout_config.inference_params.max_completion_tokens=24",
+                "eval.every=0",
+            ],
         )
         system.import_packages(config, QUICKSTART)
         factory = ScriptedSamplerFactory(system.load_tokenizer(str(model)), varied)
