@@ -168,6 +168,12 @@ def load_tokenizer(name_or_path: str) -> Any:
         return toy_tokenizer()
     name_or_path = resolve_model(name_or_path)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not Path(name_or_path).is_dir() and not _in_hf_cache(name_or_path):
+        # Said at once: transformers would import torch (a second) only to fail the same way.
+        raise SystemError(
+            f"cannot load the tokenizer {name_or_path!r}: it is not a local directory and not in "
+            "the Hugging Face cache (platoon never downloads at run time)"
+        )
     try:
         return _tokenizer_class(name_or_path).from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
@@ -175,6 +181,21 @@ def load_tokenizer(name_or_path: str) -> Any:
             f"cannot load the tokenizer {name_or_path!r} from a local directory or the HF cache "
             f"(platoon never downloads at run time): {str(exc).splitlines()[0]}"
         ) from None
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Whether the HF cache holds a tokenizer of `repo_id` (a cheap look, no import of torch)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True  # let transformers decide
+    try:
+        return any(
+            isinstance(try_to_load_from_cache(repo_id, name), str)
+            for name in ("tokenizer_config.json", "tokenizer.json")
+        )
+    except ValueError:  # not a repo id at all (a path that does not exist)
+        return False
 
 
 def _tokenizer_class(name_or_path: str) -> Any:

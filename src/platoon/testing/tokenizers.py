@@ -595,12 +595,12 @@ def save_llama3_tokenizer(directory: str | Path) -> Path:
 
 
 def _load_into_tempdir(save: Any) -> Any:
-    from transformers import AutoTokenizer
+    from platoon.system import load_tokenizer  # by the class the directory names: no torch
 
     directory = tempfile.mkdtemp(prefix="platoon-tokenizer-")
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     save(directory)
-    return AutoTokenizer.from_pretrained(directory)
+    return load_tokenizer(directory)
 
 
 @functools.cache
