@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.set_defaults(handler="platoon.cli.prepare:prepare")
 
+    p = sub.add_parser(
+        "init", help="make a new project that runs at once: environment, harness, config, test"
+    )
+    p.add_argument("name", help="the project's name (lower-case letters, digits, dashes)")
+    p.add_argument("--directory", help="where to make it (default: ./NAME)")
+    p.set_defaults(handler="platoon.cli.init:init")
+
     p = sub.add_parser("worker", help="run rollouts for a trainer on another machine, over NATS")
     _config_args(p)
     p.add_argument("--nats", metavar="URL", help="the NATS server (default: the config's nats.url)")
