@@ -68,6 +68,20 @@ def test_profile_is_strict(home, tmp_path, monkeypatch):
     ]
 
 
+def test_a_provider_typo_is_caught_when_the_profile_loads(home, tmp_path, monkeypatch):
+    profile = tmp_path / "site.yaml"
+    profile.write_text("provider: dockr\n")
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    with pytest.raises(ConfigError) as caught:
+        load_site()
+    [problem] = caught.value.problems
+    assert problem.startswith(
+        f"{profile}: provider: unknown sandbox provider 'dockr'; did you mean 'docker'?"
+    )
+    profile.write_text("provider: bwrap\n")
+    assert load_site().provider == "bwrap"
+
+
 def test_a_named_profile_must_exist(home, monkeypatch):
     monkeypatch.setenv("PLATOON_SITE", "missing-site.yaml")
     with pytest.raises(ConfigError) as caught:

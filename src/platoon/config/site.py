@@ -48,6 +48,16 @@ def load_site(path: str | os.PathLike[str] | None = None) -> Site:
     for f in msgspec.structs.fields(Site):  # defaults go through path resolution too, for ~
         data.setdefault(f.name, f.default)
     try:
-        return convert(data, Site, base_dir=where.parent)
+        site = convert(data, Site, base_dir=where.parent)
     except ConfigError as exc:
         raise ConfigError([f"{given}: {problem}" for problem in exc.problems]) from None
+    if site.provider != "auto":
+        from platoon.naming import unknown_name
+        from platoon.sandbox.registry import provider_names
+
+        known = provider_names()
+        if site.provider not in known:
+            raise ConfigError(
+                [f"{given}: provider: {unknown_name('sandbox provider', site.provider, ['auto', *known])}"]
+            )
+    return site
