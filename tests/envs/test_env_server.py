@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -168,21 +167,28 @@ def test_platoon_env_serve_main() -> None:
     argv = [sys.executable, "-c", code, "ors_sample_envs:GuessTheNumber", "--port", str(port)]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                assert httpx.get(f"http://127.0.0.1:{port}/list_environments").json() == ["guessthenumber"]
-                break
-            except httpx.ConnectError:
-                assert proc.poll() is None and time.monotonic() < deadline, (
-                    proc.stderr.read() if proc.stderr else ""
-                )
-                time.sleep(0.1)
+        # It says so once it listens: connections made from then on wait in the backlog.
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == f"serving guessthenumber on http://127.0.0.1:{port}"
+        assert httpx.get(f"http://127.0.0.1:{port}/list_environments").json() == ["guessthenumber"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
-        assert proc.returncode == 0
-        assert out.strip() == f"serving guessthenumber on http://127.0.0.1:{port}"
+        assert proc.returncode == 0 and out.strip() == ""
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_taken_port_is_one_line_and_nothing_starts() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        argv = [sys.executable, "-m", "platoon", "env", "serve", "ors_sample_envs:GuessTheNumber"]
+        done = subprocess.run(
+            [*argv, "--port", str(port)], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip() == f"platoon: error: cannot listen on 127.0.0.1:{port}: Address already in use"

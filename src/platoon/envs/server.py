@@ -45,7 +45,7 @@ from starlette.routing import Route
 
 from platoon.envs._sdk import Environment, call_user, is_environment_class, on_asyncio
 from platoon.envs.service import EnvError
-from platoon.serving import Guard, ServingError, hypercorn_config, require_key
+from platoon.serving import Guard, ServingError, bind_socket, hypercorn_config, require_key
 
 __all__ = ["EnvServer", "main", "running_env_server", "serve_env"]
 
@@ -502,11 +502,13 @@ async def serve_env(
     port: int = 8080,
     *,
     shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    sock: socket.socket | None = None,
     **server_options: Any,
 ) -> None:
     """Serve environment classes until `shutdown_trigger` returns (or SIGINT/SIGTERM without one).
 
-    Loopback by default: pass `host="0.0.0.0"` and an `api_key` to serve other machines.
+    Loopback by default: pass `host="0.0.0.0"` and an `api_key` to serve other machines. `sock`
+    is a socket already listening on host:port (so a taken port fails before anything starts).
     """
     require_key(host, server_options.get("api_key"), "the env server")
     if not on_asyncio():
@@ -514,7 +516,9 @@ async def serve_env(
     from hypercorn.asyncio import serve
 
     server = EnvServer(load_env_classes(target), **server_options)
-    await serve(server.app, _hypercorn_config(f"{host}:{port}"), shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    sock = sock or bind_socket(host, port)
+    config = _hypercorn_config(f"fd://{sock.detach()}")
+    await serve(server.app, config, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
 
 
 @asynccontextmanager
@@ -569,10 +573,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         require_key(args.host, args.api_key, "the env server")
     except ServingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"platoon: error: {exc}", file=sys.stderr)
         return 2
     classes = load_env_classes(args.targets)
     names = ", ".join(cls.name().lower() for cls in classes)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"platoon: error: {exc}", file=sys.stderr)
+        return 1
     print(f"serving {names} on http://{args.host}:{args.port}", flush=True)
-    anyio.run(functools.partial(serve_env, classes, args.host, args.port, api_key=args.api_key))
+    serve = functools.partial(serve_env, classes, args.host, args.port, api_key=args.api_key, sock=sock)
+    anyio.run(serve)
     return 0
