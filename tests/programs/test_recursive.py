@@ -90,6 +90,10 @@ async def test_react_agents_delegate_down_to_the_depth_limit(toy_tokenizer, max_
     assert "depth 1 harness" in lines[first_spawn + 1]
     assert "instruction: via" in lines[first_spawn + 2]
     assert "[own reward 1]" in text
+    # The summary counts the whole tree's model calls, and says how many were the root's.
+    root_calls = sum(1 for e in of(events, ModelCallFinished) if e.agent_id == root.agent_id)
+    footer = f"after {len(of(events, ModelCallFinished))} model calls ({len(tree)} agents; the root made {root_calls})"
+    assert footer in text
 
 
 @harness("tree-test-descend")

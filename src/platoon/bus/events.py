@@ -389,7 +389,7 @@ class EpisodeFinished(Event, frozen=True, kw_only=True):
     reason: str | None = None
     final_message: str | None = None
     root_agent_id: str = ""
-    num_model_calls: int = 0
+    num_model_calls: int = 0  # the root agent's own; its subagents' are in their ModelCallFinished
     duration_s: float = 0.0
     purpose: Literal["train", "eval", "rollout"] = "train"
     step: int = 0

@@ -68,8 +68,14 @@ def render_tree(events: Sequence[Event]) -> str:
                 ends[event.agent_id] = event
             case EpisodeFinished():
                 why = f" ({event.reason})" if event.reason else ""
+                total = sum(calls.values())
+                by = (
+                    f" ({len(calls)} agents; the root made {calls[event.root_agent_id]})"
+                    if len(calls) > 1
+                    else ""
+                )
                 footer.append(
-                    f"finished: {event.status}{why} after {event.num_model_calls} model calls, {event.duration_s:.2f} s"
+                    f"finished: {event.status}{why} after {total} model calls{by}, {event.duration_s:.2f} s"
                 )
             case EpisodeGraded():
                 if event.reward is None:

@@ -164,7 +164,8 @@ class OrsSession:
         value."""
         grade = self._tracker.grade()
         hook = getattr(self.env, "grade", None)
-        if grade.reward is None and callable(hook):
+        unfinished = self._tracker.mode == "final" and not self._tracker.finished
+        if (grade.reward is None or unfinished) and callable(hook):
             try:
                 value = await call_user(hook)
             except Exception as exc:
