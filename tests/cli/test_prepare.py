@@ -150,3 +150,17 @@ def test_entries_without_a_dataset_or_harbor(tmp_path, site, capsys):
     config.write_text("environments:\n  - {name: g, env: platoon-number-search@1, harness: platoon-react}\n")
     code, out, _ = run(capsys, "prepare", str(config))
     assert code == 0 and "nothing to fetch or build: the config has no `service: harbor` entries" in out
+
+
+def test_docker_without_an_engine_fails_and_pins_nothing(tmp_path, site, capsys, monkeypatch):
+    """A prepare that could build nothing says so and exits 1; the next one does not say
+    "up to date" about images that were never built."""
+    shutil.copytree(EXAMPLE, tmp_path / "dataset")
+    config = write_config(tmp_path)
+    (tmp_path / "site.yaml").write_text(f"runs: {tmp_path}/runs\ncache: {tmp_path}/cache\nprovider: docker\n")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    for _ in range(2):
+        code, out, err = run(capsys, "prepare", str(config))
+        assert code == 1 and "up to date" not in out
+        assert f"provider docker: no Docker engine answers at unix://{tmp_path}/no-engine.sock" in err
+    assert not (site / "locks").exists() or not any((site / "locks").iterdir())

@@ -160,12 +160,16 @@ async def _docker_builder(options: dict[str, Any]) -> Any:
 
     url = options.get("url") or engine_url()
     answers = url is not None and await anyio.to_thread.run_sync(engine_answers, url)
+    if not answers:
+        # Nothing could be built, so nothing is pinned: a later prepare must not say "up to date".
+        where = f" at {url}" if url else " (no DOCKER_HOST and no socket found)"
+        raise CommandError(
+            f"provider docker: no Docker engine answers{where}; start one (or podman's socket), "
+            "or prepare for another provider (the site profile's provider: bwrap)"
+        )
 
     async def build(task: Any, cache: Path, _options: dict[str, Any]) -> dict[str, Any]:
         image = task.config.environment.docker_image
-        if not answers:
-            what = f"the image {image} is not pulled" if image else "its Dockerfile is not built"
-            return {"built": None, "note": f"no Docker engine answers{f' at {url}' if url else ''}: {what}"}
         if image:
             return await _pull(image, url)
         if task.dockerfile is None:
