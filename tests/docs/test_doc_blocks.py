@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -24,6 +25,27 @@ from platoon.config.validate import convert
 from platoon.harness.command import parse_spec
 
 RUNNABLE = ("run", "file", "python")
+# Pages that train on the embedded backend (or serve it) need torch: marked so, they skip without it.
+_TORCH = re.compile(
+    r"train-local|backend[:=] ?local|platoon-tiny-qwen3|serve tinker|save_tiny_model|examples/rao/"
+)
+
+
+# Pages that start sandboxes (Harbor tasks, command-line agents) need bubblewrap.
+_SANDBOX = re.compile(r"service: harbor|create_sandbox|harbor-dataset")
+_NO_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def _page_param(page: Path):
+    runnable = [b for b in blocks(page) if b.action in RUNNABLE]
+    marks = []
+    if any(_TORCH.search(b.text) for b in runnable):
+        marks.append(pytest.mark.torch)
+    if any(_SANDBOX.search(b.text) for b in blocks(page)):
+        marks.append(_NO_BWRAP)
+    return pytest.param(page, marks=marks, id=_id(page))
+
+
 PAGES_WITH_RUNS = [p for p in pages() if any(b.action in RUNNABLE for b in blocks(p))]
 YAML_BLOCKS = [b for b in all_blocks() if b.lang in ("yaml", "yml")]
 TOML_BLOCKS = [b for b in all_blocks() if b.lang == "toml"]
@@ -75,7 +97,7 @@ def _run(block: Block, workspace: Path, env: dict[str, str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", PAGES_WITH_RUNS, ids=_id)
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES_WITH_RUNS])
 def test_the_runnable_blocks_of_a_page_run(page, tmp_path, shared_cache):
     workspace = tmp_path / "work"
     workspace.mkdir()
