@@ -571,6 +571,8 @@ PLACEHOLDERS = {
     "instruction": "The task's instruction for this agent.",
     "gateway_url": "The gateway's OpenAI-compatible root (`.../v1`); the Anthropic dialect is "
     "served under the same root.",
+    "gateway_root": "The same as `{gateway_url}` without `/v1`, for clients that add it themselves "
+    "(Anthropic's).",
     "api_key": "The agent's own gateway key, valid until its episode ends.",
     "max_steps": "The agent's budget of model calls.",
     "mcp_url": "The environment's tools as an MCP server (streamable HTTP).",
