@@ -9,6 +9,9 @@ A block is marked by an HTML comment on the line before its fence (invisible in 
     <!-- test: run expect="reward: 1" -->  the output must contain this text
     <!-- test: file my_env.py -->          the block is written to this path of the workspace
     <!-- test: python -->                  a Python block, run as a script in the workspace
+    <!-- test: run needs=torch,bwrap -->   the page's test needs torch (the embedded backend) or
+                                          bubblewrap, and skips without them (most pages that need
+                                          them are recognised without saying so)
     <!-- test: skip REASON -->             shown, not run, and the reason says why
     <!-- test: yaml site -->               a YAML block that is a site profile, not a config
 

@@ -39,9 +39,10 @@ _NO_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap
 def _page_param(page: Path):
     runnable = [b for b in blocks(page) if b.action in RUNNABLE]
     marks = []
-    if any(_TORCH.search(b.text) for b in runnable):
+    needs = {need for b in runnable for need in b.options.get("needs", "").split(",") if need}
+    if "torch" in needs or any(_TORCH.search(b.text) for b in runnable):
         marks.append(pytest.mark.torch)
-    if any(_SANDBOX.search(b.text) for b in blocks(page)):
+    if "bwrap" in needs or any(_SANDBOX.search(b.text) for b in blocks(page)):
         marks.append(_NO_BWRAP)
     return pytest.param(page, marks=marks, id=_id(page))
 
