@@ -116,3 +116,24 @@ def test_every_generated_page_is_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text()
     for name in reference.PAGES:
         assert name in nav
+
+
+def test_every_test_the_docs_cite_exists():
+    """The security model names the test that attacks each guarantee: those tests must exist."""
+    cited = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        last_file = None
+        for ref in re.findall(r"`((?:tests/[\w/]+\.py|\.\.\.)(?:::\w+)?)`", page.read_text()):
+            path, _, name = ref.partition("::")
+            path = last_file if path == "..." else path
+            last_file = path
+            cited.append((page.name, path, name))
+    assert len(cited) >= 15
+    missing = []
+    for page, path, name in cited:
+        source = ROOT / path
+        if not source.is_file():
+            missing.append(f"{page}: {path}")
+        elif name and not re.search(rf"^(async )?def {name}\(", source.read_text(), re.M):
+            missing.append(f"{page}: {path}::{name}")
+    assert not missing, f"the docs cite tests that do not exist: {missing}"
