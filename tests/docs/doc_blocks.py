@@ -7,6 +7,8 @@ A block is marked by an HTML comment on the line before its fence (invisible in 
                                           run from a folder of the repository; `args` is appended
                                           to every line that starts a `platoon` command
     <!-- test: run expect="reward: 1" -->  the output must contain this text
+    <!-- test: run setup="platoon train ..." -->   a command run first, unseen: what the page
+                                          assumes the reader did before (a run to look at)
     <!-- test: file my_env.py -->          the block is written to this path of the workspace
     <!-- test: python -->                  a Python block, run as a script in the workspace
     <!-- test: run needs=torch,bwrap -->   the page's test needs torch (the embedded backend) or

@@ -40,7 +40,8 @@ def _page_param(page: Path):
     runnable = [b for b in blocks(page) if b.action in RUNNABLE]
     marks = []
     needs = {need for b in runnable for need in b.options.get("needs", "").split(",") if need}
-    if "torch" in needs or any(_TORCH.search(b.text) for b in runnable):
+    texts = [b.text + b.options.get("setup", "") for b in runnable]
+    if "torch" in needs or any(_TORCH.search(text) for text in texts):
         marks.append(pytest.mark.torch)
     if "bwrap" in needs or any(_SANDBOX.search(b.text) for b in blocks(page)):
         marks.append(_NO_BWRAP)
@@ -84,6 +85,8 @@ def _run(block: Block, workspace: Path, env: dict[str, str]) -> None:
     else:
         cwd = ROOT / block.options["cwd"] if "cwd" in block.options else workspace
         script = _with_args(block.text, block.options.get("args", ""))
+        if "setup" in block.options:  # what the page assumes was done before (a run to look at)
+            script = f"{block.options['setup']}\n{script}"
         argv, stdin = ["bash", "-e", "-o", "pipefail", "-s"], script
     result = subprocess.run(
         argv, input=stdin, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
