@@ -123,24 +123,25 @@ CallKind = Literal["policy", "aux", "judge"]
 class TaskRef(msgspec.Struct, frozen=True, kw_only=True):
     """Which task of which environment entry: `env` is the entry's name in the config."""
 
-    env: str
-    split: str
-    task_id: str
-    index: int | None = None
+    env: str  # the environment entry's name
+    split: str  # the split the task is from (train, test, eval, ...)
+    task_id: str  # the task's id within its split
+    index: int | None = None  # its position in the split when listed; a hint for a fast lookup
 
 
 @register_event
 class EpisodeRequested(Event, frozen=True, kw_only=True):
     """The scheduler asks for one rollout of a task; exactly one runner takes it."""
 
-    episode_id: str
-    group_id: str
+    episode_id: str  # a fresh id for this rollout
+    group_id: str  # the task group: the group_size rollouts of one task in one step
     task: TaskRef
+    # what the episode is for: training, evaluation, or a single rollout
     purpose: Literal["train", "eval", "rollout"] = "train"
-    step: int = 0
-    policy_version: int = 0
-    harness: str | None = None
-    attempt: int = 0
+    step: int = 0  # the training step that requested it
+    policy_version: int = 0  # the policy version current when it was requested
+    harness: str | None = None  # the harness drawn for this rollout (from a mixture); None: the entry's
+    attempt: int = 0  # how many times this episode was requested before (a lost worker's lease)
 
 
 @register_event
@@ -148,9 +149,9 @@ class EpisodeStarted(Event, frozen=True, kw_only=True):
     episode_id: str
     group_id: str
     task: TaskRef
-    root_agent_id: str
-    instruction: str
-    worker: str = ""
+    root_agent_id: str  # the id of the episode's first agent
+    instruction: str  # the task's instruction as the root agent got it
+    worker: str = ""  # the worker that plays it (distributed runs); empty in process
 
 
 @register_event
@@ -159,20 +160,20 @@ class AgentSpawned(Event, frozen=True, kw_only=True):
 
     episode_id: str
     agent_id: str
-    parent_id: str | None
-    depth: int
-    harness: str
-    instruction: str
+    parent_id: str | None  # the agent that spawned it; None for the root
+    depth: int  # 0 for the root, 1 for its children, ...
+    harness: str  # the harness that plays this agent
+    instruction: str  # what this agent was asked
 
 
 @register_event
 class AgentFinished(Event, frozen=True, kw_only=True):
     episode_id: str
     agent_id: str
-    status: EpisodeStatus
-    final_message: str | None = None
-    reason: str | None = None
-    reward: float | None = None
+    status: EpisodeStatus  # how the agent's harness ended
+    final_message: str | None = None  # the harness's final answer
+    reason: str | None = None  # why, when it did not complete
+    reward: float | None = None  # the agent's own grade, when its program grades subagents
 
 
 @register_event
@@ -183,18 +184,18 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
     returned with their logprobs: never a re-tokenization of text.
     """
 
-    call_id: str
+    call_id: str  # a fresh id for the call
     episode_id: str
     agent_id: str
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-    policy_version: int
-    kind: CallKind = "policy"
-    completion_text: str = ""
-    started_at: float = 0.0
-    duration_s: float = 0.0
+    prompt_tokens: list[int]  # the token ids the sampler was given
+    completion_tokens: list[int]  # the token ids it sampled
+    logprobs: list[float]  # one per completion token
+    stop_reason: str  # stop (a stop token or sequence) or length
+    policy_version: int  # the version of the policy that sampled it
+    kind: CallKind = "policy"  # policy and aux calls train; judge calls never do
+    completion_text: str = ""  # the decoded completion, for people reading the log
+    started_at: float = 0.0  # wall-clock time (Unix seconds) the call started
+    duration_s: float = 0.0  # seconds the sampler took
 
 
 @register_event
@@ -385,12 +386,12 @@ class EpisodeFinished(Event, frozen=True, kw_only=True):
     episode_id: str
     group_id: str
     task: TaskRef
-    status: EpisodeStatus
+    status: EpisodeStatus  # completed, limit (out of budget), timeout, error or cancelled
     reason: str | None = None
-    final_message: str | None = None
-    root_agent_id: str = ""
+    final_message: str | None = None  # the root agent's final answer
+    root_agent_id: str = ""  # the id of the episode's first agent
     num_model_calls: int = 0  # the root agent's own; its subagents' are in their ModelCallFinished
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # wall-clock seconds of the episode
     purpose: Literal["train", "eval", "rollout"] = "train"
     step: int = 0
     policy_version: int = 0
@@ -404,10 +405,12 @@ class EpisodeGraded(Event, frozen=True, kw_only=True):
     episode_id: str
     group_id: str
     task: TaskRef
-    reward: float | None
+    reward: float | None  # the reward that trains; None: not graded (see reason)
+    # named components the environment reported (and `processed`)
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    # each subagent's own grade, by agent id
     agent_rewards: dict[str, float] = msgspec.field(default_factory=dict)
-    status: EpisodeStatus = "completed"
+    status: EpisodeStatus = "completed"  # the episode's status when it finished
     reason: str | None = None
     purpose: Literal["train", "eval", "rollout"] = "train"
     step: int = 0
@@ -420,8 +423,8 @@ class GroupCompleted(Event, frozen=True, kw_only=True):
 
     group_id: str
     step: int
-    episode_ids: list[str]
-    rewards: list[float | None]
+    episode_ids: list[str]  # the rollouts of the group
+    rewards: list[float | None]  # their rewards, in the same order; None: not graded
     purpose: Literal["train", "eval", "rollout"] = "train"
 
 
@@ -437,17 +440,17 @@ class Datum(msgspec.Struct, frozen=True, kw_only=True):
     staleness is never underestimated.
     """
 
-    model_input: list[int]
-    target_tokens: list[int]
-    logprobs: list[float]
-    advantages: list[float]
-    weights: list[float]
-    episode_id: str = ""
-    group_id: str = ""
-    agent_id: str = ""
-    depth: int = 0
+    model_input: list[int]  # s[:-1] of the token sequence s
+    target_tokens: list[int]  # s[1:]
+    logprobs: list[float]  # the sampler's logprobs of the targets; 0 where not sampled
+    advantages: list[float]  # per target token; 0 on prompts and tool results
+    weights: list[float]  # 1 where the target was sampled, else 0
+    episode_id: str = ""  # the episode it came from
+    group_id: str = ""  # its task group
+    agent_id: str = ""  # the agent whose calls it holds
+    depth: int = 0  # that agent's depth in the tree
     policy_version: int = 0
-    num_trained_tokens: int = 0
+    num_trained_tokens: int = 0  # targets with a nonzero weight
 
     def __post_init__(self) -> None:
         n = len(self.model_input)
@@ -461,41 +464,42 @@ class Datum(msgspec.Struct, frozen=True, kw_only=True):
 
 @register_event
 class BatchReady(Event, frozen=True, kw_only=True):
-    step: int
-    datums: list[Datum]
+    step: int  # the training step these datums are for
+    datums: list[Datum]  # the training sequences of the step's complete groups
+    # credit statistics (by depth, dropped groups, ...)
     stats: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 @register_event
 class TrainStepFinished(Event, frozen=True, kw_only=True):
-    step: int
-    metrics: dict[str, float]
+    step: int  # the step that finished
+    metrics: dict[str, float]  # the step's metrics, as written to metrics.jsonl
 
 
 @register_event
 class PolicyUpdated(Event, frozen=True, kw_only=True):
     """New sampler weights: samplers switch to `sampler_path` (a `tinker://` path) at `version`."""
 
-    version: int
-    sampler_path: str
-    base_model: str = ""
-    base_url: str | None = None
+    version: int  # the new policy version (one per optimizer step)
+    sampler_path: str  # a tinker:// path to the sampler weights
+    base_model: str = ""  # the model the weights are an adapter of
+    base_url: str | None = None  # the training service that holds them; None: hosted Tinker
 
 
 @register_event
 class CheckpointSaved(Event, frozen=True, kw_only=True):
-    step: int
-    state_path: str
-    sampler_path: str
-    policy_version: int
-    task_cursor: int = 0
+    step: int  # the step the checkpoint was taken after
+    state_path: str  # weights and optimizer state, to resume from
+    sampler_path: str  # the sampler weights of the same step
+    policy_version: int  # the policy version at that step
+    task_cursor: int = 0  # how far through the training tasks the run was
 
 
 @register_event
 class EvalFinished(Event, frozen=True, kw_only=True):
-    step: int
-    metrics: dict[str, float]
-    report_path: str | None = None
+    step: int  # the training step the evaluation was taken at
+    metrics: dict[str, float]  # eval/... metrics of the report
+    report_path: str | None = None  # the JSON report in the run directory
 
 
 # --- the run and its infrastructure -----------------------------------------------------------
@@ -513,8 +517,8 @@ class ComponentFailed(Event, frozen=True, kw_only=True):
 
 @register_event
 class RunFinished(Event, frozen=True, kw_only=True):
-    status: Literal["completed", "failed", "cancelled"]
-    reason: str | None = None
+    status: Literal["completed", "failed", "cancelled"]  # how the run ended
+    reason: str | None = None  # why, when it did not complete
 
 
 @register_event

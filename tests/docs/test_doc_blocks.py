@@ -1,0 +1,178 @@
+"""Every command and config in the documentation works: marked blocks run, YAML validates.
+
+See `doc_blocks.py` for the markers. Each page's blocks run in order in a workspace of their own (a
+temporary folder on PYTHONPATH, with a site profile of its own), so a page can write a module, a
+config, and then run `platoon` on them, as a reader would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from doc_blocks import ROOT, SHELLS, Block, all_blocks, blocks, pages
+
+from platoon.config import ConfigError, load_config, validate_config
+from platoon.config.site import Site
+from platoon.config.validate import convert
+from platoon.harness.command import parse_spec
+
+RUNNABLE = ("run", "file", "python")
+# Pages that train on the embedded backend (or serve it) need torch: marked so, they skip without it.
+_TORCH = re.compile(
+    r"train-local|backend[:=] ?local|platoon-tiny-qwen3|serve tinker|save_tiny_model|examples/rao/"
+)
+
+
+# Pages that start sandboxes (Harbor tasks, command-line agents) need bubblewrap.
+_SANDBOX = re.compile(r"service: harbor|create_sandbox|harbor-dataset")
+_NO_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def _page_param(page: Path):
+    runnable = [b for b in blocks(page) if b.action in RUNNABLE]
+    marks = []
+    needs = {need for b in runnable for need in b.options.get("needs", "").split(",") if need}
+    texts = [b.text + b.options.get("setup", "") for b in runnable]
+    if "torch" in needs or any(_TORCH.search(text) for text in texts):
+        marks.append(pytest.mark.torch)
+    if "bwrap" in needs or any(_SANDBOX.search(b.text) for b in blocks(page)):
+        marks.append(_NO_BWRAP)
+    return pytest.param(page, marks=marks, id=_id(page))
+
+
+PAGES_WITH_RUNS = [p for p in pages() if any(b.action in RUNNABLE for b in blocks(p))]
+YAML_BLOCKS = [b for b in all_blocks() if b.lang in ("yaml", "yml")]
+TOML_BLOCKS = [b for b in all_blocks() if b.lang == "toml"]
+_PLATOON_LINE = re.compile(r"^(\s*(?:[A-Z_]+=\S*\s+)*)(platoon|python -m platoon)(\s|$)")
+
+
+def _id(item: Path | Block) -> str:
+    if isinstance(item, Block):
+        return item.where
+    return str(item.relative_to(ROOT))
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory):
+    """One site cache for every page, so the tiny model is built once."""
+    return tmp_path_factory.mktemp("platoon-cache")
+
+
+def _with_args(script: str, args: str) -> str:
+    if not args:
+        return script
+    out = []
+    for line in script.splitlines():
+        if _PLATOON_LINE.match(line):
+            command, sep, comment = line.partition("  #")
+            line = f"{command.rstrip()} {args}" + (f"  #{comment}" if sep else "")
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _run(block: Block, workspace: Path, env: dict[str, str]) -> None:
+    timeout = float(block.options.get("timeout", 300))
+    if block.action == "python":
+        argv, stdin, cwd = [sys.executable, "-"], block.text, workspace
+    else:
+        cwd = ROOT / block.options["cwd"] if "cwd" in block.options else workspace
+        script = _with_args(block.text, block.options.get("args", ""))
+        if "setup" in block.options:  # what the page assumes was done before (a run to look at)
+            script = f"{block.options['setup']}\n{script}"
+        argv, stdin = ["bash", "-e", "-o", "pipefail", "-s"], script
+    result = subprocess.run(
+        argv, input=stdin, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, (
+        f"{block.where}: exit {result.returncode}\n{stdin}\n--- output ---\n{output[-6000:]}"
+    )
+    expect = block.options.get("expect")
+    if expect is not None:
+        assert expect in output, f"{block.where}: expected {expect!r} in the output\n{output[-6000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [_page_param(p) for p in PAGES_WITH_RUNS])
+def test_the_runnable_blocks_of_a_page_run(page, tmp_path, shared_cache):
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    # A home of its own, with a site profile where a user keeps one: runs go to ~/platoon-runs
+    # as the pages say, and the cache is shared between pages.
+    home = tmp_path / "home"
+    site = home / ".config" / "platoon" / "site.yaml"
+    site.parent.mkdir(parents=True)
+    site.write_text(yaml.safe_dump({"cache": str(shared_cache)}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PLATOON_SITE", "XDG_CONFIG_HOME")}
+    env.update(
+        HOME=str(home),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join(p for p in [str(workspace), env.get("PYTHONPATH", "")] if p),
+        HF_HUB_OFFLINE="1",
+        PLATOON_REPO=str(ROOT),  # the pages that use the repository's examples say so
+        COLUMNS="100",
+    )
+    env.pop("TINKER_API_KEY", None)
+    env.pop("WANDB_API_KEY", None)
+    for block in blocks(page):
+        if block.action == "file":
+            target = workspace / block.arg
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(block.text)
+        elif block.action in ("run", "python"):
+            _run(block, workspace, env)
+
+
+@pytest.mark.parametrize("block", [b for b in all_blocks() if b.lang in SHELLS], ids=_id)
+def test_every_shell_block_is_run_or_says_why_not(block):
+    assert block.action in ("run", "skip"), (
+        f"{block.where}: mark this block <!-- test: run --> or <!-- test: skip REASON -->"
+    )
+    if block.action == "skip":
+        assert block.arg, f"{block.where}: a skipped block must say why"
+
+
+def _is_site(block: Block) -> bool:
+    return block.arg == "site" or (block.action == "file" and Path(block.arg).name == "site.yaml")
+
+
+@pytest.mark.parametrize("block", YAML_BLOCKS, ids=_id)
+def test_every_yaml_block_is_a_valid_config(block, tmp_path):
+    data = yaml.safe_load(block.text)
+    if block.action == "yaml" and block.arg == "other":
+        return  # YAML that is neither a config nor a site profile (the marker says so)
+    assert data is None or isinstance(data, dict), f"{block.where}: a config is a mapping"
+    data = dict(data or {})
+    try:
+        if block.included is not None and not _is_site(block):
+            load_config(block.included)  # a file of the repository, with what it extends
+        elif _is_site(block):
+            convert(data, Site, base_dir=tmp_path)
+        else:
+            data.pop("extends", None)  # the files it extends are checked where they are shown
+            validate_config(data, base_dir=tmp_path)
+    except ConfigError as exc:
+        pytest.fail(f"{block.where}: not a valid {'site profile' if _is_site(block) else 'config'}:\n{exc}")
+
+
+@pytest.mark.parametrize("block", TOML_BLOCKS, ids=_id)
+def test_every_toml_block_parses_and_harness_specs_validate(block):
+    data = tomllib.loads(block.text)
+    if "command" in data:
+        parse_spec(data, block.where)
+
+
+def test_the_markers_are_used():
+    """The machinery above is not vacuous: the docs do mark blocks to run."""
+    actions = [b.action for b in all_blocks()]
+    assert actions.count("run") >= 10
+    assert actions.count("file") >= 8
+    assert len(YAML_BLOCKS) >= 10
