@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train the policy on a config's environments")
     _config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--quiet", action="store_true", help="plain step lines, no live display")
     again = p.add_mutually_exclusive_group()
     again.add_argument(
         "--new-trial", action="store_true", help="if the run directory is taken, train as <trial>-2, -3, ..."

@@ -192,11 +192,15 @@ class MetricsSink:
         )
 
     def _console_line(self, event: TrainStepFinished) -> None:
-        if not self.console:
-            return
-        of = f"/{self.total_steps}" if self.total_steps else ""
-        parts = [fmt.format(event.metrics[key]) for key, fmt in _CONSOLE_KEYS if key in event.metrics]
-        total, graded = event.metrics.get("episodes/total", 0), event.metrics.get("episodes/graded", 0)
-        if graded < total:
-            parts.insert(0, f"graded {graded:.0f}/{total:.0f}" + ("" if graded else ", reward n/a"))
-        print(f"step {event.step + 1}{of}  " + "  ".join(parts), file=sys.stderr, flush=True)
+        if self.console:
+            print(step_line(event.step, self.total_steps, event.metrics), file=sys.stderr, flush=True)
+
+
+def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> str:
+    """The one line a finished step leaves on the console."""
+    of = f"/{total_steps}" if total_steps else ""
+    parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if key in metrics]
+    total, graded = metrics.get("episodes/total", 0), metrics.get("episodes/graded", 0)
+    if graded < total:
+        parts.insert(0, f"graded {graded:.0f}/{total:.0f}" + ("" if graded else ", reward n/a"))
+    return f"step {step + 1}{of}  " + "  ".join(parts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,7 @@ async def train(
     resume: bool = False,
     console: bool = True,
     sampler_factory: Any = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Train as `config` says, writing into `run_dir`; returns the last step's metrics.
 
@@ -172,6 +174,7 @@ async def train(
     (`platoon worker`) do, see `platoon.train.distributed`."""
     from platoon.programs import EpisodeRunner, Grader
     from platoon.stats.metrics import MetricsSink
+    from platoon.stats.progress import TrainProgress
 
     train_cfg = config.train
     if train_cfg is None:
@@ -252,12 +255,13 @@ async def train(
                 sealed=config.nats is not None,
             ),
             trainer,
+            *([TrainProgress(total_steps, start_step=start_step)] if progress else []),
             MetricsSink(
                 run_dir,
                 wandb=config.stats.wandb,
                 experiment=config.stats.experiment_name,
                 trial=run_dir.name,
-                console=console,
+                console=console and not progress,  # the live display prints the step lines
                 total_steps=total_steps,
             ),
             *system.plugin_components(config),
@@ -501,7 +505,9 @@ def train_command(args: Any) -> int:
             overwrite=getattr(args, "overwrite", False),
         )
     started = time.monotonic()
-    anyio.run(lambda: train(config, run_dir=directory, resume=bool(getattr(args, "resume", None))))
+    live = sys.stderr.isatty() and not getattr(args, "quiet", False)
+    resume = bool(getattr(args, "resume", None))
+    anyio.run(lambda: train(config, run_dir=directory, resume=resume, progress=live))
     from platoon.stats.summary import train_summary
 
     print(train_summary(directory, time.monotonic() - started))

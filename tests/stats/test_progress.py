@@ -1,0 +1,41 @@
+"""The live display of a training run: what it counts and shows, from the run's own events."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from platoon.bus.events import EpisodeGraded, EpisodeRequested, TaskRef, TrainStepFinished
+from platoon.stats.progress import TrainProgress
+
+TASK = TaskRef(env="e", split="train", task_id="t")
+
+
+def rendered(progress: TrainProgress) -> str:
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(progress.render())
+    return out.getvalue()
+
+
+def test_it_counts_episodes_in_flight_and_shows_the_last_step():
+    progress = TrainProgress(3, console=Console(file=io.StringIO()))
+    for n in range(4):
+        progress.see(EpisodeRequested(episode_id=f"e{n}", group_id="g", task=TASK, step=0))
+    progress.see(EpisodeRequested(episode_id="x", group_id="g", task=TASK, purpose="eval"))  # not counted
+    for n, reward in enumerate([1.0, 0.0, None]):
+        progress.see(EpisodeGraded(episode_id=f"e{n}", group_id="g", task=TASK, reward=reward, step=0))
+    text = rendered(progress)
+    assert "step 1/3  episodes 3/4, 1 in flight  reward 0.500 (last 2)" in text
+
+    printed = io.StringIO()
+
+    class Live:
+        console = Console(file=printed, width=200, color_system=None)
+
+    metrics = {"reward/mean": 0.5, "train/datums": 4.0, "episodes/total": 4.0, "episodes/graded": 3.0}
+    progress.see(TrainStepFinished(step=0, metrics=metrics), Live())
+    assert printed.getvalue().strip() == "step 1/3  graded 3/4  reward 0.500  datums 4"
+    text = rendered(progress)
+    assert "step 2/3  episodes 0/?" in text and "ETA" in text
+    assert "reward" in text and "0.500" in text and "datums" in text
