@@ -29,6 +29,13 @@ def test_the_summary_reads_the_metrics(tmp_path):
     assert "first 3 steps 0.250, last 3 steps 0.800  (0.20 → 1.00)" in text
     assert f"run     {tmp_path}" in text
     assert "no step was graded" in train_summary(tmp_path / "nowhere")
+    (tmp_path / "evals").mkdir()
+    for step, mean in ((0, 0.1), (5, 0.4), (10, 0.7)):
+        report = {"reward_mean": mean, "pass_at_k": {"1": mean / 2}}
+        (tmp_path / "evals" / f"step-{step:06d}.json").write_text(json.dumps(report))
+    text = train_summary(tmp_path)
+    assert "eval    step 0: reward 0.100, pass@1 0.050" in text
+    assert "eval    step 10: reward 0.700, pass@1 0.350" in text and "step 5:" not in text
 
 
 def test_reward_zero_and_not_graded_read_differently(capsys):

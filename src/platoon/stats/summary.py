@@ -50,6 +50,18 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
     else:
         lines.append("reward  no step was graded (see the step lines above)")
+    evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
+    for path in evals[:1] + evals[-1:] if len(evals) > 1 else evals:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        mean = report.get("reward_mean")
+        passes = report.get("pass_at_k") or {}
+        shown = f"reward {mean:.3f}" if isinstance(mean, int | float) else "reward n/a"
+        if "1" in passes:
+            shown += f", pass@1 {passes['1']:.3f}"
+        lines.append(f"eval    step {int(path.stem.removeprefix('step-'))}: {shown}")
     lines.append(f"run     {run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:
         lines.append(f"view    platoon view {run_dir}")
