@@ -69,7 +69,11 @@ def blocks(page: Path) -> list[Block]:
             i += 1
             continue
         fence, indent = match["fence"], match["indent"]
-        lang = (match["info"].strip().split() or [""])[0].lstrip(".").lower()
+        info = match["info"].strip()
+        # ```python, or ``` { .python title="..." } (superfences' attribute form, which ruff's
+        # Markdown formatting leaves alone: used for blocks that include a file)
+        attr = re.match(r"\{\s*\.([\w+-]+)", info) if info.startswith("{") else None
+        lang = (attr[1] if attr else (info.split() or [""])[0].lstrip(".")).lower()
         start = i
         body: list[str] = []
         i += 1

@@ -38,5 +38,9 @@ def test_mkdocs_build_strict_passes(tmp_path):
         "rfcs/0000-template",
     ):
         assert (site / page / "index.html").exists(), page
+    for html in site.rglob("*.html"):  # every `--8<--` include was resolved, none left as text
+        text = html.read_text()
+        assert "--8&lt;--" not in text and "8 &lt; --" not in text, html
+    assert "list_tasks" in (site / "tutorials" / "quickstart" / "index.html").read_text()  # guess.py
     api = (site / "reference" / "api" / "index.html").read_text()
     assert "AgentContext" in api and "load_config" in api  # mkdocstrings rendered the public API
