@@ -86,7 +86,7 @@ def test_every_field_is_parsed(make_task, monkeypatch):
         "no-network",
         "shared",
     )
-    assert resolve_env(v.env) == {"MODE": "strict", "TOKEN": "fallback"}
+    assert resolve_env(v.env, allowed=["PLATOON_TEST_TOKEN"]) == {"MODE": "strict", "TOKEN": "fallback"}
     a = c.agent
     assert (a.timeout_sec, a.user, a.network_mode, a.allowed_hosts) == (
         300.0,
@@ -170,11 +170,21 @@ def test_invalid_values_are_refused_with_the_key(raw, message):
 
 def test_env_templates(monkeypatch):
     monkeypatch.setenv("PLATOON_T", "host")
-    assert resolve_env({"a": "${PLATOON_T}", "b": "${PLATOON_NOPE:-d}", "c": "x${PLATOON_T}", "d": "${PLATOON_T:-d}"}) == {
+    allowed = ["PLATOON_T", "PLATOON_NOPE"]
+    assert resolve_env({"a": "${PLATOON_T}", "b": "${PLATOON_NOPE:-d}", "c": "x${PLATOON_T}", "d": "${PLATOON_T:-d}"}, allowed=allowed) == {
         "a": "host", "b": "d", "c": "x${PLATOON_T}", "d": "host",
     }  # fmt: skip
     with pytest.raises(HarborError, match=r"'PLATOON_NOPE' .* not set"):
-        resolve_env({"a": "${PLATOON_NOPE}"})
+        resolve_env({"a": "${PLATOON_NOPE}"}, allowed=allowed)
+
+
+def test_a_task_reads_only_the_host_variables_its_entry_passes(monkeypatch):
+    """A task is untrusted: naming the trainer's key in a template must not hand it over."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-secret")
+    with pytest.raises(HarborError, match=r"'TINKER_API_KEY' .* \(service_kwargs.pass_env\)"):
+        resolve_env({"LEAKED": "${TINKER_API_KEY}"})
+    assert resolve_env({"LEAKED": "${TINKER_API_KEY:-none}"}) == {"LEAKED": "none"}
+    assert resolve_env({"KEY": "${TINKER_API_KEY}"}, allowed=["TINKER_API_KEY"]) == {"KEY": "tml-secret"}
 
 
 def test_sandbox_spec_maps_image_workdir_resources_and_network(make_task, tmp_path):

@@ -18,14 +18,14 @@ def reward_script(body: str) -> str:
     return f"#!/bin/bash\n{body}\n"
 
 
-async def run_episode(task_dir, commands, provider="bwrap", logs_dir=None, **options) -> Grade:
+async def run_episode(task_dir, commands, provider="bwrap", logs_dir=None, pass_env=(), **options) -> Grade:
     """The scripted agent: run `commands` within the agent timeout, then grade."""
     task = load_task(task_dir)
     async with create_sandbox(sandbox_spec_for(task, **options.pop("spec", {})), provider, **options) as box:
         with anyio.move_on_after(task.config.agent.timeout_sec):
             for command in commands:
                 await box.exec(command)
-        return await grade(box, task, logs_dir=logs_dir)
+        return await grade(box, task, logs_dir=logs_dir, pass_env=pass_env)
 
 
 @needs_bwrap
@@ -98,10 +98,14 @@ async def test_planted_files_are_removed_and_verifier_env_and_user_apply(make_ta
     planted = [
         "mkdir -p /logs/verifier /tests && echo 7 > /logs/verifier/reward.txt && touch /tests/.planted"
     ]
-    got = await run_episode(make_task(toml=toml, test_sh=reward_script(body)), planted)
+    allowed = ["PLATOON_SECRET_FOR_TEST"]
+    got = await run_episode(make_task(toml=toml, test_sh=reward_script(body)), planted, pass_env=allowed)
     assert got == Grade({"reward": 1.0}, 1.0)
+    # Not passed by the entry: the task cannot read it, however it names it.
+    got = await run_episode(make_task("unpassed", toml=toml), [])
+    assert got.reward is None and "service_kwargs.pass_env" in got.reason
     monkeypatch.delenv("PLATOON_SECRET_FOR_TEST")
-    got = await run_episode(make_task("again", toml=toml), [])
+    got = await run_episode(make_task("again", toml=toml), [], pass_env=allowed)
     assert got.reward is None and "PLATOON_SECRET_FOR_TEST" in got.reason
 
 

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
@@ -37,7 +38,11 @@ class Grade(msgspec.Struct, frozen=True):
 
 
 async def grade(
-    sandbox: Sandbox, task: HarborTask, *, logs_dir: str | os.PathLike[str] | None = None
+    sandbox: Sandbox,
+    task: HarborTask,
+    *,
+    logs_dir: str | os.PathLike[str] | None = None,
+    pass_env: Sequence[str] = (),
 ) -> Grade:
     """Run `task`'s tests in the (started) `sandbox` and read the reward.
 
@@ -45,7 +50,7 @@ async def grade(
     """
     verifier = task.config.verifier
     try:
-        env = resolve_env(verifier.env)
+        env = resolve_env(verifier.env, allowed=pass_env)
     except HarborError as exc:
         return Grade({}, None, f"verifier env: {exc}")
     user = None if verifier.user is None else str(verifier.user)

@@ -29,7 +29,7 @@ import shlex
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -372,9 +372,9 @@ def find_layer(task: HarborTask, cache: str | os.PathLike[str]) -> Path | None:
     return directory if (directory / _LAYER_MARKER).is_file() else None
 
 
-def bwrap_spec(task: HarborTask, plan: BuildPlan | None) -> SandboxSpec:
+def bwrap_spec(task: HarborTask, plan: BuildPlan | None, pass_env: Sequence[str] = ()) -> SandboxSpec:
     """The sandbox of a task under bwrap: the host as base, with the Dockerfile's WORKDIR and ENV."""
-    spec = sandbox_spec_for(task)
+    spec = sandbox_spec_for(task, pass_env=pass_env)
     if plan is None:
         return spec
     workdir = task.config.environment.workdir or plan.workdir or spec.workdir

@@ -85,10 +85,12 @@ class HarborBackend:
         cache: str | os.PathLike[str] | None = None,
         provider_options: Mapping[str, Any] | None = None,
         tool_output_chars: int = TOOL_OUTPUT_CHARS,
+        pass_env: Sequence[str] = (),
     ) -> None:
         if tool_output_chars < 256:
             raise EnvError(f"tool_output_chars must be at least 256, got {tool_output_chars}")
         self.tool_output_chars = tool_output_chars
+        self.pass_env = tuple(pass_env)  # host variables tasks' ${VAR} templates may read
         if provider is None or cache is None:
             from platoon.config import load_site
 
@@ -148,11 +150,11 @@ class HarborBackend:
                 raise HarborError(
                     f"provider {self.provider} needs [environment].docker_image or a Dockerfile"
                 )
-            return sandbox_spec_for(task, image=image), _nothing
+            return sandbox_spec_for(task, image=image, pass_env=self.pass_env), _nothing
         if task.dockerfile is None and task.config.environment.docker_image is None:
             raise HarborError("bwrap runs a Dockerfile's steps; this task has a compose file only")
         plan = prepare.plan_dockerfile(task) if task.dockerfile is not None else None
-        spec = prepare.bwrap_spec(task, plan)
+        spec = prepare.bwrap_spec(task, plan, self.pass_env)
         if plan is None:
             return spec, _nothing
         layer = prepare.find_layer(task, self.cache)
@@ -259,7 +261,7 @@ class HarborSession:
     async def grade(self) -> Grade:
         """Run the task's tests now (the agent is done) and return every reward they wrote."""
         self.graded = True
-        result = await grade(self.sandbox, self.task)
+        result = await grade(self.sandbox, self.task, pass_env=self.backend.pass_env)
         return Grade(reward=result.reward, rewards=dict(result.rewards), reason=result.reason)
 
     async def fork(self, mode: Literal["fresh", "copy"]) -> HarborSession:

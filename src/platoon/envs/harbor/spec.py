@@ -21,6 +21,7 @@ def sandbox_spec_for(
     image: str | None = None,
     default_network: bool = False,
     mounts: Sequence[Mount] = (),
+    pass_env: Sequence[str] = (),
 ) -> SandboxSpec:
     """The SandboxSpec for `task`: its image (or the given `image`/`rootfs`), workdir,
     resources and env.
@@ -41,6 +42,6 @@ def sandbox_spec_for(
         network=network,
         cpus=env.cpus,
         memory_mb=env.memory_mb,
-        env=resolve_env(env.env),
+        env=resolve_env(env.env, allowed=pass_env),
         mounts=tuple(mounts),
     )

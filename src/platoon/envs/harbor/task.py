@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -103,18 +104,31 @@ def _load(root: Path) -> HarborTask:
 
 
 def resolve_env(
-    env: dict[str, str], environ: os._Environ[str] | dict[str, str] | None = None
+    env: dict[str, str],
+    environ: os._Environ[str] | dict[str, str] | None = None,
+    *,
+    allowed: Collection[str] = (),
 ) -> dict[str, str]:
-    """Fill Harbor's whole-value templates `${VAR}` / `${VAR:-default}` from the host env."""
-    environ = os.environ if environ is None else environ
+    """Fill Harbor's whole-value templates `${VAR}` / `${VAR:-default}` from the host env.
+
+    A task is untrusted: it reads only the host variables the config lets it (`allowed`, the
+    entry's `service_kwargs.pass_env`), never the trainer's keys by naming them. A variable it
+    may not read takes the template's default, or is an error naming the setting.
+    """
+    source = os.environ if environ is None else environ
     resolved = {}
     for key, value in env.items():
         if value.startswith("${") and value.endswith("}") and "}" not in value[2:-1]:
             name, sep, default = value[2:-1].partition(":-")
-            if name in environ:
-                resolved[key] = environ[name]
+            if name in allowed and name in source:
+                resolved[key] = source[name]
             elif sep:
                 resolved[key] = default
+            elif name not in allowed:
+                raise HarborError(
+                    f"the task reads the host variable {name!r} (for {key}); a task reads only those "
+                    "its entry passes (service_kwargs.pass_env)"
+                )
             else:
                 raise HarborError(f"environment variable {name!r} (for {key}) is not set on the host")
         else:
