@@ -55,3 +55,31 @@ def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeyp
     # 2 tasks x 4 rollouts, every episode graded and trained on.
     assert all(m["episodes/graded"] == 8 and m["train/datums"] >= 8 for m in metrics)
     assert metrics[-1]["policy/version"] == 2
+
+
+@pytest.mark.torch
+def test_the_cpu_config_grows_real_subagents_and_trains_them(tmp_path, monkeypatch):
+    """cpu.yaml: a fixed root delegates each crafted input to a subagent the tiny model plays;
+    the subagents' calls become datums at depth 1, credited by their own sub-targets."""
+    pytest.importorskip("peft")
+    from platoon import system
+    from platoon.bus.events import AgentSpawned, ModelCallFinished
+    from platoon.bus.eventlog import read_events
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    config = load_config(RAO / "cpu.yaml", ["train.max_training_steps=1"])
+    system.import_packages(config, RAO)
+    assert config.environments[0].agents.child_reward == "own"
+    run_dir = tmp_path / "run"
+    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
+    events = list(read_events(run_dir))
+    spawned = [e for e in events if isinstance(e, AgentSpawned)]
+    children = {e.agent_id for e in spawned if e.depth == 1}
+    assert children and all(e.harness == "platoon-react" for e in spawned if e.depth == 1)
+    sampled = {e.agent_id for e in events if isinstance(e, ModelCallFinished)}
+    assert sampled and sampled <= children  # only the subagents are the policy
+    [metrics] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["credit/depth/1/agents"] == len(children & sampled)
+    assert metrics["train/datums"] >= 1
