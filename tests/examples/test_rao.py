@@ -63,8 +63,8 @@ def test_the_cpu_config_grows_real_subagents_and_trains_them(tmp_path, monkeypat
     the subagents' calls become datums at depth 1, credited by their own sub-targets."""
     pytest.importorskip("peft")
     from platoon import system
-    from platoon.bus.events import AgentSpawned, ModelCallFinished
     from platoon.bus.eventlog import read_events
+    from platoon.bus.events import AgentSpawned, ModelCallFinished
 
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
