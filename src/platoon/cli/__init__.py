@@ -40,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"platoon {_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--log-format", choices=["console", "json"], default="console")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-format", choices=["console", "json"], default="console", help="how log lines are written"
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", help="run what a config describes: train with its evals, or eval alone")
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = hs.add_parser("list", help="every harness with the distribution that provides it")
     q.set_defaults(handler="platoon.cli.harness:list_harnesses")
     q = hs.add_parser("show", help="one harness: its options and where it comes from")
-    q.add_argument("name")
+    q.add_argument("name", help="the harness's name, as `platoon harness list` shows it")
     q.set_defaults(handler="platoon.cli.harness:show_harness")
 
     p = sub.add_parser("nats", help="NATS for distributed runs")
@@ -112,13 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--run", required=True, help="the run (the config's nats.run) the permissions are for")
     q.add_argument("--host", default="127.0.0.1", help="where the server listens (default: loopback)")
-    q.add_argument("--port", type=int, default=4222)
+    q.add_argument("--port", type=int, default=4222, help="where the server listens (default: 4222)")
     q.add_argument("--tls-cert", metavar="FILE", help="the server's TLS certificate (with --tls-key)")
     q.add_argument("--tls-key", metavar="FILE", help="its private key")
     q.set_defaults(handler="platoon.cli.nats:nats_init")
 
     p = sub.add_parser("events", help="print a run's event log")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or its events file)")
     p.add_argument("--type", action="append", dest="types", metavar="EVENT", help="only these event types")
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     p.add_argument("--salvage", action="store_true", help="exit 0 on a damaged log, after what could be read")
@@ -135,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     ss = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     q = ss.add_parser("tinker", help="the embedded Tinker-API training service (torch + transformers)")
     q.add_argument("--model", required=True, help="a local model directory (or a name in the HF cache)")
-    q.add_argument("--host", default="127.0.0.1")
-    q.add_argument("--port", type=int, default=8000)
+    q.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
+    q.add_argument("--port", type=int, default=8000, help="the port to listen on (default: 8000)")
     q.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     q.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     q.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
@@ -154,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("config", nargs="?", help="a config whose policy to serve (default: --policy)")
     q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="override any config entry")
     q.add_argument("--policy", help="scripted:MODULE:ATTR to serve a scripted policy")
-    q.add_argument("--host", default="127.0.0.1")
-    q.add_argument("--port", type=int, default=0, help="default: a free port")
+    q.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
+    q.add_argument("--port", type=int, default=0, help="the port to listen on (default: a free port)")
     q.add_argument("--renderer", help="the chat template (default: the config's, else qwen3_instruct)")
     q.add_argument("--model-name", default="platoon-policy", help="the model id clients see")
     q.add_argument("--events-dir", metavar="DIR", help="write the calls to an event log in DIR")
@@ -164,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("env", help="environment servers")
     es = p.add_subparsers(dest="env_command", metavar="ACTION", required=True)
     q = es.add_parser("serve", help="serve an ORS Environment class over the ORS HTTP protocol")
-    q.add_argument("target", metavar="MODULE:CLASS")
-    q.add_argument("--host", default="127.0.0.1")
-    q.add_argument("--port", type=int, default=8080)
+    q.add_argument("target", metavar="MODULE:CLASS", help="the ORS Environment class to serve")
+    q.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
+    q.add_argument("--port", type=int, default=8080, help="the port to listen on (default: 8080)")
     q.add_argument(
         "--api-key",
         default=None,

@@ -43,17 +43,6 @@ __all__ = [
 ]
 
 
-class _CallablePackage(types.ModuleType):
-    """`pt.harness` is this package once it is imported (Python sets the submodule attribute on
-    `platoon`), yet `@pt.harness("name")` must still register a harness: the package is callable."""
-
-    def __call__(self, name: str, *, options: type | None = None) -> Any:
-        return harness(name, options=options)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
-
-
 class _HarnessModule(types.ModuleType):
     """`platoon.harness` is both this package and the `@pt.harness("name")` decorator.
 
@@ -62,7 +51,7 @@ class _HarnessModule(types.ModuleType):
     working whichever was looked up first.
     """
 
-    def __call__(self, name: str, *, options: type | None = None):
+    def __call__(self, name: str, *, options: type | None = None) -> Any:
         return harness(name, options=options)
 
 

@@ -529,5 +529,10 @@ async def run(
         system.import_packages(config, Path(await path.resolve()).parent)
     directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
     if config.train is not None:
+        if policy is not None:
+            raise ValueError(
+                "policy= plays a scripted policy in an evaluation; this config trains (it has "
+                "train:), and training samples the policy it trains"
+            )
         return await train(config, run_dir=directory)
     return await evaluate_config(config, directory, policy=policy)
