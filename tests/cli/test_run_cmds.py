@@ -172,3 +172,27 @@ def test_the_tiny_model_name_works_in_every_command(site, capsys):
     assert (site / "cache" / "models" / "platoon-tiny-qwen3" / "config.json").exists()
     assert main(["rollout", local, "--task", "train:train-3"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("reward: ")
+
+
+@pytest.mark.torch
+def test_serve_tinker_stops_cleanly_on_sigterm(tiny_model):
+    import signal
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "platoon", "serve", "tinker", "--model", tiny_model, "--port", "0"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # it says where it listens once it does
+            if line.startswith("Tinker API for "):
+                break
+        else:
+            pytest.fail("the server ended before it listened")
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert "Traceback" not in err and err.strip() == "stopping"

@@ -88,21 +88,17 @@ async def _serve(args: Any, config: Any) -> None:
             assert isinstance(opened, AgentOpened)
             base = opened.base_url or ""
             root = base.removesuffix("/v1")
-            print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
-            print(f"key      {opened.key}")
-            print("point an agent at it:")
-            print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
-            print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
-            if args.events_dir:
-                print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
-            print("Ctrl-C stops it.", flush=True)
-            await _stopped()
-
-
-async def _stopped() -> None:
-    """Wait for Ctrl-C or SIGTERM, taken here so the servers close in order (a KeyboardInterrupt
-    raised in the middle of the loop would cut hypercorn's shutdown short)."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            print("stopping", file=sys.stderr, flush=True)
-            return
+            # Ctrl-C and SIGTERM are taken here, before it says it serves, so the servers close
+            # in order (a KeyboardInterrupt in the middle of the loop would cut hypercorn short).
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
+                print(f"key      {opened.key}")
+                print("point an agent at it:")
+                print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
+                print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
+                if args.events_dir:
+                    print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
+                print("Ctrl-C stops it.", flush=True)
+                async for _ in signals:
+                    print("stopping", file=sys.stderr, flush=True)
+                    break

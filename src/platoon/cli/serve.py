@@ -9,8 +9,10 @@ from platoon.cli import CommandError
 
 def serve_tinker(args: Any) -> int:
     from platoon.backends.local import main
+    from platoon.system import resolve_model
 
-    argv = ["--model", args.model, "--host", args.host, "--port", str(args.port), "--device", args.device]
+    model = resolve_model(args.model)  # a built-in name (platoon-tiny-qwen3) is built on first use
+    argv = ["--model", model, "--host", args.host, "--port", str(args.port), "--device", args.device]
     for flag, value in (
         ("--dtype", args.dtype),
         ("--checkpoint-dir", args.checkpoint_dir),

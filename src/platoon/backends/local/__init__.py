@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -139,7 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     task_status=task_status,
                 )
             )
-            print(f"Tinker API for {args.model} at {url}", file=sys.stderr, flush=True)
+            # Ctrl-C and SIGTERM end it here, so the server shuts down in order (no traceback);
+            # taken before it says it listens, so no signal falls between.
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                print(f"Tinker API for {args.model} at {url}", file=sys.stderr, flush=True)
+                async for _ in signals:
+                    print("stopping", file=sys.stderr, flush=True)
+                    break
+            tg.cancel_scope.cancel()
 
     with contextlib.suppress(KeyboardInterrupt):
         anyio.run(run)
