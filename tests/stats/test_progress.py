@@ -39,3 +39,15 @@ def test_it_counts_episodes_in_flight_and_shows_the_last_step():
     text = rendered(progress)
     assert "step 2/3  episodes 0/?" in text and "ETA" in text
     assert "reward" in text and "0.500" in text and "datums" in text
+
+
+def test_the_eval_bar_counts_graded_episodes_to_the_end():
+    from platoon.train.evaluate import progress_printer
+
+    out = io.StringIO()
+    show = progress_printer(console=Console(file=out, width=100, color_system=None, force_terminal=True))
+    for done in range(1, 5):
+        show(done, 4)
+    text = out.getvalue()
+    assert "eval episodes" in text and "4/4" in text
+    assert progress_printer()(1, 4) is None  # off a terminal: nothing drawn

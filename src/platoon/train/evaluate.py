@@ -280,19 +280,32 @@ def _reason_kind(reason: str) -> str:
     return text.split(":")[0][:40]
 
 
-def progress_printer(label: str = "eval") -> Callable[[int, int], None]:
-    """A one-line progress bar on stderr (only on a terminal)."""
-    tty = sys.stderr.isatty()
+def progress_printer(label: str = "eval", *, console: Any = None) -> Callable[[int, int], None]:
+    """A live progress bar of graded episodes on stderr, with ETA (rich; only on a terminal,
+    unless `console` is given)."""
+    if console is None and not sys.stderr.isatty():
+        return lambda done, total: None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        f"{label} episodes",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        "ETA",
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    task: list[Any] = []
 
     def show(done: int, total: int) -> None:
-        if not tty:
-            return
-        width = 30
-        filled = width * done // max(total, 1)
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        if not task:
+            bar.start()
+            task.append(bar.add_task(label, total=total))
+        bar.update(task[0], completed=done, total=total)
+        if done >= total:
+            bar.stop()
 
     return show
 
