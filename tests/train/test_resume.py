@@ -130,3 +130,40 @@ def test_a_resume_with_nothing_that_loads_changes_nothing(site, tiny_model):
     (run_dir / "checkpoints.jsonl").write_text("garbage\n")
     with pytest.raises(ResumeError, match="holds no readable checkpoint"):
         _train(learn_config(tiny_model, steps=2, save_every=1), run_dir, resume=True)
+
+
+def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
+    """SIGTERM (what a scheduler sends) cancels the run from inside its loop: every component
+    closes, the event log and metrics stay whole, nothing prints a traceback, and --resume goes on."""
+    config = learn_config(tiny_model, steps=40, save_every=1)
+    path = site / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = site / "runs" / "learn" / "t"
+    pythonpath = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    command = [sys.executable, "-m", "platoon", "train", str(path), "--quiet"]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert first.stderr is not None
+    seen = []
+    for line in first.stderr:  # a step finished: the run is in its loop
+        seen.append(line)
+        if line.startswith("step 2/"):
+            break
+    first.send_signal(signal.SIGTERM)
+    rest = first.stderr.read()
+    assert first.wait(timeout=120) == 130, "".join(seen) + rest
+    assert "Traceback" not in rest and rest.strip().endswith("platoon: interrupted")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(len(lines)))  # whole lines only
+    from platoon.bus.eventlog import LogDamage
+
+    damage = LogDamage(path="")
+    events = list(read_events(run_dir, damage))
+    assert events and not damage.found  # the log was closed, not cut
+    resumed = subprocess.run(
+        [*command, f"train.max_training_steps={len(lines) + 1}", "--resume", str(run_dir)],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]

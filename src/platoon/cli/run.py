@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,35 @@ def _setup(args: Any) -> Setup:
 
 def run_async(main: Any) -> Any:
     """`anyio.run(main)`, raising an error from inside the run's task groups as itself, so the
-    command line prints it as its one-line message rather than as an exception group."""
+    command line prints it as its one-line message rather than as an exception group.
+
+    Ctrl-C and SIGTERM cancel `main` from inside the loop, so every component and server closes
+    in order (event log flushed, hypercorn shut down), and then end it as a KeyboardInterrupt.
+    """
+
+    async def stoppable() -> Any:
+        result: list[Any] = []
+        signalled: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for number in signals:
+                        signalled.append(number)
+                        print("platoon: stopping ...", file=sys.stderr, flush=True)
+                        tg.cancel_scope.cancel()
+                        return
+
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(watch)
+            result.append(await main())
+            tg.cancel_scope.cancel()
+        if signalled:
+            raise KeyboardInterrupt
+        return result[0]
+
     try:
-        return anyio.run(main)
+        return anyio.run(stoppable)
     except BaseExceptionGroup as group:
         error: BaseException = group
         while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:

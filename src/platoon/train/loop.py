@@ -507,7 +507,9 @@ def train_command(args: Any) -> int:
     started = time.monotonic()
     live = sys.stderr.isatty() and not getattr(args, "quiet", False)
     resume = bool(getattr(args, "resume", None))
-    anyio.run(lambda: train(config, run_dir=directory, resume=resume, progress=live))
+    from platoon.cli.run import run_async
+
+    run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
     from platoon.stats.summary import train_summary
 
     print(train_summary(directory, time.monotonic() - started))
