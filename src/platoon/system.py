@@ -230,10 +230,8 @@ def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
 def check_training_service(config: Config) -> None:
     """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
     none is named (the embedded backend needs none)."""
-    if config.train is not None and config.train.backend == "local":
-        return
-    if not (config.tinker_base_url or os.environ.get("TINKER_BASE_URL") or os.environ.get("TINKER_API_KEY")):
-        raise SystemError(_NO_SERVICE)
+    if config.train is None or config.train.backend != "local":
+        _tinker_endpoint(config)
 
 
 _NO_SERVICE = (
@@ -252,11 +250,17 @@ def tinker_service_client(config: Config) -> Any:
         raise SystemError(
             "sampling a Tinker policy needs the tinker extra: pip install 'platoon[tinker]'"
         ) from None
+    base_url, api_key = _tinker_endpoint(config)
+    return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
+
+
+def _tinker_endpoint(config: Config) -> tuple[str | None, str | None]:
+    """(base URL, API key) of the config's Tinker service; raises when it names none."""
     base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL")
     api_key = os.environ.get("TINKER_API_KEY")
     if base_url is None and not api_key:
         raise SystemError(_NO_SERVICE)
-    return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
+    return base_url, api_key
 
 
 def gateway_for(

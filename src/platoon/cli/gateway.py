@@ -8,7 +8,6 @@ go to an event log that `platoon events DIR` reads.
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ def serve(args: Any) -> int:
         Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     from platoon.cli.run import run_async
 
-    run_async(lambda: _serve(args, config))
+    run_async(lambda: _serve(args, config), until_signal=True)
     return 0
 
 
@@ -88,17 +87,12 @@ async def _serve(args: Any, config: Any) -> None:
             assert isinstance(opened, AgentOpened)
             base = opened.base_url or ""
             root = base.removesuffix("/v1")
-            # Ctrl-C and SIGTERM are taken here, before it says it serves, so the servers close
-            # in order (a KeyboardInterrupt in the middle of the loop would cut hypercorn short).
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
-                print(f"key      {opened.key}")
-                print("point an agent at it:")
-                print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
-                print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
-                if args.events_dir:
-                    print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
-                print("Ctrl-C stops it.", flush=True)
-                async for _ in signals:
-                    print("stopping", file=sys.stderr, flush=True)
-                    break
+            print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
+            print(f"key      {opened.key}")
+            print("point an agent at it:")
+            print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
+            print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
+            if args.events_dir:
+                print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
+            print("Ctrl-C stops it.", flush=True)
+            await anyio.sleep_forever()  # run_async ends it on Ctrl-C or SIGTERM, in order

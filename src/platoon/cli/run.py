@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import structlog
 
 from platoon import system
@@ -38,12 +39,13 @@ def _setup(args: Any) -> Setup:
     return Setup(config, path, directory)
 
 
-def run_async(main: Any) -> Any:
+def run_async(main: Any, *, until_signal: bool = False) -> Any:
     """`anyio.run(main)`, raising an error from inside the run's task groups as itself, so the
     command line prints it as its one-line message rather than as an exception group.
 
     Ctrl-C and SIGTERM cancel `main` from inside the loop, so every component and server closes
-    in order (event log flushed, hypercorn shut down), and then end it as a KeyboardInterrupt.
+    in order (event log flushed, hypercorn shut down), and then end it as a KeyboardInterrupt;
+    for a server that runs `until_signal`, a signal is the normal end (it returns None).
     """
 
     async def stoppable() -> Any:
@@ -51,8 +53,9 @@ def run_async(main: Any) -> Any:
         signalled: list[int] = []
         async with anyio.create_task_group() as tg:
 
-            async def watch() -> None:
+            async def watch(*, task_status: anyio.abc.TaskStatus[None]) -> None:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    task_status.started()  # taken before main runs: no signal falls between
                     async for number in signals:
                         signalled.append(number)
                         print("platoon: stopping ...", file=sys.stderr, flush=True)
@@ -60,12 +63,12 @@ def run_async(main: Any) -> Any:
                         return
 
             if threading.current_thread() is threading.main_thread():
-                tg.start_soon(watch)
+                await tg.start(watch)
             result.append(await main())
             tg.cancel_scope.cancel()
-        if signalled:
+        if signalled and not until_signal:
             raise KeyboardInterrupt
-        return result[0]
+        return result[0] if result else None
 
     try:
         return anyio.run(stoppable)

@@ -178,6 +178,7 @@ class Gateway:
         self.model_name = model_name
         # What agents may ask for: the policy's name, the generic one, and configured aliases.
         self.model_names = frozenset({model_name, "platoon-policy", *model_aliases})
+        self._stream_markers = renderer.stream_markers()  # fixed for a renderer: read once
         self.version_timeout = version_timeout
         self._longest_token: int | None = None
         self.max_calls_per_agent = max_calls_per_agent
@@ -516,7 +517,7 @@ class Gateway:
             stops = list(stop)
         choice = params.pop("tool_choice", None) or "auto"
         parallel = params.pop("parallel_tool_calls", None)
-        markers, plain = self.renderer.stream_markers()
+        markers, plain = self._stream_markers
         controls = _Controls(stops=stops, markers=markers, plain=plain)
         names = [_tool_name(t) for t in tools or ()]
         if choice == "none":

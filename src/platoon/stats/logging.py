@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 
@@ -45,18 +45,6 @@ def _redact_secrets(logger: object, method: str, event_dict: dict) -> dict:
     return event_dict
 
 
-_QUIET = {"debug", "info"}
-
-
-def _quiet_libraries(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    """Other packages' structlog info lines (openreward logs every tool call) are dropped
-    unless the level is debug: platoon's own lines say what a run is doing."""
-    name = event_dict.get("logger") or getattr(logger, "name", "") or ""
-    if method in _QUIET and isinstance(name, str) and name and not name.startswith("platoon"):
-        raise structlog.DropEvent
-    return event_dict
-
-
 def configure_logging(fmt: Literal["console", "json"] = "console", level: str = "info") -> None:
     """Route structlog and the standard library's logging to stderr in one format."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -67,7 +55,6 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         # read this variable when they are made (on import, after this runs).
         os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
     shared = [
-        *([_quiet_libraries] if numeric > logging.DEBUG else []),
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso" if fmt == "json" else "%H:%M:%S"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,12 +18,8 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
     if not values:
         return ""
     if len(values) > width:
-        size = len(values) / width
-        values = [
-            sum(chunk) / len(chunk)
-            for i in range(width)
-            if (chunk := values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)])
-        ]
+        size = len(values) / width  # > 1, so no column is empty
+        values = [statistics.fmean(values[int(i * size) : int((i + 1) * size)]) for i in range(width)]
     low, high = min(values), max(values)
     span = high - low
     return "".join(_BARS[0 if span == 0 else round((v - low) / span * (len(_BARS) - 1))] for v in values)

@@ -428,9 +428,7 @@ class _Writer:
                 group_id=event.group_id,
                 step=event.step,
                 purpose=event.purpose,
-                env=event.task.env,
-                split=event.task.split,
-                task_id=event.task.task_id,
+                **_task_columns(event.task),
                 harness=event.harness,
                 attempt=event.attempt,
                 policy_version=event.policy_version,
@@ -440,9 +438,7 @@ class _Writer:
             self._upsert(
                 event.episode_id,
                 group_id=event.group_id,
-                env=event.task.env,
-                split=event.task.split,
-                task_id=event.task.task_id,
+                **_task_columns(event.task),
                 worker=event.worker or None,
             )
             self.db.execute(
@@ -469,9 +465,7 @@ class _Writer:
             self._upsert(
                 event.episode_id,
                 group_id=event.group_id,
-                env=event.task.env,
-                split=event.task.split,
-                task_id=event.task.task_id,
+                **_task_columns(event.task),
                 status=event.status,
                 reason=event.reason,
                 duration_s=event.duration_s,
@@ -526,3 +520,8 @@ def iter_rows(index: RunIndex, **query: Any) -> Iterator[dict[str, Any]]:
         if len(rows) < 1000:
             return
         offset += 1000
+
+
+def _task_columns(task: Any) -> dict[str, str]:
+    """An episode's task as the episodes table keeps it."""
+    return {"env": task.env, "split": task.split, "task_id": task.task_id}

@@ -52,3 +52,22 @@ def make_task(tmp_path):
         return write_task(tmp_path / "tasks", name, **kwargs)
 
     return make
+
+
+SUM_DOCKERFILE = "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY question.txt /app/question.txt\n"
+SUM_TEST = """\
+#!/bin/bash
+[ "$(cat /app/answer.txt 2>/dev/null)" = "42" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
+"""
+
+
+@pytest.fixture
+def sum_task(make_task) -> Path:
+    """A task whose agent adds the two numbers of /app/question.txt into /app/answer.txt."""
+    return make_task(
+        "sum",
+        instruction="Add the two numbers of question.txt and write the sum to answer.txt.\n",
+        test_sh=SUM_TEST,
+        dockerfile=SUM_DOCKERFILE,
+        files={"environment/question.txt": "19 23\n"},
+    )

@@ -44,11 +44,6 @@ pytestmark = [
 
 ENV = "tasks"
 AGENTS = Path(__file__).parent / "agents"
-DOCKERFILE = "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY question.txt /app/question.txt\n"
-SUM_TEST = """\
-#!/bin/bash
-[ "$(cat /app/answer.txt 2>/dev/null)" = "42" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
-"""
 
 
 def commands(*steps: str):
@@ -101,23 +96,13 @@ def site(tmp_path, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", "host-secret")
 
 
-def sum_task(make_task):
-    return make_task(
-        "sum",
-        instruction="Add the two numbers of question.txt and write the sum to answer.txt.\n",
-        test_sh=SUM_TEST,
-        dockerfile=DOCKERFILE,
-        files={"environment/question.txt": "19 23\n"},
-    )
-
-
 def only(events, kind):
     [event] = [e for e in events if isinstance(e, kind)]
     return event
 
 
-async def test_the_agent_acts_on_the_task_files_inside_the_sandbox(toy_tokenizer, make_task, tmp_path, site):
-    task = sum_task(make_task)
+async def test_the_agent_acts_on_the_task_files_inside_the_sandbox(toy_tokenizer, sum_task, tmp_path, site):
+    task = sum_task
     script = commands(
         "pwd; env | cut -d= -f1 | sort | tr '\\n' ' '; cat question.txt",
         "echo $(( $(tr ' ' + < question.txt) )) > answer.txt",
@@ -149,10 +134,8 @@ async def test_the_agent_acts_on_the_task_files_inside_the_sandbox(toy_tokenizer
     }
 
 
-async def test_the_agent_reaches_nothing_of_the_host_but_the_gateway(
-    toy_tokenizer, make_task, tmp_path, site
-):
-    task = sum_task(make_task)
+async def test_the_agent_reaches_nothing_of_the_host_but_the_gateway(toy_tokenizer, sum_task, tmp_path, site):
+    task = sum_task
     async with await anyio.create_tcp_listener(local_host="127.0.0.1") as host_service:
         port = host_service.extra(anyio.abc.SocketAttribute.local_port)
         probe = (
@@ -179,9 +162,9 @@ async def test_the_agent_reaches_nothing_of_the_host_but_the_gateway(
     ],
 )
 async def test_a_broken_agent_ends_its_episode_with_a_clear_status(
-    toy_tokenizer, make_task, tmp_path, site, command, status, reason
+    toy_tokenizer, sum_task, tmp_path, site, command, status, reason
 ):
-    task = sum_task(make_task)
+    task = sum_task
     spec = tmp_path / "bad.toml"
     spec.write_text(f'name = "test-bad"\ncommand = {command}\n')
     async with harbor_system(toy_tokenizer, task.parent, commands(), tmp_path, spec) as bus:
@@ -194,9 +177,9 @@ async def test_a_broken_agent_ends_its_episode_with_a_clear_status(
 
 
 async def test_a_flooding_agent_costs_the_event_log_only_its_capped_tail(
-    toy_tokenizer, make_task, tmp_path, site
+    toy_tokenizer, sum_task, tmp_path, site
 ):
-    task = sum_task(make_task)
+    task = sum_task
     spec = tmp_path / "flood.toml"
     spec.write_text(
         textwrap.dedent(

@@ -58,11 +58,6 @@ pytestmark = [
 ]
 
 ENV = "tasks"
-DOCKERFILE = "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY question.txt /app/question.txt\n"
-SUM_TEST = """\
-#!/bin/bash
-[ "$(cat /app/answer.txt 2>/dev/null)" = "42" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
-"""
 COMMANDS = [
     "cat question.txt",
     "echo $(( $(tr ' ' + < question.txt) )) > answer.txt && cat answer.txt",
@@ -109,16 +104,9 @@ AGENTS = [
 
 
 async def play(
-    tokenizer: Any, make_task: Any, tmp_path: Any, policy: Any, entry: EntrySettings
+    tokenizer: Any, task: Any, tmp_path: Any, policy: Any, entry: EntrySettings
 ) -> tuple[list[Event], list[BatchReady]]:
     """One episode of the `sum` task with `entry`: its events and the batch it made."""
-    task = make_task(
-        "sum",
-        instruction="Add the two numbers of question.txt and write the sum to answer.txt.\n",
-        test_sh=SUM_TEST,
-        dockerfile=DOCKERFILE,
-        files={"environment/question.txt": "19 23\n"},
-    )
     backend = HarborBackend(
         task.parent,
         provider="bwrap",
@@ -160,10 +148,10 @@ async def installed(name: str) -> None:
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
-async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, make_task, tmp_path):
+async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, sum_task, tmp_path):
     await installed(agent.harness)
     entry = EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)
-    events, batches = await play(toy_tokenizer, make_task, tmp_path, agent.policy, entry)
+    events, batches = await play(toy_tokenizer, sum_task, tmp_path, agent.policy, entry)
 
     exited = next(e for e in events if isinstance(e, AgentProcessExited))
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
@@ -212,7 +200,7 @@ async def delegate_to_pi(ctx: AgentContext) -> AgentResult:
 
 
 async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
-    toy_tokenizer, make_task, tmp_path
+    toy_tokenizer, sum_task, tmp_path
 ):
     """In a recursive program, pi runs as the root's subagent, in the episode's own sandbox, so
     its commands act on the files the task's tests grade; its calls train as its own datum."""
@@ -225,7 +213,7 @@ async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
         max_steps=8,
         agents=AgentsConfig(max_depth=1),
     )
-    events, batches = await play(toy_tokenizer, make_task, tmp_path, pi.policy, entry)
+    events, batches = await play(toy_tokenizer, sum_task, tmp_path, pi.policy, entry)
 
     root, child = [e for e in events if isinstance(e, AgentSpawned)]
     assert (child.parent_id, child.depth, child.harness) == (root.agent_id, 1, "pi")
