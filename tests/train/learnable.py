@@ -1,52 +1,25 @@
-"""An environment a tiny random-init model can learn, for the end-to-end training test.
+"""The quickstart's vowels task (`examples/quickstart/vowels.py`), for the end-to-end training
+tests: a task a tiny random-init model can learn.
 
-The policy answers once; the `submit` tool rewards the share of the answer's letters that
-are vowels. A random model scores about 0.2-0.3, and every sample gets a graded reward, so
-the signal is dense enough for a few dozen steps of importance sampling to move it.
+The policy answers once; the `submit` tool rewards the share of the answer's letters that are
+vowels. A random model scores about 0.2-0.3, and every sample gets a graded reward, so the signal
+is dense enough for a few dozen steps of importance sampling to move it.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from openreward.environments import Environment, TextBlock, ToolOutput, tool
-from pydantic import BaseModel
+import sys
+from pathlib import Path
 
 import platoon as pt
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "quickstart"))
 
-class Submission(BaseModel):
-    text: str
+from vowels import Vowels, say
 
+__all__ = ["Vowels", "learn_config"]
 
-def vowel_share(text: str) -> float:
-    letters = [c for c in text.lower() if c.isalpha() and c.isascii()]
-    return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0
-
-
-class Vowels(Environment):
-    @classmethod
-    def list_splits(cls) -> list[str]:
-        return ["train", "test"]
-
-    @classmethod
-    def list_tasks(cls, split: str) -> list[dict[str, Any]]:
-        return [{"id": f"{split}-{i}"} for i in range(16)]
-
-    def get_prompt(self) -> list[TextBlock]:
-        return [TextBlock(text="Say something.")]
-
-    @tool
-    async def submit(self, args: Submission) -> ToolOutput:
-        """Submit the answer."""
-        return ToolOutput(blocks=[TextBlock(text="ok")], reward=vowel_share(args.text), finished=True)
-
-
-@pt.harness("say-and-submit")
-async def say_and_submit(ctx: pt.AgentContext) -> pt.AgentResult:
-    reply = await ctx.chat([{"role": "user", "content": ctx.instruction}])
-    await ctx.call_tool("submit", {"text": reply.text})
-    return pt.AgentResult("completed", final_message=reply.text)
+pt.harness("say-and-submit")(say)
 
 
 def learn_config(tiny_model: str, steps: int, **train_overrides) -> dict:
