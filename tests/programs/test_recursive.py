@@ -552,3 +552,29 @@ async def test_the_eval_report_breaks_results_down_by_depth(toy_tokenizer):
     metrics = report.metrics()
     assert metrics["eval/depth1/own_reward_mean"] == 0.5 and metrics["eval/depth2/agents"] == 4.0
     assert report.tokens["calls"] == 22
+
+
+@harness("tree-test-say")
+async def say(ctx: AgentContext) -> AgentResult:
+    reply = await ctx.chat([{"role": "user", "content": ctx.instruction}])
+    return AgentResult("completed", final_message=reply.text)
+
+
+@harness("tree-test-delegate-once")
+async def delegate_once(ctx: AgentContext) -> AgentResult:
+    result = await ctx.spawn("say something long", harness="tree-test-say")
+    return AgentResult("completed", final_message=result.final_message)
+
+
+async def test_subagents_sample_with_the_entrys_settings(toy_tokenizer):
+    """The entry's `max_tokens` (and every other sampling setting) holds for subagents too."""
+    policy = ["a long answer that goes on well past four tokens"]
+    async with tree_system(
+        toy_tokenizer, policy, harness="tree-test-delegate-once", params={"max_tokens": 4}
+    ) as system:
+        events = await system.play("ab")
+
+    spawned = {e.agent_id: e.depth for e in of(events, AgentSpawned)}
+    (call,) = of(events, ModelCallFinished)
+    assert spawned[call.agent_id] == 1
+    assert len(call.completion_tokens) == 4 and call.stop_reason == "length"

@@ -261,7 +261,9 @@ class AgentTree:
                     depth=depth,
                     budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
                     max_model_calls=steps if per_depth else None,
-                    params=parent.params,
+                    # The entry's sampling settings (max tokens, temperature, stop), then the
+                    # parent's own overrides: a subagent samples as its root does.
+                    params={**self.episode.entry.params, **parent.params},
                     policy_version=request.policy_version,
                 ),
                 timeout=parent.request_timeout,
