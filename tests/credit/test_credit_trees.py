@@ -226,3 +226,11 @@ def test_malformed_trees_are_refused():
         assign_credit([[rollout(agent("r", None, 0), agent("r", None, 0))]])
     with pytest.raises(CreditError, match="non-finite reward"):
         assign_credit([[rollout(agent("r", None, 0), reward=float("nan"))]])
+
+
+def test_the_stats_give_each_depths_mean_own_reward():
+    _, stats = advantages_by_agent(CreditConfig(subagent_reward="own"))
+    # depth 1: a1 1.0, a3 ungraded (its episode's 1.0), b1 0.5; depth 2: a2 0.0, b2 ungraded (0.0)
+    assert stats["depth/0/reward_mean"] == 0.5
+    assert stats["depth/1/reward_mean"] == pytest.approx(2.5 / 3)
+    assert stats["depth/2/reward_mean"] == 0.0

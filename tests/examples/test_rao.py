@@ -58,9 +58,10 @@ def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeyp
 
 
 @pytest.mark.torch
-def test_the_cpu_config_grows_real_subagents_and_trains_them(tmp_path, monkeypatch):
-    """cpu.yaml: a fixed root delegates each crafted input to a subagent the tiny model plays;
-    the subagents' calls become datums at depth 1, credited by their own sub-targets."""
+def test_the_cpu_config_grows_real_subagents_and_both_depths_learn(tmp_path, monkeypatch):
+    """cpu.yaml as written: the root delegates all but one word of its line to subagents the
+    tiny model plays, graded on their own words; the root's and the subagents' calls train at
+    their depths, and the mean reward of each depth rises."""
     pytest.importorskip("peft")
     from platoon import system
     from platoon.bus.eventlog import read_events
@@ -69,17 +70,21 @@ def test_the_cpu_config_grows_real_subagents_and_trains_them(tmp_path, monkeypat
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
     monkeypatch.setenv("PLATOON_SITE", str(site))
-    config = load_config(RAO / "cpu.yaml", ["train.max_training_steps=1"])
+    config = load_config(RAO / "cpu.yaml")
     system.import_packages(config, RAO)
     assert config.environments[0].agents.child_reward == "own"
     run_dir = tmp_path / "run"
     anyio.run(lambda: train(config, run_dir=run_dir, console=False))
+
     events = list(read_events(run_dir))
-    spawned = [e for e in events if isinstance(e, AgentSpawned)]
-    children = {e.agent_id for e in spawned if e.depth == 1}
-    assert children and all(e.harness == "platoon-react" for e in spawned if e.depth == 1)
-    sampled = {e.agent_id for e in events if isinstance(e, ModelCallFinished)}
-    assert sampled and sampled <= children  # only the subagents are the policy
-    [metrics] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert metrics["credit/depth/1/agents"] == len(children & sampled)
-    assert metrics["train/datums"] >= 1
+    spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
+    assert {e.harness for e in spawned.values() if e.depth == 1} == {"rao-cpu-word"}
+    sampled_depths = {spawned[e.agent_id].depth for e in events if isinstance(e, ModelCallFinished)}
+    assert sampled_depths == {0, 1}
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == config.train.max_training_steps
+    assert all(m["credit/depth/0/agents"] == 32 and m["credit/depth/1/agents"] >= 32 for m in metrics)
+    for depth in (0, 1):
+        rewards = [m[f"credit/depth/{depth}/reward_mean"] for m in metrics]
+        first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+        assert last > first + 0.3, (depth, rewards)

@@ -6,7 +6,7 @@ depth weighting -> normalisation.
 """
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Literal
 
@@ -22,6 +22,7 @@ from platoon.credit.trees import (
     check_tree,
     depth_weights,
     is_constant_group,
+    own_reward,
     tree_advantages,
 )
 
@@ -158,6 +159,13 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
         "policy_version_min": min((d.policy_version for d in datums), default=0),
         "max_depth": max(weights, default=0),
     }
+    own_rewards: dict[int, list[float]] = defaultdict(list)
+    for rollout in (rollout for group in groups for rollout in group):
+        for agent in rollout.agents:
+            own_rewards[agent.depth].append(own_reward(rollout, agent))
+    for depth, rewards_at_depth in sorted(own_rewards.items()):
+        # A subagent's own grade where it has one: how each depth does at its own job.
+        stats[f"depth/{depth}/reward_mean"] = _mean(rewards_at_depth)
     for depth, weight in weights.items():
         stats[f"depth/{depth}/agents"] = agents_by_depth[depth]
         stats[f"depth/{depth}/trained_tokens"] = tokens_by_depth[depth]
