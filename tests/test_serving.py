@@ -101,3 +101,39 @@ async def test_a_client_that_trickles_its_headers_is_dropped():
         sock.close()
         tg.cancel_scope.cancel()
     assert closed, f"still connected after trickling {sent} bytes"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_stop_with_connections_still_open_logs_no_traceback():
+    """hypercorn cancels kept-alive connections at shutdown; on Python 3.11 asyncio reported
+    each as "Exception in callback ... CancelledError" with a traceback."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    held = anyio.Event()
+
+    async def hold(request: Request) -> JSONResponse:
+        held.set()
+        await anyio.sleep_forever()
+
+    app = Starlette(routes=[Route("/hold", hold)])
+    clients = []
+    try:
+        async with anyio.create_task_group() as tg:
+            url = await tg.start(serve_asgi, app)
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            for path in ("/hold", "/missing"):
+                client = socket.create_connection((host, int(port)))
+                client.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                clients.append(client)
+            await held.wait()
+            tg.cancel_scope.cancel()
+        for _ in range(20):  # the connection tasks' done-callbacks run on the next iterations
+            await asyncio.sleep(0)
+    finally:
+        for client in clients:
+            client.close()
+        loop.set_exception_handler(None)
+    assert [c.get("message") for c in reported] == []

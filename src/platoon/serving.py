@@ -13,6 +13,7 @@ loopback without a key: anyone who can reach the port would otherwise own the se
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -230,6 +231,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _quiet_cancelled_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """Drop the traceback Python 3.11's asyncio streams print for a cancelled connection task.
+
+    At shutdown hypercorn cancels the connections still open (a client that keeps its
+    connection alive, like the tinker SDK's); 3.11's `StreamReaderProtocol` then calls
+    `task.exception()` on the cancelled task, which raises, and the loop logs "Exception in
+    callback" with a traceback for what is an orderly stop (3.12 checks `cancelled()` first).
+    """
+    previous = loop.get_exception_handler()
+    if getattr(previous, "quiets_cancelled_connections", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler.quiets_cancelled_connections = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
+
+
 async def serve_asgi(
     app: Any,
     host: str = "127.0.0.1",
@@ -247,6 +272,8 @@ async def serve_asgi(
         from hypercorn.trio import serve
     else:
         from hypercorn.asyncio import serve
+
+        _quiet_cancelled_connections(asyncio.get_running_loop())
     shutdown = anyio.Event()
 
     async def run() -> None:
