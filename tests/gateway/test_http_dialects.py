@@ -201,3 +201,29 @@ async def test_anthropic_bearer_auth_max_tokens_and_count_tokens(toy_tokenizer, 
     assert reply.stop_reason == "max_tokens"
     assert reply.usage.output_tokens == len(record.completion_tokens) == 3
     assert counted.input_tokens == len(gw.gateway.renderer.render(messages, GUESS_TOOLS))
+
+
+async def test_a_call_over_http_records_its_messages_for_the_viewer(toy_tokenizer, anyio_backend):
+    """An HTTP agent's call has no `ChatRequested`: its `ModelCallFinished` carries the messages,
+    as the gateway read them, in every dialect. An in-process call's do not repeat there."""
+    async with running_gateway(toy_tokenizer, ["One.", "Two.", "Three.", "Four."], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            await client.chat.completions.create(
+                model="platoon-policy", messages=[{"role": "user", "content": "chat"}]
+            )
+            await client.responses.create(model="platoon-policy", instructions="Be brief.", input="responses")
+        async with anthropic_client(opened, api_key=opened.key) as claude:
+            await claude.messages.create(
+                model="platoon-policy", max_tokens=16, messages=[{"role": "user", "content": "messages"}]
+            )
+        ctx = await gw.context("ep2")
+        await ctx.chat([{"role": "user", "content": "in process"}])
+        records = await gw.settled()
+
+    assert [r.messages for r in records] == [
+        [{"role": "user", "content": "chat"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "responses"}],
+        [{"role": "user", "content": "messages"}],
+        None,
+    ]

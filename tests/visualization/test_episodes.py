@@ -1,5 +1,7 @@
 """An episode's events as the page shows them: trees, forks, compaction, HTTP agents, datums."""
 
+import msgspec
+
 from platoon.bus.eventlog import Record
 from platoon.bus.events import (
     AgentFinished,
@@ -103,3 +105,18 @@ def test_a_calls_tokens_carry_the_datum_values_at_their_positions():
     other = call_tokens(_call("b", [1], [2], "x"), [(4, d) for d in datums])
     assert other["datum"] is None and "no datum" in other["untrained_reason"]
     assert all("weight" not in t for t in other["tokens"])
+
+
+def test_a_call_over_http_shows_the_messages_it_carried():
+    call = msgspec.structs.replace(
+        _call("root", [1, 2], [3], "c1"), messages=[{"role": "user", "content": "hi"}]
+    )
+    events = [
+        AgentSpawned(
+            episode_id="ep", agent_id="root", parent_id=None, depth=0, harness="codex", instruction="go"
+        ),
+        call,
+    ]
+    view = episode_view({"episode_id": "ep"}, _records(events))
+    [item] = [i for i in view["agents"][0]["items"] if i["kind"] == "model_call"]
+    assert item["messages"] == [{"role": "user", "content": "hi"}] and item["call_id"] == "c1"

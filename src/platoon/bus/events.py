@@ -196,6 +196,9 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
     completion_text: str = ""  # the decoded completion, for people reading the log
     started_at: float = 0.0  # wall-clock time (Unix seconds) the call started
     duration_s: float = 0.0  # seconds the sampler took
+    # The messages of a call that came over HTTP (a command-line agent), for people reading the
+    # log; an in-process call's are in its `ChatRequested`.
+    messages: list[dict[str, Any]] | None = None
 
 
 @register_event

@@ -334,9 +334,12 @@ class Gateway:
         kind: CallKind = "policy",
         *,
         wait: bool = True,
+        record_messages: bool = False,
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
-        replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
+        replies = self.complete_stream(
+            session, messages, tools, params, kind, wait=wait, stream=False, record_messages=record_messages
+        )
         async for item in replies:
             if isinstance(item, Completion):
                 return item
@@ -352,6 +355,7 @@ class Gateway:
         *,
         wait: bool = True,
         stream: bool = True,
+        record_messages: bool = False,
     ) -> AsyncIterator[str | Completion]:
         """`complete`, yielding the reply's content as it is sampled (str deltas, when the sampler
         streams and `stream` is set), then the `Completion`. Errors come before the first item.
@@ -359,6 +363,8 @@ class Gateway:
         `params` may also hold `stop` (strings: the client's stop sequences, which end the reply
         where they appear), `tool_choice` ("auto", "none", "required" or {"name": ...}) and
         `parallel_tool_calls` (False: the reply ends after its first tool call).
+        `record_messages` puts the messages in the call's `ModelCallFinished` (an HTTP call has
+        no `ChatRequested` that holds them).
         """
         if self.sampler is None:
             raise GatewayError("sampler", "the gateway has no sampler yet")
@@ -477,6 +483,7 @@ class Gateway:
                     completion_text=parsed.content,
                     started_at=started,
                     duration_s=duration,
+                    messages=[dict(m) for m in messages] if record_messages else None,
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.

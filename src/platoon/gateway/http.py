@@ -275,12 +275,18 @@ def build_app(gateway: Gateway) -> Guard:
 
             if stream and n == 1:
                 rid = new_id()
-                replies = gateway.complete_stream(session, messages, tools, params, kind, wait=False)
+                replies = gateway.complete_stream(
+                    session, messages, tools, params, kind, wait=False, record_messages=True
+                )
                 format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
                 return await _streamed(replies, format, lambda c: shape([c], rid))
             done: list[Completion] = []
             for _ in range(n):
-                done.append(await gateway.complete(session, messages, tools, params, kind, wait=False))
+                done.append(
+                    await gateway.complete(
+                        session, messages, tools, params, kind, wait=False, record_messages=True
+                    )
+                )
             response = shape(done, done[0].call_id)
             if stream:
                 return _sse(_whole(dialects.chat_stream(response, include_usage)))
@@ -319,7 +325,14 @@ def build_app(gateway: Gateway) -> Guard:
                 return response
 
             replies = gateway.complete_stream(
-                session, messages, tools, params, _kind(request), wait=False, stream=stream
+                session,
+                messages,
+                tools,
+                params,
+                _kind(request),
+                wait=False,
+                stream=stream,
+                record_messages=True,
             )
             if stream:
                 format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
@@ -341,7 +354,14 @@ def build_app(gateway: Gateway) -> Guard:
                 )
 
             replies = gateway.complete_stream(
-                session, messages, tools, params, _kind(request), wait=False, stream=stream
+                session,
+                messages,
+                tools,
+                params,
+                _kind(request),
+                wait=False,
+                stream=stream,
+                record_messages=True,
             )
             if stream:
                 format = dialects.MessagesStream(f"msg_{rid}", model, 0)

@@ -120,8 +120,9 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
             chats[event.request_id] = item
         elif isinstance(event, ModelCallFinished):
             item = _pending_chat(agents.get(event.agent_id))
-            if item is None:
-                item = {"kind": "model_call", "time": at, "messages": None, "call_kind": event.kind}
+            if item is None:  # a call over HTTP: its messages, if any, came with it
+                messages = [_message(m) for m in event.messages] if event.messages is not None else None
+                item = {"kind": "model_call", "time": at, "messages": messages, "call_kind": event.kind}
                 agent(event.agent_id)["items"].append(item)
             prompt, completion = event.prompt_tokens, event.completion_tokens
             before = previous_tokens.get(event.agent_id)
