@@ -13,7 +13,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from platoon import _openreward
+
 __version__ = "0.2.0"
+
+# ORS environments import the openreward SDK: quiet it, and let the anthropic, openai and
+# google clients its `__init__` imports (2 s, for names an environment never uses) wait until
+# something really uses them. Done here, so it holds before any environment module loads.
+_openreward.quiet_sdk()
+_openreward.defer_sdk_clients()
 
 _EXPORTS = {
     "harness": "platoon.harness",

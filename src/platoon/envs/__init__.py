@@ -4,18 +4,9 @@
 that serves it (see `platoon.envs.service`).
 """
 
-import os
-
-# The openreward SDK logs every tool call at INFO to stdout and checks PyPI for updates when
-# a client or server starts: noise on the terminal and a network call inside a training run.
-# Turned down here, before any module of this package imports the SDK, unless the user set them.
-os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
-os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
-
 from collections.abc import Mapping
 from typing import Any
 
-from platoon.envs._openreward import defer_sdk_clients
 from platoon.envs.service import (
     EnvBackend,
     EnvError,
@@ -39,10 +30,6 @@ __all__ = [
     "build_backend",
     "build_env_service",
 ]
-
-# The SDK's `__init__` imports the anthropic, openai and google clients (2 s) for names it
-# never uses in an environment; they wait until something really uses them.
-defer_sdk_clients()
 
 # Keyword arguments of a config's `service_kwargs` that belong to the service, not the backend.
 _SERVICE_KEYS = ("secrets", "tool_errors")

@@ -19,14 +19,25 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 from typing import Any
 
-__all__ = ["DEFERRED", "Deferred", "defer_sdk_clients"]
+__all__ = ["DEFERRED", "Deferred", "defer_sdk_clients", "quiet_sdk"]
 
 # The SDK's optional clients: (a) heavy, (b) only named at import time, never used there.
 DEFERRED = ("anthropic", "openai", "google.genai")
+
+# The SDK logs every tool call at INFO to stdout and checks PyPI for updates when a client or
+# server starts: noise on the terminal and a network call inside a training run.
+_QUIET = {"OPENREWARD_LOG_LEVEL": "WARNING", "OPENREWARD_DISABLE_UPDATE_CHECK": "1"}
+
+
+def quiet_sdk() -> None:
+    """Turn the SDK's logging down and its update check off, unless the user set them."""
+    for key, value in _QUIET.items():
+        os.environ.setdefault(key, value)
 
 
 _importing = False

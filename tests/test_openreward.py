@@ -1,4 +1,5 @@
-"""The openreward SDK imports without its model clients, and they are real when used."""
+"""After `import platoon`, the openreward SDK imports quietly and without its model clients,
+which are the real packages once used."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def run(code: str) -> str:
 def test_an_ors_environment_imports_without_the_anthropic_openai_and_google_clients() -> None:
     out = run("""
         import sys
-        import platoon.envs
+        import platoon
         from openreward.environments import Environment, tool  # what an ORS env module does
         import openreward
         print(sorted(name for name in ("anthropic", "openai", "google.genai") if name in sys.modules))
@@ -29,7 +30,7 @@ def test_an_ors_environment_imports_without_the_anthropic_openai_and_google_clie
 
 def test_the_clients_are_the_real_packages_once_used() -> None:
     out = run("""
-        import platoon.envs
+        import platoon
         import openreward
         from openreward.api.rollouts import rollout
         from openreward.chat_backends import openai as backend
@@ -49,8 +50,18 @@ def test_the_clients_are_the_real_packages_once_used() -> None:
 def test_a_client_imported_before_the_sdk_is_used_as_it_is() -> None:
     out = run("""
         import openai
-        import platoon.envs
+        import platoon
         from openreward.chat_backends import openai as backend
         print(backend.AsyncOpenAI is openai.AsyncOpenAI)
     """)
     assert out.strip() == "True"
+
+
+def test_importing_platoon_quiets_the_sdk_unless_the_user_set_it() -> None:
+    out = run("""
+        import os
+        os.environ["OPENREWARD_LOG_LEVEL"] = "DEBUG"
+        import platoon
+        print(os.environ["OPENREWARD_LOG_LEVEL"], os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"])
+    """)
+    assert out.strip() == "DEBUG 1"
