@@ -36,6 +36,7 @@ GROUPS = {
     "programs": "platoon.programs",
     "environments": "platoon.environments",
     "reward_processors": "platoon.reward_processors",
+    "reward_rules": "platoon.reward_rules",
     "event_handlers": "platoon.event_handlers",
     "sandbox_providers": "platoon.sandbox_providers",
 }

@@ -134,6 +134,18 @@ def reward_processors(config: Config) -> dict[str, str]:
     }
 
 
+def grader(config: Config, *, tinker_base_url: str | None = None, model_name: str | None = None) -> Any:
+    """The config's grader: each entry's reward processor, reward rules and judges.
+
+    `tinker_base_url` and `model_name` are the run's training service and base model, for
+    `tinker` judges that name neither."""
+    from platoon.programs import Grader
+    from platoon.rewards import build_reward_rules
+
+    rules = build_reward_rules(config, tinker_base_url=tinker_base_url, model_name=model_name)
+    return Grader(reward_processors=reward_processors(config), rules=rules)
+
+
 def _service(name: str, entry: EnvironmentConfig) -> Any:
     from platoon.envs import build_env_service
 
@@ -386,7 +398,7 @@ async def rollout_system(
     services, the gateway, the runner, the grader, the event log and the config's plugins."""
     from platoon.bus import Bus, EventLog
     from platoon.config import write_run_files
-    from platoon.programs import EpisodeRunner, Grader
+    from platoon.programs import EpisodeRunner
 
     if not config.environments:
         raise SystemError("the config has no environments")
@@ -409,7 +421,7 @@ async def rollout_system(
             *env_services(config),
             gateway_for(config, renderer, factory),
             runner,
-            Grader(reward_processors=reward_processors(config)),
+            grader(config),
             *plugin_components(config),
         ]
         async with Bus() as bus, running(bus, components):

@@ -302,6 +302,7 @@ class GradeRequested(Request, frozen=True, kw_only=True):
     episode_id: str
     agent_id: str
     env: str
+    with_task: bool = False  # also answer the task's spec (for reward rules that read it)
 
 
 @register_event
@@ -311,6 +312,7 @@ class Graded(Reply, frozen=True, kw_only=True):
     reward: float | None = None
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
     reason: str | None = None
+    task: dict[str, Any] | None = None  # the task's spec, when the request asked `with_task`
 
 
 @register_event
@@ -413,6 +415,11 @@ class EpisodeGraded(Event, frozen=True, kw_only=True):
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
     # each subagent's own grade, by agent id
     agent_rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    # rewards that arrived mid-episode (tool results), by agent id: one sum per model call of the
+    # agent (judge calls not counted), for the rewards that came after that call and before the next
+    turn_rewards: dict[str, list[float]] = msgspec.field(default_factory=dict)
+    # explanations of reward parts, by part name: a judge's reasoning
+    notes: dict[str, str] = msgspec.field(default_factory=dict)
     status: EpisodeStatus = "completed"  # the episode's status when it finished
     reason: str | None = None
     purpose: Literal["train", "eval", "rollout"] = "train"

@@ -24,10 +24,15 @@ __all__ = [
     "FilePath",
     "GatewayConfig",
     "InferenceParams",
+    "JudgeConfig",
+    "JudgeScore",
+    "KLConfig",
     "NatsConfig",
     "NatsTLS",
     "PathOrName",
     "PluginConfig",
+    "RewardConfig",
+    "RewardRule",
     "RolloutConfig",
     "SplitsConfig",
     "StatsConfig",
@@ -96,6 +101,10 @@ class WorkflowConfig(_Strict):
     # close a group this long after its first grade; None: wait for all
     straggler_timeout_seconds: PositiveFloat | None = None
     straggler_quorum: Fraction = 0.5  # share of a group that must be in before a timeout closes it
+    # outcome: one reward per episode, spread over its calls; per_turn: each call answers to the
+    # rewards that arrived after it (tool results), with baselines per turn of the group
+    credit: Literal["outcome", "per_turn"] = "outcome"
+    turn_discount: Fraction = 1.0  # per_turn: a reward k turns later counts turn_discount^k
     rollout_config: RolloutConfig = field(default_factory=RolloutConfig)
 
 
@@ -103,6 +112,77 @@ class WorkflowConfig(_Strict):
 # so that "not written" and "written with the default value" stay different; the loader checks it
 # against WorkflowConfig all the same.
 WorkflowOverlay = Annotated[dict[str, Any], Meta(extra={"platoon_overlay": WorkflowConfig})]
+
+
+# --- rewards: judges and rules --------------------------------------------------------------------
+
+
+class JudgeScore(_Strict):
+    """How a judge's reply becomes a score: one of `number`, `labels`, `json_schema`."""
+
+    number: Annotated[list[float], Meta(min_length=2, max_length=2)] | None = (
+        None  # [low, high], mapped to 0..1
+    )
+    labels: dict[str, float] | None = None  # a word the judge answers -> its score
+    json_schema: dict[str, Any] | None = None  # the judge answers a JSON object; its `field` is the score
+    field: str = "score"  # json_schema: the key holding the score (a number, or a label of `labels`)
+
+
+class JudgeConfig(_Strict):
+    """A model that scores an episode from a rubric (see docs: Judges)."""
+
+    backend: Literal["openai", "tinker"] = "openai"  # an OpenAI-compatible endpoint, or a Tinker sampler
+    # openai: the endpoint's /v1 root; tinker: a Tinker-API server (None: the run's training service)
+    base_url: str | None = None
+    model: str | None = None  # the judge model; tinker: None is the policy's base model (frozen)
+    model_path: str | None = None  # tinker: sampler weights, e.g. a frozen platoon policy's tinker:// path
+    renderer_name: str | None = None  # tinker: how messages become tokens; None: train.renderer_name
+    api_key_env: str | None = None  # the environment variable holding the endpoint's key
+    # the rubric, a template: {task} {transcript} {final_answer} {reward}; the transcript is fenced
+    rubric: str | None = None
+    rubric_file: FilePath | None = None  # the rubric from a file instead
+    system: str | None = None  # a system message for the judge
+    score: JudgeScore = field(default_factory=lambda: JudgeScore(number=[0.0, 10.0]))
+    samples: PositiveInt = 1  # judge replies per episode
+    aggregate: Literal["mean", "median", "min", "max", "majority"] = "mean"  # how samples combine
+    temperature: NonNegativeFloat = 1.0
+    max_tokens: PositiveInt = 512  # tokens per judge reply
+    max_concurrent: PositiveInt = 8  # judge calls in flight at once
+    retries: NonNegativeInt = 2  # more tries per sample when a call fails or its reply has no score
+    timeout: PositiveFloat = 120.0  # seconds per judge call
+    cache: bool = True  # reuse the reply to an identical prompt (same judge, same sample) in this run
+
+
+class RewardRule(_Strict):
+    """One part of an episode's reward; the parts are combined with their weights."""
+
+    # env: the environment's grade; judge: a judge's score; format: 1 when the text matches `pattern`
+    # whole; match: 1 when the text matches `expected`; length_penalty, tool_penalty: per token/call
+    # over the allowance; python: `ref`, f(episode) -> float
+    rule: Literal["env", "judge", "format", "match", "length_penalty", "tool_penalty", "python"]
+    name: str | None = None  # the part's name in rewards and metrics; None: the rule's
+    weight: float = 1.0  # its weight in the combination
+    text: Literal["final_answer", "last_reply", "replies"] = "final_answer"  # what format and match read
+    pattern: str | None = None  # format: a regex the whole text must match; match (regex): to search
+    # match: how the text is compared with `expected`
+    kind: Literal["exact", "regex", "numeric"] = "exact"
+    expected: str | None = None  # match: the answer; {key} is taken from the task's spec
+    tolerance: NonNegativeFloat = 1e-6  # match (numeric): how far the number may be off
+    max_tokens: NonNegativeInt = 0  # length_penalty: sampled tokens that are free
+    per_token: float = -0.001  # length_penalty: the value of each token beyond them
+    per_call: float = -0.01  # tool_penalty: the value of each tool call beyond `free_calls`
+    free_calls: NonNegativeInt = 0  # tool_penalty: calls that are free
+    tools: list[str] = []  # tool_penalty: only these tools count; []: all
+    ref: str | None = None  # python: module:attr
+    judge: JudgeConfig | None = None  # judge: this rule's own judge; None: the entry's
+
+
+class RewardConfig(_Strict):
+    """An entry's reward: its rules and how they combine."""
+
+    rules: list[RewardRule] = []
+    # weighted_sum: sum of weight * part; min, product: of the weighted parts
+    combine: Literal["weighted_sum", "min", "product"] = "weighted_sum"
 
 
 # --- environments ---------------------------------------------------------------------------------
@@ -149,6 +229,8 @@ class EnvironmentConfig(_Strict):
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     # module:attr or a name: f(finished, graded) -> reward, applied to each grade
     reward_processor: str | None = None
+    judge: JudgeConfig | None = None  # a model that scores episodes; alone, its score is the reward
+    reward: RewardConfig | None = None  # weighted reward rules; None: the environment's grade
     weight: PositiveFloat = 1.0  # share of training tasks drawn from this entry
     splits: SplitsConfig = field(default_factory=SplitsConfig)
     workflow_config: WorkflowOverlay = {}  # overrides of train.workflow_config for this entry's tasks
@@ -166,6 +248,13 @@ class AdamParams(_Strict):
     eps: PositiveFloat = 1e-8  # added to the denominator for numerical stability
     weight_decay: NonNegativeFloat = 0.0  # decoupled weight decay
     grad_clip_norm: NonNegativeFloat = 0.0  # 0: no clipping
+
+
+class KLConfig(_Strict):
+    """A KL penalty against a reference policy, folded into the advantages."""
+
+    coefficient: NonNegativeFloat = 0.01  # weight of the penalty; 0 only reports the KL
+    reference_path: str | None = None  # sampler weights of the reference; None: the base model
 
 
 class TrainConfig(_Strict):
@@ -191,6 +280,7 @@ class TrainConfig(_Strict):
     workflow_config: WorkflowConfig = field(default_factory=WorkflowConfig)
     save_every: NonNegativeInt = 10  # steps between checkpoints; 0: only the last
     context_window_length: PositiveInt | None = None  # None: the model's
+    kl: KLConfig | None = None  # a KL penalty against a reference policy; None: none
 
 
 class EvalConfig(_Strict):

@@ -14,10 +14,11 @@ from platoon.credit.baselines import (
     mean_baseline,
     register_credit_rule,
 )
-from platoon.credit.datums import Datum, filter_stale, merge_calls, to_tinker, with_advantage
+from platoon.credit.datums import Datum, filter_stale, merge_calls, scaled, to_tinker, with_advantage
 from platoon.credit.exceptions import CreditError
 from platoon.credit.traces import AgentTrace, Call, Rollout
 from platoon.credit.trees import check_tree, depth_weights, is_constant_group, own_reward, tree_advantages
+from platoon.credit.turns import turn_advantages, turn_returns
 
 __all__ = [
     "AgentTrace",
@@ -40,7 +41,10 @@ __all__ = [
     "merge_calls",
     "own_reward",
     "register_credit_rule",
+    "scaled",
     "to_tinker",
     "tree_advantages",
+    "turn_advantages",
+    "turn_returns",
     "with_advantage",
 ]

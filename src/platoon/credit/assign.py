@@ -1,8 +1,8 @@
 """The entry point the trainer calls: task groups of graded rollouts in, datums out.
 
 Order of operations, each step a function of its own module:
-group baseline (rule, optional std scaling) -> subagent reward mode -> prefix merging ->
-depth weighting -> normalisation.
+group baseline (rule, optional std scaling) -> subagent reward mode -> per-turn returns (with
+`credit: per_turn`) -> prefix merging -> depth weighting -> normalisation.
 """
 
 import math
@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from platoon.credit.baselines import get_credit_rule
-from platoon.credit.datums import Datum, merge_calls, with_advantage
+from platoon.credit.datums import Datum, merge_calls, scaled, with_advantage
 from platoon.credit.exceptions import CreditError
 from platoon.credit.traces import Rollout
 from platoon.credit.trees import (
@@ -25,8 +25,10 @@ from platoon.credit.trees import (
     own_reward,
     tree_advantages,
 )
+from platoon.credit.turns import turn_advantages
 
 Normalization = Literal["sum", "token_mean"]
+Assignment = Literal["outcome", "per_turn"]
 
 
 class CreditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -40,6 +42,9 @@ class CreditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     - `depth_weighting`, `gamma`: how much each depth of the agent tree weighs.
     - `normalization`: `sum` leaves advantages as they are (Tinker's losses are sums);
       `token_mean` divides them by the batch's trained tokens, so the loss is a token mean.
+    - `credit`, `turn_discount`: `outcome` gives every call of an agent its rollout's
+      advantage; `per_turn` gives each call of a root agent the advantage of its discounted
+      return from that turn on, against the group's returns at the same turn (see `turns`).
     """
 
     baseline: str = "mean"
@@ -51,8 +56,13 @@ class CreditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     depth_weighting: DepthWeighting = "none"
     gamma: float = 0.9
     normalization: Normalization = "sum"
+    credit: Assignment = "outcome"
+    turn_discount: float = 1.0
 
     def __post_init__(self) -> None:
+        _choice("credit", self.credit, ("outcome", "per_turn"))
+        if not 0.0 <= self.turn_discount <= 1.0:
+            raise CreditError(f"turn_discount must be in [0, 1], got {self.turn_discount}")
         _choice("subagent_reward", self.subagent_reward, ("root", "own", "mix"))
         _choice("depth_weighting", self.depth_weighting, ("none", "inverse_count", "discount"))
         _choice("normalization", self.normalization, ("sum", "token_mean"))
@@ -88,14 +98,19 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
 
     removed: Counter[str] = Counter()
     calls = 0
-    pending: list[tuple[Datum, float]] = []
+    pending: list[tuple[Datum, float | None]] = []  # None: the datum carries its advantages
     for group in groups:
         if not group:
             removed["empty"] += 1
             continue
-        if cfg.remove_constant_groups and is_constant_group(
-            group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha
-        ):
+        per_turn: list[list[float]] | None = None
+        constant = is_constant_group(group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha)
+        if cfg.credit == "per_turn":
+            per_turn, varied = turn_advantages(
+                group, rule, discount=cfg.turn_discount, std_scaling=cfg.std_scaling, eps=cfg.std_eps
+            )
+            constant = constant and not varied
+        if cfg.remove_constant_groups and constant:
             removed["constant"] += 1
             continue
         advantages = tree_advantages(
@@ -106,19 +121,22 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
             std_scaling=cfg.std_scaling,
             eps=cfg.std_eps,
         )
-        group_datums = []
+        group_datums: list[tuple[Datum, float | None]] = []
         group_calls = 0
-        for rollout, by_agent in zip(group, advantages, strict=True):
+        for index, (rollout, by_agent) in enumerate(zip(group, advantages, strict=True)):
             for agent in rollout.agents:
                 group_calls += sum(call.kind != "judge" for call in agent.calls)
+                turns = per_turn[index] if per_turn is not None and agent.parent_id is None else None
                 datums = merge_calls(
                     agent.calls,
                     episode_id=rollout.episode_id,
                     group_id=rollout.group_id,
                     agent_id=agent.agent_id,
                     depth=agent.depth,
+                    call_advantages=turns,
                 )
-                group_datums += [(datum, by_agent[agent.agent_id]) for datum in datums]
+                advantage = None if turns is not None else by_agent[agent.agent_id]
+                group_datums += [(datum, advantage) for datum in datums]
         if not group_datums:
             removed["no_datums"] += 1
             continue
@@ -136,7 +154,12 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
     weights = depth_weights(agents_by_depth, tokens_by_depth, method=cfg.depth_weighting, gamma=cfg.gamma)
     trained_tokens = sum(tokens_by_depth.values())
     scale = 1.0 / trained_tokens if cfg.normalization == "token_mean" and trained_tokens else 1.0
-    datums = [with_advantage(datum, advantage * weights[datum.depth] * scale) for datum, advantage in pending]
+    datums = [
+        scaled(datum, weights[datum.depth] * scale)
+        if advantage is None
+        else with_advantage(datum, advantage * weights[datum.depth] * scale)
+        for datum, advantage in pending
+    ]
 
     rewards = [rollout.reward for group in groups for rollout in group]
     reward_mean = _mean(rewards)

@@ -21,26 +21,29 @@ from platoon.credit.traces import Call
 class _Sequence:
     """A growing token sequence with per-token sampler logprob and a sampled flag."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, advantage: float = 0.0) -> None:
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.sampled: list[float] = []
+        self.advantages: list[float] = []
         self.policy_version = call.policy_version
-        self.add(call, 0)
+        self.add(call, 0, advantage)
 
     def extended_by(self, call: Call) -> bool:
         n = len(self.tokens)
         return len(call.prompt_tokens) >= n and call.prompt_tokens[:n] == self.tokens
 
-    def add(self, call: Call, start: int) -> None:
+    def add(self, call: Call, start: int, advantage: float = 0.0) -> None:
         """Append the prompt from `start` on (not trained) and then the completion (trained)."""
         new_prompt = call.prompt_tokens[start:]
         self.tokens += new_prompt
         self.logprobs += [0.0] * len(new_prompt)
         self.sampled += [0.0] * len(new_prompt)
+        self.advantages += [0.0] * len(new_prompt)
         self.tokens += call.completion_tokens
         self.logprobs += call.logprobs
         self.sampled += [1.0] * len(call.completion_tokens)
+        self.advantages += [advantage] * len(call.completion_tokens)
         self.policy_version = min(self.policy_version, call.policy_version)
 
 
@@ -51,21 +54,25 @@ def merge_calls(
     group_id: str = "",
     agent_id: str = "",
     depth: int = 0,
+    call_advantages: Sequence[float] | None = None,
 ) -> list[Datum]:
-    """Fold one agent's calls, in order, into datums with zero advantages.
+    """Fold one agent's calls, in order, into datums.
 
     Judge calls are skipped (they neither train nor break a chain). A sequence with no
     trainable target (no completion tokens past its first token) yields no datum.
-    Fill in advantages with `with_advantage`.
+    Advantages are zero, or with `call_advantages` (one per trainable call, in order) each
+    call's sampled tokens carry its own; fill in one advantage for all with `with_advantage`.
     """
+    trainable = [call for call in calls if call.kind != "judge"]
+    if call_advantages is not None and len(call_advantages) != len(trainable):
+        raise CreditError(f"{len(call_advantages)} call advantages for {len(trainable)} trainable calls")
     sequences: list[_Sequence] = []
-    for call in calls:
-        if call.kind == "judge":
-            continue
+    for index, call in enumerate(trainable):
+        advantage = call_advantages[index] if call_advantages is not None else 0.0
         if sequences and sequences[-1].extended_by(call):
-            sequences[-1].add(call, len(sequences[-1].tokens))
+            sequences[-1].add(call, len(sequences[-1].tokens), advantage)
         else:
-            sequences.append(_Sequence(call))
+            sequences.append(_Sequence(call, advantage))
     datums = []
     for seq in sequences:
         weights = seq.sampled[1:]
@@ -77,7 +84,7 @@ def merge_calls(
                 model_input=seq.tokens[:-1],
                 target_tokens=seq.tokens[1:],
                 logprobs=seq.logprobs[1:],
-                advantages=[0.0] * len(weights),
+                advantages=seq.advantages[1:],
                 weights=weights,
                 episode_id=episode_id,
                 group_id=group_id,
@@ -93,6 +100,11 @@ def merge_calls(
 def with_advantage(datum: Datum, advantage: float) -> Datum:
     """A copy of `datum` whose sampled positions carry `advantage` (others stay 0)."""
     return msgspec.structs.replace(datum, advantages=[w * advantage for w in datum.weights])
+
+
+def scaled(datum: Datum, factor: float) -> Datum:
+    """A copy of `datum` with every advantage multiplied by `factor`."""
+    return msgspec.structs.replace(datum, advantages=[a * factor for a in datum.advantages])
 
 
 def filter_stale(

@@ -44,6 +44,9 @@ class AgentTrace(msgspec.Struct, frozen=True, kw_only=True):
     depth: int
     calls: list[Call]
     reward: float | None = None
+    # per-turn credit: one reward per trainable call (judge calls not counted), for what arrived
+    # after that call and before the next; [] when none arrived mid-episode
+    turn_rewards: list[float] = []
 
 
 class Rollout(msgspec.Struct, frozen=True, kw_only=True):

@@ -519,6 +519,7 @@ class EnvService:
                     reward=grade.reward,
                     rewards=dict(grade.rewards),
                     reason=grade.reason,
+                    task=dict(slot.task.spec) if req.with_task else None,
                 )
         except Exception as exc:
             reason = f"grading failed: {_describe(exc)}"

@@ -3,7 +3,13 @@
 Episodes that ended in an error or were cancelled are not graded: their `EpisodeGraded` has
 `reward=None` and the reason, so they are counted but never trained on (an infrastructure
 failure must not look like a reward of 0). Others ask their env service for the root
-session's grade, then pass it through the entry's reward processor, if any.
+session's grade, then pass it through the entry's reward processor, if any, and then through
+the entry's reward rules and judges (`platoon.rewards`), whose parts go into `rewards` as
+`rule/<name>` and whose reasoning into `notes`.
+
+The grader watches every event of an episode in flight (model calls, tool calls and results) so
+rules and judges can read the episode; the rewards tool results carry mid-episode go into
+`EpisodeGraded.turn_rewards`, one sum per model call, for per-turn credit.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import structlog
 
 from platoon import plugins
 from platoon.bus import Bus, NoResponder, RequestTimeout, Stream
-from platoon.bus.events import EpisodeFinished, EpisodeGraded, Graded, GradeRequested
+from platoon.bus.events import EpisodeFinished, EpisodeGraded, Event, Graded, GradeRequested
+from platoon.rewards import Episode, EpisodeRecorder, RewardRules, RuleError
 
 __all__ = ["Grader", "RewardProcessor"]
 
@@ -33,30 +40,43 @@ class Grader:
     name = "grader"
 
     def __init__(
-        self, *, reward_processors: Mapping[str, str] | None = None, grade_timeout: float | None = 900.0
+        self,
+        *,
+        reward_processors: Mapping[str, str] | None = None,
+        rules: Mapping[str, RewardRules] | None = None,
+        grade_timeout: float | None = 900.0,
     ) -> None:
         self.processors: dict[str, RewardProcessor] = {
             env: plugins.load("reward_processors", ref) for env, ref in (reward_processors or {}).items()
         }
+        self.rules = dict(rules or {})
         self.grade_timeout = grade_timeout
-        self._finished: Stream[EpisodeFinished] | None = None
+        self.recorder = EpisodeRecorder()
+        self._events: Stream[Event] | None = None
 
     def attach(self, bus: Bus) -> None:
-        if self._finished is not None:
+        if self._events is not None:
             return
-        self._finished = bus.stream(EpisodeFinished, name="grader").open()
+        self._events = bus.stream(Event, name="grader").open()
 
     async def run(self, bus: Bus) -> None:
-        if self._finished is None:
+        if self._events is None:
             self.attach(bus)
-        assert self._finished is not None
+        assert self._events is not None
         async with anyio.create_task_group() as tg:
-            with self._finished as finished:
-                async for event in finished:
-                    tg.start_soon(self._grade, bus, event)
+            with self._events as events:
+                async for event in events:
+                    if isinstance(event, EpisodeFinished):
+                        tg.start_soon(self._grade, bus, event, self.recorder.pop(event))
+                    else:
+                        self.recorder.see(event)
 
-    async def _grade(self, bus: Bus, finished: EpisodeFinished) -> None:
-        reward, rewards, reason = await self.grade(bus, finished)
+    async def _grade(self, bus: Bus, finished: EpisodeFinished, episode: Episode | None = None) -> None:
+        episode = episode or Episode(
+            episode_id=finished.episode_id, group_id=finished.group_id, task=finished.task
+        )
+        notes: dict[str, str] = {}
+        reward, rewards, reason = await self.grade(bus, finished, episode, notes)
         if reward is not None and not math.isfinite(reward):
             # NaN or inf would poison a whole group's advantages: this episode is not graded.
             log.warning("non-finite reward: the episode counts as not graded", episode=finished.episode_id)
@@ -71,6 +91,10 @@ class Grader:
                 rewards=rewards,
                 status=finished.status,
                 reason=reason,
+                turn_rewards={a: t for a, t in episode.turn_rewards.items() if any(t)}
+                if reward is not None
+                else {},
+                notes=notes,
                 purpose=finished.purpose,
                 step=finished.step,
                 policy_version=finished.policy_version,
@@ -78,14 +102,22 @@ class Grader:
         )
 
     async def grade(
-        self, bus: Bus, finished: EpisodeFinished
+        self,
+        bus: Bus,
+        finished: EpisodeFinished,
+        episode: Episode | None = None,
+        notes: dict[str, str] | None = None,
     ) -> tuple[float | None, dict[str, float], str | None]:
         if finished.status in ("error", "cancelled"):
             return None, {}, finished.reason or finished.status
+        rules = self.rules.get(finished.task.env)
         try:
             graded = await bus.request(
                 GradeRequested(
-                    episode_id=finished.episode_id, agent_id=finished.root_agent_id, env=finished.task.env
+                    episode_id=finished.episode_id,
+                    agent_id=finished.root_agent_id,
+                    env=finished.task.env,
+                    with_task=rules is not None and rules.needs_task_spec,
                 ),
                 timeout=self.grade_timeout,
             )
@@ -107,4 +139,24 @@ class Grader:
             except Exception as exc:
                 log.warning("reward processor failed", episode=finished.episode_id, error=str(exc))
                 return None, rewards, f"the reward processor raised {type(exc).__name__}: {exc}"
-        return reward, rewards, reason
+        if rules is None:
+            return reward, rewards, reason
+        episode = episode or Episode(
+            episode_id=finished.episode_id, group_id=finished.group_id, task=finished.task
+        )
+        episode.final_answer = finished.final_message
+        episode.root_agent_id = episode.root_agent_id or finished.root_agent_id
+        episode.env_reward, episode.env_rewards = reward, dict(rewards)
+        episode.task_spec = dict(graded.task or {})
+        try:
+            outcome = await rules.evaluate(episode, bus)
+        except RuleError as exc:
+            log.warning("reward rules failed", episode=finished.episode_id, error=str(exc))
+            reason = f"reward rules failed: {exc}" + (f" (the environment: {reason})" if reason else "")
+            return None, rewards, reason
+        if notes is not None:
+            notes.update(outcome.notes)
+        rewards |= {f"rule/{name}": value for name, value in outcome.parts.items()}
+        if reward is not None:
+            rewards.setdefault("env", reward)
+        return outcome.reward, rewards, reason

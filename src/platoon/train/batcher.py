@@ -78,6 +78,7 @@ class EpisodeRecord:
                 depth=depth,
                 calls=self.calls.get(agent_id, []),
                 reward=self.rewards.get(agent_id, graded.agent_rewards.get(agent_id)),
+                turn_rewards=list(graded.turn_rewards.get(agent_id, [])),
             )
             for agent_id, (parent, depth) in sorted(self.agents.items(), key=lambda item: item[1][1])
         ]
@@ -269,6 +270,7 @@ class CreditAssigner:
         failures: Counter[str] = Counter()
         rollouts: list[list[Rollout]] = []
         rewards: list[float] = []
+        parts: dict[str, list[float]] = {}
         workers: Counter[str] = Counter()
         episodes = 0
         for group in groups:
@@ -286,6 +288,8 @@ class CreditAssigner:
                     failures["non_finite_reward"] += 1
                     continue
                 rewards.append(graded.reward)
+                for name, value in graded.rewards.items():
+                    parts.setdefault(name, []).append(value)
                 kept.append(record.rollout(graded))
             if kept:
                 rollouts.append(kept)
@@ -299,6 +303,8 @@ class CreditAssigner:
                 "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
                 "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n,
             }
+            # each named part of the reward (the environment's, each rule's), so a user sees which moved
+            stats |= {f"reward/{name}/mean": sum(values) / len(values) for name, values in parts.items()}
         stats |= {
             "episodes/total": float(episodes),
             "episodes/graded": float(n),

@@ -667,13 +667,6 @@ class Worker:
         self.follower = PolicyFollower(sampler_for)
         entries = system.entry_settings(config)
         self.seal = ResultSeal(worker=self.name, envs={e.name for e in entries})
-        processors = {
-            n: e.reward_processor
-            for n, e in zip(system.entry_names(config), config.environments, strict=True)
-            if e.reward_processor
-        }
-        from platoon.programs import Grader
-
         self.components = [
             *system.env_services(config),
             system.gateway_for(config, renderer, self.follower, model_name=config.train.model_name),
@@ -684,7 +677,7 @@ class Worker:
                 worker=self.name,
                 seed=config.train.seed,
             ),
-            Grader(reward_processors=processors),
+            system.grader(config),
             self.seal,
             self.follower,
             *system.plugin_components(config),

@@ -155,6 +155,8 @@ def _credit(config: Config) -> CreditConfig:
         depth_weighting=workflow.depth_weighting,
         gamma=workflow.depth_discount,
         normalization=train.loss_normalization,
+        credit=workflow.credit,
+        turn_discount=workflow.turn_discount,
     )
 
 
@@ -172,7 +174,7 @@ async def train(
     `sampler_factory` replaces the training service's sampler for rollouts (a scripted policy
     in tests and demos). With `nats:` in the config the trainer plays no rollouts: workers
     (`platoon worker`) do, see `platoon.train.distributed`."""
-    from platoon.programs import EpisodeRunner, Grader
+    from platoon.programs import EpisodeRunner
     from platoon.stats.metrics import MetricsSink
     from platoon.stats.progress import TrainProgress
 
@@ -240,7 +242,7 @@ async def train(
             rollouts = [
                 system.gateway_for(config, renderer, factory, model_name=train_cfg.model_name),
                 EpisodeRunner(system.entry_settings(config), seed=train_cfg.seed),
-                Grader(reward_processors=system.reward_processors(config)),
+                system.grader(config, tinker_base_url=service.base_url, model_name=train_cfg.model_name),
             ]
         components = [
             EventLog(run_dir),

@@ -1,0 +1,126 @@
+"""Rewards beyond the environment's grade: reward rules and judges.
+
+`build_reward_rules(config, ...)` turns each environment entry's `reward:` and `judge:` into a
+`RewardRules` for the grader. An entry with a `judge:` and no `reward:` is graded by its judge
+alone; with both, `judge` rules that name no judge of their own use the entry's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from platoon.config.schema import Config, JudgeConfig, RewardConfig, RewardRule
+from platoon.rewards.episode import Episode, EpisodeRecorder, Reply, ToolUse
+from platoon.rewards.judge import (
+    Judge,
+    JudgeError,
+    JudgeModel,
+    JudgeReply,
+    JudgeResult,
+    OpenAIJudgeModel,
+    SamplerJudgeModel,
+    parse_score,
+    render_rubric,
+)
+from platoon.rewards.rules import RewardOutcome, RewardRules, RuleError, rule_names
+
+__all__ = [
+    "Episode",
+    "EpisodeRecorder",
+    "Judge",
+    "JudgeError",
+    "JudgeModel",
+    "JudgeReply",
+    "JudgeResult",
+    "OpenAIJudgeModel",
+    "Reply",
+    "RewardOutcome",
+    "RewardRules",
+    "RuleError",
+    "SamplerJudgeModel",
+    "ToolUse",
+    "build_judge",
+    "build_reward_rules",
+    "parse_score",
+    "render_rubric",
+    "rule_names",
+]
+
+
+def build_reward_rules(
+    config: Config,
+    *,
+    tinker_base_url: str | None = None,
+    model_name: str | None = None,
+    judge_model: Callable[[JudgeConfig], JudgeModel] | None = None,
+) -> dict[str, RewardRules]:
+    """Each entry's rules, by entry name (entries with neither `reward:` nor `judge:` have none).
+
+    `tinker_base_url` and `model_name` are the run's training service and base model, which a
+    `tinker` judge uses where its config names none. `judge_model` replaces how a judge's model is
+    made (tests pass scripted ones)."""
+    from platoon.system import entry_names
+
+    make = judge_model or (lambda cfg: _judge_model(cfg, config, tinker_base_url, model_name))
+    out: dict[str, RewardRules] = {}
+    for name, entry in zip(entry_names(config), config.environments, strict=True):
+        if entry.reward is None and entry.judge is None:
+            continue
+        entry_judge = build_judge(entry.judge, make) if entry.judge is not None else None
+        reward = entry.reward or RewardConfig(rules=[RewardRule(rule="judge")])
+        judges = {
+            i: build_judge(rule.judge, make) for i, rule in enumerate(reward.rules) if rule.judge is not None
+        }
+        try:
+            out[name] = RewardRules(reward, judges=judges, entry_judge=entry_judge)
+        except RuleError as exc:
+            raise RuleError(f"environment {name!r}: {exc}") from None
+    return out
+
+
+def build_judge(cfg: JudgeConfig, make: Callable[[JudgeConfig], JudgeModel]) -> Judge:
+    rubric = cfg.rubric
+    if cfg.rubric_file is not None:
+        with open(cfg.rubric_file, encoding="utf-8") as f:
+            rubric = f.read()
+    return Judge(cfg, make(cfg), rubric=rubric)
+
+
+def _judge_model(
+    cfg: JudgeConfig, config: Config, tinker_base_url: str | None, model_name: str | None
+) -> JudgeModel:
+    api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if cfg.api_key_env and api_key is None:
+        raise RuleError(f"the judge's key variable {cfg.api_key_env} is not set")
+    if cfg.backend == "openai":
+        if not cfg.base_url or not cfg.model:
+            raise RuleError("an openai judge needs base_url (the endpoint's /v1 root) and model")
+        return OpenAIJudgeModel(cfg.base_url, cfg.model, api_key=api_key, timeout=cfg.timeout)
+    from platoon import system
+
+    model = cfg.model or model_name or (config.train.model_name if config.train else None)
+    renderer_name = cfg.renderer_name or (config.train.renderer_name if config.train else None)
+    if model is None or renderer_name is None:
+        raise RuleError(
+            "a tinker judge needs model and renderer_name (or a train: section to take them from)"
+        )
+    if model == system.TINY_MODEL:
+        model = system.resolve_model(model)
+    tokenizer = system.load_tokenizer(model)
+    renderer, _ = system.make_renderer(renderer_name, tokenizer)
+    base_url = cfg.base_url or tinker_base_url or config.tinker_base_url
+    model_path = cfg.model_path
+
+    async def sampler() -> Any:
+        import tinker
+
+        from platoon.policy.tinker import TinkerSampler, _create
+
+        key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
+        service = tinker.ServiceClient(base_url=base_url, api_key=key)
+        kwargs = {"model_path": model_path} if model_path else {"base_model": model}
+        return TinkerSampler(await _create(service, **kwargs))
+
+    return SamplerJudgeModel(sampler, renderer, name=f"tinker:{base_url}:{model_path or model}")

@@ -1,0 +1,99 @@
+"""A task whose reward arrives turn by turn, for the per-turn credit tests.
+
+The agent speaks `TURNS` times; after each answer the `say` tool pays that answer's vowel share
+(divided by `TURNS`), so the episode's reward (their sum) is the mean share. Each turn's reward
+depends on that turn alone: outcome credit gives every turn the episode's advantage, noise from
+the other turns included, while per-turn credit with `turn_discount: 0` gives each turn its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import learnable  # noqa: F401 - puts the quickstart on the path
+from openreward.environments import Environment, TextBlock, ToolOutput, tool
+from pydantic import BaseModel
+from vowels import vowel_share
+
+import platoon as pt
+
+__all__ = ["TURNS", "VowelTurns", "turns_config"]
+
+TURNS = 4
+
+
+class Answer(BaseModel):
+    text: str
+
+
+class VowelTurns(Environment):
+    """Say something, `TURNS` times; each answer is paid its vowel share as it comes."""
+
+    platoon_reward = "sum"
+
+    def __init__(self, task_spec: dict[str, Any], secrets: dict[str, str] | None = None) -> None:
+        super().__init__(task_spec, secrets=secrets or {})
+        self.turn = 0
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train", "test"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[dict[str, Any]]:
+        return [{"id": f"{split}-{i}"} for i in range(16)]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="Say something with as many vowels as you can.")]
+
+    @tool
+    async def say(self, args: Answer) -> ToolOutput:
+        """Say one answer; it is paid its vowel share at once."""
+        self.turn += 1
+        reward = vowel_share(args.text) / TURNS
+        return ToolOutput(blocks=[TextBlock(text="again")], reward=reward, finished=self.turn >= TURNS)
+
+
+@pt.harness("say-turns")
+async def say_turns(ctx: pt.AgentContext) -> pt.AgentResult:
+    """`TURNS` model calls in one conversation, each answer said through the tool."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.instruction}]
+    text = ""
+    for _ in range(TURNS):
+        reply = await ctx.chat(messages)
+        text = reply.text
+        result = await ctx.call_tool("say", {"text": text})
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result.output}]
+    return pt.AgentResult("completed", final_message=text)
+
+
+def turns_config(tiny_model: str, steps: int, *, credit: str, seed: int = 1, **workflow: Any) -> dict:
+    return {
+        "environments": [
+            {
+                "name": "turns",
+                "service": "python://turns:VowelTurns",
+                "harness": "say-turns",
+                "package": "turns",
+            }
+        ],
+        "train": {
+            "backend": "local",
+            "model_name": tiny_model,
+            "renderer_name": "qwen3_instruct",
+            "lora_rank": 16,
+            "batch_size": 2,
+            "max_training_steps": steps,
+            "save_every": 0,
+            "seed": seed,
+            "loss_fn": "importance_sampling",
+            "optimizer": {"learning_rate": 0.02},
+            "workflow_config": {
+                "group_size": 8,
+                "credit": credit,
+                "rollout_config": {"max_steps": TURNS, "inference_params": {"max_completion_tokens": 8}},
+                **workflow,
+            },
+        },
+        "stats": {"experiment_name": "turns", "trial_name": f"{credit}-{seed}"},
+    }
