@@ -237,6 +237,7 @@ async def toy_system(
     script: Any = binary_search,
     tool_timeout: float = 5.0,
     reward_processors: dict[str, str] | None = None,
+    rules: dict[str, Any] | None = None,
     seed: int = 0,
     tool_errors: str = "env",
 ) -> AsyncIterator[Toy]:
@@ -251,7 +252,7 @@ async def toy_system(
         service,
         gateway,
         EpisodeRunner(list(entries) or [entry("prog-guesser")], request_timeout=10, seed=seed),
-        Grader(reward_processors=reward_processors),
+        Grader(reward_processors=reward_processors, rules=rules),
     ]
     async with Bus() as bus, system.running(bus, components):
         yield Toy(bus, backend, service, gateway)

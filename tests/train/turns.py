@@ -30,6 +30,11 @@ class VowelTurns(Environment):
     """Say something, `TURNS` times; each answer is paid its vowel share as it comes."""
 
     platoon_reward = "sum"
+    turns = TURNS
+
+    @classmethod
+    def configure(cls, turns: int = TURNS) -> type[VowelTurns]:
+        return type("VowelTurns", (cls,), {"turns": turns})
 
     def __init__(self, task_spec: dict[str, Any], secrets: dict[str, str] | None = None) -> None:
         super().__init__(task_spec, secrets=secrets or {})
@@ -50,24 +55,33 @@ class VowelTurns(Environment):
     async def say(self, args: Answer) -> ToolOutput:
         """Say one answer; it is paid its vowel share at once."""
         self.turn += 1
-        reward = vowel_share(args.text) / TURNS
-        return ToolOutput(blocks=[TextBlock(text="again")], reward=reward, finished=self.turn >= TURNS)
+        reward = vowel_share(args.text) / self.turns
+        return ToolOutput(blocks=[TextBlock(text="again")], reward=reward, finished=self.turn >= self.turns)
 
 
 @pt.harness("say-turns")
 async def say_turns(ctx: pt.AgentContext) -> pt.AgentResult:
-    """`TURNS` model calls in one conversation, each answer said through the tool."""
+    """One model call per turn in one conversation, each answer said through the tool, until
+    the environment says the episode is over."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.instruction}]
-    text = ""
-    for _ in range(TURNS):
+    while True:
         reply = await ctx.chat(messages)
-        text = reply.text
-        result = await ctx.call_tool("say", {"text": text})
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result.output}]
-    return pt.AgentResult("completed", final_message=text)
+        result = await ctx.call_tool("say", {"text": reply.text})
+        if result.finished:
+            return pt.AgentResult("completed", final_message=reply.text)
+        messages += [{"role": "assistant", "content": reply.text}, {"role": "user", "content": result.output}]
 
 
-def turns_config(tiny_model: str, steps: int, *, credit: str, seed: int = 1, **workflow: Any) -> dict:
+def turns_config(
+    tiny_model: str,
+    steps: int,
+    *,
+    credit: str,
+    seed: int = 1,
+    turns: int = TURNS,
+    lr: float = 0.02,
+    **workflow: Any,
+) -> dict:
     return {
         "environments": [
             {
@@ -75,6 +89,7 @@ def turns_config(tiny_model: str, steps: int, *, credit: str, seed: int = 1, **w
                 "service": "python://turns:VowelTurns",
                 "harness": "say-turns",
                 "package": "turns",
+                "service_kwargs": {"options": {"turns": turns}},
             }
         ],
         "train": {
@@ -87,11 +102,11 @@ def turns_config(tiny_model: str, steps: int, *, credit: str, seed: int = 1, **w
             "save_every": 0,
             "seed": seed,
             "loss_fn": "importance_sampling",
-            "optimizer": {"learning_rate": 0.02},
+            "optimizer": {"learning_rate": lr},
             "workflow_config": {
                 "group_size": 8,
                 "credit": credit,
-                "rollout_config": {"max_steps": TURNS, "inference_params": {"max_completion_tokens": 8}},
+                "rollout_config": {"max_steps": turns, "inference_params": {"max_completion_tokens": 8}},
                 **workflow,
             },
         },

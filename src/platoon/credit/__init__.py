@@ -16,6 +16,7 @@ from platoon.credit.baselines import (
 )
 from platoon.credit.datums import Datum, filter_stale, merge_calls, scaled, to_tinker, with_advantage
 from platoon.credit.exceptions import CreditError
+from platoon.credit.kl import kl_penalty, reference_targets
 from platoon.credit.traces import AgentTrace, Call, Rollout
 from platoon.credit.trees import check_tree, depth_weights, is_constant_group, own_reward, tree_advantages
 from platoon.credit.turns import turn_advantages, turn_returns
@@ -36,10 +37,12 @@ __all__ = [
     "get_credit_rule",
     "group_advantages",
     "is_constant_group",
+    "kl_penalty",
     "leave_one_out_baseline",
     "mean_baseline",
     "merge_calls",
     "own_reward",
+    "reference_targets",
     "register_credit_rule",
     "scaled",
     "to_tinker",

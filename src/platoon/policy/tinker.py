@@ -23,7 +23,7 @@ import structlog
 from platoon.bus.events import PolicyUpdated
 from platoon.policy.base import SampledCompletion, SampleParams
 
-__all__ = ["TinkerSampler", "TinkerSamplerFactory", "closing", "wait_future"]
+__all__ = ["TinkerSampler", "TinkerSamplerFactory", "closing", "sampling_client", "wait_future"]
 
 log = structlog.get_logger("platoon.policy")
 
@@ -107,16 +107,18 @@ class TinkerSamplerFactory:
 
     async def initial(self) -> TinkerSampler:
         if self.model_path:
-            client = await _create(self.service_client, model_path=self.model_path)
+            client = await sampling_client(self.service_client, model_path=self.model_path)
         else:
-            client = await _create(self.service_client, base_model=self.base_model)
+            client = await sampling_client(self.service_client, base_model=self.base_model)
         return TinkerSampler(client, self.version)
 
     async def updated(self, event: PolicyUpdated) -> TinkerSampler:
-        return TinkerSampler(await _create(self.service_client, model_path=event.sampler_path), event.version)
+        return TinkerSampler(
+            await sampling_client(self.service_client, model_path=event.sampler_path), event.version
+        )
 
 
-async def _create(service_client: Any, **kwargs: Any) -> Any:
+async def sampling_client(service_client: Any, **kwargs: Any) -> Any:
     """`create_sampling_client` in a worker thread: the SDK may block while it sets up."""
 
     def create() -> Any:

@@ -116,11 +116,11 @@ def _judge_model(
     async def sampler() -> Any:
         import tinker
 
-        from platoon.policy.tinker import TinkerSampler, _create
+        from platoon.policy.tinker import TinkerSampler, sampling_client
 
         key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
         service = tinker.ServiceClient(base_url=base_url, api_key=key)
         kwargs = {"model_path": model_path} if model_path else {"base_model": model}
-        return TinkerSampler(await _create(service, **kwargs))
+        return TinkerSampler(await sampling_client(service, **kwargs))
 
     return SamplerJudgeModel(sampler, renderer, name=f"tinker:{base_url}:{model_path or model}")

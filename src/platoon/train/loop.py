@@ -138,6 +138,8 @@ def _settings(config: Config, base_url: str | None) -> TrainerSettings:
         save_every=train.save_every,
         total_steps=train.max_training_steps,
         base_url=base_url,
+        kl_coefficient=train.kl.coefficient if train.kl else 0.0,
+        normalization=train.loss_normalization,
     )
 
 
@@ -220,7 +222,10 @@ async def train(
         }
         write_run_files(run_dir, config, lock)
         version = checkpoint.policy_version if checkpoint else 0
-        trainer = Trainer(client, _settings(config, service.base_url), store, version=version)
+        reference = await _reference(service.client, config) if train_cfg.kl is not None else None
+        trainer = Trainer(
+            client, _settings(config, service.base_url), store, version=version, reference=reference
+        )
         if config.nats is not None:
             from platoon.bus.events import PolicyUpdated
             from platoon.train.distributed import trainer_components
@@ -432,6 +437,19 @@ def _forget_metrics_from(run_dir: Path, step: int) -> None:
         if not isinstance(record, dict) or record.get("step", -1) < step:
             kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))
+
+
+async def _reference(service: Any, config: Config) -> Any:
+    """The sampling client of the KL reference: `train.kl.reference_path`, else the base model."""
+    from platoon.policy.tinker import sampling_client
+
+    assert config.train is not None and config.train.kl is not None
+    path = config.train.kl.reference_path
+    return await (
+        sampling_client(service, model_path=path)
+        if path
+        else sampling_client(service, base_model=config.train.model_name)
+    )
 
 
 async def _training_client(service: Any, config: Config, checkpoint: Any) -> Any:

@@ -5,6 +5,10 @@ submits `forward_backward` and `optim_step` back to back (the SDK's recommended 
 the optimizer step is queued before the gradients are awaited), saves sampler weights, and
 publishes `PolicyUpdated` (the gateway switches samplers on it) and `TrainStepFinished`.
 Every `save_every` steps it saves the full training state and records a checkpoint.
+
+With a reference policy (`train.kl`), it first asks the reference for the logprobs of each
+datum's sequence (Tinker `compute_logprobs`), reports `kl/mean` and folds the penalty into the
+advantages (`platoon.credit.kl`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import structlog
 
 from platoon.bus import Bus, Stream
 from platoon.bus.events import BatchReady, CheckpointSaved, PolicyUpdated, TrainStepFinished
-from platoon.credit import filter_stale, to_tinker
+from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
 
@@ -44,6 +48,8 @@ class TrainerSettings:
         save_every: int = 10,
         total_steps: int | None = None,
         base_url: str | None = None,
+        kl_coefficient: float = 0.0,
+        normalization: str = "sum",
     ) -> None:
         self.base_model = base_model
         self.loss_fn = loss_fn
@@ -60,6 +66,8 @@ class TrainerSettings:
         self.save_every = save_every
         self.total_steps = total_steps
         self.base_url = base_url
+        self.kl_coefficient = kl_coefficient
+        self.normalization = normalization
 
 
 class Trainer:
@@ -75,8 +83,10 @@ class Trainer:
         *,
         version: int = 0,
         task_cursor_of: Any = None,
+        reference: Any = None,
     ) -> None:
         self.client = training_client
+        self.reference = reference  # a sampling client of the reference policy, for the KL penalty
         self.settings = settings
         self.checkpoints = checkpoints
         self.version = version
@@ -113,6 +123,11 @@ class Trainer:
         if kept:
             metrics["staleness/mean"] = sum(self.version - d.policy_version for d in kept) / len(kept)
             metrics["staleness/max"] = float(max(self.version - d.policy_version for d in kept))
+        if kept and self.reference is not None:
+            kl_started = time.monotonic()
+            kept, kl_stats = await self.kl(kept)
+            metrics |= kl_stats
+            metrics["time/reference"] = time.monotonic() - kl_started
         train_started = time.monotonic()
         if kept:
             data = [to_tinker(d, self.settings.loss_fn) for d in kept]
@@ -150,6 +165,26 @@ class Trainer:
         if total > 0:
             metrics["trainer/idle_fraction"] = self.idle_seconds / total
         await bus.publish(TrainStepFinished(step=batch.step, metrics=metrics))
+
+    async def kl(self, datums: list[Any]) -> tuple[list[Any], dict[str, float]]:
+        """The datums with the KL penalty folded in, and the KL metrics."""
+        import anyio
+        import tinker
+
+        rows: list[list[float | None]] = [[] for _ in datums]
+
+        async def one(index: int) -> None:
+            datum = datums[index]
+            sequence = [*datum.model_input, datum.target_tokens[-1]]
+            future = self.reference.compute_logprobs(tinker.ModelInput.from_ints(sequence))
+            rows[index] = reference_targets(datum, await wait_future(future))
+
+        async with anyio.create_task_group() as tg:
+            for index in range(len(datums)):
+                tg.start_soon(one, index)
+        trained = sum(d.num_trained_tokens for d in datums)
+        scale = 1.0 / trained if self.settings.normalization == "token_mean" and trained else 1.0
+        return kl_penalty(datums, rows, self.settings.kl_coefficient, scale=scale)
 
     async def save(self, bus: Bus, step: int) -> Checkpoint:
         """Save the full training state (weights and optimizer) and record the checkpoint."""
