@@ -81,7 +81,7 @@ async def test_a_wrong_key_fails_the_judge_and_never_scores_zero(toy_tokenizer, 
         opened = await gw.open("judge-session", "judge")
         monkeypatch.setenv("PLATOON_TEST_JUDGE_KEY", "pt-not-the-key")
         rules = build_reward_rules(config(opened.base_url, retries=1))["essays"]
-        with pytest.raises(RuleError, match="judge 'judge' failed: .*2 tries.*AuthenticationError"):
+        with pytest.raises(RuleError, match=r"judge 'judge' failed: .*2 tries.*AuthenticationError"):
             await rules.evaluate(EPISODE)
         assert gw.records == []
 
