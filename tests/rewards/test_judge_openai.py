@@ -2,8 +2,6 @@
 gateway serves a scripted policy that answers scores, on 127.0.0.1. The judge config is read as a
 config file states it; its key comes from the environment variable it names."""
 
-
-
 from __future__ import annotations
 
 import sys

@@ -120,3 +120,44 @@ def test_a_call_over_http_shows_the_messages_it_carried():
     view = episode_view({"episode_id": "ep"}, _records(events))
     [item] = [i for i in view["agents"][0]["items"] if i["kind"] == "model_call"]
     assert item["messages"] == [{"role": "user", "content": "hi"}] and item["call_id"] == "c1"
+
+
+def test_a_judges_reasoning_and_calls_are_in_the_episode():
+    judge_call = ModelCallFinished(
+        call_id="j1",
+        episode_id="ep",
+        agent_id="judge",
+        prompt_tokens=[],
+        completion_tokens=[],
+        logprobs=[],
+        stop_reason="stop",
+        policy_version=0,
+        kind="judge",
+        completion_text="Clear and right. Score: 9",
+    )
+    graded = EpisodeGraded(
+        episode_id="ep",
+        group_id="g",
+        task=TASK,
+        reward=1.4,
+        rewards={"rule/env": 1.0, "rule/judge": 0.9},
+        notes={"judge": "Clear and right. Score: 9"},
+    )
+    view = episode_view(
+        None,
+        _records(
+            [
+                AgentSpawned(
+                    episode_id="ep", agent_id="root", parent_id=None, depth=0, harness="h", instruction="i"
+                ),
+                judge_call,
+                graded,
+            ]
+        ),
+    )
+    assert view["graded"]["notes"] == {"judge": "Clear and right. Score: 9"}
+    assert view["graded"]["rewards"] == {"rule/env": 1.0, "rule/judge": 0.9}
+    (judge,) = [a for a in view["agents"] if a["agent_id"] == "judge"]
+    assert [(i["call_kind"], i["completion_text"]) for i in judge["items"]] == [
+        ("judge", "Clear and right. Score: 9")
+    ]

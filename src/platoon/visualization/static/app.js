@@ -472,6 +472,7 @@ async function pageEpisode(params) {
     h("dl", { class: "kv card", "data-testid": "episode-head" },
       h("dt", {}, "reward"), h("dd", { "data-testid": "reward" }, fmt(e.reward)),
       grade.rewards && Object.keys(grade.rewards).length ? [h("dt", {}, "rewards"), h("dd", {}, JSON.stringify(grade.rewards))] : null,
+      Object.entries(grade.notes || {}).map(([part, note]) => [h("dt", {}, part), h("dd", { "data-testid": "note" }, h("details", {}, h("summary", {}, "reasoning"), h("pre", {}, note)))]),
       h("dt", {}, "task"), h("dd", {}, `${e.env} · ${e.split} · ${e.task_id}`),
       h("dt", {}, "step"), h("dd", {}, `${e.purpose} step ${e.step} · policy version ${e.policy_version} · attempt ${e.attempt ?? 0}`),
       h("dt", {}, "calls"), h("dd", {}, `${fmt(e.calls)} model calls · ${fmt(e.tool_calls)} tool calls · ${fmt(e.prompt_tokens)} prompt + ${fmt(e.completion_tokens)} sampled tokens`),
