@@ -8,6 +8,7 @@ the other turns included, while per-turn credit with `turn_discount: 0` gives ea
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import learnable  # noqa: F401 - puts the quickstart on the path
@@ -31,10 +32,11 @@ class VowelTurns(Environment):
 
     platoon_reward = "sum"
     turns = TURNS
+    noise = False  # turns after the first pay a random amount, whatever was said
 
     @classmethod
-    def configure(cls, turns: int = TURNS) -> type[VowelTurns]:
-        return type("VowelTurns", (cls,), {"turns": turns})
+    def configure(cls, turns: int = TURNS, noise: bool = False) -> type[VowelTurns]:
+        return type("VowelTurns", (cls,), {"turns": turns, "noise": noise})
 
     def __init__(self, task_spec: dict[str, Any], secrets: dict[str, str] | None = None) -> None:
         super().__init__(task_spec, secrets=secrets or {})
@@ -55,7 +57,8 @@ class VowelTurns(Environment):
     async def say(self, args: Answer) -> ToolOutput:
         """Say one answer; it is paid its vowel share at once."""
         self.turn += 1
-        reward = vowel_share(args.text) / self.turns
+        paid = random.random() if self.noise and self.turn > 1 else vowel_share(args.text)
+        reward = paid / self.turns
         return ToolOutput(blocks=[TextBlock(text="again")], reward=reward, finished=self.turn >= self.turns)
 
 
@@ -70,6 +73,12 @@ async def say_turns(ctx: pt.AgentContext) -> pt.AgentResult:
         if result.finished:
             return pt.AgentResult("completed", final_message=reply.text)
         messages += [{"role": "assistant", "content": reply.text}, {"role": "user", "content": result.output}]
+
+
+def first_turn(episode: Any) -> float:
+    """The vowel share of the root agent's first answer."""
+    replies = episode.root_replies()
+    return vowel_share(replies[0]) if replies else 0.0
 
 
 def turns_config(
@@ -89,7 +98,11 @@ def turns_config(
                 "service": "python://turns:VowelTurns",
                 "harness": "say-turns",
                 "package": "turns",
-                "service_kwargs": {"options": {"turns": turns}},
+                "service_kwargs": {"options": {"turns": turns, "noise": noise}},
+                # the first turn's pay, kept as a part of weight 0: the learnable part of the reward
+                "reward": {
+                    "rules": [{"rule": "env"}, {"rule": "python", "ref": "turns:first_turn", "weight": 0}]
+                },
             }
         ],
         "train": {

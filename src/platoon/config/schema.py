@@ -120,9 +120,8 @@ WorkflowOverlay = Annotated[dict[str, Any], Meta(extra={"platoon_overlay": Workf
 class JudgeScore(_Strict):
     """How a judge's reply becomes a score: one of `number`, `labels`, `json_schema`."""
 
-    number: Annotated[list[float], Meta(min_length=2, max_length=2)] | None = (
-        None  # [low, high], mapped to 0..1
-    )
+    # [low, high]: the judge answers a number in this range, mapped to 0..1
+    number: Annotated[list[float], Meta(min_length=2, max_length=2)] | None = None
     labels: dict[str, float] | None = None  # a word the judge answers -> its score
     json_schema: dict[str, Any] | None = None  # the judge answers a JSON object; its `field` is the score
     field: str = "score"  # json_schema: the key holding the score (a number, or a label of `labels`)
@@ -145,7 +144,7 @@ class JudgeConfig(_Strict):
     score: JudgeScore = field(default_factory=lambda: JudgeScore(number=[0.0, 10.0]))
     samples: PositiveInt = 1  # judge replies per episode
     aggregate: Literal["mean", "median", "min", "max", "majority"] = "mean"  # how samples combine
-    temperature: NonNegativeFloat = 1.0
+    temperature: NonNegativeFloat = 1.0  # the judge's sampling temperature
     max_tokens: PositiveInt = 512  # tokens per judge reply
     max_concurrent: PositiveInt = 8  # judge calls in flight at once
     retries: NonNegativeInt = 2  # more tries per sample when a call fails or its reply has no score
