@@ -88,6 +88,7 @@ def turns_config(
     credit: str,
     seed: int = 1,
     turns: int = TURNS,
+    noise: bool = False,
     lr: float = 0.02,
     **workflow: Any,
 ) -> dict:

@@ -63,13 +63,18 @@ class Grader:
         if self._events is None:
             self.attach(bus)
         assert self._events is not None
-        async with anyio.create_task_group() as tg:
-            with self._events as events:
-                async for event in events:
-                    if isinstance(event, EpisodeFinished):
-                        tg.start_soon(self._grade, bus, event, self.recorder.pop(event))
-                    else:
-                        self.recorder.see(event)
+        try:
+            async with anyio.create_task_group() as tg:
+                with self._events as events:
+                    async for event in events:
+                        if isinstance(event, EpisodeFinished):
+                            tg.start_soon(self._grade, bus, event, self.recorder.pop(event))
+                        else:
+                            self.recorder.see(event)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for rules in self.rules.values():
+                    await rules.aclose()
 
     async def _grade(self, bus: Bus, finished: EpisodeFinished, episode: Episode | None = None) -> None:
         episode = episode or Episode(

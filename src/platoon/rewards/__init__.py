@@ -113,14 +113,26 @@ def _judge_model(
     base_url = cfg.base_url or tinker_base_url or config.tinker_base_url
     model_path = cfg.model_path
 
+    services: list[Any] = []
+
     async def sampler() -> Any:
         import tinker
 
         from platoon.policy.tinker import TinkerSampler, sampling_client
 
         key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
-        service = tinker.ServiceClient(base_url=base_url, api_key=key)
+        services.append(tinker.ServiceClient(base_url=base_url, api_key=key))
         kwargs = {"model_path": model_path} if model_path else {"base_model": model}
-        return TinkerSampler(await sampling_client(service, **kwargs))
+        return TinkerSampler(await sampling_client(services[0], **kwargs))
 
-    return SamplerJudgeModel(sampler, renderer, name=f"tinker:{base_url}:{model_path or model}")
+    async def close() -> None:
+        import anyio
+
+        for service in services:
+            with anyio.move_on_after(10):
+                try:
+                    await anyio.to_thread.run_sync(lambda s=service: s.close("success").result(timeout=10))
+                except Exception:  # the service may be gone already; nothing is lost
+                    pass
+
+    return SamplerJudgeModel(sampler, renderer, name=f"tinker:{base_url}:{model_path or model}", close=close)

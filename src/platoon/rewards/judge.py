@@ -114,6 +114,9 @@ class OpenAIJudgeModel:
     def describe(self) -> str:
         return f"openai:{self.base_url}:{self.model}"
 
+    async def aclose(self) -> None:
+        await self.client.close()
+
     async def complete(
         self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int
     ) -> JudgeReply:
@@ -134,11 +137,17 @@ class SamplerJudgeModel:
     """A judge model reached token by token: a platoon `Sampler` (or a coroutine making one, on
     first use) and the renderer that turns messages into its prompt."""
 
-    def __init__(self, sampler: Any, renderer: Any, *, name: str = "sampler") -> None:
+    def __init__(self, sampler: Any, renderer: Any, *, name: str = "sampler", close: Any = None) -> None:
         self._sampler = sampler
         self.renderer = renderer
         self.name = name
+        self._close = close  # a coroutine function that releases what the sampler holds
         self._lock = anyio.Lock()
+
+    async def aclose(self) -> None:
+        if self._close is not None:
+            close, self._close = self._close, None
+            await close()
 
     def describe(self) -> str:
         return f"sampler:{self.name}"
@@ -335,6 +344,11 @@ class Judge:
         self.cache: OrderedDict[str, JudgeReply] = OrderedDict()
         self.cache_size = 10_000
         self.calls = 0  # judge model calls made (cache hits not counted)
+
+    async def aclose(self) -> None:
+        close = getattr(self.model, "aclose", None)
+        if close is not None:
+            await close()
 
     def messages(self, episode: Episode) -> list[dict[str, Any]]:
         messages = [{"role": "system", "content": self.config.system}] if self.config.system else []

@@ -106,6 +106,11 @@ class RewardRules:
             elif rule.rule == "match" and rule.expected is None:
                 raise RuleError(f"reward rule {self.names[index]!r} (match) needs expected:")
 
+    async def aclose(self) -> None:
+        """Release the judges' clients."""
+        for judge in {id(j): j for j in self.judges.values()}.values():
+            await judge.aclose()
+
     @property
     def needs_task_spec(self) -> bool:
         return any(r.rule == "match" and r.expected and "{" in r.expected for r in self.config.rules)
