@@ -102,7 +102,10 @@ def turns_config(
                 "service_kwargs": {"options": {"turns": turns, "noise": noise}},
                 # the first turn's pay, kept as a part of weight 0: the learnable part of the reward
                 "reward": {
-                    "rules": [{"rule": "env"}, {"rule": "python", "ref": "turns:first_turn", "weight": 0}]
+                    "rules": [
+                        {"rule": "env"},
+                        {"rule": "python", "ref": "turns:first_turn", "weight": 0, "name": "first_turn"},
+                    ]
                 },
             }
         ],
