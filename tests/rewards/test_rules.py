@@ -179,3 +179,61 @@ def test_transcript_interleaves_replies_and_tools_in_order():
         "ASSISTANT",
         "FINAL",
     ]
+
+
+def test_the_recorder_folds_an_episodes_events_and_forgets_abandoned_ones():
+    from platoon.bus.events import (
+        EpisodeAbandoned,
+        EpisodeFinished,
+        EpisodeStarted,
+        ModelCallFinished,
+        ToolCalled,
+        ToolReturned,
+    )
+    from platoon.rewards import EpisodeRecorder
+
+    task = TaskRef(env="t", split="train", task_id="0")
+
+    def call(agent, text, kind="policy"):
+        return ModelCallFinished(
+            call_id=text,
+            episode_id="e",
+            agent_id=agent,
+            prompt_tokens=[1],
+            completion_tokens=[2, 3],
+            logprobs=[-1.0, -1.0],
+            stop_reason="stop",
+            policy_version=0,
+            kind=kind,
+            completion_text=text,
+        )
+
+    recorder = EpisodeRecorder()
+    asked = ToolCalled(episode_id="e", agent_id="root", env="t", name="say", arguments={"x": 1})
+    for event in [
+        EpisodeStarted(episode_id="e", group_id="g", task=task, root_agent_id="root", instruction="go"),
+        ToolCalled(episode_id="e", agent_id="root", env="t", name="early"),  # before any call: no turn
+        call("root", "one"),
+        asked,
+        ToolReturned(
+            reply_to=asked.request_id, episode_id="e", agent_id="root", name="say", output="ok", reward=0.5
+        ),
+        ToolReturned(reply_to="other", episode_id="e", agent_id="root", name="say", reward=0.25),
+        call("judge", "Score: 3", kind="judge"),  # a judge's call is no turn
+        call("root", "two"),
+        call("kid", "three"),
+    ]:
+        recorder.see(event)
+    ep = recorder.pop(
+        EpisodeFinished(episode_id="e", group_id="g", task=task, status="completed", final_message="two")
+    )
+    assert [r.text for r in ep.replies] == ["one", "two", "three"] and ep.sampled_tokens == 6
+    assert ep.turn_rewards == {"root": [0.75, 0.0], "kid": [0.0]}
+    assert [(t.name, t.after, t.output, t.reward) for t in ep.tools] == [
+        ("early", 0, "", None),
+        ("say", 1, "ok", 0.5),
+    ]
+    assert ep.final_answer == "two" and recorder.episodes == {} and recorder._calls == {}
+    recorder.see(EpisodeStarted(episode_id="f", group_id="g", task=task, root_agent_id="r", instruction="go"))
+    recorder.see(EpisodeAbandoned(episode_id="f", group_id="g", task=task, reason="lease lost"))
+    assert recorder.episodes == {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from platoon.bus.events import (
+    EpisodeAbandoned,
     EpisodeFinished,
     EpisodeStarted,
     Event,
@@ -138,6 +139,8 @@ class EpisodeRecorder:
                 turns = self.episodes[event.episode_id].turn_rewards.get(event.agent_id)
                 if event.reward is not None and turns:
                     turns[-1] += float(event.reward)
+            case EpisodeAbandoned():  # re-requested elsewhere: its finish will not come here
+                self.episodes.pop(event.episode_id, None)
             case _:
                 pass
 
