@@ -90,6 +90,7 @@ def turns_config(
     turns: int = TURNS,
     noise: bool = False,
     lr: float = 0.02,
+    tokens: int = 8,
     **workflow: Any,
 ) -> dict:
     return {
@@ -123,7 +124,7 @@ def turns_config(
             "workflow_config": {
                 "group_size": 8,
                 "credit": credit,
-                "rollout_config": {"max_steps": turns, "inference_params": {"max_completion_tokens": 8}},
+                "rollout_config": {"max_steps": turns, "inference_params": {"max_completion_tokens": tokens}},
                 **workflow,
             },
         },
