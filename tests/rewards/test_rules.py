@@ -237,3 +237,12 @@ def test_the_recorder_folds_an_episodes_events_and_forgets_abandoned_ones():
     recorder.see(EpisodeStarted(episode_id="f", group_id="g", task=task, root_agent_id="r", instruction="go"))
     recorder.see(EpisodeAbandoned(episode_id="f", group_id="g", task=task, reason="lease lost"))
     assert recorder.episodes == {}
+
+
+async def test_a_rule_function_that_raises_is_the_episodes_failure():
+    with pytest.raises(RuleError, match="reward rule 'python' raised KeyError"):
+        await rules({"rule": "python", "ref": "test_rules:raising_rule"}).evaluate(episode())
+
+
+def raising_rule(ep: Episode) -> float:
+    raise KeyError("score")

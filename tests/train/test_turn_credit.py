@@ -1,9 +1,11 @@
-"""Per-turn credit learns faster than outcome credit where each turn is paid on its own.
+"""Per-turn credit learns where outcome credit does not, in the same number of steps.
 
-`turns.VowelTurns` pays each of four answers its vowel share as it comes. Outcome credit gives
-every answer the episode's advantage, so each turn's signal carries the other three turns'
-noise; per-turn credit (`turn_discount: 0`) gives each answer its own reward against the group's
-answers at the same turn. Same model, seed, steps and learning rate: only the credit differs.
+`turns.VowelTurns` asks for eight short answers and pays each its vowel share as it comes (the
+episode's reward is their mean). Outcome credit gives every answer the episode's advantage, so
+each turn's signal carries the noise of the seven others; per-turn credit (`turn_discount: 0`)
+gives each answer its own reward against the group's answers at the same turn. Same model, seed,
+steps and learning rate: only the credit differs. Measured (docs/how-to/per-turn-credit.md):
+per-turn credit goes from about 0.3 to 0.8 in eight steps, outcome credit stays near 0.3.
 """
 
 import json
@@ -17,13 +19,13 @@ from platoon.train.loop import train
 
 pytestmark = pytest.mark.torch
 
-STEPS = 10
+STEPS = 8
 
 
-def rewards(site, tiny_model, credit, **workflow):
+def run(site, tiny_model, credit, **workflow):
     import turns  # noqa: F401 - registers the harness
 
-    config = validate_config(turns_config(tiny_model, STEPS, credit=credit, **workflow))
+    config = validate_config(turns_config(tiny_model, STEPS, credit=credit, turns=8, tokens=4, **workflow))
     run_dir = site / credit
     anyio.run(lambda: train(config, run_dir=run_dir, console=False))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -31,13 +33,15 @@ def rewards(site, tiny_model, credit, **workflow):
     return [m["reward/mean"] for m in metrics], metrics
 
 
-def test_per_turn_credit_learns_faster_than_outcome_credit(site, tiny_model):
-    per_turn, metrics = rewards(site, tiny_model, "per_turn", turn_discount=0.0)
-    outcome, _ = rewards(site, tiny_model, "outcome")
+def test_per_turn_credit_learns_where_outcome_credit_does_not(site, tiny_model):
+    per_turn, metrics = run(site, tiny_model, "per_turn", turn_discount=0.0)
+    outcome, _ = run(site, tiny_model, "outcome")
     start = (sum(per_turn[:2]) + sum(outcome[:2])) / 4
-    late_turn, late_outcome = sum(per_turn[-3:]) / 3, sum(outcome[-3:]) / 3
+    late_turn, late_outcome = sum(per_turn[-2:]) / 2, sum(outcome[-2:]) / 2
     assert late_turn > start + 0.2, (per_turn, outcome)
-    assert late_turn > late_outcome + 0.1, (per_turn, outcome)
-    # four calls per episode merge into one datum; 2 tasks x 8 rollouts
+    assert late_turn > late_outcome + 0.15, (per_turn, outcome)
+    # eight calls per episode merge into one datum per episode: 2 tasks x 8 rollouts
     assert metrics[0]["train/datums"] == 16
-    assert metrics[0]["credit/calls"] == 64
+    assert metrics[0]["credit/calls"] == 128
+    # the reward part of weight 0 is reported all the same
+    assert 0.0 <= metrics[0]["reward/rule/first_turn/mean"] <= 1.0

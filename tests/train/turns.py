@@ -1,9 +1,11 @@
 """A task whose reward arrives turn by turn, for the per-turn credit tests.
 
-The agent speaks `TURNS` times; after each answer the `say` tool pays that answer's vowel share
-(divided by `TURNS`), so the episode's reward (their sum) is the mean share. Each turn's reward
-depends on that turn alone: outcome credit gives every turn the episode's advantage, noise from
-the other turns included, while per-turn credit with `turn_discount: 0` gives each turn its own.
+The agent speaks `turns` times (an option, `TURNS` by default); after each answer the `say` tool
+pays that answer's vowel share divided by `turns`, so the episode's reward (their sum) is the mean
+share. Each turn's reward depends on that turn alone: outcome credit gives every turn the
+episode's advantage, noise from the other turns included, while per-turn credit with
+`turn_discount: 0` gives each turn its own. With `noise`, turns after the first pay a random
+amount whatever was said (a harder case for both, kept for experiments).
 """
 
 from __future__ import annotations

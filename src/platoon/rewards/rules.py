@@ -120,7 +120,12 @@ class RewardRules:
         notes: dict[str, str] = {}
         weighted = []
         for index, (name, rule) in enumerate(zip(self.names, self.config.rules, strict=True)):
-            value = await self._value(index, rule, episode, bus, notes, name)
+            try:
+                value = await self._value(index, rule, episode, bus, notes, name)
+            except RuleError:
+                raise
+            except Exception as exc:  # a user's function: its failure is this episode's, not the run's
+                raise RuleError(f"reward rule {name!r} raised {type(exc).__name__}: {exc}") from exc
             if not math.isfinite(value):
                 raise RuleError(f"reward rule {name!r} gave a non-finite value {value!r}")
             parts[name] = value

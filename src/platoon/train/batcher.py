@@ -345,6 +345,7 @@ def _bucket(reason: str) -> str:
         "harness raised",
         "env session",
         "grading failed",
+        "reward rules",
         "gateway",
     )
     for kind in kinds:
