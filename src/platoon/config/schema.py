@@ -150,6 +150,10 @@ class JudgeConfig(_Strict):
     retries: NonNegativeInt = 2  # more tries per sample when a call fails or its reply has no score
     timeout: PositiveFloat = 120.0  # seconds per judge call
     cache: bool = True  # reuse the reply to an identical prompt (same judge, same sample) in this run
+    # compare the attempts of one task group instead: each scores its share of wins; the rubric's
+    # placeholders are then {task}, {attempt_a}, {attempt_b}
+    pairwise: bool = False
+    group_timeout: PositiveFloat = 900.0  # pairwise: seconds to wait for the group's other attempts
 
 
 class RewardRule(_Strict):

@@ -24,8 +24,9 @@ import structlog
 
 from platoon import plugins
 from platoon.bus import Bus, NoResponder, RequestTimeout, Stream
-from platoon.bus.events import EpisodeFinished, EpisodeGraded, Event, Graded, GradeRequested
+from platoon.bus.events import EpisodeFinished, EpisodeGraded, EpisodeRequested, Event, Graded, GradeRequested
 from platoon.rewards import Episode, EpisodeRecorder, RewardRules, RuleError
+from platoon.rewards.pairwise import Pairings
 
 __all__ = ["Grader", "RewardProcessor"]
 
@@ -52,6 +53,7 @@ class Grader:
         self.rules = dict(rules or {})
         self.grade_timeout = grade_timeout
         self.recorder = EpisodeRecorder()
+        self.pairings = Pairings()  # task groups in flight, for pairwise judges
         self._events: Stream[Event] | None = None
 
     def attach(self, bus: Bus) -> None:
@@ -71,6 +73,8 @@ class Grader:
                             tg.start_soon(self._grade, bus, event, self.recorder.pop(event))
                         else:
                             self.recorder.see(event)
+                            if isinstance(event, EpisodeRequested) and self._pairwise(event.task.env):
+                                self.pairings.expect(event.group_id)
         finally:
             with anyio.CancelScope(shield=True):
                 for rules in self.rules.values():
@@ -82,6 +86,8 @@ class Grader:
         )
         notes: dict[str, str] = {}
         reward, rewards, reason = await self.grade(bus, finished, episode, notes)
+        if reward is None and self._pairwise(finished.task.env):
+            self.pairings.leave(finished.group_id, finished.episode_id)  # its group need not wait
         if reward is not None and not math.isfinite(reward):
             # NaN or inf would poison a whole group's advantages: this episode is not graded.
             log.warning("non-finite reward: the episode counts as not graded", episode=finished.episode_id)
@@ -105,6 +111,10 @@ class Grader:
                 policy_version=finished.policy_version,
             )
         )
+
+    def _pairwise(self, env: str) -> bool:
+        rules = self.rules.get(env)
+        return rules is not None and rules.pairwise
 
     async def grade(
         self,
@@ -154,7 +164,7 @@ class Grader:
         episode.env_reward, episode.env_rewards = reward, dict(rewards)
         episode.task_spec = dict(graded.task or {})
         try:
-            outcome = await rules.evaluate(episode, bus)
+            outcome = await rules.evaluate(episode, bus, self.pairings)
         except RuleError as exc:
             log.warning("reward rules failed", episode=finished.episode_id, error=str(exc))
             reason = f"reward rules failed: {exc}" + (f" (the environment: {reason})" if reason else "")

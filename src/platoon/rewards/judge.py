@@ -217,6 +217,34 @@ def render_rubric(template: str, episode: Episode, score: JudgeScore) -> str:
     return text + "\n\n" + answer_format(score)
 
 
+PAIRWISE_RUBRIC = """You are comparing two attempts by an AI assistant at the same task.
+
+The task:
+{task}
+
+Attempt A:
+{attempt_a}
+
+Attempt B:
+{attempt_b}
+
+Which attempt completes the task better? Think briefly, then give your verdict."""
+
+PAIR_SCORE = JudgeScore(labels={"A": 1.0, "B": 0.0, "tie": 0.5})
+
+
+def render_pair(template: str, a: Episode, b: Episode) -> str:
+    """The pairwise prompt: `{task}`, and each attempt's transcript fenced as `{attempt_a}` and
+    `{attempt_b}`; the verdict format appended."""
+    values = {
+        "{task}": _fence("task", a.instruction),
+        "{attempt_a}": _fence("attempt_a", a.transcript()),
+        "{attempt_b}": _fence("attempt_b", b.transcript()),
+    }
+    text = re.sub(r"\{(task|attempt_a|attempt_b)\}", lambda m: values[m.group(0)], template)
+    return text + "\n\nEnd your reply with 'Verdict: A', 'Verdict: B' or 'Verdict: tie'."
+
+
 def answer_format(score: JudgeScore) -> str:
     if score.json_schema is not None:
         return "End your reply with a JSON object that follows this schema:\n" + json.dumps(
@@ -267,7 +295,9 @@ def _parse_label(text: str, labels: dict[str, float]) -> float | None:
     names = sorted(labels, key=len, reverse=True)
     alternatives = "|".join(re.escape(name) for name in names)
     verdicts = re.findall(rf"(?i)\b(?:verdict|label|answer)\s*[:=]\s*\**\s*({alternatives})\b", text)
-    found = verdicts or re.findall(rf"(?i)\b({alternatives})\b", text)
+    # A bare mention counts only for labels longer than a letter ("a" is also a word).
+    words = "|".join(re.escape(name) for name in names if len(name) > 1)
+    found = verdicts or (re.findall(rf"(?i)\b({words})\b", text) if words else [])
     if not found:
         return None
     by_lower = {name.lower(): value for name, value in labels.items()}
@@ -359,13 +389,24 @@ class Judge:
 
     async def score(self, episode: Episode, bus: Bus | None = None) -> JudgeResult:
         """Ask for `samples` replies (concurrently) and aggregate their scores."""
-        messages = self.messages(episode)
+        return await self._judge(self.messages(episode), episode, bus, self.config.score)
+
+    async def compare(self, a: Episode, b: Episode, bus: Bus | None = None) -> JudgeResult:
+        """How much better attempt `a` is than `b` at the same task: 1, 0 or 0.5 for a tie, per
+        sample (the calls are recorded under `a`'s episode)."""
+        messages = [{"role": "system", "content": self.config.system}] if self.config.system else []
+        prompt = render_pair(self.config.rubric or PAIRWISE_RUBRIC, a, b)
+        return await self._judge([*messages, {"role": "user", "content": prompt}], a, bus, PAIR_SCORE)
+
+    async def _judge(
+        self, messages: list[dict[str, Any]], episode: Episode, bus: Bus | None, score: JudgeScore
+    ) -> JudgeResult:
         results: list[tuple[float, str] | None] = [None] * self.config.samples
         errors: list[JudgeError] = []
 
         async def one(index: int) -> None:
             try:
-                results[index] = await self._sample(messages, index, episode, bus)
+                results[index] = await self._sample(messages, index, episode, bus, score)
             except JudgeError as exc:
                 errors.append(exc)
 
@@ -379,7 +420,7 @@ class Judge:
         return JudgeResult(score=aggregate(scores, self.config.aggregate), scores=scores, replies=replies)
 
     async def _sample(
-        self, messages: list[dict[str, Any]], index: int, episode: Episode, bus: Bus | None
+        self, messages: list[dict[str, Any]], index: int, episode: Episode, bus: Bus | None, score: JudgeScore
     ) -> tuple[float, str]:
         problems = []
         for attempt in range(self.config.retries + 1):
@@ -389,7 +430,7 @@ class Judge:
                 problems.append(f"{type(exc).__name__}: {exc}")
                 log.warning("judge call failed", episode=episode.episode_id, error=problems[-1])
                 continue
-            value = parse_score(reply.text, self.config.score)
+            value = parse_score(reply.text, score)
             if value is not None:
                 return value, reply.text
             problems.append(f"no score in the reply {reply.text[-200:]!r}")

@@ -31,6 +31,7 @@ from platoon.bus import Bus
 from platoon.config.schema import RewardConfig, RewardRule
 from platoon.rewards.episode import Episode
 from platoon.rewards.judge import Judge
+from platoon.rewards.pairwise import Pairings
 
 __all__ = ["RewardOutcome", "RewardRules", "RuleError", "rule_names"]
 
@@ -115,13 +116,20 @@ class RewardRules:
     def needs_task_spec(self) -> bool:
         return any(r.rule == "match" and r.expected and "{" in r.expected for r in self.config.rules)
 
-    async def evaluate(self, episode: Episode, bus: Bus | None = None) -> RewardOutcome:
+    @property
+    def pairwise(self) -> bool:
+        """Whether a judge of these rules compares the attempts of a group."""
+        return any(judge.config.pairwise for judge in self.judges.values())
+
+    async def evaluate(
+        self, episode: Episode, bus: Bus | None = None, pairings: Pairings | None = None
+    ) -> RewardOutcome:
         parts: dict[str, float] = {}
         notes: dict[str, str] = {}
         weighted = []
         for index, (name, rule) in enumerate(zip(self.names, self.config.rules, strict=True)):
             try:
-                value = await self._value(index, rule, episode, bus, notes, name)
+                value = await self._value(index, rule, episode, bus, notes, name, pairings)
             except RuleError:
                 raise
             except Exception as exc:  # a user's function: its failure is this episode's, not the run's
@@ -146,6 +154,7 @@ class RewardRules:
         bus: Bus | None,
         notes: dict[str, str],
         name: str,
+        pairings: Pairings | None = None,
     ) -> float:
         kind = rule.rule
         if kind == "env":
@@ -153,12 +162,17 @@ class RewardRules:
                 raise RuleError("the environment gave no reward")
             return float(episode.env_reward)
         if kind == "judge":
+            judge = self.judges[index]
             try:
-                result = await self.judges[index].score(episode, bus)
+                if judge.config.pairwise:
+                    score, reasoning = await (pairings or Pairings()).score(judge, episode, bus)
+                else:
+                    result = await judge.score(episode, bus)
+                    score, reasoning = result.score, result.reasoning
             except Exception as exc:
                 raise RuleError(f"judge {name!r} failed: {exc}") from exc
-            notes[name] = result.reasoning
-            return result.score
+            notes[name] = reasoning
+            return score
         if kind == "format":
             assert rule.pattern is not None
             return 1.0 if re.fullmatch(rule.pattern, _text(episode, rule.text), flags=re.DOTALL) else 0.0
