@@ -87,3 +87,30 @@ async def test_rules_apply_only_to_their_environment(toy_tokenizer):
     async with toy_system(toy_tokenizer, rules={"elsewhere": rules(toy_tokenizer, {"rule": "judge"})}) as toy:
         event = graded(await toy.play())
     assert (event.reward, event.rewards, event.notes) == (1.0, {}, {})
+
+
+async def test_a_per_turn_judge_scores_each_turn_and_credits_it(toy_tokenizer):
+    def by_turn(messages) -> str:
+        """Scores the episode as far as it went: 2 points per assistant turn so far."""
+        return f"Score: {2 * messages[-1]['content'].count('ASSISTANT (')}"
+
+    config = msgspec.convert({"rubric": "{transcript}", "per_turn": True}, JudgeConfig)
+    judge = Judge(
+        config,
+        SamplerJudgeModel(
+            ScriptedSampler(toy_tokenizer, by_turn), get_renderer("qwen3_instruct", toy_tokenizer)
+        ),
+    )
+    entry_rules = RewardRules(
+        msgspec.convert({"rules": [{"rule": "env"}, {"rule": "judge", "weight": 2.0}]}, RewardConfig),
+        entry_judge=judge,
+    )
+    async with toy_system(toy_tokenizer, rules={"toy": entry_rules}) as toy:
+        event = graded(await toy.play("train-5"))  # four turns: scored 0.2, 0.4, 0.6, 0.8
+    assert event.rewards["rule/judge"] == pytest.approx(0.5)
+    assert event.reward == pytest.approx(1.0 + 2.0 * 0.5)
+    (root,) = event.turn_rewards
+    # the env pays 1 on the fourth turn; the judge's weighted turn scores, a quarter each
+    assert event.turn_rewards[root] == pytest.approx([0.1, 0.2, 0.3, 1.4])
+    assert sum(event.turn_rewards[root]) == pytest.approx(event.reward)
+    assert event.notes["judge"].startswith("[turn 1: 0.2] Score: 2")

@@ -58,9 +58,12 @@ async def test_a_judge_through_an_openai_compatible_endpoint(toy_tokenizer, monk
         opened = await gw.open("judge-session", "judge")
         monkeypatch.setenv("PLATOON_TEST_JUDGE_KEY", opened.key)
         rules = build_reward_rules(config(opened.base_url, samples=2, max_concurrent=1))["essays"]
-        async with Bus() as bus, bus.stream(ModelCallFinished) as recorded:
-            outcome = await rules.evaluate(EPISODE, bus)
-            ours = [await recorded.receive() for _ in range(2)]
+        try:
+            async with Bus() as bus, bus.stream(ModelCallFinished) as recorded:
+                outcome = await rules.evaluate(EPISODE, bus)
+                ours = [await recorded.receive() for _ in range(2)]
+        finally:
+            await rules.aclose()  # the judge's openai client
         served = list(gw.records)
     assert outcome.reward == pytest.approx(0.6)
     assert outcome.parts == pytest.approx({"judge": 0.6})
@@ -81,6 +84,7 @@ async def test_a_wrong_key_fails_the_judge_and_never_scores_zero(toy_tokenizer, 
         rules = build_reward_rules(config(opened.base_url, retries=1))["essays"]
         with pytest.raises(RuleError, match=r"judge 'judge' failed: .*2 tries.*AuthenticationError"):
             await rules.evaluate(EPISODE)
+        await rules.aclose()
         assert gw.records == []
 
 

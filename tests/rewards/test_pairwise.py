@@ -2,8 +2,6 @@
 of wins; failed attempts leave the group; a lone attempt scores 0.5; and in the grader, a group's
 episodes are graded together."""
 
-
-
 from __future__ import annotations
 
 import re

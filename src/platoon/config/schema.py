@@ -154,6 +154,9 @@ class JudgeConfig(_Strict):
     # placeholders are then {task}, {attempt_a}, {attempt_b}
     pairwise: bool = False
     group_timeout: PositiveFloat = 900.0  # pairwise: seconds to wait for the group's other attempts
+    # score each turn of the root agent (the episode up to that reply) instead: the part is their mean,
+    # and each turn's score is that turn's reward for per-turn credit
+    per_turn: bool = False
 
 
 class RewardRule(_Strict):

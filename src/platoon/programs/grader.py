@@ -171,6 +171,11 @@ class Grader:
             return None, rewards, reason
         if notes is not None:
             notes.update(outcome.notes)
+        if outcome.turn_rewards:  # per-turn judges: each turn's score is that turn's reward
+            turns = episode.turn_rewards.setdefault(episode.root_agent_id, [])
+            turns += [0.0] * (max(outcome.turn_rewards) + 1 - len(turns))
+            for turn, value in outcome.turn_rewards.items():
+                turns[turn] += value
         rewards |= {f"rule/{name}": value for name, value in outcome.parts.items()}
         if reward is not None:
             rewards.setdefault("env", reward)

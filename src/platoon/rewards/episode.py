@@ -75,6 +75,35 @@ class Episode:
     def root_replies(self) -> list[str]:
         return [r.text for r in self.replies if r.agent_id == self.root_agent_id]
 
+    def root_turns(self) -> int:
+        return sum(1 for r in self.replies if r.agent_id == self.root_agent_id)
+
+    def until_turn(self, turn: int) -> Episode:
+        """The episode as it stood at the root agent's reply `turn` (0-based): the replies and
+        tool uses up to it, that reply as the final answer."""
+        seen, end = -1, len(self.replies)
+        for i, reply in enumerate(self.replies):
+            if reply.agent_id == self.root_agent_id:
+                seen += 1
+                if seen == turn:
+                    end = i + 1
+                    break
+        replies = self.replies[:end]
+        return Episode(
+            episode_id=self.episode_id,
+            group_id=self.group_id,
+            task=self.task,
+            instruction=self.instruction,
+            root_agent_id=self.root_agent_id,
+            final_answer=replies[-1].text if replies else None,
+            status=self.status,
+            replies=replies,
+            tools=[t for t in self.tools if t.after <= end - 1],
+            env_reward=self.env_reward,
+            env_rewards=dict(self.env_rewards),
+            task_spec=dict(self.task_spec),
+        )
+
     def transcript(self, limit: int = 20_000) -> str:
         """The episode as text, in order: the task, each reply, each tool call and its result."""
         lines = [f"TASK: {self.instruction}"]

@@ -25,6 +25,9 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
 
 from platoon import plugins
 from platoon.bus import Bus
@@ -44,11 +47,13 @@ class RuleError(RuntimeError):
 
 @dataclass
 class RewardOutcome:
-    """The combined reward, each part's (unweighted) value by name, and notes (a judge's reasoning)."""
+    """The combined reward, each part's (unweighted) value by name, notes (a judge's reasoning),
+    and the reward per-turn judges credit to each turn of the root agent (weighted)."""
 
     reward: float
     parts: dict[str, float]
     notes: dict[str, str] = field(default_factory=dict)
+    turn_rewards: dict[int, float] = field(default_factory=dict)
 
 
 def rule_names(rules: list[RewardRule]) -> list[str]:
@@ -126,10 +131,16 @@ class RewardRules:
     ) -> RewardOutcome:
         parts: dict[str, float] = {}
         notes: dict[str, str] = {}
+        turns: dict[int, list[float]] = {}
         weighted = []
         for index, (name, rule) in enumerate(zip(self.names, self.config.rules, strict=True)):
             try:
-                value = await self._value(index, rule, episode, bus, notes, name, pairings)
+                if rule.rule == "judge" and self.judges[index].config.per_turn:
+                    value, scores = await self._per_turn(index, episode, bus, notes, name)
+                    for turn, score in enumerate(scores):
+                        turns.setdefault(turn, []).append(rule.weight * score / len(scores))
+                else:
+                    value = await self._value(index, rule, episode, bus, notes, name, pairings)
             except RuleError:
                 raise
             except Exception as exc:  # a user's function: its failure is this episode's, not the run's
@@ -144,7 +155,35 @@ class RewardRules:
             reward = math.prod(weighted)
         else:
             reward = math.fsum(weighted)
-        return RewardOutcome(reward=reward, parts=parts, notes=notes)
+        # Turn scores add up to their part's weighted value, which is what a weighted sum holds.
+        by_turn = {t: math.fsum(v) for t, v in turns.items()} if self.config.combine == "weighted_sum" else {}
+        return RewardOutcome(reward=reward, parts=parts, notes=notes, turn_rewards=by_turn)
+
+    async def _per_turn(
+        self, index: int, episode: Episode, bus: Bus | None, notes: dict[str, str], name: str
+    ) -> tuple[float, list[float]]:
+        """A per-turn judge's score of each root turn, and their mean as the part's value."""
+        judge = self.judges[index]
+        n = episode.root_turns()
+        if n == 0:
+            raise RuleError(f"judge {name!r} scores turns, and the episode has none")
+        results: list[Any] = [None] * n
+        errors: list[Exception] = []
+
+        async def one(turn: int) -> None:
+            try:
+                results[turn] = await judge.score(episode.until_turn(turn), bus)
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for turn in range(n):
+                tg.start_soon(one, turn)
+        if errors:
+            raise RuleError(f"judge {name!r} failed: {errors[0]}") from errors[0]
+        notes[name] = "\n\n".join(f"[turn {t + 1}: {r.score:g}] {r.reasoning}" for t, r in enumerate(results))
+        scores = [r.score for r in results]
+        return math.fsum(scores) / n, scores
 
     async def _value(
         self,
