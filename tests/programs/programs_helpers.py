@@ -47,6 +47,12 @@ class ToySession:
             return ToolResult(output="correct", reward=1.0, finished=True)
         return ToolResult(output="higher" if self.secret > number else "lower", reward=0.0)
 
+    async def read_file(self, path: str) -> str:
+        """The one file of the toy "sandbox": the task's secret, for judges that read files."""
+        if path != "/notes/secret.txt":
+            raise FileNotFoundError(path)
+        return f"the secret is {self.secret}"
+
     async def grade(self) -> Grade:
         if self.backend.grade_error:
             raise RuntimeError(self.backend.grade_error)

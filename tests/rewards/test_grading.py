@@ -114,3 +114,30 @@ async def test_a_per_turn_judge_scores_each_turn_and_credits_it(toy_tokenizer):
     assert event.turn_rewards[root] == pytest.approx([0.1, 0.2, 0.3, 1.4])
     assert sum(event.turn_rewards[root]) == pytest.approx(event.reward)
     assert event.notes["judge"].startswith("[turn 1: 0.2] Score: 2")
+
+
+async def test_a_judge_reads_sandbox_files_before_the_grade(toy_tokenizer):
+    prompts = []
+
+    def reads_the_file(messages) -> str:
+        prompts.append(messages[-1]["content"])
+        return "Score: 10" if "the secret is 6" in messages[-1]["content"] else "Score: 0"
+
+    config = msgspec.convert(
+        {"rubric": "Files: {files}", "files": ["/notes/secret.txt", "/nowhere"]}, JudgeConfig
+    )
+    judge = Judge(
+        config,
+        SamplerJudgeModel(
+            ScriptedSampler(toy_tokenizer, reads_the_file), get_renderer("qwen3_instruct", toy_tokenizer)
+        ),
+    )
+    entry_rules = RewardRules(
+        msgspec.convert({"rules": [{"rule": "judge"}]}, RewardConfig), entry_judge=judge
+    )
+    async with toy_system(toy_tokenizer, rules={"toy": entry_rules}) as toy:
+        events = await toy.play("train-5")
+    assert graded(events).reward == 1.0
+    (prompt,) = prompts
+    assert "<file>\n/notes/secret.txt\nthe secret is 6\n</file>" in prompt
+    assert "[could not read /nowhere: FileNotFoundError: /nowhere]" in prompt

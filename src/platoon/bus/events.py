@@ -303,6 +303,7 @@ class GradeRequested(Request, frozen=True, kw_only=True):
     agent_id: str
     env: str
     with_task: bool = False  # also answer the task's spec (for reward rules that read it)
+    files: list[str] = msgspec.field(default_factory=list)  # sandbox files to read before grading (judges)
 
 
 @register_event
@@ -313,6 +314,9 @@ class Graded(Reply, frozen=True, kw_only=True):
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
     reason: str | None = None
     task: dict[str, Any] | None = None  # the task's spec, when the request asked `with_task`
+    # the files the request named, as text (cut at 64 KiB), read before the grade; a file that
+    # could not be read holds why, in brackets
+    files: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 @register_event

@@ -140,6 +140,7 @@ class JudgeConfig(_Strict):
     # the rubric, a template: {task} {transcript} {final_answer} {reward}; the transcript is fenced
     rubric: str | None = None
     rubric_file: FilePath | None = None  # the rubric from a file instead
+    files: list[str] = []  # sandbox files (absolute paths) the rubric shows as {files}, read before grading
     system: str | None = None  # a system message for the judge
     score: JudgeScore = field(default_factory=lambda: JudgeScore(number=[0.0, 10.0]))
     samples: PositiveInt = 1  # judge replies per episode

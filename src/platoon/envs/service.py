@@ -513,6 +513,7 @@ class EnvService:
                 reason = f"the env session of agent {req.agent_id} has closed"
                 reply = Graded(reply_to=req.request_id, error=reason, reason=reason)
             else:
+                files = await _read_files(slot.session, req.files) if req.files else {}
                 grade = await slot.session.grade()
                 reply = Graded(
                     reply_to=req.request_id,
@@ -520,6 +521,7 @@ class EnvService:
                     rewards=dict(grade.rewards),
                     reason=grade.reason,
                     task=dict(slot.task.spec) if req.with_task else None,
+                    files=files,
                 )
         except Exception as exc:
             reason = f"grading failed: {_describe(exc)}"
@@ -607,3 +609,24 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, EnvError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+FILE_CHARS = 65_536
+
+
+async def _read_files(session: Any, paths: list[str]) -> dict[str, str]:
+    """The files a judge's rubric names, read from the session before it is graded (the agent's
+    work as it left it). A session without `read_file` (no sandbox) answers why for each."""
+    reader = getattr(session, "read_file", None)
+    out: dict[str, str] = {}
+    for path in paths:
+        if reader is None:
+            out[path] = "[this environment has no files to read]"
+            continue
+        try:
+            text = await reader(path)
+        except Exception as exc:
+            out[path] = f"[could not read {path}: {_describe(exc)}]"
+            continue
+        out[path] = text if len(text) <= FILE_CHARS else text[:FILE_CHARS] + "\n[... cut ...]"
+    return out

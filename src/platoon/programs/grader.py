@@ -133,6 +133,7 @@ class Grader:
                     agent_id=finished.root_agent_id,
                     env=finished.task.env,
                     with_task=rules is not None and rules.needs_task_spec,
+                    files=rules.files if rules is not None else [],
                 ),
                 timeout=self.grade_timeout,
             )
@@ -163,6 +164,7 @@ class Grader:
         episode.root_agent_id = episode.root_agent_id or finished.root_agent_id
         episode.env_reward, episode.env_rewards = reward, dict(rewards)
         episode.task_spec = dict(graded.task or {})
+        episode.files = dict(graded.files)
         try:
             outcome = await rules.evaluate(episode, bus, self.pairings)
         except RuleError as exc:

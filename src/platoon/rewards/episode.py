@@ -67,6 +67,7 @@ class Episode:
     env_reward: float | None = None
     env_rewards: dict[str, float] = field(default_factory=dict)
     task_spec: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # sandbox files a judge asked for
 
     @property
     def sampled_tokens(self) -> int:
@@ -102,6 +103,7 @@ class Episode:
             env_reward=self.env_reward,
             env_rewards=dict(self.env_rewards),
             task_spec=dict(self.task_spec),
+            files=dict(self.files),
         )
 
     def transcript(self, limit: int = 20_000) -> str:

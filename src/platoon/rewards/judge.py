@@ -204,16 +204,19 @@ def _fence(tag: str, text: str) -> str:
 def render_rubric(template: str, episode: Episode, score: JudgeScore) -> str:
     """The judge's prompt: the template's placeholders filled, the answer format appended.
 
-    Only `{task}`, `{transcript}`, `{final_answer}` and `{reward}` are replaced, so other braces
-    (a JSON example in the rubric) stay as written.
+    Only `{task}`, `{transcript}`, `{final_answer}`, `{reward}` and `{files}` (the sandbox files
+    the judge named, each fenced with its path) are replaced, so other braces (a JSON example in
+    the rubric) stay as written.
     """
     values = {
         "{task}": _fence("task", episode.instruction),
         "{transcript}": _fence("transcript", episode.transcript()),
         "{final_answer}": _fence("final_answer", episode.final_answer or "(none)"),
         "{reward}": "none" if episode.env_reward is None else f"{episode.env_reward:g}",
+        "{files}": "\n".join(_fence("file", f"{path}\n{text}") for path, text in episode.files.items())
+        or "(no files)",
     }
-    text = re.sub(r"\{(task|transcript|final_answer|reward)\}", lambda m: values[m.group(0)], template)
+    text = re.sub(r"\{(task|transcript|final_answer|reward|files)\}", lambda m: values[m.group(0)], template)
     return text + "\n\n" + answer_format(score)
 
 

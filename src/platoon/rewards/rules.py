@@ -122,6 +122,11 @@ class RewardRules:
         return any(r.rule == "match" and r.expected and "{" in r.expected for r in self.config.rules)
 
     @property
+    def files(self) -> list[str]:
+        """The sandbox files the judges' rubrics show."""
+        return sorted({path for judge in self.judges.values() for path in judge.config.files})
+
+    @property
     def pairwise(self) -> bool:
         """Whether a judge of these rules compares the attempts of a group."""
         return any(judge.config.pairwise for judge in self.judges.values())

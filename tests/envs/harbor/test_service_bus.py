@@ -61,7 +61,7 @@ def bash_calls(*commands: str) -> Callable[[list[dict[str, Any]]], str]:
 
 @asynccontextmanager
 async def harbor_system(
-    tokenizer: Any, dataset: Any, script: Any, state_dir: Any, **entry: Any
+    tokenizer: Any, dataset: Any, script: Any, state_dir: Any, grader: Any = None, **entry: Any
 ) -> AsyncIterator[Bus]:
     backend = HarborBackend(
         dataset,
@@ -78,7 +78,7 @@ async def harbor_system(
         EpisodeRunner(
             [EntrySettings(name=ENV, harness="platoon-bash", **{"max_steps": 6, **entry})], request_timeout=60
         ),
-        Grader(),
+        grader or Grader(),
     ]
     async with Bus() as bus, system.running(bus, components):
         yield bus
@@ -167,3 +167,34 @@ async def _until_empty(directory) -> None:
     with anyio.fail_after(10):
         while any(directory.iterdir()):  # noqa: ASYNC110 - closing has no event of its own
             await anyio.sleep(0.02)
+
+
+async def test_a_judge_reads_the_sandbox_files_the_agent_left(toy_tokenizer, make_task, tmp_path):
+    import msgspec
+
+    from platoon.config.schema import JudgeConfig, RewardConfig
+    from platoon.rewards import Judge, RewardRules, SamplerJudgeModel
+    from platoon.testing.policies import ScriptedSampler
+
+    seen = []
+
+    def judge_script(messages: list[dict[str, Any]]) -> str:
+        seen.append(messages[-1]["content"])
+        return "Score: 10" if "/app/answer.txt\n42\n" in messages[-1]["content"] else "Score: 0"
+
+    files = ["/app/answer.txt", "/app/../etc/shadow"]
+    config = msgspec.convert({"rubric": "{files}", "files": files}, JudgeConfig)
+    renderer = get_renderer("qwen3_instruct", toy_tokenizer)
+    judge = Judge(config, SamplerJudgeModel(ScriptedSampler(toy_tokenizer, judge_script), renderer))
+    rules = RewardRules(
+        msgspec.convert({"rules": [{"rule": "env"}, {"rule": "judge"}]}, RewardConfig), entry_judge=judge
+    )
+    task = sum_task(make_task)
+    script = bash_calls("echo 42 > answer.txt")
+    grader = Grader(rules={ENV: rules})
+    async with harbor_system(toy_tokenizer, task.parent, script, tmp_path / "state", grader=grader) as bus:
+        events = await play(bus, "sum")
+    graded = next(e for e in events if isinstance(e, EpisodeGraded))
+    assert graded.rewards["rule/judge"] == 1.0 and graded.reward == 2.0
+    (prompt,) = seen
+    assert "[could not read /app/../etc/shadow:" in prompt  # paths with .. are refused

@@ -25,6 +25,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -257,6 +258,20 @@ class HarborSession:
         return await run_requested_agent(
             self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
         )
+
+    async def read_file(self, path: str) -> str:
+        """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
+        import tempfile
+
+        from platoon.sandbox.base import remote_path
+
+        with tempfile.TemporaryDirectory(prefix="platoon-file-") as folder:
+            local = Path(folder) / "file"
+            try:
+                await self.sandbox.download(remote_path(path), local)
+            except SandboxError as exc:
+                raise EnvError(f"the sandbox failed: {exc}") from None
+            return local.read_bytes()[:262_144].decode("utf-8", errors="replace")
 
     async def grade(self) -> Grade:
         """Run the task's tests now (the agent is done) and return every reward they wrote."""
