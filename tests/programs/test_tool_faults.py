@@ -28,6 +28,7 @@ from platoon.bus.events import EpisodeFinished, EpisodeGraded, ToolReturned
 from platoon.envs.ors import OrsBackend
 from platoon.envs.remote import RemoteBackend
 from platoon.envs.server import running_env_server
+from platoon.stats.failures import failure_kind
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
@@ -145,6 +146,7 @@ async def test_a_tool_that_raises_answers_garbage_or_hangs_fails_its_episode_wit
         assert finished.reason.startswith("the environment failed: ") and why in finished.reason
         graded = one(events, EpisodeGraded)
         assert graded.reward is None and graded.reason == finished.reason  # never a 0 that trains
+        assert failure_kind(graded.reason) == "env_fault"  # how a step's metrics and evals count it
     # No tool is left running once its episode is over: in process the timeout cancels it, and
     # platoon's server cancels it when the client ends the session.
     if where != "sdk server":

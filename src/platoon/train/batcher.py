@@ -46,6 +46,7 @@ from platoon.bus.events import (
     ModelCallFinished,
 )
 from platoon.credit import AgentTrace, Call, CreditConfig, CreditError, CreditResult, Rollout, assign_credit
+from platoon.stats.failures import failure_kind
 
 __all__ = ["CreditAssigner", "EpisodeRecord"]
 
@@ -287,7 +288,7 @@ class CreditAssigner:
                 if record.worker:
                     workers[record.worker] += 1
                 if graded.reward is None:
-                    failures[_bucket(graded.reason or graded.status)] += 1
+                    failures[failure_kind(graded.reason or graded.status)] += 1
                     continue
                 if not _finite(graded):  # a grader of another version, or a plugin's own events
                     log.warning("non-finite reward: episode dropped", episode=graded.episode_id)
@@ -381,20 +382,3 @@ class CreditAssigner:
 def _finite(graded: EpisodeGraded) -> bool:
     values = [graded.reward, *graded.agent_rewards.values()]
     return all(v is not None and math.isfinite(v) for v in values)
-
-
-def _bucket(reason: str) -> str:
-    text = reason.lower()
-    kinds = (
-        "non-finite reward",
-        "timeout",
-        "cancelled",
-        "harness raised",
-        "env session",
-        "grading failed",
-        "gateway",
-    )
-    for kind in kinds:
-        if kind in text:
-            return kind.replace(" ", "_").replace("-", "_")
-    return "other"
