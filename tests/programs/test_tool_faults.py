@@ -57,7 +57,7 @@ class Faulty(Environment):
 
     @classmethod
     def list_tasks(cls, split: str) -> list[dict[str, Any]]:
-        return [{"id": name, "tool": name} for name in ("fine", "boom", "garbage", "hang")]
+        return [{"id": name, "tool": name} for name in ("fine", "boom", "garbage", "hang", "nan")]
 
     async def get_prompt(self) -> list[TextBlock]:
         return [TextBlock(text=self.task_spec["tool"])]
@@ -86,6 +86,11 @@ class Faulty(Environment):
         finally:
             Faulty.hanging -= 1
         raise AssertionError("unreachable")
+
+    @tool
+    async def nan(self) -> ToolOutput:
+        """Finishes the episode with a reward that is not a number."""
+        return ToolOutput(blocks=[TextBlock(text="done")], reward=float("nan"), finished=True)
 
     @tool
     async def submit(self, args: Answer) -> ToolOutput:
@@ -135,7 +140,7 @@ async def test_a_tool_that_raises_answers_garbage_or_hangs_fails_its_episode_wit
         backend_for(where) as backend,
         toy_system(toy_tokenizer, entry("fault-try-then-submit"), backend=backend, tool_timeout=0.3) as toy,
     ):
-        played = {task["id"]: await toy.play(task["id"]) for task in Faulty.list_tasks("train")}
+        played = {name: await toy.play(name) for name in ("fine", *FAULTS)}
     assert one(played["fine"], EpisodeGraded).reward == 1.0  # the control: the same policy earns 1.0
     for name, why in FAULTS.items():
         events = played[name]
@@ -151,6 +156,20 @@ async def test_a_tool_that_raises_answers_garbage_or_hangs_fails_its_episode_wit
     # platoon's server cancels it when the client ends the session.
     if where != "sdk server":
         await wait_until(lambda: Faulty.hanging == 0)
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_non_finite_reward_is_not_graded_wherever_the_env_runs(toy_tokenizer, where):
+    async with (
+        backend_for(where) as backend,
+        toy_system(toy_tokenizer, entry("fault-try-then-submit"), backend=backend) as toy,
+    ):
+        events = await toy.play("nan")
+    graded = one(events, EpisodeGraded)
+    assert graded.reward is None  # never trained on
+    # In process the NaN reaches the grader; JSON has no NaN, so a server sends null instead.
+    expected = "non_finite_reward" if where == "in process" else "no_reward"
+    assert failure_kind(graded.reason) == expected, graded.reason
 
 
 @pytest.mark.parametrize("where", WHERE)
