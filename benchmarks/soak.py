@@ -11,6 +11,13 @@ the line; more costs much more). The last lines say how much RSS and the heap gr
 episodes over the second half of the soak, past the warm-up.
 
     python benchmarks/soak.py [--minutes 6] [--every 20] [--concurrency 16] [--tracemalloc [--frames 1]]
+
+Measured (2026-12-04, 2 shared cores): 6 min at concurrency 16, 40,960 episodes: RSS 373.6 MB at
+start, 375.0 at 3k episodes, 375.9 from 12k to 41k. 8 min at concurrency 64, 16,896 episodes:
+322.4, 325.6 at 4k, 326.4 from 10k to 17k (+0.002 MB per 1000 episodes over the second half).
+The early growth is bounded caches filling, which tracemalloc's diff names: the event log's delta
+memory (4096 agents' last records), the env service's graded episode ids (10,000). Past them the
+heap is flat.
 """
 
 from __future__ import annotations

@@ -153,6 +153,7 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     rest = first.stderr.read()
     assert first.wait(timeout=120) == 130, "".join(seen) + rest
     assert "Traceback" not in rest and rest.strip().endswith("platoon: interrupted")
+    assert "so a resume trains from step " in rest and f"--resume {run_dir}" in rest  # and says how
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(len(lines)))  # whole lines only
     from platoon.bus.eventlog import LogDamage
