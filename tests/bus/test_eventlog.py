@@ -103,6 +103,18 @@ def test_platoon_events_exits_non_zero_on_a_damaged_log_unless_salvage(tmp_path,
     assert "did you mean RunFinished" in capsys.readouterr().err
 
 
+def test_a_file_that_is_no_event_log_says_so(tmp_path, capsys):
+    from platoon.bus import LogDamage
+    from platoon.cli import main
+
+    (tmp_path / "events.msgpack").write_bytes(bytes(range(256)) * 20)  # garbage, no header
+    damage = LogDamage(path="")
+    assert list(read_events(tmp_path, damage)) == []
+    assert damage.found and damage.not_a_log
+    assert main(["events", str(tmp_path)]) == 1
+    assert "is not a platoon event log (no PLTNEV header" in capsys.readouterr().err
+
+
 def test_missing_log_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no event log"):
         list(read_events(tmp_path))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import anyio.from_thread
+import msgspec
 import pytest
 import yaml
 
@@ -139,6 +140,26 @@ def test_version_and_overrides_anywhere_on_the_line(site, capsys):
 
 
 @pytest.mark.torch
+def nan_on_even_tasks(finished, graded):
+    """A reward processor with a bug: every other task's reward is NaN."""
+    return float("nan") if finished.task.index % 2 == 0 else graded.reward
+
+
+def test_an_eval_with_non_finite_rewards_reports_them_as_failures_in_valid_json(site, capsys):
+    processor = "environments.0.reward_processor=test_run_cmds:nan_on_even_tasks"
+    argv = ["eval", "eval.yaml", "--policy", POLICY, "eval.group_size=1", "eval.max_tasks=4", processor]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    written = (site / "runs" / "quickstart" / "guess-eval" / "eval.json").read_bytes()
+    summary = msgspec.json.decode(printed)  # strict JSON: a NaN would not decode
+    assert summary["failures"] == {"non_finite_reward": 2} and summary["reward_mean"] == 1.0
+    report = msgspec.json.decode(written)
+    nan_tasks = [t for t in report["tasks"] if t["rewards"] == [None]]
+    assert len(nan_tasks) == 2 and report["failures"] == {"non_finite_reward": 2}
+    assert all("non-finite reward nan" in t["failures"][0] for t in nan_tasks)
+    assert report["graded"] == 2 and report["reward_mean"] == 1.0  # the others found it
+
+
 def test_train_on_a_taken_run_directory_asks_which_way(site, tiny_model, capsys):
     base = [
         "train",

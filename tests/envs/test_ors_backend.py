@@ -83,8 +83,6 @@ async def test_workshop_features() -> None:
         assert (await call_tool(bus, "shop", "inc")).output == "2"
         bad = await call_tool(bus, "shop", "nap", {"seconds": "soon"})
         assert bad.error is not None and bad.error.startswith("bad arguments for tool nap: ")
-        boom = await call_tool(bus, "shop", "boom")
-        assert boom.error == "tool boom failed: RuntimeError: kaboom"
         done = await call_tool(bus, "shop", "submit", {"answer": "3"})
         assert (done.output, done.reward, done.finished) == ("right", 1.0, True)
         grade = await bus.request(GradeRequested(episode_id="ep", agent_id="root", env="shop"))
@@ -93,6 +91,15 @@ async def test_workshop_features() -> None:
         bonus = await open_session(bus, "shop", "0", split="holdout", episode="ep2")
         assert "bonus" in {t.name for t in bonus.tools}
         assert (await call_tool(bus, "shop", "bonus", episode="ep2")).reward == 10.0
+
+        # A tool that raises ends its session (the ORS contract, as the openreward client has
+        # it for a server): an environment failure, and no tool of that session runs after it.
+        await open_session(bus, "shop", "0", episode="ep3")
+        boom = await call_tool(bus, "shop", "boom", episode="ep3")
+        assert (boom.error, boom.env_fault) == ("tool boom failed: RuntimeError: kaboom", True)
+        after = await call_tool(bus, "shop", "inc", episode="ep3")
+        assert after.error == "the session was terminated: tool boom raised RuntimeError: kaboom"
+        assert after.env_fault
     assert service.open_sessions == 0 and Workshop.live == set()
 
 

@@ -91,5 +91,5 @@ async def test_a_non_finite_reward_leaves_the_episode_ungraded(toy_tokenizer):
     async with toy_system(toy_tokenizer, reward_processors={"toy": "programs_helpers:not_a_number"}) as toy:
         event = graded(await toy.play())
     assert event.reward is None
-    assert event.reason == "non-finite reward nan from the environment"
+    assert event.reason == "non-finite reward nan from the reward processor"
     assert "processed" not in event.rewards

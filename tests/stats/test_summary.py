@@ -44,12 +44,14 @@ def test_reward_zero_and_not_graded_read_differently(capsys):
     zero = {"reward/mean": 0.0, "episodes/total": 8.0, "episodes/graded": 8.0}
     some = {"reward/mean": 0.5, "episodes/total": 8.0, "episodes/graded": 6.0}
     none = {"episodes/total": 8.0, "episodes/graded": 0.0}
-    for step, metrics in enumerate([zero, some, none]):
+    why = {**some, "episodes/failed/timeout": 1.0, "episodes/failed/non_finite_reward": 1.0}
+    for step, metrics in enumerate([zero, some, none, why]):
         sink._console_line(TrainStepFinished(step=step, metrics=metrics))
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "step 1/3  reward 0.000"
     assert lines[1] == "step 2/3  graded 6/8  reward 0.500"
     assert lines[2] == "step 3/3  graded 0/8, reward n/a"
+    assert lines[3] == "step 4/3  graded 6/8 (1 non_finite_reward, 1 timeout)  reward 0.500"
 
 
 def test_a_first_step_that_graded_nothing_stops_the_run_saying_why():

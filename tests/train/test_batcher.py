@@ -25,7 +25,7 @@ from platoon.bus.events import (
     TaskRef,
     new_id,
 )
-from platoon.credit import CreditConfig
+from platoon.credit import CreditConfig, CreditError, register_credit_rule
 from platoon.train.batcher import CreditAssigner
 
 pytestmark = pytest.mark.anyio
@@ -196,6 +196,58 @@ async def test_a_non_finite_reward_drops_its_episode_not_the_run():
     assert batch.stats["reward/mean"] == 0.5
     assert {d.episode_id for d in batch.datums} <= {"a1", "b2"}
     assert all(math.isfinite(a) for d in batch.datums for a in d.advantages)
+
+
+@register_credit_rule("test-fails-on-half")
+def fails_on_half(rewards: list[float]) -> list[float]:
+    """A plugin's credit rule with a bug: a group holding a reward of 0.5 gets a NaN advantage."""
+    mean = sum(rewards) / len(rewards)
+    return [math.nan if 0.5 in rewards else r - mean for r in rewards]
+
+
+async def test_a_group_whose_credit_fails_is_dropped_and_counted_not_the_run():
+    async with assigner(group_size=2, batch_size=2, credit=CreditConfig(baseline="test-fails-on-half")) as h:
+        await h.episode("a1", "A", 1.0)
+        await h.episode("a2", "A", 0.5)
+        await h.episode("b1", "B", 1.0)
+        await h.episode("b2", "B", 0.0)
+        await h.until(lambda: len(h.batches) == 1)
+        # The next step trains as usual: the assigner is still running.
+        await h.episode("c1", "C", 1.0, step=1)
+        await h.episode("c2", "C", 0.0, step=1)
+        await h.episode("d1", "D", 0.0, step=1)
+        await h.episode("d2", "D", 1.0, step=1)
+        await h.until(lambda: len(h.batches) == 2)
+    first, second = h.batches
+    assert {d.episode_id for d in first.datums} == {"b1", "b2"}
+    assert first.stats["episodes/failed/credit_error"] == 2.0
+    assert first.stats["credit/groups_failed"] == 1.0
+    assert (first.stats["episodes/graded"], first.stats["reward/mean"]) == (2.0, 0.5)
+    assert {d.episode_id for d in second.datums} == {"c1", "c2", "d1", "d2"}
+    assert "episodes/failed/credit_error" not in second.stats
+
+
+async def test_credit_that_fails_for_every_group_step_after_step_ends_the_run_saying_why():
+    credit = CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig(baseline="test-fails-on-half"))
+    batches: list[BatchReady] = []
+    with pytest.raises(BaseExceptionGroup) as raised:  # the assigner's own failure, in its task group
+        async with Bus() as bus:
+            bus.subscribe(BatchReady, batches.append)
+            credit.attach(bus)
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(credit.run, bus)
+                    feed = Feed(bus, credit)
+                    for step in range(3):
+                        await feed.episode(f"e{step}", f"G{step}", 0.5, step=step)
+                        await feed.episode(f"f{step}", f"G{step}", 1.0, step=step)
+    error: BaseException = raised.value
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    assert isinstance(error, CreditError)
+    assert "every group of 3 steps in a row" in str(error)
+    assert "credit rule returned a non-finite advantage" in str(error)
+    assert [b.stats["episodes/failed/credit_error"] for b in batches] == [2.0, 2.0]
 
 
 async def test_the_straggler_timeout_closes_a_group_with_a_quorum_and_drops_late_results():

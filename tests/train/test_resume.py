@@ -153,6 +153,7 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     rest = first.stderr.read()
     assert first.wait(timeout=120) == 130, "".join(seen) + rest
     assert "Traceback" not in rest and rest.strip().endswith("platoon: interrupted")
+    assert "so a resume trains from step " in rest and f"--resume {run_dir}" in rest  # and says how
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(len(lines)))  # whole lines only
     from platoon.bus.eventlog import LogDamage
@@ -167,3 +168,55 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+
+
+class FailOnce:
+    """A plugin component that fails the first run it is in, once step 1 is trained."""
+
+    name = "fail-once"
+    failed = False
+
+    def __init__(self) -> None:
+        self._steps = None
+
+    def attach(self, bus):
+        from platoon.bus.events import TrainStepFinished
+
+        if self._steps is None:
+            self._steps = bus.stream(TrainStepFinished, name=self.name).open()
+
+    async def run(self, bus):
+        self.attach(bus)
+        with self._steps as steps:
+            async for _ in steps:
+                if not FailOnce.failed:
+                    FailOnce.failed = True
+                    raise RuntimeError("the plugin's disk is full")
+
+
+def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model, capsys):
+    import shlex
+
+    from platoon.cli import main
+
+    config = learn_config(tiny_model, steps=3, save_every=1)
+    config["plugins"] = [{"component": "test_resume:FailOnce"}]
+    FailOnce.failed = False
+    path = site / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = site / "runs" / "learn" / "t"
+
+    assert main(["train", str(path), "--quiet", "train.seed=1"]) == 1
+    err = capsys.readouterr().err
+    (latest,) = checkpoints(run_dir)[-1:]  # step 1's (0-based 0), or a later one it got to save
+    hint = (
+        f"platoon: error: the plugin's disk is full\nthe run stopped; its last checkpoint is after step "
+        f"{latest['step'] + 1}, so a resume trains from step {latest['step'] + 2}: "
+        f"platoon train {path} train.seed=1 --resume {run_dir}\n"
+    )
+    assert hint in err, err[-2000:]
+
+    command = hint.splitlines()[-1].split(": ", 1)[1]
+    assert main([*shlex.split(command)[1:], "--quiet"]) == 0  # the command it gave goes on
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]  # each step once

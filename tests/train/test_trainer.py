@@ -4,6 +4,7 @@ the pipelined forward_backward + optim_step, `PolicyUpdated`, and checkpoints.""
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
@@ -207,3 +208,39 @@ def test_training_grades_through_the_entry_reward_processor(site, tiny_model):
     anyio.run(lambda: train(validate_config(config), run_dir=run_dir, console=False))
     (metrics,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics["reward/mean"] == 0.25
+
+
+NAN_GRADES: list[str] = []
+
+
+def nan_once(finished: Any, graded: Any) -> float:
+    """A reward processor with a bug that strikes once: the first episode it sees gets NaN."""
+    if not NAN_GRADES:
+        NAN_GRADES.append(finished.episode_id)
+        return float("nan")
+    return graded.reward
+
+
+@pytest.mark.torch
+def test_a_nan_reward_drops_its_episode_and_the_run_goes_on(site, tiny_model):
+    """One NaN reward used to end the run at step 0; now that episode is counted, not trained."""
+    import learnable
+
+    from platoon.bus import read_events
+    from platoon.bus.events import EpisodeGraded
+    from platoon.config import validate_config
+    from platoon.train.loop import train
+
+    NAN_GRADES.clear()
+    config = learnable.learn_config(tiny_model, steps=2)
+    config["environments"][0]["reward_processor"] = "test_trainer:nan_once"
+    run_dir = site / "run"
+    anyio.run(lambda: train(validate_config(config), run_dir=run_dir, console=False))
+    first, second = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert first["episodes/failed/non_finite_reward"] == 1 and first["episodes/graded"] == 31
+    assert math.isfinite(first["reward/mean"]) and first["train/datums"] > 0
+    assert second["episodes/graded"] == 32
+    (graded,) = [
+        e for e in read_events(run_dir) if isinstance(e, EpisodeGraded) and e.episode_id in NAN_GRADES
+    ]
+    assert graded.reward is None and graded.reason == "non-finite reward nan from the reward processor"

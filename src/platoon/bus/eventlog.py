@@ -127,12 +127,21 @@ class LogDamage(msgspec.Struct):
     skipped_bytes: int = 0
     truncated_tail: int = 0  # bytes of a last record cut short (a writer killed mid-write)
     unknown_types: int = 0  # whole records of event types not registered here
+    not_a_log: bool = False  # no header, and its first bytes are no record of an older log either
 
     @property
     def found(self) -> bool:
-        return bool(self.damaged_records or self.skipped_bytes or self.truncated_tail or self.unknown_types)
+        return bool(
+            self.damaged_records
+            or self.skipped_bytes
+            or self.truncated_tail
+            or self.unknown_types
+            or self.not_a_log
+        )
 
     def describe(self) -> str:
+        if self.not_a_log:
+            return f"{self.path} is not a platoon event log (no PLTNEV header, and no record at its start)"
         parts = []
         if self.unknown_types:
             parts.append(
@@ -520,13 +529,16 @@ def _record_in(data: bytes | mmap.mmap, offset: int, resolver: _Resolver) -> Eve
 
 def _legacy(data: bytes | mmap.mmap, at: int, damage: LogDamage) -> Iterator[Record]:
     end = len(data)
+    first = at == 0
     while at < end:
         if end - at < _LEGACY_LENGTH.size:
             damage.truncated_tail += end - at
+            damage.not_a_log = first
             return
         (size,) = _LEGACY_LENGTH.unpack_from(data, at)
         if at + _LEGACY_LENGTH.size + size > end:
             damage.truncated_tail += end - at
+            damage.not_a_log = first
             return
         following = at + _LEGACY_LENGTH.size + size
         try:
@@ -535,6 +547,8 @@ def _legacy(data: bytes | mmap.mmap, at: int, damage: LogDamage) -> Iterator[Rec
             # Without checksums or sync marks there is no telling where the next record starts.
             damage.damaged_records += 1
             damage.skipped_bytes += end - at
+            damage.not_a_log = first
             return
+        first = False
         yield Record(at, following, 0.0, event)
         at = following

@@ -225,7 +225,7 @@ class EnvironmentConfig(_Strict):
     name: str | None = None
     env: str | None = None  # a named environment, e.g. platoon-number-search@1
     service: str | None = None  # python://module:Class, http://host:port, harbor, module:Class
-    # passed to the service's backend; secrets and tool_errors go to the env service
+    # passed to the service's backend; secrets, tool_errors and tool_timeout go to the env service
     service_kwargs: dict[str, Any] = {}
     package: str | None = None  # a module imported first, so the harnesses it defines register
     # a harness name, a *.toml spec path, or {name: weight} to mix harnesses

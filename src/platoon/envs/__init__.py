@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # Keyword arguments of a config's `service_kwargs` that belong to the service, not the backend.
-_SERVICE_KEYS = ("secrets", "tool_errors")
+_SERVICE_KEYS = ("secrets", "tool_errors", "tool_timeout")
 
 
 def build_env_service(
@@ -53,10 +53,18 @@ def build_env_service(
     list of environment variable names) which the service hands to every session, and
     `tool_errors` (`env`, the default: a tool that raises or times out is the environment's
     failure and its episode ends as an error; `agent`: such errors are the agent's doing, and
-    the episode goes on to be graded).
+    the episode goes on to be graded) and `tool_timeout` (seconds a tool call may take, the same
+    limit whether the environment runs in process or behind an ORS server; null: none).
     """
     kwargs = dict(service_kwargs or {})
     service_options = {key: kwargs.pop(key) for key in _SERVICE_KEYS if key in kwargs}
+    tool_timeout = service_options.pop("tool_timeout", tool_timeout)
+    if tool_timeout is not None and (
+        isinstance(tool_timeout, bool) or not isinstance(tool_timeout, int | float) or not tool_timeout > 0
+    ):
+        raise EnvError(
+            f"service_kwargs.tool_timeout must be a number of seconds > 0 or null, got {tool_timeout!r}"
+        )
     backend = build_backend(service, env, kwargs)
     return EnvService(name, backend, tool_timeout=tool_timeout, open_timeout=open_timeout, **service_options)
 

@@ -112,6 +112,7 @@ class OrsSession:
         self.reward = reward
         self._tracker = RewardTracker(reward)
         self._closed = False
+        self._terminated: str | None = None  # why no more tools run (one raised)
 
     @classmethod
     async def start(
@@ -149,7 +150,16 @@ class OrsSession:
                 f"tool {name} is a plain function, which the openreward SDK runs with asyncio.to_thread: "
                 "run platoon under asyncio for this environment"
             )
-        outcome = (await self.env._call_tool(name, arguments)).root
+        if self._terminated is not None:
+            raise EnvError(f"the session was terminated: {self._terminated}")
+        try:
+            outcome = (await self.env._call_tool(name, arguments)).root
+        except Exception as exc:
+            # The ORS contract: a tool handles its own retries, and an exception that escapes it
+            # ends the rollout (the openreward client marks such a session dead), so a class
+            # behaves the same in process as behind a server.
+            self._terminated = f"tool {name} raised {type(exc).__name__}: {exc}"
+            raise
         if not outcome.ok:
             if outcome.reason == "input_validation":
                 raise ToolError(f"bad arguments for tool {name}: {outcome.error}")

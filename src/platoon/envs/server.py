@@ -74,11 +74,12 @@ class _Served:
         self.error: BaseException | None = None
         self.last_ping = time.monotonic()
         self.setup_scope = anyio.CancelScope()
+        self.calls: set[anyio.CancelScope] = set()  # tool calls running now
 
 
 class _Call:
-    """One `/call`: it runs to the end even if the client disconnects, and a client that
-    reconnects with its `task_id` gets the same result."""
+    """One `/call`: it runs to the end even if the client disconnects (but not past the end of
+    its session), and a client that reconnects with its `task_id` gets the same result."""
 
     def __init__(self) -> None:
         self.id = uuid.uuid4().hex
@@ -265,6 +266,8 @@ class EnvServer:
         if served is None:
             return
         served.setup_scope.cancel()
+        for scope in list(served.calls):
+            scope.cancel()
         if not served.ready.is_set():
             served.error = HTTPError(410, "Session deleted")
             served.ready.set()
@@ -365,17 +368,27 @@ class EnvServer:
             call = _Call()
             self._calls[call.id] = call
             assert self._tg is not None
-            self._tg.start_soon(self._run_call, call, served.env, tool_call)
+            self._tg.start_soon(self._run_call, call, served, tool_call)
         return StreamingResponse(
             self._call_events(call), media_type="text/event-stream", headers=_SSE_HEADERS
         )
 
-    async def _run_call(self, call: _Call, env: Environment, tool_call: ToolCall) -> None:
+    async def _run_call(self, call: _Call, served: _Served, tool_call: ToolCall) -> None:
+        """Run a tool to the end, or until its session ends: a client that gave up on it (its
+        tool timeout) deletes the session, and a tool still running then is cancelled, as it is
+        when the same environment runs in process."""
         try:
-            outcome = await env._call_tool(tool_call.name, dict(tool_call.input))
-            call.result = outcome.model_dump_json()
-        except Exception as exc:
-            call.error = str(exc) or type(exc).__name__
+            with anyio.CancelScope() as scope:
+                served.calls.add(scope)
+                try:
+                    outcome = await served.env._call_tool(tool_call.name, dict(tool_call.input))
+                    call.result = outcome.model_dump_json()
+                except Exception as exc:
+                    call.error = str(exc) or type(exc).__name__
+                finally:
+                    served.calls.discard(scope)
+            if scope.cancelled_caught:
+                call.error = f"tool {tool_call.name} was stopped: its session ended"
         finally:
             call.done.set()
         await anyio.sleep(_RESULT_LINGER)

@@ -151,6 +151,11 @@ class Grader:
                 if inspect.isawaitable(value):
                     value = await value
                 reward = float(value)
+                if not math.isfinite(reward):
+                    log.warning(
+                        "non-finite reward: the episode counts as not graded", episode=finished.episode_id
+                    )
+                    return None, rewards, f"non-finite reward {reward!r} from the reward processor"
                 rewards["processed"] = reward
             except Exception as exc:
                 log.warning("reward processor failed", episode=finished.episode_id, error=str(exc))

@@ -202,5 +202,18 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
     parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if key in metrics]
     total, graded = metrics.get("episodes/total", 0), metrics.get("episodes/graded", 0)
     if graded < total:
-        parts.insert(0, f"graded {graded:.0f}/{total:.0f}" + ("" if graded else ", reward n/a"))
+        failed = sorted(
+            (
+                (int(v), k.removeprefix("episodes/failed/"))
+                for k, v in metrics.items()
+                if k.startswith("episodes/failed/")
+            ),
+            key=lambda item: (-item[0], item[1]),
+        )
+        why = (
+            f" ({', '.join(f'{n} {reason}' for n, reason in failed if n)})"
+            if any(n for n, _ in failed)
+            else ""
+        )
+        parts.insert(0, f"graded {graded:.0f}/{total:.0f}{why}" + ("" if graded else ", reward n/a"))
     return f"step {step + 1}{of}  " + "  ".join(parts)

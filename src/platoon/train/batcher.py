@@ -6,6 +6,11 @@ of a task are graded, the group is complete (`GroupCompleted`); when a step's `b
 groups are complete, `platoon.credit.assign_credit` turns them into datums and the batch is
 published. Only episodes with a reward train; the others are counted by reason.
 
+No single group ends the run: one whose credit cannot be assigned (a malformed agent tree, a
+credit rule that raises or gives a non-finite advantage) is dropped from its batch, logged and
+counted (`episodes/failed/credit_error`). Only when every group of `_CREDIT_FAILED_STEPS` steps
+in a row fails is the fault taken to be systematic, and the run ends saying so.
+
 A group may close early: `straggler_timeout` seconds after its first grade, once a
 `straggler_quorum` share of it is graded; the stragglers' results are then dropped and counted.
 
@@ -40,11 +45,14 @@ from platoon.bus.events import (
     GroupCompleted,
     ModelCallFinished,
 )
-from platoon.credit import AgentTrace, Call, CreditConfig, Rollout, assign_credit
+from platoon.credit import AgentTrace, Call, CreditConfig, CreditError, CreditResult, Rollout, assign_credit
+from platoon.stats.failures import failure_kind
 
 __all__ = ["CreditAssigner", "EpisodeRecord"]
 
 log = structlog.get_logger("platoon.credit")
+
+_CREDIT_FAILED_STEPS = 3  # steps in a row with no group whose credit could be assigned
 
 
 @dataclass
@@ -125,6 +133,7 @@ class CreditAssigner:
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.abandoned: OrderedDict[str, None] = OrderedDict()
         self.dropped: Counter[str] = Counter()
+        self._credit_failed_steps = 0
         self._events: Stream[Event] | None = None
         self._bus: Bus | None = None
 
@@ -281,7 +290,7 @@ class CreditAssigner:
                 if record.worker:
                     workers[record.worker] += 1
                 if graded.reward is None:
-                    failures[_bucket(graded.reason or graded.status)] += 1
+                    failures[failure_kind(graded.reason or graded.status)] += 1
                     continue
                 if not _finite(graded):  # a grader of another version, or a plugin's own events
                     log.warning("non-finite reward: episode dropped", episode=graded.episode_id)
@@ -293,8 +302,14 @@ class CreditAssigner:
                 kept.append(record.rollout(graded))
             if kept:
                 rollouts.append(kept)
-        result = assign_credit(rollouts, self.credit)
+        result, errors = self._assign(step, rollouts)
+        failures["credit_error"] += sum(len(g) for g in rollouts if g[0].group_id in errors)
+        if not failures["credit_error"]:
+            del failures["credit_error"]
         stats = {f"credit/{k}": float(v) for k, v in result.stats.items()}
+        if errors:
+            stats["credit/groups_failed"] = float(len(errors))
+            rewards = [r.reward for g in rollouts if g[0].group_id not in errors for r in g]
         n = len(rewards)
         if n:  # no reward at all is "not graded", never a reward of 0
             mean = sum(rewards) / n
@@ -330,25 +345,46 @@ class CreditAssigner:
                     stats[f"workers/{worker}/episodes_per_s"] = count / stats["time/rollout"]
         return BatchReady(step=step, datums=result.datums, stats=stats)
 
+    def _assign(self, step: int, groups: list[list[Rollout]]) -> tuple[CreditResult, dict[str, str]]:
+        """Credit for the step's groups, and the groups dropped because theirs failed (id -> why)."""
+        try:
+            result = assign_credit(groups, self.credit)
+        except Exception:
+            result = None  # find the group(s) at fault, and assign the others
+        errors: dict[str, str] = {}
+        if result is None:
+            kept = []
+            for group in groups:
+                try:
+                    assign_credit([group], self.credit)
+                except Exception as exc:
+                    errors[group[0].group_id] = f"{type(exc).__name__}: {exc}"
+                    log.warning(
+                        "credit assignment failed: group dropped",
+                        step=step,
+                        group=group[0].group_id,
+                        error=errors[group[0].group_id],
+                    )
+                else:
+                    kept.append(group)
+            try:
+                result = assign_credit(kept, self.credit)
+            except Exception as exc:  # groups fine alone, not together: none of them trains
+                errors |= {group[0].group_id: f"{type(exc).__name__}: {exc}" for group in kept}
+                log.warning("credit assignment failed: batch dropped", step=step, error=str(exc))
+                result = assign_credit([], self.credit)
+        if errors and len(errors) == len(groups):
+            self._credit_failed_steps += 1
+            if self._credit_failed_steps >= _CREDIT_FAILED_STEPS:
+                raise CreditError(
+                    f"credit assignment failed for every group of {self._credit_failed_steps} steps in a "
+                    f"row, so training learns nothing; the last error: {next(iter(errors.values()))}"
+                )
+        else:
+            self._credit_failed_steps = 0
+        return result, errors
+
 
 def _finite(graded: EpisodeGraded) -> bool:
     values = [graded.reward, *graded.agent_rewards.values()]
     return all(v is not None and math.isfinite(v) for v in values)
-
-
-def _bucket(reason: str) -> str:
-    text = reason.lower()
-    kinds = (
-        "non-finite reward",
-        "timeout",
-        "cancelled",
-        "harness raised",
-        "env session",
-        "grading failed",
-        "reward rules",
-        "gateway",
-    )
-    for kind in kinds:
-        if kind in text:
-            return kind.replace(" ", "_").replace("-", "_")
-    return "other"

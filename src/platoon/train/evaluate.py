@@ -31,6 +31,7 @@ from platoon.bus.events import (
     TasksRequested,
     new_id,
 )
+from platoon.stats.failures import failure_kind
 
 __all__ = ["EvalReport", "TaskResult", "evaluate", "list_tasks", "pass_at_k"]
 
@@ -191,7 +192,7 @@ def _report(
         result.rewards.append(event.reward if finite else None)  # eval.json stays valid JSON
         if not finite:
             reason = (
-                _reason_kind(event.reason or event.status) if event.reward is None else "non_finite_reward"
+                failure_kind(event.reason or event.status) if event.reward is None else "non_finite_reward"
             )
             failures[reason] += 1
             result.failures.append(event.reason or event.status)
@@ -269,15 +270,6 @@ class _AgentStats:
                 row["own_rewards"] = float(len(rewards[depth]))
             report[str(depth)] = row
         return report
-
-
-def _reason_kind(reason: str) -> str:
-    """A short bucket for a failure reason, so failures can be counted by kind."""
-    text = reason.lower()
-    for kind in ("timeout", "cancelled", "harness raised", "env session", "grading failed", "gateway"):
-        if kind in text:
-            return kind.replace(" ", "_")
-    return text.split(":")[0][:40]
 
 
 def progress_printer(label: str = "eval", *, console: Any = None) -> Callable[[int, int], None]:

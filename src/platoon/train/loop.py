@@ -299,6 +299,37 @@ async def train(
     return last
 
 
+class RunStopped(RuntimeError):
+    """A training run ended by an error it could not go on past; the message says how to resume."""
+
+
+def how_to_resume(args: Any, directory: Path) -> str:
+    """Where a stopped run stands and the command that goes on with it (secrets left out)."""
+    import shlex
+
+    from platoon.config.redact import redact_text
+
+    try:
+        latest = CheckpointStore(directory).latest()
+    except ResumeError:
+        latest = None
+    command = " ".join(
+        [
+            "platoon train",
+            shlex.quote(str(args.config)),
+            *(shlex.quote(o) for o in getattr(args, "overrides", None) or ()),
+            "--resume",
+            shlex.quote(str(directory)),
+        ]
+    )
+    where = (
+        f"its last checkpoint is after step {latest.step + 1}, so a resume trains from step {latest.step + 2}"
+        if latest
+        else "it has no checkpoint yet, so a resume starts it again from step 1"
+    )
+    return f"the run stopped; {where}: {redact_text(command)}"
+
+
 class NothingGraded(RuntimeError):
     """The first step graded none of its episodes: training on would learn nothing."""
 
@@ -529,7 +560,21 @@ def train_command(args: Any) -> int:
     resume = bool(getattr(args, "resume", None))
     from platoon.cli.run import run_async
 
-    run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
+    try:
+        run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
+    except KeyboardInterrupt:
+        if (directory / "identity.json").exists():
+            print(f"platoon: {how_to_resume(args, directory)}", file=sys.stderr)
+        raise
+    except (ResumeError, NothingGraded):
+        raise  # their messages say what to do
+    except Exception as exc:
+        if not (directory / "identity.json").exists():
+            raise  # it failed before the run was set up: there is nothing to resume
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # type: ignore[assignment]
+        why = str(exc) or type(exc).__name__
+        raise RunStopped(f"{why}\n{how_to_resume(args, directory)}") from exc
     from platoon.stats.summary import train_summary
 
     print(train_summary(directory, time.monotonic() - started))

@@ -389,6 +389,14 @@ class _Writer:
             )
         elif isinstance(event, RunFinished):
             self.finished = json.dumps({"status": event.status, "reason": event.reason, "time": record.time})
+            # Episodes still unfinished when the run ends were lost to a crash before a resume
+            # (the resumed run played their step again): not in flight.
+            self.db.execute(
+                "UPDATE episodes SET status = 'abandoned', reason = ? WHERE status IS NULL",
+                (
+                    f"it never finished: its run stopped first (a crash before a resume?), and ended {event.status}",
+                ),
+            )
         elif isinstance(event, ComponentFailed):
             self.db.execute(
                 "INSERT OR REPLACE INTO failures VALUES (?, ?, ?)",

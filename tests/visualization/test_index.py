@@ -1,0 +1,42 @@
+"""The run index over a resumed run's log: episodes a crash cut off are not in flight for ever."""
+
+import anyio
+
+from platoon.bus import Bus, EventLog
+from platoon.bus.events import EpisodeFinished, EpisodeGraded, EpisodeRequested, RunFinished, TaskRef
+from platoon.visualization.index import RunIndex
+
+TASK = TaskRef(env="e", split="train", task_id="t")
+
+
+async def _write(run_dir, events) -> None:
+    log = EventLog(run_dir)
+    async with Bus() as bus:
+        log.attach(bus)
+        bus.start_soon(log.run, bus)
+        for event in events:
+            await bus.publish(event)
+
+
+def test_episodes_a_crash_cut_off_are_abandoned_once_the_resumed_run_ends(tmp_path):
+    def played(episode: str) -> list:
+        return [
+            EpisodeRequested(episode_id=episode, group_id="g", task=TASK, step=0),
+            EpisodeFinished(episode_id=episode, group_id="g", task=TASK, status="completed"),
+            EpisodeGraded(episode_id=episode, group_id="g", task=TASK, reward=1.0),
+        ]
+
+    # The first run is killed while "cut" plays; the resumed run plays the step again and ends.
+    first = [*played("done"), EpisodeRequested(episode_id="cut", group_id="g", task=TASK, step=0)]
+    anyio.run(_write, tmp_path, first)
+    index = RunIndex(tmp_path, index_path=tmp_path / "index.sqlite")
+    index.refresh()
+    rows, _ = index.episodes(sort="episode_id")
+    assert {r["episode_id"]: r["status"] for r in rows} == {"done": "completed", "cut": None}  # in flight
+
+    anyio.run(_write, tmp_path, [*played("again"), RunFinished(status="completed")])
+    index.refresh()
+    rows, _ = index.episodes(sort="episode_id")
+    status = {r["episode_id"]: (r["status"], r["reason"]) for r in rows}
+    assert status["done"] == ("completed", None) and status["again"] == ("completed", None)
+    assert status["cut"][0] == "abandoned" and "never finished" in status["cut"][1]
