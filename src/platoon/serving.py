@@ -54,7 +54,13 @@ class ServingError(RuntimeError):
 
 
 class BodyTooLarge(ValueError):
-    """A request body (or what it decompresses to) over the server's limit."""
+    """A request body (or what it decompresses to) over the server's limit.
+
+    `prefix` holds the first decoded bytes when there are any, so a server can still read
+    which request it refuses.
+    """
+
+    prefix: bytes = b""
 
 
 def is_loopback(host: str) -> bool:
@@ -199,7 +205,9 @@ def read_body_limited(body: bytes, encoding: str | None, limit: int) -> bytes:
     else:
         raise BodyTooLarge(f"unsupported content-encoding {encoding!r}")
     if len(out) > limit:
-        raise BodyTooLarge(f"request body decompresses to over {limit} bytes")
+        error = BodyTooLarge(f"request body decompresses to over {limit} bytes")
+        error.prefix = out[:4096]
+        raise error
     return out
 
 

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import torch
 from platoon.backends.local import losses
 from platoon.backends.local.proto import Datum
 
-__all__ = ["AdamParams", "Engine", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
+__all__ = ["AdamParams", "CheckpointInfo", "Engine", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
 
 
 class EngineError(ValueError):
@@ -85,6 +86,18 @@ _ATTN = re.compile(r"(attn|attention)", re.I)
 _MLP = re.compile(r"(mlp|ffn|feed_forward|feedforward)", re.I)
 _NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _KINDS = ("weights", "sampler_weights")
+_RUN = re.compile(r"^[A-Za-z0-9._:\-]+$")
+_MARKS = "_checkpoints.json"  # per run: checkpoint id -> {"public", "expires_at"}
+
+
+class CheckpointInfo(msgspec.Struct, frozen=True):
+    checkpoint_id: str  # "weights/NAME" or "sampler_weights/NAME"
+    kind: str
+    tinker_path: str
+    time: float
+    size_bytes: int
+    public: bool = False
+    expires_at: float | None = None
 
 
 @contextlib.contextmanager
@@ -386,6 +399,102 @@ class Engine:
         if not (directory / "adapter_model.safetensors").is_file():
             raise ModelNotFound(f"no checkpoint at {tinker_path}")
         return directory
+
+    # ---- the checkpoint catalogue (the REST routes) ---------------------------------
+
+    def runs_on_disk(self) -> list[str]:
+        """Training run ids (model ids) with a checkpoint directory, newest first."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        runs = [
+            d for d in self.checkpoint_dir.iterdir() if d.is_dir() and not d.name.startswith("_") and d.name
+        ]
+        return [d.name for d in sorted(runs, key=lambda d: d.stat().st_mtime, reverse=True)]
+
+    def checkpoints(self, run_id: str) -> list[CheckpointInfo]:
+        """The saved checkpoints of a run, oldest first (expired ones are removed first)."""
+        run = self._run_dir(run_id)
+        found: list[CheckpointInfo] = []
+        marks = self._marks(run_id)
+        now = time.time()
+        for kind in _KINDS:
+            folder = run / kind
+            if not folder.is_dir():
+                continue
+            for directory in folder.iterdir():
+                if (
+                    directory.name.endswith(".partial")
+                    or not (directory / "adapter_model.safetensors").is_file()
+                ):
+                    continue
+                checkpoint_id = f"{kind}/{directory.name}"
+                mark = marks.get(checkpoint_id, {})
+                expires = mark.get("expires_at")
+                if expires is not None and expires <= now:
+                    self.delete_checkpoint(run_id, checkpoint_id)
+                    continue
+                found.append(
+                    CheckpointInfo(
+                        checkpoint_id=checkpoint_id,
+                        kind=kind,
+                        tinker_path=f"tinker://{run_id}/{checkpoint_id}",
+                        time=(directory / "adapter_model.safetensors").stat().st_mtime,
+                        size_bytes=sum(f.stat().st_size for f in directory.iterdir() if f.is_file()),
+                        public=bool(mark.get("public", False)),
+                        expires_at=expires,
+                    )
+                )
+        return sorted(found, key=lambda c: (c.time, c.checkpoint_id))
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        directory = self._checkpoint_dir_of(run_id, checkpoint_id)
+        path = f"tinker://{run_id}/{checkpoint_id}"
+        if not directory.is_dir():
+            raise ModelNotFound(f"no checkpoint at {path}")
+        self._forget_snapshot(path)
+        shutil.rmtree(directory)
+        self._mark(run_id, checkpoint_id, None)
+
+    def mark_checkpoint(self, run_id: str, checkpoint_id: str, **fields: Any) -> None:
+        """Set `public` or `expires_at` (unix time, None = never) on a saved checkpoint."""
+        if not self._checkpoint_dir_of(run_id, checkpoint_id).is_dir():
+            raise ModelNotFound(f"no checkpoint at tinker://{run_id}/{checkpoint_id}")
+        mark = self._marks(run_id).get(checkpoint_id, {}) | fields
+        self._mark(run_id, checkpoint_id, mark)
+
+    def weights_info(self, tinker_path: str) -> LoraSpec:
+        return _read_spec(self.local_path(tinker_path))
+
+    def _run_dir(self, run_id: str) -> Path:
+        if not run_id or not _RUN.match(run_id) or run_id in {".", ".."}:
+            raise ModelNotFound(f"unknown training run {run_id!r}")
+        return self.checkpoint_dir / run_id
+
+    def _checkpoint_dir_of(self, run_id: str, checkpoint_id: str) -> Path:
+        kind, _, name = checkpoint_id.partition("/")
+        if kind not in _KINDS or not _NAME.match(name) or name in {".", ".."}:
+            raise ModelNotFound(
+                f"unknown checkpoint {checkpoint_id!r} (want weights/NAME or sampler_weights/NAME)"
+            )
+        return self._run_dir(run_id) / kind / name
+
+    def _marks(self, run_id: str) -> dict[str, dict[str, Any]]:
+        try:
+            return json.loads((self._run_dir(run_id) / _MARKS).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _mark(self, run_id: str, checkpoint_id: str, mark: dict[str, Any] | None) -> None:
+        marks = self._marks(run_id)
+        if mark is None:
+            if marks.pop(checkpoint_id, None) is None:
+                return
+        else:
+            marks[checkpoint_id] = mark
+        target = self._run_dir(run_id) / _MARKS
+        staging = target.with_suffix(".partial")
+        staging.write_text(json.dumps(marks))
+        staging.replace(target)
 
     def _write_adapter(self, model: _Trainable, directory: Path, *, optimizer: bool) -> None:
         from safetensors.torch import save_file

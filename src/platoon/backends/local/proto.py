@@ -21,6 +21,7 @@ __all__ = [
     "decode_forward_backward",
     "encode_forward_backward_output",
     "encode_sample_response",
+    "peek_seq",
 ]
 
 
@@ -100,9 +101,12 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
                 raise ProtoError(f"loss_fn_config[{key!r}] is text; this server takes numbers only")
             config[key] = value.number
         data = [_datum(i, d) for i, d in enumerate(msg.data)]
-    except ProtoError as exc:
-        exc.seq = (msg.model_id, msg.seq_id)
-        raise
+    except (ProtoError, ValueError, TypeError) as exc:
+        # Any body that parsed far enough to name its place keeps it (a ValueError here is,
+        # for example, a tensor whose bytes are not a whole number of values).
+        error = exc if isinstance(exc, ProtoError) else ProtoError(f"bad forward_backward body: {exc}")
+        error.seq = (msg.model_id, msg.seq_id)
+        raise error from None
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,
@@ -111,6 +115,49 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         forward_only=msg.forward_only,
         data=data,
     )
+
+
+def peek_seq(prefix: bytes) -> tuple[str, int] | None:
+    """(model_id, seq_id) read from the start of a `ForwardBackwardRequest` too large to parse.
+
+    The SDK writes fields in number order, so the two ids (fields 1 and 2) lead the body; a
+    refused oversized request can then still give up its place in the model's order.
+    """
+    model_id: str | None = None
+    seq_id: int | None = None
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            if pos >= len(prefix) or shift > 63:
+                raise IndexError
+            byte = prefix[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while pos < len(prefix) and (model_id is None or seq_id is None):
+            tag = varint()
+            field, wire = tag >> 3, tag & 7
+            if wire == 0:
+                value = varint()
+                if field == 2:
+                    seq_id = value
+            elif wire == 2:
+                size = varint()
+                if field == 1:
+                    model_id = prefix[pos : pos + size].decode()
+                pos += size
+            else:
+                return None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return (model_id, seq_id) if model_id is not None and seq_id is not None else None
 
 
 def encode_forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
