@@ -1,10 +1,17 @@
-"""The embedded Tinker server against plain transformers/torch on the same model.
+"""The embedded Tinker server against plain transformers/torch on the same model, side by side.
 
-Prints sampling throughput (1 and 8 concurrent requests through the tinker SDK, against
-`model.generate` called once and 8 times in a row) and the time of one LoRA training step
-(forward_backward + optim_step through the SDK, against a bare peft + AdamW loop).
+Each round measures both sides back to back under the same machine load:
+- sampling: 1 request through the tinker SDK against one `model.generate`, and 8 concurrent
+  requests against 8 `generate` calls in a row (tokens generated per second);
+- a group: 8 requests sharing one prompt (a task's `group_size` rollouts), the prefix cache's case;
+- training: one LoRA step (`forward_backward` + `optim_step` through the SDK) against a bare
+  peft + AdamW loop on the same batch, for equal lengths and for mixed lengths.
+The ratios of each round are printed, then their medians over the rounds.
 
-    python benchmarks/backend.py [--hidden 128] [--layers 4] [--new-tokens 64]
+    python benchmarks/backend.py [--hidden 128] [--layers 4] [--new-tokens 64] [--rounds 3] [--threads 1]
+
+`--threads` sets torch's CPU threads for both sides (OMP_NUM_THREADS too, so the server's
+worker thread gets the same); on a loaded machine one thread is the fair and faster choice.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -28,6 +36,15 @@ def best(fn, repeats: int = 3) -> float:
     return min(times)
 
 
+def median_time(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=128)
@@ -37,7 +54,10 @@ def main() -> None:
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--train-len", type=int, default=128)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import tinker
     import torch
@@ -49,13 +69,18 @@ def main() -> None:
     from platoon.backends.local import running_server
     from platoon.testing.models import save_tiny_model
 
+    torch.set_num_threads(args.threads)
     tmp = tempfile.mkdtemp(prefix="platoon-bench-")
     model_dir = save_tiny_model(f"{tmp}/model", hidden_size=args.hidden, num_layers=args.layers)
     new, plen = args.new_tokens, args.prompt_tokens
     prompts = [[(7 * i + j) % 200 + 10 for j in range(plen)] for i in range(8)]
-    print(f"model: Qwen3 hidden={args.hidden} layers={args.layers} torch threads={torch.get_num_threads()}")
+    load = os.getloadavg()[0]
+    print(
+        f"model: Qwen3 hidden={args.hidden} layers={args.layers}; torch threads={torch.get_num_threads()}; "
+        f"{os.cpu_count()} cores, load average {load:.1f} at start"
+    )
 
-    # ---- plain transformers generate -------------------------------------------------------
+    # ---- plain transformers -----------------------------------------------------------------
     hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
     def generate(prompt: list[int]) -> None:
@@ -69,11 +94,47 @@ def main() -> None:
                 top_k=0,
             )
 
-    generate(prompts[0])
-    hf_one = best(lambda: generate(prompts[0]))
-    hf_seq = best(lambda: [generate(p) for p in prompts], repeats=2)
+    batch, length = args.train_batch, args.train_len
+    rows = [[(11 * i + 3 * j) % 300 + 5 for j in range(length + 1)] for i in range(batch)]
+    mixed = [r[: max(8, length * (i + 1) // batch) + 1] for i, r in enumerate(rows)]
+
+    def tinker_data(sequences: list[list[int]]) -> list[types.Datum]:
+        return [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(r[:-1]),
+                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)},
+            )
+            for r in sequences
+        ]
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+    lora = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=32, target_modules=targets)).eval()
+    optimizer = torch.optim.AdamW(
+        [p for p in lora.parameters() if p.requires_grad], lr=1e-3, betas=(0.9, 0.95)
+    )
+
+    def torch_step(sequences: list[list[int]]) -> None:
+        """The bare loop: one padded batch, right-padded, loss summed over real tokens."""
+        width = max(len(r) for r in sequences) - 1
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        labels = torch.full_like(ids, -100)
+        for i, r in enumerate(sequences):
+            ids[i, : len(r) - 1] = torch.tensor(r[:-1])
+            labels[i, : len(r) - 1] = torch.tensor(r[1:])
+            mask[i, : len(r) - 1] = 1
+        full = bool(mask.all())
+        logits = lora(input_ids=ids, attention_mask=None if full else mask).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
+        )
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     # ---- the embedded server through the tinker SDK ---------------------------------------
+    results: list[dict[str, float]] = []
     with (
         start_blocking_portal() as portal,
         portal.wrap_async_context_manager(
@@ -83,76 +144,92 @@ def main() -> None:
         service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
         sampler = service.create_sampling_client(base_model=str(model_dir)).result()
         params = types.SamplingParams(max_tokens=new, stop=[])
-
-        def sample(count: int) -> None:
-            futures = [sampler.sample(types.ModelInput.from_ints(p), 1, params) for p in prompts[:count]]
-            for f in futures:
-                assert len(f.result().sequences[0].tokens) == new
-
-        sample(1)
-        srv_one = best(lambda: sample(1))
-        srv_eight = best(lambda: sample(8))
-
-        print("\nsampling (tokens generated per second, best of runs)")
-        print(f"  transformers generate, 1 request     {new / hf_one:9.0f} tok/s  ({hf_one * 1e3:.0f} ms)")
-        print(
-            f"  transformers generate, 8 sequential  {8 * new / hf_seq:9.0f} tok/s  ({hf_seq * 1e3:.0f} ms)"
-        )
-        print(f"  server via SDK, 1 request            {new / srv_one:9.0f} tok/s  ({srv_one * 1e3:.0f} ms)")
-        print(
-            f"  server via SDK, 8 concurrent         {8 * new / srv_eight:9.0f} tok/s  ({srv_eight * 1e3:.0f} ms)"
-        )
-        print(f"  8 concurrent vs 8 sequential generate: {hf_seq / srv_eight:.1f}x faster")
-
-        # ---- training step -------------------------------------------------------------------
-        batch, length = args.train_batch, args.train_len
-        rows = [[(11 * i + 3 * j) % 300 + 5 for j in range(length + 1)] for i in range(batch)]
-        data = [
-            types.Datum(
-                model_input=types.ModelInput.from_ints(r[:-1]),
-                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * length},
-            )
-            for r in rows
-        ]
         client = service.create_lora_training_client(
             base_model=str(model_dir), rank=args.rank, seed=0
         ).result()
         adam = types.AdamParams(learning_rate=1e-3)
+        equal, varied = tinker_data(rows), tinker_data(mixed)
 
-        def server_step() -> None:
+        def sample(count: int, shared: bool = False) -> None:
+            futures = [
+                sampler.sample(types.ModelInput.from_ints(prompts[0 if shared else i]), 1, params)
+                for i in range(count)
+            ]
+            for f in futures:
+                assert len(f.result().sequences[0].tokens) == new
+
+        def server_step(data: list[types.Datum]) -> None:
             fwd = client.forward_backward(data, "cross_entropy")
             opt = client.optim_step(adam)
             fwd.result()
             opt.result()
 
-        server_step()
-        srv_steps = [best(server_step, repeats=1) for _ in range(5)]
+        generate(prompts[0])
+        sample(8)
+        server_step(equal)
+        torch_step(rows)
+        for round_ in range(args.rounds):
+            r: dict[str, float] = {}
+            r["hf_one"] = best(lambda: generate(prompts[0]))
+            r["srv_one"] = best(lambda: sample(1))
+            r["hf_seq"] = best(lambda: [generate(p) for p in prompts], repeats=2)
+            r["srv_eight"] = best(lambda: sample(8), repeats=2)
+            r["srv_group"] = best(lambda: sample(8, shared=True), repeats=2)
+            r["torch_step"] = median_time(lambda: torch_step(rows))
+            r["srv_step"] = median_time(lambda: server_step(equal))
+            r["torch_mixed"] = median_time(lambda: torch_step(mixed))
+            r["srv_mixed"] = median_time(lambda: server_step(varied))
+            r["load"] = os.getloadavg()[0]
+            results.append(r)
+            print(
+                f"round {round_ + 1}: 1 request {new / r['srv_one']:.0f} vs {new / r['hf_one']:.0f} tok/s "
+                f"({r['hf_one'] / r['srv_one']:.2f}x); 8 concurrent {8 * new / r['srv_eight']:.0f} tok/s vs "
+                f"8 sequential {8 * new / r['hf_seq']:.0f} ({r['hf_seq'] / r['srv_eight']:.1f}x); "
+                f"step {r['srv_step'] * 1e3:.0f} vs {r['torch_step'] * 1e3:.0f} ms "
+                f"({r['srv_step'] / r['torch_step']:.2f}x); load {r['load']:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
         service.close("success").result()
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
-    lora = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=32, target_modules=targets)).eval()
-    optimizer = torch.optim.AdamW(
-        [p for p in lora.parameters() if p.requires_grad], lr=1e-3, betas=(0.9, 0.95)
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in results)
+
+    def med_ratio(a: str, b: str) -> float:
+        return statistics.median(r[a] / r[b] for r in results)
+
+    print(f"\nsampling, tokens generated per second (best of repeats, median of {args.rounds} rounds)")
+    print(
+        f"  transformers generate, 1 request     {new / med('hf_one'):9.0f} tok/s  ({med('hf_one') * 1e3:.0f} ms)"
     )
-    ids = torch.tensor([r[:-1] for r in rows])
-    labels = torch.tensor([r[1:] for r in rows])
-
-    def torch_step() -> None:
-        logits = lora(input_ids=ids).logits.float()
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
-        )
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    torch_step()
-    torch_steps = [best(torch_step, repeats=1) for _ in range(5)]
-    srv_ms, torch_ms = statistics.median(srv_steps) * 1e3, statistics.median(torch_steps) * 1e3
-    print(f"\ntraining step, LoRA rank {args.rank}, batch {batch}x{length} (median of 5)")
-    print(f"  bare torch + peft loop               {torch_ms:9.1f} ms")
-    print(f"  server via SDK (fwd_bwd + optim)     {srv_ms:9.1f} ms  ({srv_ms / torch_ms:.2f}x)")
+    print(
+        f"  server via SDK, 1 request            {new / med('srv_one'):9.0f} tok/s  ({med('srv_one') * 1e3:.0f} ms)"
+    )
+    print(f"    ratio server / generate            {med_ratio('hf_one', 'srv_one'):9.2f}x   (goal >= 0.8)")
+    print(
+        f"  transformers generate, 8 sequential  {8 * new / med('hf_seq'):9.0f} tok/s  ({med('hf_seq') * 1e3:.0f} ms)"
+    )
+    print(
+        f"  server via SDK, 8 concurrent         {8 * new / med('srv_eight'):9.0f} tok/s  ({med('srv_eight') * 1e3:.0f} ms)"
+    )
+    print(f"    ratio 8 concurrent / 8 sequential  {med_ratio('hf_seq', 'srv_eight'):9.2f}x   (goal >= 4)")
+    print(
+        f"  server via SDK, 8 sharing a prompt   {8 * new / med('srv_group'):9.0f} tok/s  ({med('srv_group') * 1e3:.0f} ms)"
+    )
+    print(f"\ntraining step, LoRA rank {args.rank} (median of 5 steps, median of {args.rounds} rounds)")
+    print(f"  bare torch + peft, {batch}x{length}          {med('torch_step') * 1e3:9.1f} ms")
+    print(f"  server via SDK, {batch}x{length}             {med('srv_step') * 1e3:9.1f} ms")
+    print(
+        f"    ratio server / bare                {med_ratio('srv_step', 'torch_step'):9.2f}x   (goal <= 1.2)"
+    )
+    lengths = sorted(len(r) - 1 for r in mixed)
+    print(
+        f"  bare torch + peft, mixed {lengths[0]}..{lengths[-1]}     {med('torch_mixed') * 1e3:9.1f} ms  (padded batch)"
+    )
+    print(f"  server via SDK, mixed                {med('srv_mixed') * 1e3:9.1f} ms")
+    print(f"    ratio server / bare                {med_ratio('srv_mixed', 'torch_mixed'):9.2f}x")
+    loads = ", ".join(f"{r['load']:.1f}" for r in results)
+    print(f"\nload average per round: {loads}")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ class Engine:
         self.memory_snapshots = memory_snapshots
         self._counter = 0
         self._targets = self._lora_targets()
+        self._active: object = _UNSET  # the adapter peft has active now (None: adapters off)
 
     # ---- model facts ----------------------------------------------------------------
 
@@ -218,6 +219,7 @@ class Engine:
                 self.peft.eval()
             else:
                 self.peft.add_adapter(name, config)
+        self._active = _UNSET
         return name
 
     def _adapter_params(self, adapter: str) -> dict[str, torch.nn.Parameter]:
@@ -226,13 +228,35 @@ class Engine:
             name.replace(marker, "."): param for name, param in self.peft.named_parameters() if marker in name
         }
 
+    def _use(self, adapter: str | None) -> Any:
+        """The model to call with `adapter` active (None: the base weights).
+
+        peft walks every module to switch adapters, which costs more than a decoding step of a
+        small model; the switch is made only when the wanted adapter changes.
+        """
+        if self.peft is None or (adapter is None and not self.peft.peft_config):
+            return self.base  # no adapter left; the LoRA layers in place skip missing ones
+        if self._active != adapter:
+            with _quiet():
+                if adapter is None:
+                    if self.peft.active_adapter not in self.peft.peft_config:
+                        # peft leaves a deleted adapter marked active and would look it up.
+                        self.peft.set_adapter(next(iter(self.peft.peft_config)))
+                    self.peft.base_model.disable_adapter_layers()
+                else:
+                    if self._active is None or self._active is _UNSET:
+                        self.peft.base_model.enable_adapter_layers()
+                    self.peft.set_adapter(adapter)
+            self._active = adapter
+        return self.peft
+
     def _activate(self, adapter: str) -> None:
-        with _quiet():
-            self.peft.set_adapter(adapter)
+        self._use(adapter)
 
     def _drop_adapter(self, adapter: str) -> None:
         with _quiet():
             self.peft.delete_adapter(adapter)
+        self._active = _UNSET
 
     # ---- training clients ----------------------------------------------------------
 
@@ -643,22 +667,11 @@ class Engine:
     def weights(self, ref: WeightsRef) -> Iterator[Any]:
         """The model to call with `ref`'s weights active (call under torch.no_grad)."""
         if ref.model_id is not None:
-            self._activate(self._trainable(ref.model_id).adapter)
-            yield self.peft
+            yield self._use(self._trainable(ref.model_id).adapter)
         elif ref.key is not None:
-            self._activate(self._slot(ref.key))
-            yield self.peft
-        elif self.peft is None:
-            yield self.base
-        elif not self.peft.peft_config:
-            # Every adapter is gone; the LoRA layers left in place skip missing adapters.
-            yield self.base
+            yield self._use(self._slot(ref.key))
         else:
-            if self.peft.active_adapter not in self.peft.peft_config:
-                # peft leaves a deleted adapter marked active, and disable_adapter looks it up.
-                self._activate(next(iter(self.peft.peft_config)))
-            with self.peft.disable_adapter():
-                yield self.peft
+            yield self._use(None)
 
     def _slot(self, key: str) -> str:
         adapter = self._slots.get(key)
@@ -689,6 +702,7 @@ class Engine:
 
 
 _MANIFEST = "platoon_manifest.json"
+_UNSET = object()
 
 
 def _write_manifest(directory: Path) -> None:
