@@ -339,48 +339,68 @@ class Engine:
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
-        for batch in _batches(data, budget):
-            logprobs, loss = self._batch_loss(
-                batch, [data[i] for i in batch], loss_fn, resolved, forward_only
-            )
+        for rows in _batches([d.tokens.size for d in data], budget):
+            logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only)
             total += loss
-            for i, values in zip(batch, logprobs, strict=True):
+            for i, values in logprobs.items():
                 outputs[i] = values
         return outputs, {"loss:sum": total}
 
     def _batch_loss(
-        self, index: list[int], batch: list[Datum], loss_fn: str, config: dict[str, float], forward_only: bool
-    ) -> tuple[list[np.ndarray], float]:
-        lengths = [d.tokens.size for d in batch]
-        width = max(lengths)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        targets = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, datum in enumerate(batch):
-            n = lengths[row]
-            ids[row, :n] = torch.from_numpy(datum.tokens)
-            mask[row, :n] = 1
-            targets[row, :n] = torch.from_numpy(datum.inputs["target_tokens"].astype(np.int64))
-        ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
+        self,
+        rows: list[list[int]],
+        data: list[Datum],
+        loss_fn: str,
+        config: dict[str, float],
+        forward_only: bool,
+    ) -> tuple[dict[int, np.ndarray], float]:
+        """One forward (and backward) over packed rows: each row holds one or more datums end to
+        end, each datum's positions start at 0 and it attends only to itself (transformers reads
+        the restarts of `position_ids` as packed sequences), so the result equals one datum at a
+        time while mixed lengths waste no compute on padding."""
+        lengths = [[data[i].tokens.size for i in row] for row in rows]
+        width = max(sum(n) for n in lengths)
+        packed = any(len(row) > 1 or sum(n) < width for row, n in zip(rows, lengths, strict=True))
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        targets = np.zeros((len(rows), width), dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
+        spans: dict[int, tuple[int, int, int]] = {}  # datum -> (row, start, length)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                datum, n = data[i], data[i].tokens.size
+                ids[r, start : start + n] = datum.tokens
+                targets[r, start : start + n] = datum.inputs["target_tokens"]
+                positions[r, start : start + n] = np.arange(n)
+                spans[i] = (r, start, n)
+                start += n
+            positions[r, start:] = np.arange(width - start)  # padding: a sequence of its own
+        order = sorted(spans)
+        device = self.device
+        ids_t = torch.from_numpy(ids).to(device)
+        targets_t = torch.from_numpy(targets).to(device)
+        extra = {"position_ids": torch.from_numpy(positions).to(device)} if packed else {}
         with torch.set_grad_enabled(not forward_only):
-            logits = self.peft(input_ids=ids, attention_mask=mask).logits.float()
+            logits = self.peft(input_ids=ids_t, use_cache=False, **extra).logits.float()
             token_logprobs = -torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-            ).reshape(len(batch), width)
-            valid = mask.bool()
-            flat = token_logprobs[valid]
+                logits.reshape(-1, logits.shape[-1]), targets_t.reshape(-1), reduction="none"
+            ).reshape(len(rows), width)
+            if packed:
+                flat = torch.cat([token_logprobs[r, a : a + n] for r, a, n in (spans[i] for i in order)])
+            else:
+                flat = token_logprobs[torch.tensor([spans[i][0] for i in order], device=device)].reshape(-1)
             inputs = {
-                name: torch.from_numpy(np.concatenate([d.inputs[name] for d in batch]).astype(np.float32)).to(
-                    self.device
-                )
-                for name in batch[0].inputs
+                name: torch.from_numpy(
+                    np.concatenate([data[i].inputs[name] for i in order]).astype(np.float32)
+                ).to(device)
+                for name in data[order[0]].inputs
                 if name != "target_tokens"
             }
             loss = losses.compute_loss(loss_fn, flat, inputs, config)
             if not forward_only:
                 loss.backward()
-        rows = token_logprobs.detach().float().cpu().numpy()
-        return [rows[r, : lengths[r]].copy() for r in range(len(batch))], float(loss.detach())
+        values = token_logprobs.detach().float().cpu().numpy()
+        return {i: values[r, a : a + n].copy() for i, (r, a, n) in spans.items()}, float(loss.detach())
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         model = self._trainable(model_id)
@@ -739,16 +759,21 @@ def _read_spec(directory: Path) -> LoraSpec:
         raise EngineError(f"{directory.name}: not a checkpoint written by this server") from None
 
 
-def _batches(data: list[Datum], budget: int) -> Iterator[list[int]]:
-    """Group datum indices so that each padded batch stays within `budget` tokens."""
-    batch: list[int] = []
-    width = 0
-    for i, datum in enumerate(data):
-        new_width = max(width, datum.tokens.size)
-        if batch and new_width * (len(batch) + 1) > budget:
-            yield batch
-            batch, new_width = [], datum.tokens.size
-        batch.append(i)
-        width = new_width
-    if batch:
-        yield batch
+def _batches(lengths: list[int], budget: int) -> Iterator[list[list[int]]]:
+    """Pack datum indices into rows as wide as the longest datum (first fit, longest first),
+    and the rows into batches of at most `budget` tokens (always at least one row)."""
+    width = max(lengths)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(width - lengths[i])
+    per_batch = max(1, budget // width)
+    for start in range(0, len(rows), per_batch):
+        yield rows[start : start + per_batch]
