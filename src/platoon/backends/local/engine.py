@@ -164,6 +164,7 @@ class Engine:
         self._counter = 0
         self._targets = self._lora_targets()
         self._active: object = _UNSET  # the adapter peft has active now (None: adapters off)
+        self.generations: dict[str, int] = {}  # sampler weights key -> times its weights were replaced
 
     # ---- model facts ----------------------------------------------------------------
 
@@ -610,6 +611,8 @@ class Engine:
         return WeightsRef(key=tinker_path)
 
     def _forget_snapshot(self, key: str) -> None:
+        # A path saved again under the same name holds new weights: caches keyed on it go stale.
+        self.generations[key] = self.generations.get(key, 0) + 1
         snapshot = self._snapshots.pop(key, None)
         if snapshot is not None and snapshot.path is not None and key.startswith("snapshot:"):
             shutil.rmtree(snapshot.path, ignore_errors=True)

@@ -14,10 +14,12 @@ import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
 __all__ = [
+    "MASKED",
     "Datum",
     "ForwardBackwardCall",
     "ProtoError",
     "SampledSequence",
+    "Topk",
     "decode_forward_backward",
     "encode_forward_backward_output",
     "encode_sample_response",
@@ -51,10 +53,22 @@ class ForwardBackwardCall(msgspec.Struct):
     data: list[Datum]
 
 
+class Topk(msgspec.Struct):
+    """The k most likely tokens at each of n positions: (n, k) ids and logprobs; a row of id 0
+    and logprob `MASKED` is a position with none (the first prompt token)."""
+
+    token_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float32
+
+
+MASKED = -99999.0  # the SDK's sentinel for an empty top-k slot
+
+
 class SampledSequence(msgspec.Struct):
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" | "length"
+    topk: Topk | None = None
 
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -180,16 +194,37 @@ def encode_forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str
     return out.SerializeToString()
 
 
-def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: list[float] | None) -> bytes:
+def _topk(topk: Topk) -> pb.TopkLogprobs:
+    n, k = topk.token_ids.shape
+    return pb.TopkLogprobs(
+        token_ids=np.ascontiguousarray(topk.token_ids, dtype=np.int32).tobytes(),
+        logprobs=np.ascontiguousarray(topk.logprobs, dtype=np.float32).tobytes(),
+        k=k,
+        length=n,
+    )
+
+
+def encode_sample_response(
+    sequences: list[SampledSequence],
+    prompt_logprobs: list[float | None] | None,
+    topk_prompt: Topk | None = None,
+    cache_hit_tokens: int = 0,
+) -> bytes:
     """A `SampleResponse`; missing prompt logprobs (position 0) travel as NaN."""
     msg = pb.SampleResponse()
     for seq in sequences:
-        msg.sequences.add(
+        out = msg.sequences.add(
             stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         )
+        if seq.topk is not None:
+            out.topk_sampled_logprobs.CopyFrom(_topk(seq.topk))
     if prompt_logprobs is not None:
         values = [math.nan if v is None else v for v in prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if topk_prompt is not None:
+        msg.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt))
+    if cache_hit_tokens:
+        msg.prompt_cache_hit_tokens = cache_hit_tokens
     return msg.SerializeToString()

@@ -557,7 +557,11 @@ class TinkerService:
         async def work() -> Outcome:
             request = self._sample_request(req)
             result = await self.sampler.sample(request)
-            return proto_outcome(encode_sample_response(result.sequences, result.prompt_logprobs))
+            return proto_outcome(
+                encode_sample_response(
+                    result.sequences, result.prompt_logprobs, result.topk_prompt, result.cache_hit_tokens
+                )
+            )
 
         request_id, _ = self._future(key, work)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num)]}
@@ -578,8 +582,6 @@ class TinkerService:
         unsupported = [
             name
             for name, value in (
-                ("topk_prompt_logprobs", req.topk_prompt_logprobs),
-                ("topk_sample_logprobs", req.topk_sample_logprobs),
                 ("target_prompt_logprobs", req.target_prompt_logprobs),
                 ("prompt_alt_tokens_k", req.prompt_alt_tokens_k),
                 ("prompt_logprobs_last_n", req.prompt_logprobs_last_n),
@@ -602,6 +604,8 @@ class TinkerService:
             params=self._sample_params(req.sampling_params),
             prompt_logprobs=bool(req.prompt_logprobs),
             weights=weights,
+            topk_prompt=req.topk_prompt_logprobs,
+            topk_sample=req.topk_sample_logprobs,
         )
 
     def _sample_params(self, p: _SamplingParams) -> SampleParams:
