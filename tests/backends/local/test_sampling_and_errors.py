@@ -1,11 +1,20 @@
 """Sampling stop rules and bad input, through the real tinker SDK."""
 
 import anyio
+import httpx
 import pytest
 import tinker
+import torch
 from tinker import types
 
-from platoon.backends.local.engine import Engine, WeightsRef
+from platoon.backends.local.engine import (
+    Engine,
+    EngineError,
+    WeightsRef,
+    pick_attention,
+    pick_device,
+    pick_dtype,
+)
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
 
 GREEDY = dict(temperature=0.0)
@@ -126,6 +135,29 @@ def test_capabilities_and_health(service, tiny_model):
         tinker.RestClient(base_url=service._base_url, api_key="tml-test").get_server_capabilities().result()
     )
     assert caps.supported_models[0].model_name == str(tiny_model)
+    raw = httpx.get(f"{service._base_url}/api/v1/get_server_capabilities").json()["platoon"]
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert raw["device"].startswith(expected) and raw["attention"] in {"sdpa", "flash_attention_2", "eager"}
+    assert raw["dtype"] == ("float32" if expected == "cpu" else raw["dtype"])
+
+
+def test_the_device_is_chosen_automatically(monkeypatch):
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_dtype(torch.device("cpu"), None) == torch.float32
+    assert pick_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
+    with pytest.raises(EngineError, match="unknown dtype"):
+        pick_dtype(torch.device("cpu"), "int8")
+    with pytest.raises(EngineError, match="unknown device"):
+        pick_device("quantum")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(EngineError, match="no CUDA device"):
+        pick_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
+    assert pick_dtype(torch.device("cuda"), "auto") == torch.bfloat16
+    assert pick_attention(torch.device("cpu")) == "sdpa"
 
 
 @pytest.mark.anyio

@@ -28,7 +28,18 @@ import torch
 from platoon.backends.local import losses
 from platoon.backends.local.proto import Datum
 
-__all__ = ["AdamParams", "CheckpointInfo", "Engine", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
+__all__ = [
+    "AdamParams",
+    "CheckpointInfo",
+    "Engine",
+    "EngineError",
+    "LoraSpec",
+    "ModelNotFound",
+    "WeightsRef",
+    "pick_attention",
+    "pick_device",
+    "pick_dtype",
+]
 
 
 class EngineError(ValueError):
@@ -126,16 +137,55 @@ def resolve_model_dir(model: str) -> Path:
         ) from None
 
 
+def pick_device(device: str | None) -> torch.device:
+    """`auto` (or None): the first CUDA device when there is one, else the CPU."""
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise EngineError(f"unknown device {device!r} (auto, cpu, cuda, cuda:1, ...)") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return chosen
+
+
+def pick_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
+    """`auto` (or None): bfloat16 on a GPU that has it (float16 otherwise), float32 on the CPU."""
+    if dtype not in (None, "", "auto"):
+        value = getattr(torch, str(dtype), None)
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise EngineError(f"unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
+        return value
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def pick_attention(device: torch.device) -> str:
+    """flash attention 2 on CUDA when the `flash_attn` package is installed, else torch SDPA."""
+    import importlib.util
+
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
 class Engine:
-    """A base model with LoRA training clients and sampler weights on top of it."""
+    """A base model with LoRA training clients and sampler weights on top of it.
+
+    The device is chosen once (`auto`: CUDA when present, else CPU); one engine, one process,
+    serves one device.
+    """
 
     def __init__(
         self,
         model: str,
         *,
         checkpoint_dir: str | Path,
-        device: str = "cpu",
+        device: str | None = "auto",
         dtype: str | None = None,
+        attention: str | None = None,
         sampler_slots: int = 4,
         memory_snapshots: int = 4,
     ) -> None:
@@ -144,11 +194,21 @@ class Engine:
 
         hf_logging.disable_progress_bar()
         self.model_dir = resolve_model_dir(model)
-        self.device = torch.device(device)
-        torch_dtype = getattr(torch, dtype) if dtype else torch.float32
-        self.base = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch_dtype, local_files_only=True
-        )
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(self.device, dtype)
+        self.attention = attention or pick_attention(self.device)
+        try:
+            self.base = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation=self.attention
+            )
+        except (ValueError, ImportError):
+            if attention is not None:
+                raise
+            # An architecture without SDPA (or flash attention) support runs its own attention.
+            self.attention = "eager"
+            self.base = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation="eager"
+            )
         self.base.to(self.device).eval().requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.vocab_size = self.base.get_input_embeddings().num_embeddings
@@ -167,6 +227,20 @@ class Engine:
         self.generations: dict[str, int] = {}  # sampler weights key -> times its weights were replaced
 
     # ---- model facts ----------------------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """Where and how the model runs, for `get_server_capabilities` and the start-up line."""
+        facts: dict[str, Any] = {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.attention,
+            "torch": torch.__version__,
+        }
+        if self.device.type == "cuda":
+            facts["device_name"] = torch.cuda.get_device_name(self.device)
+        else:
+            facts["cpu_threads"] = torch.get_num_threads()
+        return facts
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

@@ -648,7 +648,9 @@ class TinkerService:
                     "trainable": True,
                     "sampleable": True,
                 }
-            ]
+            ],
+            # Not read by the SDK (it ignores unknown fields); for people and tools asking the server.
+            "platoon": self.engine.facts(),
         }
 
 
