@@ -9,9 +9,12 @@ Each round measures both sides back to back under the same machine load:
 The ratios of each round are printed, then their medians over the rounds.
 
     python benchmarks/backend.py [--hidden 128] [--layers 4] [--new-tokens 64] [--rounds 3] [--threads 1]
+    python benchmarks/backend.py --device cuda ...   (see benchmarks/gpu_check.py)
 
 `--threads` sets torch's CPU threads for both sides (OMP_NUM_THREADS too, so the server's
 worker thread gets the same); on a loaded machine one thread is the fair and faster choice.
+`--device` (default auto: CUDA when present) and `--dtype` (default: bfloat16 on a GPU,
+float32 on the CPU) apply to both sides.
 """
 
 from __future__ import annotations
@@ -45,10 +48,18 @@ def median_time(fn, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=None)
+    parser.add_argument(
+        "--vocab", type=int, default=None, help="vocabulary size (default: the toy tokenizer's)"
+    )
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default=None)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--train-batch", type=int, default=8)
@@ -56,7 +67,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import tinker
@@ -67,32 +78,50 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from platoon.backends.local import running_server
+    from platoon.backends.local.engine import pick_device, pick_dtype
     from platoon.testing.models import save_tiny_model
 
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    dtype = pick_dtype(device, args.dtype)
     tmp = tempfile.mkdtemp(prefix="platoon-bench-")
-    model_dir = save_tiny_model(f"{tmp}/model", hidden_size=args.hidden, num_layers=args.layers)
+    model_dir = save_tiny_model(
+        f"{tmp}/model",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        intermediate_size=args.intermediate,
+        vocab_size=args.vocab,
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     new, plen = args.new_tokens, args.prompt_tokens
     prompts = [[(7 * i + j) % 200 + 10 for j in range(plen)] for i in range(8)]
     load = os.getloadavg()[0]
     print(
-        f"model: Qwen3 hidden={args.hidden} layers={args.layers}; torch threads={torch.get_num_threads()}; "
+        f"model: Qwen3 hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads}; "
+        f"{device} {str(dtype).removeprefix('torch.')}; torch threads={torch.get_num_threads()}; "
         f"{os.cpu_count()} cores, load average {load:.1f} at start"
     )
 
     # ---- plain transformers -----------------------------------------------------------------
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
     def generate(prompt: list[int]) -> None:
         with torch.no_grad():
             hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                torch.tensor([prompt], device=device),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=True,
                 top_k=0,
             )
+        sync()
 
     batch, length = args.train_batch, args.train_len
     rows = [[(11 * i + 3 * j) % 300 + 5 for j in range(length + 1)] for i in range(batch)]
@@ -107,7 +136,7 @@ def main() -> None:
             for r in sequences
         ]
 
-    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     lora = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=32, target_modules=targets)).eval()
     optimizer = torch.optim.AdamW(
@@ -125,6 +154,7 @@ def main() -> None:
             labels[i, : len(r) - 1] = torch.tensor(r[1:])
             mask[i, : len(r) - 1] = 1
         full = bool(mask.all())
+        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
         logits = lora(input_ids=ids, attention_mask=None if full else mask).logits.float()
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
@@ -132,13 +162,14 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync()
 
     # ---- the embedded server through the tinker SDK ---------------------------------------
     results: list[dict[str, float]] = []
     with (
         start_blocking_portal() as portal,
         portal.wrap_async_context_manager(
-            running_server(str(model_dir), checkpoint_dir=f"{tmp}/ckpt")
+            running_server(str(model_dir), checkpoint_dir=f"{tmp}/ckpt", device=str(device), dtype=args.dtype)
         ) as url,
     ):
         service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
