@@ -107,8 +107,12 @@ class _Prefix(msgspec.Struct):
     """A prompt's KV cache (one row per layer) and its next-token logits."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
-    logits: torch.Tensor  # [vocab]
+    logits: torch.Tensor  # [1, vocab]
     tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.logits.nbytes + sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
 class PrefixCache:
@@ -118,10 +122,10 @@ class PrefixCache:
     a checkpoint path saved again under its name gets a new generation, so old entries miss.
     """
 
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[Any, ...], _Prefix] = OrderedDict()
-        self._tokens = 0
+        self._bytes = 0
         self.hits = 0
 
     def get(self, key: tuple[Any, ...]) -> _Prefix | None:
@@ -132,13 +136,14 @@ class PrefixCache:
         return entry
 
     def put(self, key: tuple[Any, ...], entry: _Prefix) -> None:
-        if entry.tokens > self.max_tokens or key in self._entries:
+        size = entry.nbytes
+        if size > self.max_bytes or key in self._entries:
             return
         self._entries[key] = entry
-        self._tokens += entry.tokens
-        while self._tokens > self.max_tokens:
+        self._bytes += size
+        while self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
-            self._tokens -= old.tokens
+            self._bytes -= old.nbytes
 
 
 class Sampler:
@@ -150,7 +155,7 @@ class Sampler:
         run_sync: Callable[[Callable[[], Any]], Awaitable[Any]],
         *,
         max_batch: int = 64,
-        prefix_cache_tokens: int = 65536,
+        prefix_cache_bytes: int = 2**30,
         slice_seconds: float = 0.02,
     ) -> None:
         self.engine = engine
@@ -161,7 +166,7 @@ class Sampler:
         self._wakeup = anyio.Event()
         self._arrived = False  # set by the event loop, read by the worker thread between steps
         self._slice = slice_seconds
-        self.prefixes = PrefixCache(prefix_cache_tokens)
+        self.prefixes = PrefixCache(prefix_cache_bytes)
         self.steps = 0
         # transformers 5.x names the KV cache argument `cache`; 4.x calls it `past_key_values`.
         forward = inspect.signature(engine.base.forward).parameters
