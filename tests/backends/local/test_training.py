@@ -314,3 +314,22 @@ def test_a_shared_prompt_is_prefilled_once_and_samples_the_same(service, tiny_mo
     assert fresh.prompt_cache_hit_tokens == 0
     np.testing.assert_allclose(fresh.sequences[0].logprobs, snapshot.sequences[0].logprobs, atol=1e-5)
     assert fresh.sequences[0].logprobs != pytest.approx(first.sequences[0].logprobs, abs=1e-3)
+
+
+def test_the_next_turn_reuses_the_last_turns_cache(service, tiny_model):
+    """A prompt that extends an earlier prompt and its completion (an agent's next turn)
+    prefills only what is new; its sampled tokens and logprobs equal an uncached prefill's."""
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=2).result()
+    path = client.save_weights_for_sampler("turns").result().path
+    sampler = service.create_sampling_client(model_path=path).result()
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    first_prompt = [41, 42, 43, 44, 45, 46, 47]
+    first = sampler.sample(types.ModelInput.from_ints(first_prompt), 1, greedy).result().sequences[0]
+    turn = first_prompt + list(first.tokens) + [60, 61, 62]  # the completion, then a tool's reply
+    cached = sampler.sample(types.ModelInput.from_ints(turn), 1, greedy).result()
+    assert cached.prompt_cache_hit_tokens == len(first_prompt) + len(first.tokens) - 1
+    # Asking for prompt logprobs bypasses the cache: a full prefill to compare with.
+    full = sampler.sample(types.ModelInput.from_ints(turn), 1, greedy, include_prompt_logprobs=True).result()
+    assert full.prompt_cache_hit_tokens == 0
+    assert cached.sequences[0].tokens == full.sequences[0].tokens
+    np.testing.assert_allclose(cached.sequences[0].logprobs, full.sequences[0].logprobs, atol=1e-5)

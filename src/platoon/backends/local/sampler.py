@@ -101,49 +101,88 @@ class _Batch:
         self.mask: torch.Tensor | None = None  # [rows, cache length], 0 on left padding
         self.logits: torch.Tensor | None = None  # [rows, vocab], next-token logits
         self.next_tokens: list[int] = []  # the tokens just sampled, fed to the next decode
+        self.space: Space | None = None  # where finished sequences are cached (None: not cached)
 
 
 class _Prefix(msgspec.Struct):
-    """A prompt's KV cache (one row per layer) and its next-token logits."""
+    """The KV cache (one row per layer) of a token sequence, and the logits that follow it when
+    it was a whole prompt (None for a finished sequence, kept for the next turn that extends it)."""
 
     layers: list[tuple[torch.Tensor, torch.Tensor]]
-    logits: torch.Tensor  # [1, vocab]
+    logits: torch.Tensor | None  # [1, vocab]
     tokens: int
 
     @property
     def nbytes(self) -> int:
-        return self.logits.nbytes + sum(k.nbytes + v.nbytes for k, v in self.layers)
+        head = self.logits.nbytes if self.logits is not None else 0
+        return head + sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+Space = tuple[Any, ...]  # one set of fixed weights: (weights key, generation)
 
 
 class PrefixCache:
-    """The KV caches of recent prompts, per set of fixed weights, least recently used first out.
+    """KV caches of recent prompts and finished sequences, per set of fixed weights, least
+    recently used first out, at most `max_bytes` in all.
 
-    Live training weights (`WeightsRef.model_id`) change with every step and are never cached;
-    a checkpoint path saved again under its name gets a new generation, so old entries miss.
+    A new prompt takes the longest cached sequence it starts with: all of it when it is the same
+    prompt (a task's group), or a prefix (the next turn of a conversation, which extends the last
+    prompt and its completion), so only the rest is prefilled. Live training weights
+    (`WeightsRef.model_id`) change with every step and are never cached; a checkpoint path saved
+    again under its name gets a new generation, so old entries miss.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[Any, ...], _Prefix] = OrderedDict()
+        self._entries: OrderedDict[tuple[Space, tuple[int, ...]], _Prefix] = OrderedDict()
+        self._lengths: dict[Space, dict[int, int]] = {}  # per space: length -> entries of it
         self._bytes = 0
         self.hits = 0
 
-    def get(self, key: tuple[Any, ...]) -> _Prefix | None:
-        entry = self._entries.get(key)
-        if entry is not None:
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest(self, space: Space, prompt: tuple[int, ...]) -> _Prefix | None:
+        """The longest entry that `prompt` starts with and that leaves something to reuse: the
+        whole prompt with its logits, or a shorter sequence (at least one token of it)."""
+        for n in sorted(self._lengths.get(space, {}), reverse=True):
+            if n > len(prompt):
+                continue
+            key = (space, prompt if n == len(prompt) else prompt[:n])
+            entry = self._entries.get(key)
+            if entry is None or (n == len(prompt) and entry.logits is None and n == 1):
+                continue
             self._entries.move_to_end(key)
             self.hits += 1
-        return entry
+            return entry
+        return None
 
-    def put(self, key: tuple[Any, ...], entry: _Prefix) -> None:
-        size = entry.nbytes
-        if size > self.max_bytes or key in self._entries:
+    def put(self, space: Space, tokens: tuple[int, ...], entry: _Prefix) -> None:
+        """Keep `entry`; one with logits replaces one without for the same tokens, not the reverse."""
+        key = (space, tokens)
+        old = self._entries.get(key)
+        if entry.nbytes > self.max_bytes or (
+            old is not None and (old.logits is not None or entry.logits is None)
+        ):
             return
+        if old is not None:
+            self._drop(key)
         self._entries[key] = entry
-        self._bytes += size
+        self._bytes += entry.nbytes
+        lengths = self._lengths.setdefault(space, {})
+        lengths[len(tokens)] = lengths.get(len(tokens), 0) + 1
         while self._bytes > self.max_bytes:
-            _, old = self._entries.popitem(last=False)
-            self._bytes -= old.nbytes
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[Space, tuple[int, ...]]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        lengths = self._lengths[key[0]]
+        lengths[len(key[1])] -= 1
+        if not lengths[len(key[1])]:
+            del lengths[len(key[1])]
+            if not lengths:
+                del self._lengths[key[0]]
 
 
 class Sampler:
@@ -274,6 +313,7 @@ class Sampler:
         """Admit jobs and decode one token for every row; with `keep_going`, go on decoding
         until a job finishes, a request arrives or the time slice is used up."""
         deadline = time.monotonic() + self._slice
+        batch.space = self._space(key)
         with self.engine.weights(key) as model:
             if admitted:
                 self._prefill(model, batch, key, admitted)
@@ -291,10 +331,10 @@ class Sampler:
                 ):
                     return finished
 
-    def _cache_key(self, ref: WeightsRef, prompt: list[int]) -> tuple[Any, ...] | None:
+    def _space(self, ref: WeightsRef) -> Space | None:
         if ref.model_id is not None:
             return None  # live training weights change under the cache
-        return (ref.key, self.engine.generations.get(ref.key or "", 0), tuple(prompt))
+        return (ref.key, self.engine.generations.get(ref.key or "", 0))
 
     def _prefill(self, model: Any, batch: _Batch, ref: WeightsRef, jobs: list[_Job]) -> None:
         """Each distinct prompt once (from the prefix cache when it holds it), then every job's
@@ -305,18 +345,24 @@ class Sampler:
             prompts.setdefault(tuple(job.request.prompt), []).append(job)
         ready: dict[tuple[int, ...], _Prefix] = {}
         missing: list[tuple[int, ...]] = []
+        space = batch.space
         for prompt, group in prompts.items():
-            key = self._cache_key(ref, list(prompt))
             wants_all = any(j.request.prompt_logprobs or j.request.topk_prompt for j in group)
-            entry = self.prefixes.get(key) if key is not None and not wants_all else None
+            entry = self.prefixes.longest(space, prompt) if space is not None and not wants_all else None
             if entry is None:
                 missing.append(prompt)
-            else:
+                continue
+            if entry.tokens == len(prompt) and entry.logits is not None:
                 ready[prompt] = entry
-                for job in group:
-                    job.cache_hit_tokens = len(prompt)
+                hit = len(prompt)
+            else:
+                assert space is not None
+                hit = min(entry.tokens, len(prompt) - 1)
+                ready[prompt] = self._extend(model, space, prompt, entry, hit)
+            for job in group:
+                job.cache_hit_tokens = hit
         for same in _same_length(missing):
-            ready |= self._run_prompts(model, ref, same, prompts)
+            ready |= self._run_prompts(model, space, same, prompts)
         new_rows: list[_Row] = []
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
@@ -324,6 +370,7 @@ class Sampler:
         lengths: list[int] = []
         for prompt, group in prompts.items():
             entry = ready[prompt]
+            assert entry.logits is not None
             count = sum(j.request.num_samples for j in group)
             keys.append([k.expand(count, -1, -1, -1) for k, _ in entry.layers])
             values.append([v.expand(count, -1, -1, -1) for _, v in entry.layers])
@@ -356,10 +403,34 @@ class Sampler:
             batch.logits = torch.cat([batch.logits, new_logits])
         batch.rows.extend(new_rows)
 
+    def _extend(self, model: Any, space: Space, prompt: tuple[int, ...], entry: _Prefix, hit: int) -> _Prefix:
+        """Prefill the rest of `prompt` on top of the first `hit` tokens of a cached sequence."""
+        from transformers import DynamicCache
+
+        device = self.engine.device
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(entry.layers):
+            cache.update(k[:, :, :hit], v[:, :, :hit], i)
+        out = model(
+            input_ids=torch.tensor([prompt[hit:]], dtype=torch.long, device=device),
+            position_ids=torch.arange(hit, len(prompt), device=device)[None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
+        cache = _cache_of(out)
+        extended = _Prefix(
+            layers=[(layer.keys, layer.values) for layer in cache.layers],
+            logits=out.logits[0, -1:].float(),
+            tokens=len(prompt),
+        )
+        self.prefixes.put(space, prompt, extended)
+        return extended
+
     def _run_prompts(
         self,
         model: Any,
-        ref: WeightsRef,
+        space: Space | None,
         prompts: list[tuple[int, ...]],
         jobs: dict[tuple[int, ...], list[_Job]],
     ) -> dict[tuple[int, ...], _Prefix]:
@@ -385,11 +456,11 @@ class Sampler:
                 tokens=len(prompt),
             )
             ready[prompt] = entry
-            key = self._cache_key(ref, list(prompt))
-            if key is not None:
+            if space is not None:
                 layers = [(k.clone(), v.clone()) for k, v in entry.layers]
+                assert entry.logits is not None
                 self.prefixes.put(
-                    key, _Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
+                    space, prompt, _Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
                 )
             if wanted[i]:
                 self._score_prompt(logits[i, :-1], ids[i], jobs[prompt])
@@ -441,6 +512,8 @@ class Sampler:
                 keep.append(i)
                 continue
             job = row.job
+            if batch.space is not None and row.position > len(job.request.prompt):
+                self._keep_sequence(batch, i, row)
             topk = None
             if n:
                 topk = Topk(
@@ -470,6 +543,18 @@ class Sampler:
                 batch.cache = batch.mask = batch.logits = None
         batch.next_tokens = [token_list[i] for i in keep]
         return finished
+
+    def _keep_sequence(self, batch: _Batch, index: int, row: _Row) -> None:
+        """Cache a finished sequence's KV (prompt and completion but its last, unfed token):
+        the agent's next turn starts with it."""
+        assert batch.space is not None
+        n = row.position
+        layers = [
+            (layer.keys[index : index + 1, :, -n:].clone(), layer.values[index : index + 1, :, -n:].clone())
+            for layer in batch.cache.layers
+        ]
+        tokens = (*row.job.request.prompt, *row.tokens[:-1])
+        self.prefixes.put(batch.space, tokens, _Prefix(layers=layers, logits=None, tokens=n))
 
     def _choose(self, batch: _Batch) -> torch.Tensor:
         """One token per row: one batched draw per kind of parameters; seeded requests draw
