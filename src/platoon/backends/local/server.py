@@ -29,6 +29,7 @@ from platoon.backends.local.futures import (
     Outcome,
     SeqError,
     SeqQueue,
+    SyncJob,
     failure,
     json_outcome,
     proto_outcome,
@@ -308,14 +309,32 @@ class TinkerService:
             outcome = failure(f"internal error: {exc!r}", "server")
         self.futures.resolve(request_id, outcome)
 
-    def _queued(self, model_id: str, seq_id: int, work: Callable[[], Awaitable[Outcome]]) -> str:
-        """A training request: deduplicated on (model_id, seq_id), run in seq_id order."""
+    def _queued(
+        self,
+        model_id: str,
+        seq_id: int,
+        work: Callable[[], Awaitable[Outcome]] | None = None,
+        *,
+        compute: Callable[[], Outcome] | None = None,
+    ) -> str:
+        """A training request: deduplicated on (model_id, seq_id), run in seq_id order.
+
+        `work` runs on the event loop; `compute` (torch work with no server state to touch) runs
+        in the worker thread, together with the compute of the requests queued right behind it.
+        """
         request_id, new = self.futures.create(("train", model_id, seq_id))
         if not new:
             return request_id
         try:
             model = self._model(model_id)
-            model.queue.submit(seq_id, request_id, lambda: self._settle(request_id, work))
+            if compute is not None:
+                job: Any = SyncJob(
+                    _guarded(request_id, compute), lambda outcome: self.futures.resolve(request_id, outcome)
+                )
+            else:
+                assert work is not None
+                job = lambda: self._settle(request_id, work)  # noqa: E731
+            model.queue.submit(seq_id, request_id, job)
         except (UserError, SeqError) as exc:
             self.futures.resolve(request_id, failure(str(exc)))
         return request_id
@@ -390,7 +409,7 @@ class TinkerService:
             if model_id in self.models:
                 raise UserError(f"model {model_id} already exists")
             await self.run_sync(lambda: self.engine.create_model(model_id, spec))
-            model = _Model(session, SeqQueue(first=1), spec.rank, req.user_metadata)
+            model = _Model(session, SeqQueue(first=1, run_group=self.run_sync), spec.rank, req.user_metadata)
             self.models[model_id] = model
             session.models.append(model_id)
             await self._start_model(model_id, model)
@@ -417,20 +436,19 @@ class TinkerService:
     async def forward_backward(self, body: bytes) -> Any:
         call = decode_forward_backward(body)
 
-        async def work() -> Outcome:
-            logprobs, metrics = await self.run_sync(
-                lambda: self.engine.forward_backward(
-                    call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
-                )
+        def compute() -> Outcome:
+            logprobs, metrics = self.engine.forward_backward(
+                call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
             )
             return proto_outcome(encode_forward_backward_output(logprobs, metrics))
 
-        return {"request_id": self._queued(call.model_id, call.seq_id, work), "model_id": call.model_id}
+        request_id = self._queued(call.model_id, call.seq_id, compute=compute)
+        return {"request_id": request_id, "model_id": call.model_id}
 
     async def optim_step(self, body: bytes) -> Any:
         req = msgspec.json.decode(body, type=OptimStep)
 
-        async def work() -> Outcome:
+        def compute() -> Outcome:
             if req.adam_params is None:
                 kind = (req.optimizer_params or {}).get("type", "unknown")
                 raise UserError(f"optimizer {kind!r} is not supported; use AdamParams")
@@ -438,10 +456,13 @@ class TinkerService:
                 params = msgspec.convert(req.adam_params, AdamParams)
             except msgspec.ValidationError as exc:
                 raise UserError(f"adam_params: {exc}") from None
-            metrics = await self.run_sync(lambda: self.engine.optim_step(req.model_id, params))
+            metrics = self.engine.optim_step(req.model_id, params)
             return json_outcome({"metrics": metrics, "type": "optim_step"})
 
-        return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
+        return {
+            "request_id": self._queued(req.model_id, req.seq_id, compute=compute),
+            "model_id": req.model_id,
+        }
 
     async def save_weights(self, body: bytes) -> Any:
         req = msgspec.json.decode(body, type=SaveWeights)
@@ -503,7 +524,9 @@ class TinkerService:
             await self.run_sync(
                 lambda: self.engine.create_from_state(model_id, req.path, optimizer=req.optimizer)
             )
-            model = _Model(session, SeqQueue(first=1), self.engine.lora_rank(model_id))
+            model = _Model(
+                session, SeqQueue(first=1, run_group=self.run_sync), self.engine.lora_rank(model_id)
+            )
             self.models[model_id] = model
             session.models.append(model_id)
             await self._start_model(model_id, model)
@@ -652,6 +675,21 @@ class TinkerService:
             # Not read by the SDK (it ignores unknown fields); for people and tools asking the server.
             "platoon": self.engine.facts(),
         }
+
+
+def _guarded(request_id: str, compute: Callable[[], Outcome]) -> Callable[[], Outcome]:
+    """`compute`, with its errors turned into the failure the SDK reads."""
+
+    def run() -> Outcome:
+        try:
+            return compute()
+        except (EngineError, UserError, SeqError) as exc:
+            return failure(str(exc))
+        except Exception as exc:
+            log.exception("request failed", request_id=request_id)
+            return failure(f"internal error: {exc!r}", "server")
+
+    return run
 
 
 def _check_optimizer(config: _Optimizer | None) -> None:
