@@ -30,13 +30,14 @@ def test_training_runs_and_their_checkpoints(service, base_url, tiny_model):
     train(client, [datum([3, 4, 5, 6, 7])])
     state = client.save_state("first").result().path
     sampler_path = client.save_weights_for_sampler("for-sampling").result().path
+    short = client.save_state("short", ttl_seconds=3600).result().path
     rest = tinker.RestClient(base_url=base_url, api_key="tml-test")
 
     runs = rest.list_training_runs(limit=50).result()
     assert runs.cursor.total_count >= 1
     run = next(r for r in runs.training_runs if r.training_run_id == model_id)
     assert run.lora_rank == 4 and run.is_lora and run.user_metadata == {"purpose": "rest"}
-    assert run.last_checkpoint.tinker_path == state
+    assert run.last_checkpoint.tinker_path == short
     assert run.last_sampler_checkpoint.tinker_path == sampler_path
     assert rest.get_training_run(model_id).result().training_run_id == model_id
     assert rest.get_training_run_by_tinker_path(state).result().training_run_id == model_id
@@ -44,8 +45,12 @@ def test_training_runs_and_their_checkpoints(service, base_url, tiny_model):
     listed = rest.list_checkpoints(model_id).result().checkpoints
     assert {(c.checkpoint_type, c.tinker_path) for c in listed} == {
         ("training", state),
+        ("training", short),
         ("sampler", sampler_path),
     }
+    assert [c.expires_at is not None for c in listed if c.tinker_path == short] == [True]
+    rest.delete_checkpoint_from_tinker_path(short).result()
+    listed = [c for c in listed if c.tinker_path != short]
     assert all(c.size_bytes > 0 and not c.public for c in listed)
     assert {c.tinker_path for c in rest.list_user_checkpoints(limit=100).result().checkpoints} >= {
         state,

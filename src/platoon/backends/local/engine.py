@@ -686,7 +686,9 @@ class Engine:
 
     def _forget_snapshot(self, key: str) -> None:
         # A path saved again under the same name holds new weights: caches keyed on it go stale.
-        self.generations[key] = self.generations.get(key, 0) + 1
+        # (Snapshot keys are never reused, so they need no count.)
+        if not key.startswith("snapshot:"):
+            self.generations[key] = self.generations.get(key, 0) + 1
         snapshot = self._snapshots.pop(key, None)
         if snapshot is not None and snapshot.path is not None and key.startswith("snapshot:"):
             shutil.rmtree(snapshot.path, ignore_errors=True)
