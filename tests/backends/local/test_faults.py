@@ -52,7 +52,7 @@ def raw_fwd_bwd(model_id: str, seq_id: int, *, ragged: bool = False, tokens: int
 
 def retrieve(http: httpx.Client, request_id: str) -> dict:
     """The future's result: JSON as a dict, a protobuf ForwardBackwardOutput as its metrics."""
-    while True:
+    for _ in range(8):  # each poll waits up to the server's 25 s
         answer = http.post("/retrieve_future", json={"request_id": request_id, "allow_metadata_only": False})
         if answer.status_code == 408:
             continue
@@ -61,12 +61,13 @@ def retrieve(http: httpx.Client, request_id: str) -> dict:
             out.ParseFromString(answer.content)
             return {"metrics": dict(out.metrics)}
         return answer.json()
+    pytest.fail(f"request {request_id} never finished: its seq_id is waiting for one that never came")
 
 
 def test_any_refused_training_body_still_uses_up_its_seq_id(tiny_model, tmp_path):
-    """A body that fails to decode in any way (here: a tensor whose bytes are not whole values;
-    there: a zstd body that expands past the cap) is answered 400/413 and its place in the
-    model's order is taken by a failure, so the next request runs."""
+    """A body that fails to decode in any way (a tensor whose bytes are not whole values, a zstd
+    body that expands past the cap, a body over the cap, proto or JSON) is answered 400/413 and
+    its place in the model's order is taken by a failure, so the next request runs."""
     with server(tiny_model, tmp_path, max_body_mb=1) as url:
         service = tinker.ServiceClient(base_url=url, api_key="tml-test")
         model_id = service.create_lora_training_client(base_model=str(tiny_model), rank=2).result().model_id
@@ -88,6 +89,15 @@ def test_any_refused_training_body_still_uses_up_its_seq_id(tiny_model, tmp_path
             assert retrieve(http, good.json()["request_id"])["metrics"]["loss:sum"] > 0
             assert retrieve(http, step.json()["request_id"])["metrics"]["grad_norm:mean"] > 0
             late = http.post("/optim_step", json={"model_id": model_id, "seq_id": 1, "adam_params": {}})
+            # Bodies over the server's cap, refused before they are read in full.
+            big = http.post(
+                "/forward_backward", content=raw_fwd_bwd(model_id, 5, tokens=300_000), headers=proto
+            )
+            padded = {"model_id": model_id, "seq_id": 6, "adam_params": {}, "pad": "x" * 2**21}
+            big_json = http.post("/optim_step", json=padded)
+            assert big.status_code == big_json.status_code == 413
+            step = http.post("/optim_step", json={"model_id": model_id, "seq_id": 7, "adam_params": {}})
+            assert retrieve(http, step.json()["request_id"])["metrics"]["learning_rate:mean"] > 0
             # A resent seq_id is a retry: it gets the first request's answer, not a second run.
             assert "bad forward_backward body" in retrieve(http, late.json()["request_id"])["error"]
         service.close("success").result()

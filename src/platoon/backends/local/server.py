@@ -9,8 +9,10 @@ through one worker thread (`run_sync`), so HTTP stays responsive while a step co
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -769,8 +771,12 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     `service.api_key`, when set, is required on every route (the SDK sends it on each).
     """
 
+    ordered_paths: set[str] = set()
+
     def post(path: str, handler: Callable[[bytes], Awaitable[Any]], *, ordered: bool = False) -> Route:
         endpoint = _route(service, handler, max_body * DECODED_FACTOR, ordered=ordered)
+        if ordered:
+            ordered_paths.add(f"/api/v1{path}")
         return Route(f"/api/v1{path}", endpoint, methods=["POST"])
 
     async def not_found(body: bytes) -> Response:
@@ -816,4 +822,45 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         *rest_routes(service),
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan)
-    return Guard(app, api_key=service.api_key, max_body=max_body)
+
+    def oversized(scope: Any, head: bytes) -> None:
+        """A training request refused for its size still gives up its seq_id, when its first
+        bytes name it."""
+        if scope.get("path") not in ordered_paths:
+            return
+        encoding = dict(scope.get("headers") or []).get(b"content-encoding", b"").decode("latin-1")
+        seq = _seq_in_head(_decoded_head(head, encoding))
+        if seq is not None:
+            service.skip(*seq, f"request body over {max_body} bytes")
+
+    return Guard(app, api_key=service.api_key, max_body=max_body, on_oversized=oversized)
+
+
+_JSON_IDS = re.compile(rb'"model_id"\s*:\s*"([^"\\]{1,200})"|"seq_id"\s*:\s*(\d{1,18})')
+
+
+def _decoded_head(head: bytes, encoding: str) -> bytes:
+    """As much of a compressed body's start as its first bytes decode to (never more than 64 KiB)."""
+    try:
+        if encoding == "zstd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(head)[: 1 << 16]
+        if encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 16)
+    except Exception:
+        return b""
+    return head
+
+
+def _seq_in_head(head: bytes) -> tuple[str, int] | None:
+    """(model_id, seq_id) from the start of a training request: protobuf or JSON."""
+    if not head.lstrip().startswith(b"{"):
+        return peek_seq(head)
+    model_id = seq_id = None
+    for match in _JSON_IDS.finditer(head):
+        if match.group(1) is not None and model_id is None:
+            model_id = match.group(1).decode("utf-8", "replace")
+        elif match.group(2) is not None and seq_id is None:
+            seq_id = int(match.group(2))
+    return (model_id, seq_id) if model_id is not None and seq_id is not None else None
