@@ -530,8 +530,9 @@ class Engine:
         ]
         return [d.name for d in sorted(runs, key=lambda d: d.stat().st_mtime, reverse=True)]
 
-    def checkpoints(self, run_id: str) -> list[CheckpointInfo]:
-        """The saved checkpoints of a run, oldest first (expired ones are removed first)."""
+    def checkpoints(self, run_id: str, *, prune: bool = True) -> list[CheckpointInfo]:
+        """The saved checkpoints of a run, oldest first; expired ones are left out, and removed
+        with `prune` (which touches the adapters, so only from the worker thread)."""
         run = self._run_dir(run_id)
         found: list[CheckpointInfo] = []
         marks = self._marks(run_id)
@@ -550,7 +551,8 @@ class Engine:
                 mark = marks.get(checkpoint_id, {})
                 expires = mark.get("expires_at")
                 if expires is not None and expires <= now:
-                    self.delete_checkpoint(run_id, checkpoint_id)
+                    if prune:
+                        self.delete_checkpoint(run_id, checkpoint_id)
                     continue
                 found.append(
                     CheckpointInfo(

@@ -273,7 +273,7 @@ class TinkerService:
         """Why a model id is unknown and what to do: after a restart, which checkpoint to resume from."""
         message = f"unknown model_id {model_id!r}: this server holds training models in memory and does not hold this one"
         try:
-            saved = [c for c in self.engine.checkpoints(model_id) if c.kind == "weights"]
+            saved = [c for c in self.engine.checkpoints(model_id, prune=False) if c.kind == "weights"]
         except EngineError:
             saved = []
         if not saved:
