@@ -325,9 +325,6 @@ class Engine:
             self._active = adapter
         return self.peft
 
-    def _activate(self, adapter: str) -> None:
-        self._use(adapter)
-
     def _drop_adapter(self, adapter: str) -> None:
         with _quiet():
             self.peft.delete_adapter(adapter)
@@ -410,7 +407,7 @@ class Engine:
         except losses.LossError as exc:
             raise EngineError(str(exc)) from None
         self._check_datums(data)
-        self._activate(model.adapter)
+        self._use(model.adapter)
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
