@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -479,9 +478,14 @@ class Engine:
         if params.learning_rate < 0 or not (0 <= params.beta1 < 1 and 0 <= params.beta2 < 1):
             raise EngineError("adam_params out of range: learning_rate >= 0 and betas in [0, 1) are required")
         grads = [p for p in model.params if p.grad is not None]
-        norm = (
-            float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm or math.inf)) if grads else 0.0
-        )
+        if not grads:
+            norm = 0.0
+        elif params.grad_clip_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm))
+        else:  # only the norm, for the metric: no pass multiplying every gradient by 1
+            norm = float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads]))
+            )
         for group in model.optimizer.param_groups:
             group.update(
                 lr=params.learning_rate,
