@@ -33,7 +33,7 @@ def server(model, checkpoint_dir, **options):
     with (
         start_blocking_portal() as portal,
         portal.wrap_async_context_manager(
-            running_server(str(model), checkpoint_dir=checkpoint_dir, **options)
+            running_server(str(model), checkpoint_dir=checkpoint_dir, device="cpu", **options)
         ) as url,
     ):
         yield url

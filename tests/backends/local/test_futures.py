@@ -65,7 +65,9 @@ def test_server_runs_under_trio(tiny_model, tmp_path):
 
     with (
         start_blocking_portal(backend="trio") as portal,
-        portal.wrap_async_context_manager(running_server(str(tiny_model), checkpoint_dir=tmp_path)) as url,
+        portal.wrap_async_context_manager(
+            running_server(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+        ) as url,
     ):
         assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
         caps = httpx.get(f"{url}/api/v1/get_server_capabilities").json()

@@ -136,9 +136,7 @@ def test_capabilities_and_health(service, tiny_model):
     )
     assert caps.supported_models[0].model_name == str(tiny_model)
     raw = httpx.get(f"{service._base_url}/api/v1/get_server_capabilities").json()["platoon"]
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert raw["device"].startswith(expected) and raw["attention"] in {"sdpa", "flash_attention_2", "eager"}
-    assert raw["dtype"] == ("float32" if expected == "cpu" else raw["dtype"])
+    assert raw["device"] == "cpu" and raw["dtype"] == "float32" and raw["attention"] == "sdpa"  # as asked
 
 
 def test_the_device_is_chosen_automatically(monkeypatch):
@@ -162,7 +160,7 @@ def test_the_device_is_chosen_automatically(monkeypatch):
 
 @pytest.mark.anyio
 async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
-    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path)
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
     sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn))
     params = SampleParams(max_tokens=16, stop_tokens=frozenset())
     results = []
