@@ -1,10 +1,20 @@
-"""The embedded Tinker server against plain transformers/torch on the same model.
+"""The embedded Tinker server against plain transformers/torch on the same model, side by side.
 
-Prints sampling throughput (1 and 8 concurrent requests through the tinker SDK, against
-`model.generate` called once and 8 times in a row) and the time of one LoRA training step
-(forward_backward + optim_step through the SDK, against a bare peft + AdamW loop).
+Each round measures both sides back to back under the same machine load:
+- sampling: 1 request through the tinker SDK against one `model.generate`, and 8 concurrent
+  requests against 8 `generate` calls in a row (tokens generated per second);
+- a group: 8 requests sharing one prompt (a task's `group_size` rollouts), the prefix cache's case;
+- training: one LoRA step (`forward_backward` + `optim_step` through the SDK) against a bare
+  peft + AdamW loop on the same batch, for equal lengths and for mixed lengths.
+The ratios of each round are printed, then their medians over the rounds.
 
-    python benchmarks/backend.py [--hidden 128] [--layers 4] [--new-tokens 64]
+    python benchmarks/backend.py [--hidden 128] [--layers 4] [--new-tokens 64] [--rounds 3] [--threads 1]
+    python benchmarks/backend.py --device cuda ...   (see benchmarks/gpu_check.py)
+
+`--threads` sets torch's CPU threads for both sides (OMP_NUM_THREADS too, so the server's
+worker thread gets the same); on a loaded machine one thread is the fair and faster choice.
+`--device` (default auto: CUDA when present) and `--dtype` (default: bfloat16 on a GPU,
+float32 on the CPU) apply to both sides.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -28,16 +39,36 @@ def best(fn, repeats: int = 3) -> float:
     return min(times)
 
 
-def main() -> None:
+def median_time(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate", type=int, default=None)
+    parser.add_argument(
+        "--vocab", type=int, default=None, help="vocabulary size (default: the toy tokenizer's)"
+    )
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default=None)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--train-len", type=int, default=128)
     parser.add_argument("--rank", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import tinker
     import torch
@@ -47,112 +78,189 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from platoon.backends.local import running_server
+    from platoon.backends.local.engine import pick_device, pick_dtype
     from platoon.testing.models import save_tiny_model
 
+    torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    dtype = pick_dtype(device, args.dtype)
     tmp = tempfile.mkdtemp(prefix="platoon-bench-")
-    model_dir = save_tiny_model(f"{tmp}/model", hidden_size=args.hidden, num_layers=args.layers)
+    model_dir = save_tiny_model(
+        f"{tmp}/model",
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        intermediate_size=args.intermediate,
+        vocab_size=args.vocab,
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     new, plen = args.new_tokens, args.prompt_tokens
     prompts = [[(7 * i + j) % 200 + 10 for j in range(plen)] for i in range(8)]
-    print(f"model: Qwen3 hidden={args.hidden} layers={args.layers} torch threads={torch.get_num_threads()}")
+    load = os.getloadavg()[0]
+    print(
+        f"model: Qwen3 hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads}; "
+        f"{device} {str(dtype).removeprefix('torch.')}; torch threads={torch.get_num_threads()}; "
+        f"{os.cpu_count()} cores, load average {load:.1f} at start"
+    )
 
-    # ---- plain transformers generate -------------------------------------------------------
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    # ---- plain transformers -----------------------------------------------------------------
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
     def generate(prompt: list[int]) -> None:
         with torch.no_grad():
             hf.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                torch.tensor([prompt], device=device),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
                 max_new_tokens=new,
                 min_new_tokens=new,
                 do_sample=True,
                 top_k=0,
             )
+        sync()
 
-    generate(prompts[0])
-    hf_one = best(lambda: generate(prompts[0]))
-    hf_seq = best(lambda: [generate(p) for p in prompts], repeats=2)
+    batch, length = args.train_batch, args.train_len
+    rows = [[(11 * i + 3 * j) % 300 + 5 for j in range(length + 1)] for i in range(batch)]
+    mixed = [r[: max(8, length * (i + 1) // batch) + 1] for i, r in enumerate(rows)]
 
-    # ---- the embedded server through the tinker SDK ---------------------------------------
-    with (
-        start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(
-            running_server(str(model_dir), checkpoint_dir=f"{tmp}/ckpt")
-        ) as url,
-    ):
-        service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
-        sampler = service.create_sampling_client(base_model=str(model_dir)).result()
-        params = types.SamplingParams(max_tokens=new, stop=[])
-
-        def sample(count: int) -> None:
-            futures = [sampler.sample(types.ModelInput.from_ints(p), 1, params) for p in prompts[:count]]
-            for f in futures:
-                assert len(f.result().sequences[0].tokens) == new
-
-        sample(1)
-        srv_one = best(lambda: sample(1))
-        srv_eight = best(lambda: sample(8))
-
-        print("\nsampling (tokens generated per second, best of runs)")
-        print(f"  transformers generate, 1 request     {new / hf_one:9.0f} tok/s  ({hf_one * 1e3:.0f} ms)")
-        print(
-            f"  transformers generate, 8 sequential  {8 * new / hf_seq:9.0f} tok/s  ({hf_seq * 1e3:.0f} ms)"
-        )
-        print(f"  server via SDK, 1 request            {new / srv_one:9.0f} tok/s  ({srv_one * 1e3:.0f} ms)")
-        print(
-            f"  server via SDK, 8 concurrent         {8 * new / srv_eight:9.0f} tok/s  ({srv_eight * 1e3:.0f} ms)"
-        )
-        print(f"  8 concurrent vs 8 sequential generate: {hf_seq / srv_eight:.1f}x faster")
-
-        # ---- training step -------------------------------------------------------------------
-        batch, length = args.train_batch, args.train_len
-        rows = [[(11 * i + 3 * j) % 300 + 5 for j in range(length + 1)] for i in range(batch)]
-        data = [
+    def tinker_data(sequences: list[list[int]]) -> list[types.Datum]:
+        return [
             types.Datum(
                 model_input=types.ModelInput.from_ints(r[:-1]),
-                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * length},
+                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)},
             )
-            for r in rows
+            for r in sequences
         ]
-        client = service.create_lora_training_client(
-            base_model=str(model_dir), rank=args.rank, seed=0
-        ).result()
-        adam = types.AdamParams(learning_rate=1e-3)
 
-        def server_step() -> None:
-            fwd = client.forward_backward(data, "cross_entropy")
-            opt = client.optim_step(adam)
-            fwd.result()
-            opt.result()
-
-        server_step()
-        srv_steps = [best(server_step, repeats=1) for _ in range(5)]
-        service.close("success").result()
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     lora = get_peft_model(base, LoraConfig(r=args.rank, lora_alpha=32, target_modules=targets)).eval()
     optimizer = torch.optim.AdamW(
         [p for p in lora.parameters() if p.requires_grad], lr=1e-3, betas=(0.9, 0.95)
     )
-    ids = torch.tensor([r[:-1] for r in rows])
-    labels = torch.tensor([r[1:] for r in rows])
 
-    def torch_step() -> None:
-        logits = lora(input_ids=ids).logits.float()
+    def torch_step(sequences: list[list[int]]) -> None:
+        """The bare loop: one padded batch, right-padded, loss summed over real tokens."""
+        width = max(len(r) for r in sequences) - 1
+        ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        labels = torch.full_like(ids, -100)
+        for i, r in enumerate(sequences):
+            ids[i, : len(r) - 1] = torch.tensor(r[:-1])
+            labels[i, : len(r) - 1] = torch.tensor(r[1:])
+            mask[i, : len(r) - 1] = 1
+        full = bool(mask.all())
+        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+        logits = lora(input_ids=ids, attention_mask=None if full else mask).logits.float()
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
         )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync()
 
-    torch_step()
-    torch_steps = [best(torch_step, repeats=1) for _ in range(5)]
-    srv_ms, torch_ms = statistics.median(srv_steps) * 1e3, statistics.median(torch_steps) * 1e3
-    print(f"\ntraining step, LoRA rank {args.rank}, batch {batch}x{length} (median of 5)")
-    print(f"  bare torch + peft loop               {torch_ms:9.1f} ms")
-    print(f"  server via SDK (fwd_bwd + optim)     {srv_ms:9.1f} ms  ({srv_ms / torch_ms:.2f}x)")
+    # ---- the embedded server through the tinker SDK ---------------------------------------
+    results: list[dict[str, float]] = []
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(
+            running_server(str(model_dir), checkpoint_dir=f"{tmp}/ckpt", device=str(device), dtype=args.dtype)
+        ) as url,
+    ):
+        service = tinker.ServiceClient(base_url=url, api_key="tml-bench")
+        sampler = service.create_sampling_client(base_model=str(model_dir)).result()
+        params = types.SamplingParams(max_tokens=new, stop=[])
+        client = service.create_lora_training_client(
+            base_model=str(model_dir), rank=args.rank, seed=0
+        ).result()
+        adam = types.AdamParams(learning_rate=1e-3)
+        equal, varied = tinker_data(rows), tinker_data(mixed)
+
+        def sample(count: int, shared: bool = False) -> None:
+            futures = [
+                sampler.sample(types.ModelInput.from_ints(prompts[0 if shared else i]), 1, params)
+                for i in range(count)
+            ]
+            for f in futures:
+                assert len(f.result().sequences[0].tokens) == new
+
+        def server_step(data: list[types.Datum]) -> None:
+            fwd = client.forward_backward(data, "cross_entropy")
+            opt = client.optim_step(adam)
+            fwd.result()
+            opt.result()
+
+        generate(prompts[0])
+        sample(8)
+        server_step(equal)
+        torch_step(rows)
+        for round_ in range(args.rounds):
+            r: dict[str, float] = {}
+            r["hf_one"] = best(lambda: generate(prompts[0]))
+            r["srv_one"] = best(lambda: sample(1))
+            r["hf_seq"] = best(lambda: [generate(p) for p in prompts], repeats=2)
+            r["srv_eight"] = best(lambda: sample(8), repeats=2)
+            r["srv_group"] = best(lambda: sample(8, shared=True), repeats=2)
+            r["torch_step"] = median_time(lambda: torch_step(rows))
+            r["srv_step"] = median_time(lambda: server_step(equal))
+            r["torch_mixed"] = median_time(lambda: torch_step(mixed))
+            r["srv_mixed"] = median_time(lambda: server_step(varied))
+            r["load"] = os.getloadavg()[0]
+            results.append(r)
+            print(
+                f"round {round_ + 1}: 1 request {new / r['srv_one']:.0f} vs {new / r['hf_one']:.0f} tok/s "
+                f"({r['hf_one'] / r['srv_one']:.2f}x); 8 concurrent {8 * new / r['srv_eight']:.0f} tok/s vs "
+                f"8 sequential {8 * new / r['hf_seq']:.0f} ({r['hf_seq'] / r['srv_eight']:.1f}x); "
+                f"step {r['srv_step'] * 1e3:.0f} vs {r['torch_step'] * 1e3:.0f} ms "
+                f"({r['srv_step'] / r['torch_step']:.2f}x); load {r['load']:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
+        service.close("success").result()
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in results)
+
+    def med_ratio(a: str, b: str) -> float:
+        return statistics.median(r[a] / r[b] for r in results)
+
+    print(f"\nsampling, tokens generated per second (best of repeats, median of {args.rounds} rounds)")
+    print(
+        f"  transformers generate, 1 request     {new / med('hf_one'):9.0f} tok/s  ({med('hf_one') * 1e3:.0f} ms)"
+    )
+    print(
+        f"  server via SDK, 1 request            {new / med('srv_one'):9.0f} tok/s  ({med('srv_one') * 1e3:.0f} ms)"
+    )
+    print(f"    ratio server / generate            {med_ratio('hf_one', 'srv_one'):9.2f}x   (goal >= 0.8)")
+    print(
+        f"  transformers generate, 8 sequential  {8 * new / med('hf_seq'):9.0f} tok/s  ({med('hf_seq') * 1e3:.0f} ms)"
+    )
+    print(
+        f"  server via SDK, 8 concurrent         {8 * new / med('srv_eight'):9.0f} tok/s  ({med('srv_eight') * 1e3:.0f} ms)"
+    )
+    print(f"    ratio 8 concurrent / 8 sequential  {med_ratio('hf_seq', 'srv_eight'):9.2f}x   (goal >= 4)")
+    print(
+        f"  server via SDK, 8 sharing a prompt   {8 * new / med('srv_group'):9.0f} tok/s  ({med('srv_group') * 1e3:.0f} ms)"
+    )
+    print(f"\ntraining step, LoRA rank {args.rank} (median of 5 steps, median of {args.rounds} rounds)")
+    print(f"  bare torch + peft, {batch}x{length}          {med('torch_step') * 1e3:9.1f} ms")
+    print(f"  server via SDK, {batch}x{length}             {med('srv_step') * 1e3:9.1f} ms")
+    print(
+        f"    ratio server / bare                {med_ratio('srv_step', 'torch_step'):9.2f}x   (goal <= 1.2)"
+    )
+    lengths = sorted(len(r) - 1 for r in mixed)
+    print(
+        f"  bare torch + peft, mixed {lengths[0]}..{lengths[-1]}     {med('torch_mixed') * 1e3:9.1f} ms  (padded batch)"
+    )
+    print(f"  server via SDK, mixed                {med('srv_mixed') * 1e3:9.1f} ms")
+    print(f"    ratio server / bare                {med_ratio('srv_mixed', 'torch_mixed'):9.2f}x")
+    loads = ", ".join(f"{r['load']:.1f}" for r in results)
+    print(f"\nload average per round: {loads}")
 
 
 if __name__ == "__main__":

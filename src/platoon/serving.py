@@ -54,7 +54,13 @@ class ServingError(RuntimeError):
 
 
 class BodyTooLarge(ValueError):
-    """A request body (or what it decompresses to) over the server's limit."""
+    """A request body (or what it decompresses to) over the server's limit.
+
+    `prefix` holds the first decoded bytes when there are any, so a server can still read
+    which request it refuses.
+    """
+
+    prefix: bytes = b""
 
 
 def is_loopback(host: str) -> bool:
@@ -114,8 +120,10 @@ class Guard:
         max_body: int = 64 * 2**20,
         max_in_flight: int = 256,
         body_timeout: float = BODY_TIMEOUT_S,
+        on_oversized: Callable[[Scope, bytes], None] | None = None,
     ) -> None:
         self.app = app
+        self.on_oversized = on_oversized  # told of a refused oversized body, with its first bytes
         self.api_key = api_key
         self.max_body = max_body
         self.max_in_flight = max_in_flight
@@ -136,6 +144,9 @@ class Guard:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body:
+            if self.on_oversized is not None:
+                with anyio.move_on_after(self.body_timeout):
+                    self.on_oversized(scope, await _head(receive, OVERSIZED_HEAD))
             await _refuse(send, 413, f"request body over {self.max_body} bytes")
             return
         self.in_flight += 1
@@ -148,6 +159,8 @@ class Guard:
                         return
                     body += message.get("body", b"")
                     if len(body) > self.max_body:
+                        if self.on_oversized is not None:
+                            self.on_oversized(scope, bytes(body[:OVERSIZED_HEAD]))
                         await _refuse(send, 413, f"request body over {self.max_body} bytes")
                         return
                     if not message.get("more_body"):
@@ -167,6 +180,21 @@ class Guard:
             await self.app(scope, replay, send)
         finally:
             self.in_flight -= 1
+
+
+OVERSIZED_HEAD = 4096  # bytes of a refused body read for `on_oversized`
+
+
+async def _head(receive: Receive, size: int) -> bytes:
+    head = b""
+    while len(head) < size:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        head += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    return head[:size]
 
 
 async def _refuse(send: Send, status: int, message: str, *, retry_after: bool = False) -> None:
@@ -199,7 +227,9 @@ def read_body_limited(body: bytes, encoding: str | None, limit: int) -> bytes:
     else:
         raise BodyTooLarge(f"unsupported content-encoding {encoding!r}")
     if len(out) > limit:
-        raise BodyTooLarge(f"request body decompresses to over {limit} bytes")
+        error = BodyTooLarge(f"request body decompresses to over {limit} bytes")
+        error.prefix = out[:4096]
+        raise error
     return out
 
 

@@ -23,13 +23,16 @@ def save_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
     max_position_embeddings: int = 2048,
+    vocab_size: int | None = None,
     seed: int = 0,
 ) -> Path:
     """Write a random-init Qwen3 model plus its tokenizer to `directory` and return the path.
 
     The tokenizer is copied from `tokenizer_dir` when given, else the toy BPE from
     `platoon.testing.tokenizers` is written. The vocabulary size follows the tokenizer, so
-    every token id the tokenizer can produce is a valid model input.
+    every token id the tokenizer can produce is a valid model input; a larger `vocab_size`
+    gives the embedding and output layers a real model's size (the ids past the tokenizer's
+    are valid inputs that no text decodes to).
     """
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -48,7 +51,7 @@ def save_tiny_model(
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), vocab_size or 0),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,

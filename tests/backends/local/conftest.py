@@ -25,7 +25,8 @@ def checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_url(tiny_model: Path, checkpoint_dir: Path):
-    """One server per test module, running in a background event loop."""
+    """One server per test module, running in a background event loop, on the CPU in float32
+    whatever the machine has, so results compare exactly with plain transformers."""
     from anyio.from_thread import start_blocking_portal
 
     from platoon.backends.local import running_server
@@ -33,7 +34,7 @@ def base_url(tiny_model: Path, checkpoint_dir: Path):
     with (
         start_blocking_portal() as portal,
         portal.wrap_async_context_manager(
-            running_server(str(tiny_model), checkpoint_dir=checkpoint_dir)
+            running_server(str(tiny_model), checkpoint_dir=checkpoint_dir, device="cpu")
         ) as url,
     ):
         yield url

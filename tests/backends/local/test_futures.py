@@ -4,7 +4,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from platoon.backends.local.futures import FutureStore, SeqError, SeqQueue, json_outcome
+from platoon.backends.local.futures import FutureStore, SeqError, SeqQueue, SyncJob, json_outcome
 
 
 @pytest.mark.anyio
@@ -65,8 +65,45 @@ def test_server_runs_under_trio(tiny_model, tmp_path):
 
     with (
         start_blocking_portal(backend="trio") as portal,
-        portal.wrap_async_context_manager(running_server(str(tiny_model), checkpoint_dir=tmp_path)) as url,
+        portal.wrap_async_context_manager(
+            running_server(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+        ) as url,
     ):
         assert httpx.get(f"{url}/api/v1/healthz").json() == {"status": "ok"}
         caps = httpx.get(f"{url}/api/v1/get_server_capabilities").json()
         assert caps["supported_models"][0]["trainable"] is True
+
+
+@pytest.mark.anyio
+async def test_consecutive_sync_jobs_share_one_hand_off():
+    """A forward_backward and the optim_step behind it run in one trip to the worker thread;
+    an async job between them breaks the chain, and order holds throughout."""
+    calls: list[list[int]] = []
+
+    async def run_group(fn):
+        calls.append([])
+        return await anyio.to_thread.run_sync(fn)
+
+    queue = SeqQueue(first=1, run_group=run_group)
+    ran: list[int] = []
+    finished: list[tuple[int, str]] = []
+
+    def sync(n: int) -> SyncJob:
+        def compute() -> str:
+            ran.append(n)
+            calls[-1].append(n)
+            return f"out{n}"
+
+        return SyncJob(compute, lambda result: finished.append((n, result)))
+
+    async def three() -> None:
+        ran.append(3)
+
+    for seq_id, job in ((2, sync(2)), (3, three), (4, sync(4)), (1, sync(1))):
+        queue.submit(seq_id, f"r{seq_id}", job)
+    queue.close()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queue.run)
+    assert ran == [1, 2, 3, 4]
+    assert calls == [[1, 2], [4]]
+    assert finished == [(1, "out1"), (2, "out2"), (4, "out4")]

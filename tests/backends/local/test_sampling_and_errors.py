@@ -1,11 +1,20 @@
 """Sampling stop rules and bad input, through the real tinker SDK."""
 
 import anyio
+import httpx
 import pytest
 import tinker
+import torch
 from tinker import types
 
-from platoon.backends.local.engine import Engine, WeightsRef
+from platoon.backends.local.engine import (
+    Engine,
+    EngineError,
+    WeightsRef,
+    pick_attention,
+    pick_device,
+    pick_dtype,
+)
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
 
 GREEDY = dict(temperature=0.0)
@@ -126,11 +135,32 @@ def test_capabilities_and_health(service, tiny_model):
         tinker.RestClient(base_url=service._base_url, api_key="tml-test").get_server_capabilities().result()
     )
     assert caps.supported_models[0].model_name == str(tiny_model)
+    raw = httpx.get(f"{service._base_url}/api/v1/get_server_capabilities").json()["platoon"]
+    assert raw["device"] == "cpu" and raw["dtype"] == "float32" and raw["attention"] == "sdpa"  # as asked
+
+
+def test_the_device_is_chosen_automatically(monkeypatch):
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_dtype(torch.device("cpu"), None) == torch.float32
+    assert pick_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
+    with pytest.raises(EngineError, match="unknown dtype"):
+        pick_dtype(torch.device("cpu"), "int8")
+    with pytest.raises(EngineError, match="unknown device"):
+        pick_device("quantum")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    with pytest.raises(EngineError, match="no CUDA device"):
+        pick_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert pick_device("auto") == torch.device("cuda")
+    assert pick_dtype(torch.device("cuda"), "auto") == torch.bfloat16
+    assert pick_attention(torch.device("cpu")) == "sdpa"
 
 
 @pytest.mark.anyio
 async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
-    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path)
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
     sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn))
     params = SampleParams(max_tokens=16, stop_tokens=frozenset())
     results = []
@@ -166,3 +196,22 @@ def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_m
     out = client.forward_backward(good, "cross_entropy").result(timeout=60)
     assert out.metrics["loss:sum"] > 0
     client.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=60)
+
+
+def test_the_prefix_cache_keeps_the_longest_match_within_its_bytes():
+    from platoon.backends.local.sampler import PrefixCache, _Prefix
+
+    def entry(n: int, logits: bool = True) -> _Prefix:
+        kv = torch.zeros(1, 1, n, 2)  # 8 bytes a token per tensor
+        return _Prefix(layers=[(kv, kv.clone())], logits=torch.zeros(1, 4) if logits else None, tokens=n)
+
+    cache = PrefixCache(max_bytes=16 * 10 + 16 * 3)
+    space = ("key", 0)
+    cache.put(space, (1, 2, 3), entry(3))
+    cache.put(space, (1, 2, 3, 4, 5, 6), entry(6, logits=False))
+    assert cache.longest(space, (1, 2, 3, 4, 5, 6, 7)).tokens == 6
+    assert cache.longest(space, (1, 2, 3)).tokens == 3
+    assert cache.longest(space, (1, 2, 9)) is None
+    assert cache.longest(("other", 0), (1, 2, 3)) is None
+    cache.put(space, (7, 8, 9, 10), entry(4))  # over the budget: the least recently used goes
+    assert cache.longest(space, (1, 2, 3, 4, 5, 6, 7)).tokens == 3 and len(cache) == 2

@@ -211,3 +211,125 @@ def test_parallel_chunks_and_many_datums(service, tiny_model):
     out = client.forward_backward(data, "cross_entropy").result()
     assert len(out.loss_fn_outputs) == 40
     assert client.optim_step(LR).result().metrics["grad_norm:mean"] > 0
+
+
+def test_mixed_lengths_are_packed_and_equal_one_datum_at_a_time(service, tiny_model):
+    """Short datums share a row with restarting positions; their logprobs, loss and gradients
+    equal those of each datum run alone."""
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=5).result()
+    lengths = [30, 7, 12, 3, 18, 25, 5]
+    data = [datum([(5 * i + 3 * j) % 90 + 5 for j in range(n + 1)]) for i, n in enumerate(lengths)]
+    packed = client.forward(data, "cross_entropy").result()
+    alone = [client.forward([d], "cross_entropy").result() for d in data]
+    for together, single in zip(packed.loss_fn_outputs, alone, strict=True):
+        np.testing.assert_allclose(
+            together["logprobs"].to_numpy(), single.loss_fn_outputs[0]["logprobs"].to_numpy(), atol=2e-5
+        )
+    assert packed.metrics["loss:sum"] == pytest.approx(sum(s.metrics["loss:sum"] for s in alone), rel=1e-5)
+
+    # The step taken from the packed batch equals the one from gradients accumulated one by one.
+    twin = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=5).result()
+    client.forward_backward(data, "cross_entropy").result()
+    packed_norm = client.optim_step(LR).result().metrics["grad_norm:mean"]
+    for d in data:
+        twin.forward_backward([d], "cross_entropy").result()
+    single_norm = twin.optim_step(LR).result().metrics["grad_norm:mean"]
+    assert packed_norm == pytest.approx(single_norm, rel=1e-4)
+    probe = [datum(list(range(10, 40)))]
+    assert client.forward(probe, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        twin.forward(probe, "cross_entropy").result().metrics["loss:sum"], rel=1e-4
+    )
+
+
+def test_topk_prompt_and_sample_logprobs(service, tiny_model, checkpoint_dir):
+    """The top-k alternatives at every prompt and sampled position are the model's own k most
+    likely tokens, best first; the first prompt position has none."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=6).result()
+    train(client, BATCH, steps=1)
+    path = client.save_weights_for_sampler("topk-check").result().path
+    sampler = service.create_sampling_client(model_path=path).result()
+    prompt = [11, 12, 13, 14, 15]
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    out = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        1,
+        greedy,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=5,
+        topk_sample_logprobs=3,
+    ).result()
+    seq = out.sequences[0]
+    full = prompt + list(seq.tokens)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model), local_dir(checkpoint_dir, path)
+    ).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([full[:-1]])).logits[0].float(), -1)
+    expected = logprobs.topk(5, -1)
+
+    topk = out.topk_prompt_logprobs
+    assert len(topk) == len(prompt) and topk[0] is None
+    for position in range(1, len(prompt)):
+        assert [t for t, _ in topk[position]] == expected.indices[position - 1].tolist()
+        np.testing.assert_allclose([v for _, v in topk[position]], expected.values[position - 1], atol=1e-4)
+        assert out.prompt_logprobs[position] == pytest.approx(
+            float(logprobs[position - 1, prompt[position]]), abs=1e-4
+        )
+    assert len(seq.topk_logprobs) == len(seq.tokens)
+    for step, (token, alternatives) in enumerate(zip(seq.tokens, seq.topk_logprobs, strict=True)):
+        assert len(alternatives) == 3
+        assert alternatives[0][0] == token  # greedy takes the most likely token
+        assert alternatives[0][1] == pytest.approx(seq.logprobs[step], abs=1e-5)
+        np.testing.assert_allclose(
+            [v for _, v in alternatives], expected.values[len(prompt) - 1 + step, :3], atol=1e-4
+        )
+
+
+def test_a_shared_prompt_is_prefilled_once_and_samples_the_same(service, tiny_model):
+    """Requests that share a prompt reuse its cached prefill (the response says how many
+    tokens hit); what they sample and its logprobs equal a fresh prefill's. A checkpoint saved
+    again under its name holds new weights, and its cached prompts are not reused."""
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=8).result()
+    path = client.save_weights_for_sampler("cached").result().path
+    sampler = service.create_sampling_client(model_path=path).result()
+    prompt = types.ModelInput.from_ints([31, 32, 33, 34, 35, 36])
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[])
+    first = sampler.sample(prompt, 1, greedy).result()
+    group = [sampler.sample(prompt, 1, greedy) for _ in range(4)]
+    for future in group:
+        again = future.result()
+        assert again.prompt_cache_hit_tokens == prompt.length
+        assert again.sequences[0].tokens == first.sequences[0].tokens
+        np.testing.assert_allclose(again.sequences[0].logprobs, first.sequences[0].logprobs, atol=1e-5)
+    scored = sampler.sample(prompt, 1, greedy, include_prompt_logprobs=True).result()
+    assert scored.prompt_cache_hit_tokens == 0 and scored.prompt_logprobs[1] is not None
+
+    train(client, [datum([31, 32, 33, 34, 35, 36, 90, 91])], steps=3, lr=5e-2)
+    client.save_weights_for_sampler("cached").result()  # the same path, new weights
+    fresh = service.create_sampling_client(model_path=path).result().sample(prompt, 1, greedy).result()
+    snapshot = client.save_weights_and_get_sampling_client().result().sample(prompt, 1, greedy).result()
+    assert fresh.prompt_cache_hit_tokens == 0
+    np.testing.assert_allclose(fresh.sequences[0].logprobs, snapshot.sequences[0].logprobs, atol=1e-5)
+    assert fresh.sequences[0].logprobs != pytest.approx(first.sequences[0].logprobs, abs=1e-3)
+
+
+def test_the_next_turn_reuses_the_last_turns_cache(service, tiny_model):
+    """A prompt that extends an earlier prompt and its completion (an agent's next turn)
+    prefills only what is new; its sampled tokens and logprobs equal an uncached prefill's."""
+    client = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=2).result()
+    path = client.save_weights_for_sampler("turns").result().path
+    sampler = service.create_sampling_client(model_path=path).result()
+    greedy = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    first_prompt = [41, 42, 43, 44, 45, 46, 47]
+    first = sampler.sample(types.ModelInput.from_ints(first_prompt), 1, greedy).result().sequences[0]
+    turn = first_prompt + list(first.tokens) + [60, 61, 62]  # the completion, then a tool's reply
+    cached = sampler.sample(types.ModelInput.from_ints(turn), 1, greedy).result()
+    assert cached.prompt_cache_hit_tokens == len(first_prompt) + len(first.tokens) - 1
+    # Asking for prompt logprobs bypasses the cache: a full prefill to compare with.
+    full = sampler.sample(types.ModelInput.from_ints(turn), 1, greedy, include_prompt_logprobs=True).result()
+    assert full.prompt_cache_hit_tokens == 0
+    assert cached.sequences[0].tokens == full.sequences[0].tokens
+    np.testing.assert_allclose(cached.sequences[0].logprobs, full.sequences[0].logprobs, atol=1e-5)

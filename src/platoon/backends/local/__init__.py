@@ -37,13 +37,14 @@ async def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
-    device: str = "cpu",
+    device: str = "auto",
     dtype: str | None = None,
     checkpoint_dir: str | Path | None = None,
     name: str | None = None,
     api_key: str | None = None,
     max_batch: int = 64,
     max_body_mb: int = 256,
+    facts: dict[str, object] | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load `model` and serve the Tinker API until cancelled.
@@ -51,10 +52,13 @@ async def serve(
     `model` is a local transformers directory or a name in the Hugging Face cache (nothing is
     downloaded). Clients name it as `name` (default: `model` as given) or by its directory.
     Checkpoints go to `checkpoint_dir` (default: a temporary directory removed on exit).
+    `device="auto"` takes the first CUDA device when there is one (bfloat16, flash attention
+    when installed, else SDPA), else the CPU (float32); one server process serves one device.
     With `port=0` a free port is chosen; the base URL is reported through `task_status`
     (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
     (`ServingError` without one); requests over `max_body_mb` (or decompressing to 4x that)
-    are refused with 413.
+    are refused with 413. `facts`, when given, is filled with where the model runs
+    (device, dtype, attention) before the URL is reported.
     """
     require_key(host, api_key, "the Tinker server")
     with contextlib.ExitStack() as stack:
@@ -63,6 +67,8 @@ async def serve(
         engine = await anyio.to_thread.run_sync(
             lambda: Engine(model, checkpoint_dir=checkpoint_dir, device=device, dtype=dtype)
         )
+        if facts is not None:
+            facts.update(engine.facts())
         service = TinkerService(engine, model_name=name or model, api_key=api_key, max_batch=max_batch)
         app = create_app(service, max_body=max_body_mb * 2**20)
         await serve_asgi(app, host, port, task_status=task_status)
@@ -107,8 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="a transformers model directory or cached hub name")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
+    parser.add_argument(
+        "--device", default="auto", help="auto (default: CUDA when present, else CPU), cpu, cuda, cuda:1, ..."
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="auto (default: bfloat16 on a GPU, float32 on the CPU), float32, bfloat16, float16",
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (default: temporary)")
     parser.add_argument("--name", default=None, help="the base_model name clients use (default: --model)")
     parser.add_argument(
@@ -125,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    facts: dict[str, object] = {}
+
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             url = await tg.start(
@@ -137,13 +151,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint_dir=args.checkpoint_dir,
                     name=args.name,
                     api_key=args.api_key,
+                    facts=facts,
                     task_status=task_status,
                 )
             )
             # Ctrl-C and SIGTERM end it here, so the server shuts down in order (no traceback);
             # taken before it says it listens, so no signal falls between.
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                print(f"Tinker API for {args.model} at {url}", file=sys.stderr, flush=True)
+                where = f"{facts['device']} ({facts['dtype']}, {facts['attention']} attention)"
+                print(f"Tinker API for {args.model} at {url} on {where}", file=sys.stderr, flush=True)
                 async for _ in signals:
                     print("stopping", file=sys.stderr, flush=True)
                     break

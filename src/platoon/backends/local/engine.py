@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -27,7 +27,18 @@ import torch
 from platoon.backends.local import losses
 from platoon.backends.local.proto import Datum
 
-__all__ = ["AdamParams", "Engine", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
+__all__ = [
+    "AdamParams",
+    "CheckpointInfo",
+    "Engine",
+    "EngineError",
+    "LoraSpec",
+    "ModelNotFound",
+    "WeightsRef",
+    "pick_attention",
+    "pick_device",
+    "pick_dtype",
+]
 
 
 class EngineError(ValueError):
@@ -85,6 +96,18 @@ _ATTN = re.compile(r"(attn|attention)", re.I)
 _MLP = re.compile(r"(mlp|ffn|feed_forward|feedforward)", re.I)
 _NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _KINDS = ("weights", "sampler_weights")
+_RUN = re.compile(r"^[A-Za-z0-9._:\-]+$")
+_MARKS = "_checkpoints.json"  # per run: checkpoint id -> {"public", "expires_at"}
+
+
+class CheckpointInfo(msgspec.Struct, frozen=True):
+    checkpoint_id: str  # "weights/NAME" or "sampler_weights/NAME"
+    kind: str
+    tinker_path: str
+    time: float
+    size_bytes: int
+    public: bool = False
+    expires_at: float | None = None
 
 
 @contextlib.contextmanager
@@ -113,16 +136,55 @@ def resolve_model_dir(model: str) -> Path:
         ) from None
 
 
+def pick_device(device: str | None) -> torch.device:
+    """`auto` (or None): the first CUDA device when there is one, else the CPU."""
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise EngineError(f"unknown device {device!r} (auto, cpu, cuda, cuda:1, ...)") from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return chosen
+
+
+def pick_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
+    """`auto` (or None): bfloat16 on a GPU that has it (float16 otherwise), float32 on the CPU."""
+    if dtype not in (None, "", "auto"):
+        value = getattr(torch, str(dtype), None)
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise EngineError(f"unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
+        return value
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def pick_attention(device: torch.device) -> str:
+    """flash attention 2 on CUDA when the `flash_attn` package is installed, else torch SDPA."""
+    import importlib.util
+
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
 class Engine:
-    """A base model with LoRA training clients and sampler weights on top of it."""
+    """A base model with LoRA training clients and sampler weights on top of it.
+
+    The device is chosen once (`auto`: CUDA when present, else CPU); one engine, one process,
+    serves one device.
+    """
 
     def __init__(
         self,
         model: str,
         *,
         checkpoint_dir: str | Path,
-        device: str = "cpu",
+        device: str | None = "auto",
         dtype: str | None = None,
+        attention: str | None = None,
         sampler_slots: int = 4,
         memory_snapshots: int = 4,
     ) -> None:
@@ -131,11 +193,21 @@ class Engine:
 
         hf_logging.disable_progress_bar()
         self.model_dir = resolve_model_dir(model)
-        self.device = torch.device(device)
-        torch_dtype = getattr(torch, dtype) if dtype else torch.float32
-        self.base = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch_dtype, local_files_only=True
-        )
+        self.device = pick_device(device)
+        self.dtype = pick_dtype(self.device, dtype)
+        self.attention = attention or pick_attention(self.device)
+        try:
+            self.base = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation=self.attention
+            )
+        except (ValueError, ImportError):
+            if attention is not None:
+                raise
+            # An architecture without SDPA (or flash attention) support runs its own attention.
+            self.attention = "eager"
+            self.base = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation="eager"
+            )
         self.base.to(self.device).eval().requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.vocab_size = self.base.get_input_embeddings().num_embeddings
@@ -150,8 +222,24 @@ class Engine:
         self.memory_snapshots = memory_snapshots
         self._counter = 0
         self._targets = self._lora_targets()
+        self._active: object = _UNSET  # the adapter peft has active now (None: adapters off)
+        self.generations: dict[str, int] = {}  # sampler weights key -> times its weights were replaced
 
     # ---- model facts ----------------------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """Where and how the model runs, for `get_server_capabilities` and the start-up line."""
+        facts: dict[str, Any] = {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "attention": self.attention,
+            "torch": torch.__version__,
+        }
+        if self.device.type == "cuda":
+            facts["device_name"] = torch.cuda.get_device_name(self.device)
+        else:
+            facts["cpu_threads"] = torch.get_num_threads()
+        return facts
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -205,6 +293,7 @@ class Engine:
                 self.peft.eval()
             else:
                 self.peft.add_adapter(name, config)
+        self._active = _UNSET
         return name
 
     def _adapter_params(self, adapter: str) -> dict[str, torch.nn.Parameter]:
@@ -213,13 +302,32 @@ class Engine:
             name.replace(marker, "."): param for name, param in self.peft.named_parameters() if marker in name
         }
 
-    def _activate(self, adapter: str) -> None:
-        with _quiet():
-            self.peft.set_adapter(adapter)
+    def _use(self, adapter: str | None) -> Any:
+        """The model to call with `adapter` active (None: the base weights).
+
+        peft walks every module to switch adapters, which costs more than a decoding step of a
+        small model; the switch is made only when the wanted adapter changes.
+        """
+        if self.peft is None or (adapter is None and not self.peft.peft_config):
+            return self.base  # no adapter left; the LoRA layers in place skip missing ones
+        if self._active != adapter:
+            with _quiet():
+                if adapter is None:
+                    if self.peft.active_adapter not in self.peft.peft_config:
+                        # peft leaves a deleted adapter marked active and would look it up.
+                        self.peft.set_adapter(next(iter(self.peft.peft_config)))
+                    self.peft.base_model.disable_adapter_layers()
+                else:
+                    if self._active is None or self._active is _UNSET:
+                        self.peft.base_model.enable_adapter_layers()
+                    self.peft.set_adapter(adapter)
+            self._active = adapter
+        return self.peft
 
     def _drop_adapter(self, adapter: str) -> None:
         with _quiet():
             self.peft.delete_adapter(adapter)
+        self._active = _UNSET
 
     # ---- training clients ----------------------------------------------------------
 
@@ -298,61 +406,86 @@ class Engine:
         except losses.LossError as exc:
             raise EngineError(str(exc)) from None
         self._check_datums(data)
-        self._activate(model.adapter)
+        self._use(model.adapter)
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
-        for batch in _batches(data, budget):
-            logprobs, loss = self._batch_loss(
-                batch, [data[i] for i in batch], loss_fn, resolved, forward_only
-            )
+        for rows in _batches([d.tokens.size for d in data], budget):
+            logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only)
             total += loss
-            for i, values in zip(batch, logprobs, strict=True):
+            for i, values in logprobs.items():
                 outputs[i] = values
         return outputs, {"loss:sum": total}
 
     def _batch_loss(
-        self, index: list[int], batch: list[Datum], loss_fn: str, config: dict[str, float], forward_only: bool
-    ) -> tuple[list[np.ndarray], float]:
-        lengths = [d.tokens.size for d in batch]
-        width = max(lengths)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        targets = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, datum in enumerate(batch):
-            n = lengths[row]
-            ids[row, :n] = torch.from_numpy(datum.tokens)
-            mask[row, :n] = 1
-            targets[row, :n] = torch.from_numpy(datum.inputs["target_tokens"].astype(np.int64))
-        ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
+        self,
+        rows: list[list[int]],
+        data: list[Datum],
+        loss_fn: str,
+        config: dict[str, float],
+        forward_only: bool,
+    ) -> tuple[dict[int, np.ndarray], float]:
+        """One forward (and backward) over packed rows: each row holds one or more datums end to
+        end, each datum's positions start at 0 and it attends only to itself (transformers reads
+        the restarts of `position_ids` as packed sequences), so the result equals one datum at a
+        time while mixed lengths waste no compute on padding."""
+        lengths = [[data[i].tokens.size for i in row] for row in rows]
+        width = max(sum(n) for n in lengths)
+        packed = any(len(row) > 1 or sum(n) < width for row, n in zip(rows, lengths, strict=True))
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        targets = np.zeros((len(rows), width), dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
+        spans: dict[int, tuple[int, int, int]] = {}  # datum -> (row, start, length)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                datum, n = data[i], data[i].tokens.size
+                ids[r, start : start + n] = datum.tokens
+                targets[r, start : start + n] = datum.inputs["target_tokens"]
+                positions[r, start : start + n] = np.arange(n)
+                spans[i] = (r, start, n)
+                start += n
+            positions[r, start:] = np.arange(width - start)  # padding: a sequence of its own
+        order = sorted(spans)
+        device = self.device
+        ids_t = torch.from_numpy(ids).to(device)
+        targets_t = torch.from_numpy(targets).to(device)
+        extra = {"position_ids": torch.from_numpy(positions).to(device)} if packed else {}
         with torch.set_grad_enabled(not forward_only):
-            logits = self.peft(input_ids=ids, attention_mask=mask).logits.float()
+            logits = self.peft(input_ids=ids_t, use_cache=False, **extra).logits.float()
             token_logprobs = -torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
-            ).reshape(len(batch), width)
-            valid = mask.bool()
-            flat = token_logprobs[valid]
+                logits.reshape(-1, logits.shape[-1]), targets_t.reshape(-1), reduction="none"
+            ).reshape(len(rows), width)
+            if packed:
+                flat = torch.cat([token_logprobs[r, a : a + n] for r, a, n in (spans[i] for i in order)])
+            else:
+                flat = token_logprobs[torch.tensor([spans[i][0] for i in order], device=device)].reshape(-1)
             inputs = {
-                name: torch.from_numpy(np.concatenate([d.inputs[name] for d in batch]).astype(np.float32)).to(
-                    self.device
-                )
-                for name in batch[0].inputs
+                name: torch.from_numpy(
+                    np.concatenate([data[i].inputs[name] for i in order]).astype(np.float32)
+                ).to(device)
+                for name in data[order[0]].inputs
                 if name != "target_tokens"
             }
             loss = losses.compute_loss(loss_fn, flat, inputs, config)
             if not forward_only:
                 loss.backward()
-        rows = token_logprobs.detach().float().cpu().numpy()
-        return [rows[r, : lengths[r]].copy() for r in range(len(batch))], float(loss.detach())
+        values = token_logprobs.detach().float().cpu().numpy()
+        return {i: values[r, a : a + n].copy() for i, (r, a, n) in spans.items()}, float(loss.detach())
 
     def optim_step(self, model_id: str, params: AdamParams) -> dict[str, float]:
         model = self._trainable(model_id)
         if params.learning_rate < 0 or not (0 <= params.beta1 < 1 and 0 <= params.beta2 < 1):
             raise EngineError("adam_params out of range: learning_rate >= 0 and betas in [0, 1) are required")
         grads = [p for p in model.params if p.grad is not None]
-        norm = (
-            float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm or math.inf)) if grads else 0.0
-        )
+        if not grads:
+            norm = 0.0
+        elif params.grad_clip_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(grads, params.grad_clip_norm))
+        else:  # only the norm, for the metric: no pass multiplying every gradient by 1
+            norm = float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads]))
+            )
         for group in model.optimizer.param_groups:
             group.update(
                 lr=params.learning_rate,
@@ -386,6 +519,104 @@ class Engine:
         if not (directory / "adapter_model.safetensors").is_file():
             raise ModelNotFound(f"no checkpoint at {tinker_path}")
         return directory
+
+    # ---- the checkpoint catalogue (the REST routes) ---------------------------------
+
+    def runs_on_disk(self) -> list[str]:
+        """Training run ids (model ids) with a checkpoint directory, newest first."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        runs = [
+            d for d in self.checkpoint_dir.iterdir() if d.is_dir() and not d.name.startswith("_") and d.name
+        ]
+        return [d.name for d in sorted(runs, key=lambda d: d.stat().st_mtime, reverse=True)]
+
+    def checkpoints(self, run_id: str, *, prune: bool = True) -> list[CheckpointInfo]:
+        """The saved checkpoints of a run, oldest first; expired ones are left out, and removed
+        with `prune` (which touches the adapters, so only from the worker thread)."""
+        run = self._run_dir(run_id)
+        found: list[CheckpointInfo] = []
+        marks = self._marks(run_id)
+        now = time.time()
+        for kind in _KINDS:
+            folder = run / kind
+            if not folder.is_dir():
+                continue
+            for directory in folder.iterdir():
+                if (
+                    directory.name.endswith(".partial")
+                    or not (directory / "adapter_model.safetensors").is_file()
+                ):
+                    continue
+                checkpoint_id = f"{kind}/{directory.name}"
+                mark = marks.get(checkpoint_id, {})
+                expires = mark.get("expires_at")
+                if expires is not None and expires <= now:
+                    if prune:
+                        self.delete_checkpoint(run_id, checkpoint_id)
+                    continue
+                found.append(
+                    CheckpointInfo(
+                        checkpoint_id=checkpoint_id,
+                        kind=kind,
+                        tinker_path=f"tinker://{run_id}/{checkpoint_id}",
+                        time=(directory / "adapter_model.safetensors").stat().st_mtime,
+                        size_bytes=sum(f.stat().st_size for f in directory.iterdir() if f.is_file()),
+                        public=bool(mark.get("public", False)),
+                        expires_at=expires,
+                    )
+                )
+        return sorted(found, key=lambda c: (c.time, c.checkpoint_id))
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        directory = self._checkpoint_dir_of(run_id, checkpoint_id)
+        path = f"tinker://{run_id}/{checkpoint_id}"
+        if not directory.is_dir():
+            raise ModelNotFound(f"no checkpoint at {path}")
+        self._forget_snapshot(path)
+        shutil.rmtree(directory)
+        self._mark(run_id, checkpoint_id, None)
+
+    def mark_checkpoint(self, run_id: str, checkpoint_id: str, **fields: Any) -> None:
+        """Set `public` or `expires_at` (unix time, None = never) on a saved checkpoint."""
+        if not self._checkpoint_dir_of(run_id, checkpoint_id).is_dir():
+            raise ModelNotFound(f"no checkpoint at tinker://{run_id}/{checkpoint_id}")
+        mark = self._marks(run_id).get(checkpoint_id, {}) | fields
+        self._mark(run_id, checkpoint_id, mark)
+
+    def weights_info(self, tinker_path: str) -> LoraSpec:
+        return _read_spec(self.local_path(tinker_path))
+
+    def _run_dir(self, run_id: str) -> Path:
+        if not run_id or not _RUN.match(run_id) or run_id in {".", ".."}:
+            raise ModelNotFound(f"unknown training run {run_id!r}")
+        return self.checkpoint_dir / run_id
+
+    def _checkpoint_dir_of(self, run_id: str, checkpoint_id: str) -> Path:
+        kind, _, name = checkpoint_id.partition("/")
+        if kind not in _KINDS or not _NAME.match(name) or name in {".", ".."}:
+            raise ModelNotFound(
+                f"unknown checkpoint {checkpoint_id!r} (want weights/NAME or sampler_weights/NAME)"
+            )
+        return self._run_dir(run_id) / kind / name
+
+    def _marks(self, run_id: str) -> dict[str, dict[str, Any]]:
+        try:
+            return json.loads((self._run_dir(run_id) / _MARKS).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _mark(self, run_id: str, checkpoint_id: str, mark: dict[str, Any] | None) -> None:
+        marks = self._marks(run_id)
+        if mark is None:
+            if marks.pop(checkpoint_id, None) is None:
+                return
+        else:
+            marks[checkpoint_id] = mark
+        target = self._run_dir(run_id) / _MARKS
+        staging = target.with_suffix(".partial")
+        staging.write_text(json.dumps(marks))
+        staging.replace(target)
 
     def _write_adapter(self, model: _Trainable, directory: Path, *, optimizer: bool) -> None:
         from safetensors.torch import save_file
@@ -457,6 +688,10 @@ class Engine:
         return WeightsRef(key=tinker_path)
 
     def _forget_snapshot(self, key: str) -> None:
+        # A path saved again under the same name holds new weights: caches keyed on it go stale.
+        # (Snapshot keys are never reused, so they need no count.)
+        if not key.startswith("snapshot:"):
+            self.generations[key] = self.generations.get(key, 0) + 1
         snapshot = self._snapshots.pop(key, None)
         if snapshot is not None and snapshot.path is not None and key.startswith("snapshot:"):
             shutil.rmtree(snapshot.path, ignore_errors=True)
@@ -534,22 +769,11 @@ class Engine:
     def weights(self, ref: WeightsRef) -> Iterator[Any]:
         """The model to call with `ref`'s weights active (call under torch.no_grad)."""
         if ref.model_id is not None:
-            self._activate(self._trainable(ref.model_id).adapter)
-            yield self.peft
+            yield self._use(self._trainable(ref.model_id).adapter)
         elif ref.key is not None:
-            self._activate(self._slot(ref.key))
-            yield self.peft
-        elif self.peft is None:
-            yield self.base
-        elif not self.peft.peft_config:
-            # Every adapter is gone; the LoRA layers left in place skip missing adapters.
-            yield self.base
+            yield self._use(self._slot(ref.key))
         else:
-            if self.peft.active_adapter not in self.peft.peft_config:
-                # peft leaves a deleted adapter marked active, and disable_adapter looks it up.
-                self._activate(next(iter(self.peft.peft_config)))
-            with self.peft.disable_adapter():
-                yield self.peft
+            yield self._use(None)
 
     def _slot(self, key: str) -> str:
         adapter = self._slots.get(key)
@@ -580,6 +804,7 @@ class Engine:
 
 
 _MANIFEST = "platoon_manifest.json"
+_UNSET = object()
 
 
 def _write_manifest(directory: Path) -> None:
@@ -616,16 +841,21 @@ def _read_spec(directory: Path) -> LoraSpec:
         raise EngineError(f"{directory.name}: not a checkpoint written by this server") from None
 
 
-def _batches(data: list[Datum], budget: int) -> Iterator[list[int]]:
-    """Group datum indices so that each padded batch stays within `budget` tokens."""
-    batch: list[int] = []
-    width = 0
-    for i, datum in enumerate(data):
-        new_width = max(width, datum.tokens.size)
-        if batch and new_width * (len(batch) + 1) > budget:
-            yield batch
-            batch, new_width = [], datum.tokens.size
-        batch.append(i)
-        width = new_width
-    if batch:
-        yield batch
+def _batches(lengths: list[int], budget: int) -> Iterator[list[list[int]]]:
+    """Pack datum indices into rows as wide as the longest datum (first fit, longest first),
+    and the rows into batches of at most `budget` tokens (always at least one row)."""
+    width = max(lengths)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(width - lengths[i])
+    per_batch = max(1, budget // width)
+    for start in range(0, len(rows), per_batch):
+        yield rows[start : start + per_batch]

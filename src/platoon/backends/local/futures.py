@@ -16,7 +16,16 @@ from typing import Any
 import anyio
 import msgspec
 
-__all__ = ["FutureStore", "Outcome", "SeqError", "SeqQueue", "failure", "json_outcome", "proto_outcome"]
+__all__ = [
+    "FutureStore",
+    "Outcome",
+    "SeqError",
+    "SeqQueue",
+    "SyncJob",
+    "failure",
+    "json_outcome",
+    "proto_outcome",
+]
 
 PROTO = "application/x-protobuf"
 
@@ -121,16 +130,39 @@ class SeqError(ValueError):
     """A seq_id that can never run: already past, or submitted twice."""
 
 
-Job = Callable[[], Awaitable[None]]
+class SyncJob:
+    """A job whose work is synchronous (torch): `compute` runs in the worker thread, `finish`
+    on the event loop with what it returned. Consecutive ready ones run in one hand-off to the
+    thread, so a forward_backward and the optim_step queued behind it cost one round trip."""
+
+    __slots__ = ("compute", "finish")
+
+    def __init__(self, compute: Callable[[], Any], finish: Callable[[Any], None]) -> None:
+        self.compute = compute
+        self.finish = finish
+
+
+Job = Callable[[], Awaitable[None]] | SyncJob
+CHAIN_SECONDS = 1.0  # how long one hand-off may go on computing jobs that arrive behind it
+RunGroup = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+async def _inline(fn: Callable[[], Any]) -> Any:
+    return fn()
 
 
 class SeqQueue:
-    """Runs one model's jobs strictly in seq_id order, starting at `first`."""
+    """Runs one model's jobs strictly in seq_id order, starting at `first`.
 
-    def __init__(self, first: int = 1) -> None:
+    `run_group` runs a function of a group of `SyncJob`s (in the worker thread, for the server);
+    by default it runs inline.
+    """
+
+    def __init__(self, first: int = 1, run_group: RunGroup = _inline) -> None:
         self.next = first
         self._jobs: dict[int, tuple[str, Job]] = {}
         self._wakeup = anyio.Event()
+        self._run_group = run_group
         self.closed = False
 
     def submit(self, seq_id: int, request_id: str, job: Job) -> None:
@@ -154,7 +186,28 @@ class SeqQueue:
                 await self._wakeup.wait()
                 continue
             self.next += 1
-            await entry[1]()
+            job = entry[1]
+            if not isinstance(job, SyncJob):
+                await job()
+                continue
+            results = await self._run_group(lambda job=job: self._chain(job))
+            for done, result in results:
+                done.finish(result)
+
+    def _chain(self, job: SyncJob) -> list[tuple[SyncJob, Any]]:
+        """Compute `job`, then each `SyncJob` that has arrived for the next seq_id meanwhile
+        (for up to `CHAIN_SECONDS`). Runs in the worker thread while `run` waits for it, so only
+        `submit` (which adds, never removes) touches the jobs at the same time."""
+        done: list[tuple[SyncJob, Any]] = []
+        deadline = time.monotonic() + CHAIN_SECONDS
+        while True:
+            done.append((job, job.compute()))
+            following = self._jobs.get(self.next, (None, None))[1]
+            if not isinstance(following, SyncJob) or time.monotonic() > deadline:
+                return done
+            del self._jobs[self.next]
+            self.next += 1
+            job = following
 
     def close(self) -> None:
         self.closed = True

@@ -14,13 +14,16 @@ import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
 __all__ = [
+    "MASKED",
     "Datum",
     "ForwardBackwardCall",
     "ProtoError",
     "SampledSequence",
+    "Topk",
     "decode_forward_backward",
     "encode_forward_backward_output",
     "encode_sample_response",
+    "peek_seq",
 ]
 
 
@@ -50,10 +53,22 @@ class ForwardBackwardCall(msgspec.Struct):
     data: list[Datum]
 
 
+class Topk(msgspec.Struct):
+    """The k most likely tokens at each of n positions: (n, k) ids and logprobs; a row of id 0
+    and logprob `MASKED` is a position with none (the first prompt token)."""
+
+    token_ids: np.ndarray  # int32
+    logprobs: np.ndarray  # float32
+
+
+MASKED = -99999.0  # the SDK's sentinel for an empty top-k slot
+
+
 class SampledSequence(msgspec.Struct):
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str  # "stop" | "length"
+    topk: Topk | None = None
 
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -100,9 +115,12 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
                 raise ProtoError(f"loss_fn_config[{key!r}] is text; this server takes numbers only")
             config[key] = value.number
         data = [_datum(i, d) for i, d in enumerate(msg.data)]
-    except ProtoError as exc:
-        exc.seq = (msg.model_id, msg.seq_id)
-        raise
+    except (ProtoError, ValueError, TypeError) as exc:
+        # Any body that parsed far enough to name its place keeps it (a ValueError here is,
+        # for example, a tensor whose bytes are not a whole number of values).
+        error = exc if isinstance(exc, ProtoError) else ProtoError(f"bad forward_backward body: {exc}")
+        error.seq = (msg.model_id, msg.seq_id)
+        raise error from None
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=msg.seq_id,
@@ -111,6 +129,49 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         forward_only=msg.forward_only,
         data=data,
     )
+
+
+def peek_seq(prefix: bytes) -> tuple[str, int] | None:
+    """(model_id, seq_id) read from the start of a `ForwardBackwardRequest` too large to parse.
+
+    The SDK writes fields in number order, so the two ids (fields 1 and 2) lead the body; a
+    refused oversized request can then still give up its place in the model's order.
+    """
+    model_id: str | None = None
+    seq_id: int | None = None
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            if pos >= len(prefix) or shift > 63:
+                raise IndexError
+            byte = prefix[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return value
+
+    try:
+        while pos < len(prefix) and (model_id is None or seq_id is None):
+            tag = varint()
+            field, wire = tag >> 3, tag & 7
+            if wire == 0:
+                value = varint()
+                if field == 2:
+                    seq_id = value
+            elif wire == 2:
+                size = varint()
+                if field == 1:
+                    model_id = prefix[pos : pos + size].decode()
+                pos += size
+            else:
+                return None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return (model_id, seq_id) if model_id is not None and seq_id is not None else None
 
 
 def encode_forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float]) -> bytes:
@@ -133,16 +194,37 @@ def encode_forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str
     return out.SerializeToString()
 
 
-def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: list[float] | None) -> bytes:
+def _topk(topk: Topk) -> pb.TopkLogprobs:
+    n, k = topk.token_ids.shape
+    return pb.TopkLogprobs(
+        token_ids=np.ascontiguousarray(topk.token_ids, dtype=np.int32).tobytes(),
+        logprobs=np.ascontiguousarray(topk.logprobs, dtype=np.float32).tobytes(),
+        k=k,
+        length=n,
+    )
+
+
+def encode_sample_response(
+    sequences: list[SampledSequence],
+    prompt_logprobs: list[float | None] | None,
+    topk_prompt: Topk | None = None,
+    cache_hit_tokens: int = 0,
+) -> bytes:
     """A `SampleResponse`; missing prompt logprobs (position 0) travel as NaN."""
     msg = pb.SampleResponse()
     for seq in sequences:
-        msg.sequences.add(
+        out = msg.sequences.add(
             stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         )
+        if seq.topk is not None:
+            out.topk_sampled_logprobs.CopyFrom(_topk(seq.topk))
     if prompt_logprobs is not None:
         values = [math.nan if v is None else v for v in prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if topk_prompt is not None:
+        msg.topk_prompt_logprobs.CopyFrom(_topk(topk_prompt))
+    if cache_hit_tokens:
+        msg.prompt_cache_hit_tokens = cache_hit_tokens
     return msg.SerializeToString()

@@ -3,24 +3,33 @@
 A scheduler loop keeps one running batch per set of weights. Between steps it admits new
 requests (their prompts are prefilled and their KV caches merged into the batch, left-padded)
 and drops finished rows, so a request never waits for another to finish. Each step samples
-one token for every row, checks stop conditions, and runs one batched forward with the KV
-cache. The torch work runs in the engine's worker thread via `run_sync`.
+one token for every row (one batched draw per kind of sampling parameters, not one per row),
+checks stop conditions, and runs one batched forward with the KV cache. The torch work runs in
+the engine's worker thread via `run_sync`; while no request finishes and none arrives, that
+thread goes on decoding for a few milliseconds instead of handing back after every token.
+
+Prompts are prefilled once: requests in one admission that share a prompt share its prefill,
+and the KV cache of recent prompts is kept (per set of fixed weights), so the `group_size`
+requests of one task, arriving one after another, prefill their common prompt once.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import msgspec
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from platoon.backends.local.engine import Engine, EngineError, WeightsRef
-from platoon.backends.local.proto import SampledSequence
+from platoon.backends.local.proto import MASKED, SampledSequence, Topk
 
 __all__ = ["SampleParams", "SampleRequest", "SampleResult", "Sampler"]
 
@@ -41,11 +50,18 @@ class SampleRequest(msgspec.Struct):
     params: SampleParams
     prompt_logprobs: bool
     weights: WeightsRef
+    topk_prompt: int = 0  # top-k alternatives at each prompt position
+    topk_sample: int = 0  # top-k alternatives at each sampled position
 
 
 class SampleResult(msgspec.Struct):
     sequences: list[SampledSequence]
     prompt_logprobs: list[float | None] | None
+    topk_prompt: Topk | None = None
+    cache_hit_tokens: int = 0
+
+
+MAX_TOPK = 1024
 
 
 class _Job:
@@ -57,6 +73,8 @@ class _Job:
         self.error: Exception | None = None
         self.sequences: list[SampledSequence | None] = [None] * request.num_samples
         self.prompt_logprobs: list[float | None] | None = None
+        self.topk_prompt: Topk | None = None
+        self.cache_hit_tokens = 0
         self.generator: torch.Generator | None = None
         if request.params.seed is not None:
             self.generator = torch.Generator(device=device)
@@ -70,6 +88,8 @@ class _Row:
         self.position = position  # position id of the next token fed to the model
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.topk_ids: list[list[int]] = []
+        self.topk_logprobs: list[list[float]] = []
 
 
 class _Batch:
@@ -81,6 +101,88 @@ class _Batch:
         self.mask: torch.Tensor | None = None  # [rows, cache length], 0 on left padding
         self.logits: torch.Tensor | None = None  # [rows, vocab], next-token logits
         self.next_tokens: list[int] = []  # the tokens just sampled, fed to the next decode
+        self.space: Space | None = None  # where finished sequences are cached (None: not cached)
+
+
+class _Prefix(msgspec.Struct):
+    """The KV cache (one row per layer) of a token sequence, and the logits that follow it when
+    it was a whole prompt (None for a finished sequence, kept for the next turn that extends it)."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor | None  # [1, vocab]
+    tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        head = self.logits.nbytes if self.logits is not None else 0
+        return head + sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+Space = tuple[Any, ...]  # one set of fixed weights: (weights key, generation)
+
+
+class PrefixCache:
+    """KV caches of recent prompts and finished sequences, per set of fixed weights, least
+    recently used first out, at most `max_bytes` in all.
+
+    A new prompt takes the longest cached sequence it starts with: all of it when it is the same
+    prompt (a task's group), or a prefix (the next turn of a conversation, which extends the last
+    prompt and its completion), so only the rest is prefilled. Live training weights
+    (`WeightsRef.model_id`) change with every step and are never cached; a checkpoint path saved
+    again under its name gets a new generation, so old entries miss.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[Space, tuple[int, ...]], _Prefix] = OrderedDict()
+        self._lengths: dict[Space, dict[int, int]] = {}  # per space: length -> entries of it
+        self._bytes = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest(self, space: Space, prompt: tuple[int, ...]) -> _Prefix | None:
+        """The longest entry that `prompt` starts with and that leaves something to reuse: the
+        whole prompt with its logits, or a shorter sequence (at least one token of it)."""
+        for n in sorted(self._lengths.get(space, {}), reverse=True):
+            if n > len(prompt):
+                continue
+            key = (space, prompt if n == len(prompt) else prompt[:n])
+            entry = self._entries.get(key)
+            if entry is None or (n == len(prompt) and entry.logits is None and n == 1):
+                continue
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+        return None
+
+    def put(self, space: Space, tokens: tuple[int, ...], entry: _Prefix) -> None:
+        """Keep `entry`; one with logits replaces one without for the same tokens, not the reverse."""
+        key = (space, tokens)
+        old = self._entries.get(key)
+        if entry.nbytes > self.max_bytes or (
+            old is not None and (old.logits is not None or entry.logits is None)
+        ):
+            return
+        if old is not None:
+            self._drop(key)
+        self._entries[key] = entry
+        self._bytes += entry.nbytes
+        lengths = self._lengths.setdefault(space, {})
+        lengths[len(tokens)] = lengths.get(len(tokens), 0) + 1
+        while self._bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[Space, tuple[int, ...]]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        lengths = self._lengths[key[0]]
+        lengths[len(key[1])] -= 1
+        if not lengths[len(key[1])]:
+            del lengths[len(key[1])]
+            if not lengths:
+                del self._lengths[key[0]]
 
 
 class Sampler:
@@ -92,6 +194,8 @@ class Sampler:
         run_sync: Callable[[Callable[[], Any]], Awaitable[Any]],
         *,
         max_batch: int = 64,
+        prefix_cache_bytes: int = 2**30,
+        slice_seconds: float = 0.02,
     ) -> None:
         self.engine = engine
         self._run_sync = run_sync
@@ -99,6 +203,9 @@ class Sampler:
         self._pending: dict[WeightsRef, list[_Job]] = {}
         self._batches: dict[WeightsRef, _Batch] = {}
         self._wakeup = anyio.Event()
+        self._arrived = False  # set by the event loop, read by the worker thread between steps
+        self._slice = slice_seconds
+        self.prefixes = PrefixCache(prefix_cache_bytes)
         self.steps = 0
         # transformers 5.x names the KV cache argument `cache`; 4.x calls it `past_key_values`.
         forward = inspect.signature(engine.base.forward).parameters
@@ -131,12 +238,20 @@ class Sampler:
         bad = [t for t in params.stop_tokens if not 0 <= t < engine.vocab_size]
         if bad:
             raise EngineError(f"stop token {bad[0]} is outside the vocabulary")
+        limit = min(MAX_TOPK, engine.vocab_size)
+        for name, k in (
+            ("topk_prompt_logprobs", request.topk_prompt),
+            ("topk_sample_logprobs", request.topk_sample),
+        ):
+            if not 0 <= k <= limit:
+                raise EngineError(f"{name} must be between 0 and {limit}, got {k}")
         return min(room, params.max_tokens or room)
 
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Queue a request and wait for all its sequences."""
         job = _Job(request, self.check(request), self.engine.device)
         self._pending.setdefault(request.weights, []).append(job)
+        self._arrived = True
         self._wakeup.set()
         await job.done.wait()
         if job.error is not None:
@@ -145,13 +260,14 @@ class Sampler:
         return job.result
 
     async def run(self) -> None:
-        """The scheduler loop: one decoding step per set of weights in turn, forever."""
+        """The scheduler loop: decoding steps for each set of weights in turn, forever."""
         while True:
             keys = [k for k in {*self._batches, *self._pending} if self._has_work(k)]
             if not keys:
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
                 continue
+            alone = len(keys) == 1
             for key in keys:
                 batch = self._batches.setdefault(key, _Batch())
                 room = self._max_batch - len(batch.rows)
@@ -161,8 +277,11 @@ class Sampler:
                     job = queue.pop(0)
                     room -= job.request.num_samples
                     admitted.append(job)
+                self._arrived = False
                 try:
-                    finished = await self._run_sync(lambda b=batch, a=admitted, k=key: self._step(k, b, a))
+                    finished = await self._run_sync(
+                        lambda b=batch, a=admitted, k=key, more=alone: self._step(k, b, a, more)
+                    )
                 except Exception as exc:
                     self._fail(key, batch, admitted, exc)
                     continue
@@ -188,74 +307,229 @@ class Sampler:
     # ---- the worker-thread part ------------------------------------------------------
 
     @torch.no_grad()
-    def _step(self, key: WeightsRef, batch: _Batch, admitted: list[_Job]) -> list[_Job]:
+    def _step(
+        self, key: WeightsRef, batch: _Batch, admitted: list[_Job], keep_going: bool = False
+    ) -> list[_Job]:
+        """Admit jobs and decode one token for every row; with `keep_going`, go on decoding
+        until a job finishes, a request arrives or the time slice is used up."""
+        deadline = time.monotonic() + self._slice
+        batch.space = self._space(key)
         with self.engine.weights(key) as model:
-            for group in _same_length(admitted):
-                self._prefill(model, batch, group)
-            finished = self._sample(batch)
-            if batch.rows:
-                self._decode(model, batch)
-        self.steps += 1
-        return finished
+            if admitted:
+                self._prefill(model, batch, key, admitted)
+            while True:
+                finished = self._sample(batch)
+                if batch.rows:
+                    self._decode(model, batch)
+                self.steps += 1
+                if (
+                    finished
+                    or not batch.rows
+                    or not keep_going
+                    or self._arrived
+                    or time.monotonic() > deadline
+                ):
+                    return finished
 
-    def _prefill(self, model: Any, batch: _Batch, jobs: list[_Job]) -> None:
+    def _space(self, ref: WeightsRef) -> Space | None:
+        if ref.model_id is not None:
+            return None  # live training weights change under the cache
+        return (ref.key, self.engine.generations.get(ref.key or "", 0))
+
+    def _prefill(self, model: Any, batch: _Batch, ref: WeightsRef, jobs: list[_Job]) -> None:
+        """Each distinct prompt once (from the prefix cache when it holds it), then every job's
+        rows merged into the running batch."""
+        device = self.engine.device
+        prompts: dict[tuple[int, ...], list[_Job]] = {}
+        for job in jobs:
+            prompts.setdefault(tuple(job.request.prompt), []).append(job)
+        ready: dict[tuple[int, ...], _Prefix] = {}
+        missing: list[tuple[int, ...]] = []
+        space = batch.space
+        for prompt, group in prompts.items():
+            wants_all = any(j.request.prompt_logprobs or j.request.topk_prompt for j in group)
+            entry = self.prefixes.longest(space, prompt) if space is not None and not wants_all else None
+            if entry is None:
+                missing.append(prompt)
+                continue
+            if entry.tokens == len(prompt) and entry.logits is not None:
+                ready[prompt] = entry
+                hit = len(prompt)
+            else:
+                assert space is not None
+                hit = min(entry.tokens, len(prompt) - 1)
+                ready[prompt] = self._extend(model, space, prompt, entry, hit)
+            for job in group:
+                job.cache_hit_tokens = hit
+        for same in _same_length(missing):
+            ready |= self._run_prompts(model, space, same, prompts)
+        new_rows: list[_Row] = []
+        keys: list[list[torch.Tensor]] = []
+        values: list[list[torch.Tensor]] = []
+        logits: list[torch.Tensor] = []
+        lengths: list[int] = []
+        for prompt, group in prompts.items():
+            entry = ready[prompt]
+            assert entry.logits is not None
+            count = sum(j.request.num_samples for j in group)
+            keys.append([k.expand(count, -1, -1, -1) for k, _ in entry.layers])
+            values.append([v.expand(count, -1, -1, -1) for _, v in entry.layers])
+            logits.append(entry.logits.expand(count, -1))
+            lengths.extend([len(prompt)] * count)
+            new_rows.extend(
+                _Row(job, k, len(prompt)) for job in group for k in range(job.request.num_samples)
+            )
+        width = max(lengths) if batch.mask is None else max(max(lengths), batch.mask.shape[1])
+        mask = torch.cat(
+            [_left_pad(torch.ones(1, n, dtype=torch.long, device=device), width, dim=1) for n in lengths]
+        )
+        layers = len(keys[0])
+        new_keys = [torch.cat([_left_pad(block[i], width) for block in keys]) for i in range(layers)]
+        new_values = [torch.cat([_left_pad(block[i], width) for block in values]) for i in range(layers)]
+        new_logits = torch.cat(logits)
+        if not batch.rows:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            for i in range(layers):
+                cache.update(new_keys[i].contiguous(), new_values[i].contiguous(), i)
+            batch.cache, batch.mask, batch.logits = cache, mask, new_logits
+        else:
+            assert batch.mask is not None and batch.logits is not None
+            for i, layer in enumerate(batch.cache.layers):
+                layer.keys = torch.cat([_left_pad(layer.keys, width), new_keys[i]])
+                layer.values = torch.cat([_left_pad(layer.values, width), new_values[i]])
+            batch.mask = torch.cat([_left_pad(batch.mask, width, dim=1), mask])
+            batch.logits = torch.cat([batch.logits, new_logits])
+        batch.rows.extend(new_rows)
+
+    def _extend(self, model: Any, space: Space, prompt: tuple[int, ...], entry: _Prefix, hit: int) -> _Prefix:
+        """Prefill the rest of `prompt` on top of the first `hit` tokens of a cached sequence."""
         from transformers import DynamicCache
 
         device = self.engine.device
-        length = len(jobs[0].request.prompt)
-        want_prompt_logprobs = any(j.request.prompt_logprobs for j in jobs)
-        ids = torch.tensor([j.request.prompt for j in jobs], dtype=torch.long, device=device)
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(entry.layers):
+            cache.update(k[:, :, :hit], v[:, :, :hit], i)
+        out = model(
+            input_ids=torch.tensor([prompt[hit:]], dtype=torch.long, device=device),
+            position_ids=torch.arange(hit, len(prompt), device=device)[None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
+        cache = _cache_of(out)
+        extended = _Prefix(
+            layers=[(layer.keys, layer.values) for layer in cache.layers],
+            logits=out.logits[0, -1:].float(),
+            tokens=len(prompt),
+        )
+        self.prefixes.put(space, prompt, extended)
+        return extended
+
+    def _run_prompts(
+        self,
+        model: Any,
+        space: Space | None,
+        prompts: list[tuple[int, ...]],
+        jobs: dict[tuple[int, ...], list[_Job]],
+    ) -> dict[tuple[int, ...], _Prefix]:
+        """Prefill prompts of one length in one forward; fill in prompt logprobs and top-k."""
+        from transformers import DynamicCache
+
+        device = self.engine.device
+        wanted = [any(j.request.prompt_logprobs or j.request.topk_prompt for j in jobs[p]) for p in prompts]
+        ids = torch.tensor(prompts, dtype=torch.long, device=device)
         out = model(
             input_ids=ids,
             use_cache=True,
-            logits_to_keep=0 if want_prompt_logprobs else 1,
+            logits_to_keep=0 if any(wanted) else 1,
             **{self._cache_arg: DynamicCache()},
         )
         logits = out.logits.float()
-        repeats = torch.tensor([j.request.num_samples for j in jobs], device=device)
-        for i, job in enumerate(jobs):
-            if job.request.prompt_logprobs:
-                scored = torch.log_softmax(logits[i, :-1], dim=-1).gather(-1, ids[i, 1:, None])[:, 0]
-                job.prompt_logprobs = [None, *scored.tolist()]
         cache = _cache_of(out)
-        for layer in cache.layers:
-            layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
-            layer.values = layer.values.repeat_interleave(repeats, dim=0)
-        new_logits = logits[:, -1].repeat_interleave(repeats, dim=0)
-        new_mask = torch.ones(int(repeats.sum()), length, dtype=torch.long, device=device)
-        new_rows = [_Row(job, k, length) for job in jobs for k in range(job.request.num_samples)]
-        if not batch.rows:
-            batch.cache, batch.mask, batch.logits = cache, new_mask, new_logits
-        else:
-            assert batch.mask is not None and batch.logits is not None
-            width = max(batch.mask.shape[1], length)
-            for old, new in zip(batch.cache.layers, cache.layers, strict=True):
-                old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-                old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
-            batch.mask = torch.cat([_left_pad(batch.mask, width, dim=1), _left_pad(new_mask, width, dim=1)])
-            batch.logits = torch.cat([batch.logits, new_logits])
-        batch.rows.extend(new_rows)
+        ready: dict[tuple[int, ...], _Prefix] = {}
+        for i, prompt in enumerate(prompts):
+            entry = _Prefix(
+                layers=[(layer.keys[i : i + 1], layer.values[i : i + 1]) for layer in cache.layers],
+                logits=logits[i, -1:],
+                tokens=len(prompt),
+            )
+            ready[prompt] = entry
+            if space is not None:
+                layers = [(k.clone(), v.clone()) for k, v in entry.layers]
+                assert entry.logits is not None
+                self.prefixes.put(
+                    space, prompt, _Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
+                )
+            if wanted[i]:
+                self._score_prompt(logits[i, :-1], ids[i], jobs[prompt])
+        return ready
+
+    @staticmethod
+    def _score_prompt(logits: torch.Tensor, ids: torch.Tensor, jobs: list[_Job]) -> None:
+        logprobs = torch.log_softmax(logits, dim=-1)
+        scored: list[float | None] = [None, *logprobs.gather(-1, ids[1:, None])[:, 0].tolist()]
+        k = max(j.request.topk_prompt for j in jobs)
+        topk = None
+        if k:
+            values, indices = torch.topk(logprobs, k, dim=-1)
+            token_ids = np.zeros((len(ids), k), dtype=np.int32)
+            top = np.full((len(ids), k), MASKED, dtype=np.float32)
+            token_ids[1:], top[1:] = indices.cpu().numpy(), values.cpu().numpy()
+            topk = (token_ids, top)
+        for job in jobs:
+            if job.request.prompt_logprobs:
+                job.prompt_logprobs = scored
+            n = job.request.topk_prompt
+            if n and topk is not None:
+                job.topk_prompt = Topk(token_ids=topk[0][:, :n].copy(), logprobs=topk[1][:, :n].copy())
 
     def _sample(self, batch: _Batch) -> list[_Job]:
         assert batch.logits is not None
         logprobs = torch.log_softmax(batch.logits, dim=-1)
         tokens = self._choose(batch)
+        chosen = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+        token_list = tokens.tolist()
+        k = max((r.job.request.topk_sample for r in batch.rows), default=0)
+        top_ids: list[list[int]] = []
+        top_values: list[list[float]] = []
+        if k:
+            values, indices = torch.topk(logprobs, k, dim=-1)
+            top_ids, top_values = indices.tolist(), values.tolist()
         keep: list[int] = []
         finished: list[_Job] = []
         for i, row in enumerate(batch.rows):
-            token = tokens[i]
+            token = token_list[i]
             row.tokens.append(token)
-            row.logprobs.append(float(logprobs[i, token]))
+            row.logprobs.append(chosen[i])
+            n = row.job.request.topk_sample
+            if n:
+                row.topk_ids.append(top_ids[i][:n])
+                row.topk_logprobs.append(top_values[i][:n])
             reason = self._stop_reason(row, token)
             if reason is None:
                 keep.append(i)
                 continue
             job = row.job
+            if batch.space is not None and row.position > len(job.request.prompt):
+                self._keep_sequence(batch, i, row)
+            topk = None
+            if n:
+                topk = Topk(
+                    token_ids=np.asarray(row.topk_ids, dtype=np.int32).reshape(-1, n),
+                    logprobs=np.asarray(row.topk_logprobs, dtype=np.float32).reshape(-1, n),
+                )
             job.sequences[row.index] = SampledSequence(
-                tokens=row.tokens, logprobs=row.logprobs, stop_reason=reason
+                tokens=row.tokens, logprobs=row.logprobs, stop_reason=reason, topk=topk
             )
             if all(s is not None for s in job.sequences):
-                job.result = SampleResult(sequences=list(job.sequences), prompt_logprobs=job.prompt_logprobs)  # type: ignore[arg-type]
+                job.result = SampleResult(
+                    sequences=list(job.sequences),  # type: ignore[arg-type]
+                    prompt_logprobs=job.prompt_logprobs,
+                    topk_prompt=job.topk_prompt,
+                    cache_hit_tokens=job.cache_hit_tokens,
+                )
                 finished.append(job)
         if len(keep) < len(batch.rows):
             index = torch.tensor(keep, dtype=torch.long, device=batch.logits.device)
@@ -267,26 +541,39 @@ class Sampler:
                 batch.mask = batch.mask[index]
             else:
                 batch.cache = batch.mask = batch.logits = None
-        batch.next_tokens = [tokens[i] for i in keep]
+        batch.next_tokens = [token_list[i] for i in keep]
         return finished
 
-    def _choose(self, batch: _Batch) -> list[int]:
+    def _keep_sequence(self, batch: _Batch, index: int, row: _Row) -> None:
+        """Cache a finished sequence's KV (prompt and completion but its last, unfed token):
+        the agent's next turn starts with it."""
+        assert batch.space is not None
+        n = row.position
+        layers = [
+            (layer.keys[index : index + 1, :, -n:].clone(), layer.values[index : index + 1, :, -n:].clone())
+            for layer in batch.cache.layers
+        ]
+        tokens = (*row.job.request.prompt, *row.tokens[:-1])
+        self.prefixes.put(batch.space, tokens, _Prefix(layers=layers, logits=None, tokens=n))
+
+    def _choose(self, batch: _Batch) -> torch.Tensor:
+        """One token per row: one batched draw per kind of parameters; seeded requests draw
+        from their own generator, so their result does not depend on other requests."""
         assert batch.logits is not None
         logits = batch.logits
-        plain = [
-            i
-            for i, r in enumerate(batch.rows)
-            if r.job.generator is None and r.job.request.params == _DEFAULT_DRAW
-        ]
-        chosen = [0] * len(batch.rows)
-        if plain:
-            draws = torch.multinomial(torch.softmax(logits[plain], dim=-1), 1)[:, 0].tolist()
-            for i, token in zip(plain, draws, strict=True):
-                chosen[i] = token
-        plain_set = set(plain)
+        groups: dict[Any, list[int]] = {}
         for i, row in enumerate(batch.rows):
-            if i not in plain_set:
-                chosen[i] = _draw(logits[i], row.job.request.params, row.job.generator)
+            params, generator = row.job.request.params, row.job.generator
+            kind = (params.temperature, params.top_k, params.top_p)
+            groups.setdefault(kind if generator is None else (kind, id(row.job)), []).append(i)
+        if len(groups) == 1:
+            job = batch.rows[0].job
+            return _draw(logits, job.request.params, job.generator)
+        chosen = torch.zeros(len(batch.rows), dtype=torch.long, device=logits.device)
+        for rows in groups.values():
+            job = batch.rows[rows[0]].job
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            chosen[index] = _draw(logits[index], job.request.params, job.generator)
         return chosen
 
     def _stop_reason(self, row: _Row, token: int) -> str | None:
@@ -320,25 +607,22 @@ class Sampler:
             row.position += 1
 
 
-_DEFAULT_DRAW = SampleParams()
-
-
-def _draw(logits: torch.Tensor, params: SampleParams, generator: torch.Generator | None) -> int:
+def _draw(logits: torch.Tensor, params: SampleParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of `logits` [rows, vocab] under `params`."""
     if params.temperature == 0:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits, dim=-1)
     scaled = logits / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.numel():
-        kth = torch.topk(scaled, params.top_k).values[-1]
+    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, -math.inf)
     if params.top_p < 1:
-        order = torch.argsort(scaled, descending=True)
-        probs = torch.softmax(scaled[order], dim=-1)
+        ordered, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         drop = torch.cumsum(probs, dim=-1) - probs >= params.top_p
-        scaled = scaled.clone()
-        scaled[order[drop]] = -math.inf
+        scaled = scaled.scatter(-1, order, ordered.masked_fill(drop, -math.inf))
     probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def _cache_of(out: Any) -> Any:
@@ -354,8 +638,8 @@ def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
     return F.pad(t, pad)
 
 
-def _same_length(jobs: list[_Job]) -> list[list[_Job]]:
-    groups: dict[int, list[_Job]] = {}
-    for job in jobs:
-        groups.setdefault(len(job.request.prompt), []).append(job)
+def _same_length(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    groups: dict[int, list[tuple[int, ...]]] = {}
+    for prompt in prompts:
+        groups.setdefault(len(prompt), []).append(prompt)
     return list(groups.values())

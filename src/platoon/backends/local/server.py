@@ -9,7 +9,10 @@ through one worker thread (`run_sync`), so HTTP stays responsive while a step co
 from __future__ import annotations
 
 import contextlib
+import re
+import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -28,6 +31,7 @@ from platoon.backends.local.futures import (
     Outcome,
     SeqError,
     SeqQueue,
+    SyncJob,
     failure,
     json_outcome,
     proto_outcome,
@@ -37,7 +41,9 @@ from platoon.backends.local.proto import (
     decode_forward_backward,
     encode_forward_backward_output,
     encode_sample_response,
+    peek_seq,
 )
+from platoon.backends.local.rest import rest_routes
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
 from platoon.serving import BodyTooLarge, Guard, read_body_limited
 
@@ -72,6 +78,7 @@ class _Optimizer(msgspec.Struct):
 class CreateSession(msgspec.Struct):
     tags: list[str] | None = None
     user_metadata: dict[str, Any] | None = None
+    display_name: str | None = None
 
 
 class SessionRef(msgspec.Struct):
@@ -84,6 +91,7 @@ class CreateModel(msgspec.Struct):
     base_model: str
     lora_config: _Lora | None = None
     optimizer_config: _Optimizer | None = None
+    user_metadata: dict[str, Any] | None = None
 
 
 class ModelRef(msgspec.Struct):
@@ -102,6 +110,7 @@ class SaveWeights(msgspec.Struct):
     seq_id: int
     path: str | None = None
     overwrite: bool = False
+    ttl_seconds: int | None = None
 
 
 class SaveForSampler(msgspec.Struct):
@@ -110,6 +119,7 @@ class SaveForSampler(msgspec.Struct):
     path: str | None = None
     sampling_session_seq_id: int | None = None
     kind: str = "snapshot"
+    ttl_seconds: int | None = None
 
 
 class LoadWeights(msgspec.Struct):
@@ -167,19 +177,29 @@ class RetrieveFuture(msgspec.Struct):
 
 
 class _Session:
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, request: CreateSession | None = None) -> None:
         self.id = session_id
         self.finished = False
         self.models: list[str] = []
         self.samplers: list[str] = []
+        self.user_metadata = _strings(request.user_metadata if request else None)
+        self.display_name = request.display_name if request else None
 
 
 class _Model:
-    def __init__(self, session: _Session, queue: SeqQueue, rank: int) -> None:
+    def __init__(
+        self, session: _Session, queue: SeqQueue, rank: int, user_metadata: dict[str, Any] | None = None
+    ) -> None:
         self.session = session
         self.queue = queue
         self.rank = rank
         self.ready = False
+        self.user_metadata = _strings(user_metadata)
+        self.last_request = time.time()
+
+
+def _strings(metadata: dict[str, Any] | None) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in metadata.items()} if metadata else None
 
 
 class _SamplerSession:
@@ -243,14 +263,31 @@ class TinkerService:
     def _model(self, model_id: str) -> _Model:
         model = self.models.get(model_id)
         if model is None or not model.ready:
-            raise UserError(
-                f"unknown model_id {model_id!r}: this server holds its models in memory and does not "
-                "know this one (was it restarted?); resume the run with `platoon train --resume`, which "
-                "loads the last checkpoint into a new model"
-            )
+            raise UserError(self._unknown_model(model_id))
         if model.session.finished:
             raise UserError(f"session {model.session.id} of model {model_id} has finished")
+        model.last_request = time.time()
         return model
+
+    def _unknown_model(self, model_id: str) -> str:
+        """Why a model id is unknown and what to do: after a restart, which checkpoint to resume from."""
+        message = f"unknown model_id {model_id!r}: this server holds training models in memory and does not hold this one"
+        try:
+            saved = [c for c in self.engine.checkpoints(model_id, prune=False) if c.kind == "weights"]
+        except EngineError:
+            saved = []
+        if not saved:
+            return (
+                f"{message} (was the server restarted?). Nothing of it was saved here, so its training "
+                "state is lost: start the run again, or `platoon train --resume RUN_DIR` to go on from "
+                "the run's last checkpoint"
+            )
+        return (
+            f"{message}, but its checkpoints survive: the server was restarted. The training client "
+            f"cannot go on; its last saved state is {saved[-1].tinker_path}. Resume with `platoon train "
+            "--resume RUN_DIR` (it loads the last checkpoint into a new model), or load that path with "
+            "ServiceClient.create_training_client_from_state_with_optimizer"
+        )
 
     def _check_base_model(self, base_model: str | None) -> None:
         if base_model is not None and base_model not in self._names:
@@ -274,14 +311,32 @@ class TinkerService:
             outcome = failure(f"internal error: {exc!r}", "server")
         self.futures.resolve(request_id, outcome)
 
-    def _queued(self, model_id: str, seq_id: int, work: Callable[[], Awaitable[Outcome]]) -> str:
-        """A training request: deduplicated on (model_id, seq_id), run in seq_id order."""
+    def _queued(
+        self,
+        model_id: str,
+        seq_id: int,
+        work: Callable[[], Awaitable[Outcome]] | None = None,
+        *,
+        compute: Callable[[], Outcome] | None = None,
+    ) -> str:
+        """A training request: deduplicated on (model_id, seq_id), run in seq_id order.
+
+        `work` runs on the event loop; `compute` (torch work with no server state to touch) runs
+        in the worker thread, together with the compute of the requests queued right behind it.
+        """
         request_id, new = self.futures.create(("train", model_id, seq_id))
         if not new:
             return request_id
         try:
             model = self._model(model_id)
-            model.queue.submit(seq_id, request_id, lambda: self._settle(request_id, work))
+            if compute is not None:
+                job: Any = SyncJob(
+                    _guarded(request_id, compute), lambda outcome: self.futures.resolve(request_id, outcome)
+                )
+            else:
+                assert work is not None
+                job = lambda: self._settle(request_id, work)  # noqa: E731
+            model.queue.submit(seq_id, request_id, job)
         except (UserError, SeqError) as exc:
             self.futures.resolve(request_id, failure(str(exc)))
         return request_id
@@ -312,9 +367,9 @@ class TinkerService:
         return {"pjwt_auth_enabled": False}
 
     async def create_session(self, body: bytes) -> Any:
-        msgspec.json.decode(body, type=CreateSession)
+        request = msgspec.json.decode(body, type=CreateSession)
         session_id = f"local-{uuid.uuid4().hex[:12]}"
-        self.sessions[session_id] = _Session(session_id)
+        self.sessions[session_id] = _Session(session_id, request)
         return {"session_id": session_id, "type": "create_session"}
 
     async def heartbeat(self, body: bytes) -> Any:
@@ -356,7 +411,7 @@ class TinkerService:
             if model_id in self.models:
                 raise UserError(f"model {model_id} already exists")
             await self.run_sync(lambda: self.engine.create_model(model_id, spec))
-            model = _Model(session, SeqQueue(first=1), spec.rank)
+            model = _Model(session, SeqQueue(first=1, run_group=self.run_sync), spec.rank, req.user_metadata)
             self.models[model_id] = model
             session.models.append(model_id)
             await self._start_model(model_id, model)
@@ -383,20 +438,19 @@ class TinkerService:
     async def forward_backward(self, body: bytes) -> Any:
         call = decode_forward_backward(body)
 
-        async def work() -> Outcome:
-            logprobs, metrics = await self.run_sync(
-                lambda: self.engine.forward_backward(
-                    call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
-                )
+        def compute() -> Outcome:
+            logprobs, metrics = self.engine.forward_backward(
+                call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
             )
             return proto_outcome(encode_forward_backward_output(logprobs, metrics))
 
-        return {"request_id": self._queued(call.model_id, call.seq_id, work), "model_id": call.model_id}
+        request_id = self._queued(call.model_id, call.seq_id, compute=compute)
+        return {"request_id": request_id, "model_id": call.model_id}
 
     async def optim_step(self, body: bytes) -> Any:
         req = msgspec.json.decode(body, type=OptimStep)
 
-        async def work() -> Outcome:
+        def compute() -> Outcome:
             if req.adam_params is None:
                 kind = (req.optimizer_params or {}).get("type", "unknown")
                 raise UserError(f"optimizer {kind!r} is not supported; use AdamParams")
@@ -404,10 +458,13 @@ class TinkerService:
                 params = msgspec.convert(req.adam_params, AdamParams)
             except msgspec.ValidationError as exc:
                 raise UserError(f"adam_params: {exc}") from None
-            metrics = await self.run_sync(lambda: self.engine.optim_step(req.model_id, params))
+            metrics = self.engine.optim_step(req.model_id, params)
             return json_outcome({"metrics": metrics, "type": "optim_step"})
 
-        return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
+        return {
+            "request_id": self._queued(req.model_id, req.seq_id, compute=compute),
+            "model_id": req.model_id,
+        }
 
     async def save_weights(self, body: bytes) -> Any:
         req = msgspec.json.decode(body, type=SaveWeights)
@@ -417,6 +474,7 @@ class TinkerService:
             path = await self.run_sync(
                 lambda: self.engine.save_state(req.model_id, name, overwrite=req.overwrite)
             )
+            await self._expire(path, req.ttl_seconds)
             return json_outcome({"path": path, "type": "save_weights"})
 
         return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
@@ -427,6 +485,7 @@ class TinkerService:
         async def work() -> Outcome:
             if req.path is not None:
                 path = await self.run_sync(lambda: self.engine.save_for_sampler(req.model_id, req.path or ""))
+                await self._expire(path, req.ttl_seconds)
                 return json_outcome({"path": path, "type": "save_weights_for_sampler"})
             if req.sampling_session_seq_id is None:
                 raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
@@ -467,7 +526,9 @@ class TinkerService:
             await self.run_sync(
                 lambda: self.engine.create_from_state(model_id, req.path, optimizer=req.optimizer)
             )
-            model = _Model(session, SeqQueue(first=1), self.engine.lora_rank(model_id))
+            model = _Model(
+                session, SeqQueue(first=1, run_group=self.run_sync), self.engine.lora_rank(model_id)
+            )
             self.models[model_id] = model
             session.models.append(model_id)
             await self._start_model(model_id, model)
@@ -475,6 +536,12 @@ class TinkerService:
 
         request_id, _ = self._future(("model", req.session_id, req.model_seq_id), create)
         return {"request_id": request_id, "model_id": model_id}
+
+    async def _expire(self, tinker_path: str, ttl_seconds: int | None) -> None:
+        if ttl_seconds:
+            run, _, checkpoint_id = tinker_path.removeprefix("tinker://").partition("/")
+            when = time.time() + ttl_seconds
+            await self.run_sync(lambda: self.engine.mark_checkpoint(run, checkpoint_id, expires_at=when))
 
     def _add_sampler(
         self, session: _Session, seq_id: int, weights: WeightsRef, model_path: str | None
@@ -515,7 +582,11 @@ class TinkerService:
         async def work() -> Outcome:
             request = self._sample_request(req)
             result = await self.sampler.sample(request)
-            return proto_outcome(encode_sample_response(result.sequences, result.prompt_logprobs))
+            return proto_outcome(
+                encode_sample_response(
+                    result.sequences, result.prompt_logprobs, result.topk_prompt, result.cache_hit_tokens
+                )
+            )
 
         request_id, _ = self._future(key, work)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num)]}
@@ -536,8 +607,6 @@ class TinkerService:
         unsupported = [
             name
             for name, value in (
-                ("topk_prompt_logprobs", req.topk_prompt_logprobs),
-                ("topk_sample_logprobs", req.topk_sample_logprobs),
                 ("target_prompt_logprobs", req.target_prompt_logprobs),
                 ("prompt_alt_tokens_k", req.prompt_alt_tokens_k),
                 ("prompt_logprobs_last_n", req.prompt_logprobs_last_n),
@@ -560,6 +629,8 @@ class TinkerService:
             params=self._sample_params(req.sampling_params),
             prompt_logprobs=bool(req.prompt_logprobs),
             weights=weights,
+            topk_prompt=req.topk_prompt_logprobs,
+            topk_sample=req.topk_sample_logprobs,
         )
 
     def _sample_params(self, p: _SamplingParams) -> SampleParams:
@@ -602,8 +673,25 @@ class TinkerService:
                     "trainable": True,
                     "sampleable": True,
                 }
-            ]
+            ],
+            # Not read by the SDK (it ignores unknown fields); for people and tools asking the server.
+            "platoon": self.engine.facts(),
         }
+
+
+def _guarded(request_id: str, compute: Callable[[], Outcome]) -> Callable[[], Outcome]:
+    """`compute`, with its errors turned into the failure the SDK reads."""
+
+    def run() -> Outcome:
+        try:
+            return compute()
+        except (EngineError, UserError, SeqError) as exc:
+            return failure(str(exc))
+        except Exception as exc:
+            log.exception("request failed", request_id=request_id)
+            return failure(f"internal error: {exc!r}", "server")
+
+    return run
 
 
 def _check_optimizer(config: _Optimizer | None) -> None:
@@ -611,8 +699,8 @@ def _check_optimizer(config: _Optimizer | None) -> None:
         raise UserError(f"optimizer {config.type!r} is not supported; this server trains with adamw")
 
 
-def _error(message: str, status: int = 400) -> Response:
-    return JSONResponse({"error": message, "category": "user"}, status_code=status)
+def _error(message: str, status: int = 400, category: str = "user") -> Response:
+    return JSONResponse({"error": message, "category": category}, status_code=status)
 
 
 class _SeqIds(msgspec.Struct):
@@ -622,13 +710,20 @@ class _SeqIds(msgspec.Struct):
 
 def _seq_of(exc: Exception, body: bytes) -> tuple[str, int] | None:
     """The (model_id, seq_id) a rejected training request named, if it named them."""
-    if isinstance(exc, ProtoError):
+    if isinstance(exc, ProtoError) and exc.seq is not None:
         return exc.seq
+    if isinstance(exc, BodyTooLarge):
+        return peek_seq(exc.prefix)
+    if body[:1] != b"{":
+        return peek_seq(body)
     try:
         ids = msgspec.json.decode(body, type=_SeqIds)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     return (ids.model_id, ids.seq_id) if ids.model_id is not None and ids.seq_id is not None else None
+
+
+_REFUSED = (UserError, EngineError, ProtoError, msgspec.DecodeError, ValueError, TypeError, KeyError)
 
 
 def _route(
@@ -638,24 +733,31 @@ def _route(
     *,
     ordered: bool = False,
 ) -> Callable[[Request], Awaitable[Response]]:
-    """An endpoint. An `ordered` one (a model's training requests) that rejects a request still
-    uses up its seq_id, so the client's later requests do not wait for it forever."""
+    """An endpoint. An `ordered` one (a model's training requests) that rejects a request, for
+    whatever reason, still uses up its seq_id with a failure, so the client's later requests
+    do not wait for it forever."""
 
     async def endpoint(request: Request) -> Response:
+        body = b""
         try:
             body = read_body_limited(
                 await request.body(), request.headers.get("content-encoding"), max_decoded
             )
-        except BodyTooLarge as exc:
-            return _error(str(exc), 413)
-        try:
             result = await handler(body)
-        except (UserError, EngineError, ProtoError, msgspec.DecodeError) as exc:
-            message = str(exc) if not isinstance(exc, msgspec.DecodeError) else f"bad request body: {exc}"
+        except Exception as exc:
+            if isinstance(exc, BodyTooLarge):
+                message, status = str(exc), 413
+            elif isinstance(exc, msgspec.DecodeError):
+                message, status = f"bad request body: {exc}", 400
+            elif isinstance(exc, _REFUSED):
+                message, status = str(exc), 400
+            else:
+                log.exception("request refused", path=request.url.path)
+                message, status = f"internal error: {exc!r}", 500
             seq = _seq_of(exc, body) if ordered else None
             if seq is not None:
                 service.skip(*seq, message)
-            return _error(message)
+            return _error(message, status, "server" if status == 500 else "user")
         if isinstance(result, Response):
             return result
         return Response(msgspec.json.encode(result), media_type="application/json")
@@ -669,8 +771,12 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     `service.api_key`, when set, is required on every route (the SDK sends it on each).
     """
 
+    ordered_paths: set[str] = set()
+
     def post(path: str, handler: Callable[[bytes], Awaitable[Any]], *, ordered: bool = False) -> Route:
         endpoint = _route(service, handler, max_body * DECODED_FACTOR, ordered=ordered)
+        if ordered:
+            ordered_paths.add(f"/api/v1{path}")
         return Route(f"/api/v1{path}", endpoint, methods=["POST"])
 
     async def not_found(body: bytes) -> Response:
@@ -713,6 +819,48 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),
         Route("/api/v1/healthz", healthz, methods=["GET"]),
         Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
+        *rest_routes(service),
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan)
-    return Guard(app, api_key=service.api_key, max_body=max_body)
+
+    def oversized(scope: Any, head: bytes) -> None:
+        """A training request refused for its size still gives up its seq_id, when its first
+        bytes name it."""
+        if scope.get("path") not in ordered_paths:
+            return
+        encoding = dict(scope.get("headers") or []).get(b"content-encoding", b"").decode("latin-1")
+        seq = _seq_in_head(_decoded_head(head, encoding))
+        if seq is not None:
+            service.skip(*seq, f"request body over {max_body} bytes")
+
+    return Guard(app, api_key=service.api_key, max_body=max_body, on_oversized=oversized)
+
+
+_JSON_IDS = re.compile(rb'"model_id"\s*:\s*"([^"\\]{1,200})"|"seq_id"\s*:\s*(\d{1,18})')
+
+
+def _decoded_head(head: bytes, encoding: str) -> bytes:
+    """As much of a compressed body's start as its first bytes decode to (never more than 64 KiB)."""
+    try:
+        if encoding == "zstd":
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompressobj().decompress(head)[: 1 << 16]
+        if encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 16)
+    except Exception:
+        return b""
+    return head
+
+
+def _seq_in_head(head: bytes) -> tuple[str, int] | None:
+    """(model_id, seq_id) from the start of a training request: protobuf or JSON."""
+    if not head.lstrip().startswith(b"{"):
+        return peek_seq(head)
+    model_id = seq_id = None
+    for match in _JSON_IDS.finditer(head):
+        if match.group(1) is not None and model_id is None:
+            model_id = match.group(1).decode("utf-8", "replace")
+        elif match.group(2) is not None and seq_id is None:
+            seq_id = int(match.group(2))
+    return (model_id, seq_id) if model_id is not None and seq_id is not None else None

@@ -1,0 +1,213 @@
+"""The REST half of the Tinker API, as the SDK's `RestClient` calls it.
+
+Training runs (a run is a training model, `{session}:train:{n}`), their checkpoints
+(`tinker://<run>/<weights|sampler_weights>/<name>`: list, delete, publish, TTL), sessions,
+samplers and weights info. Runs and checkpoints are read from the checkpoint directory, so they
+outlive a restart of the server; sessions and samplers live in memory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from platoon.backends.local.engine import CheckpointInfo, EngineError, LoraSpec
+
+if TYPE_CHECKING:
+    from platoon.backends.local.server import TinkerService
+
+__all__ = ["rest_routes"]
+
+OWNER = "local"  # this server has one user: whoever holds its key
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
+
+
+def _checkpoint(c: CheckpointInfo) -> dict[str, Any]:
+    return {
+        "checkpoint_id": c.checkpoint_id,
+        "checkpoint_type": "training" if c.kind == "weights" else "sampler",
+        "time": _when(c.time),
+        "tinker_path": c.tinker_path,
+        "size_bytes": c.size_bytes,
+        "public": c.public,
+        "expires_at": _when(c.expires_at) if c.expires_at is not None else None,
+    }
+
+
+def _page(request: Request) -> tuple[int, int]:
+    try:
+        limit = max(0, min(int(request.query_params.get("limit", 20)), 1000))
+        offset = max(0, int(request.query_params.get("offset", 0)))
+    except ValueError:
+        raise EngineError("limit and offset must be integers") from None
+    return limit, offset
+
+
+def _error(message: str, status: int) -> Response:
+    return JSONResponse({"error": message, "category": "user"}, status_code=status)
+
+
+class _Ttl(msgspec.Struct):
+    ttl_seconds: int | None = None
+
+
+class _WeightsInfo(msgspec.Struct):
+    tinker_path: str
+
+
+def rest_routes(service: TinkerService) -> list[Route]:
+    """The routes, under /api/v1, that answer the SDK's RestClient."""
+    engine = service.engine
+
+    def training_run(run_id: str) -> dict[str, Any] | None:
+        model = service.models.get(run_id)
+        checkpoints = engine.checkpoints(run_id)
+        if model is None and not checkpoints:
+            return None
+        training = [c for c in checkpoints if c.kind == "weights"]
+        sampler = [c for c in checkpoints if c.kind == "sampler_weights"]
+        if model is not None:
+            rank, metadata, last = model.rank, model.user_metadata, model.last_request
+        else:
+            spec: LoraSpec = engine.weights_info(checkpoints[-1].tinker_path)
+            rank, metadata, last = spec.rank, None, checkpoints[-1].time
+        return {
+            "training_run_id": run_id,
+            "base_model": service.model_name,
+            "model_owner": OWNER,
+            "is_lora": True,
+            "corrupted": False,
+            "lora_rank": rank,
+            "last_request_time": _when(last),
+            "last_checkpoint": _checkpoint(training[-1]) if training else None,
+            "last_sampler_checkpoint": _checkpoint(sampler[-1]) if sampler else None,
+            "user_metadata": metadata,
+        }
+
+    def run_ids() -> list[str]:
+        live = sorted(service.models, key=lambda m: service.models[m].last_request, reverse=True)
+        return live + [r for r in engine.runs_on_disk() if r not in service.models]
+
+    async def list_runs(request: Request) -> Any:
+        ids = run_ids()
+        limit, offset = _page(request)
+        runs = [
+            r
+            for r in (await service.run_sync(lambda: [training_run(i) for i in ids[offset : offset + limit]]))
+            if r
+        ]
+        return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
+
+    async def get_run(request: Request) -> Any:
+        run_id = request.path_params["run_id"]
+        run = await service.run_sync(lambda: training_run(run_id))
+        return run if run is not None else _error(f"unknown training run {run_id!r}", 404)
+
+    async def list_checkpoints(request: Request) -> Any:
+        run_id = request.path_params["run_id"]
+        checkpoints = await service.run_sync(lambda: engine.checkpoints(run_id))
+        if not checkpoints and run_id not in service.models:
+            return _error(f"unknown training run {run_id!r}", 404)
+        return {"checkpoints": [_checkpoint(c) for c in checkpoints], "cursor": None}
+
+    async def user_checkpoints(request: Request) -> Any:
+        def every() -> list[CheckpointInfo]:
+            found = [c for run in engine.runs_on_disk() for c in engine.checkpoints(run)]
+            return sorted(found, key=lambda c: c.time, reverse=True)
+
+        checkpoints = await service.run_sync(every)
+        limit, offset = _page(request)
+        return {
+            "checkpoints": [_checkpoint(c) for c in checkpoints[offset : offset + limit]],
+            "cursor": {"offset": offset, "limit": limit, "total_count": len(checkpoints)},
+        }
+
+    async def checkpoint(request: Request) -> Any:
+        """DELETE a checkpoint; POST/DELETE `.../publish`; PUT `.../ttl`."""
+        run_id, rest = request.path_params["run_id"], request.path_params["rest"]
+        checkpoint_id, _, action = rest.rpartition("/") if rest.count("/") >= 2 else (rest, "", "")
+        method = request.method
+        if action == "" and method == "DELETE":
+            await service.run_sync(lambda: engine.delete_checkpoint(run_id, checkpoint_id))
+        elif action == "publish" and method in {"POST", "DELETE"}:
+            public = method == "POST"
+            await service.run_sync(lambda: engine.mark_checkpoint(run_id, checkpoint_id, public=public))
+        elif action == "ttl" and method == "PUT":
+            ttl = msgspec.json.decode(await request.body() or b"{}", type=_Ttl).ttl_seconds
+            expires = time.time() + ttl if ttl else None
+            await service.run_sync(lambda: engine.mark_checkpoint(run_id, checkpoint_id, expires_at=expires))
+        elif action == "" and method == "GET":
+            found = [
+                c
+                for c in await service.run_sync(lambda: engine.checkpoints(run_id))
+                if c.checkpoint_id == checkpoint_id
+            ]
+            return _checkpoint(found[0]) if found else _error(f"no checkpoint {checkpoint_id!r}", 404)
+        else:
+            return _error(f"{method} {request.url.path} is not supported by this server", 404)
+        return Response(status_code=204)
+
+    async def list_sessions(request: Request) -> Any:
+        ids = list(reversed(service.sessions))
+        limit, offset = _page(request)
+        return {"sessions": ids[offset : offset + limit]}
+
+    async def get_session(request: Request) -> Any:
+        session = service.sessions.get(request.path_params["session_id"])
+        if session is None:
+            return _error(f"unknown session {request.path_params['session_id']!r}", 404)
+        return {
+            "training_run_ids": list(session.models),
+            "sampler_ids": list(session.samplers),
+            "user_metadata": session.user_metadata,
+            "display_name": session.display_name,
+        }
+
+    async def weights_info(request: Request) -> Any:
+        path = msgspec.json.decode(await request.body(), type=_WeightsInfo).tinker_path
+        spec = await service.run_sync(lambda: engine.weights_info(path))
+        return {
+            "base_model": service.model_name,
+            "optimizer_config": {"type": "adamw"},
+            "is_lora": True,
+            "lora_rank": spec.rank,
+            "train_unembed": spec.train_unembed,
+            "train_mlp": spec.train_mlp,
+            "train_attn": spec.train_attn,
+        }
+
+    def endpoint(handler: Any) -> Any:
+        async def answer(request: Request) -> Response:
+            try:
+                result = await handler(request)
+            except (EngineError, msgspec.DecodeError) as exc:
+                missing = "unknown" in str(exc) or "no checkpoint" in str(exc)
+                return _error(str(exc), 404 if missing else 400)
+            return result if isinstance(result, Response) else JSONResponse(result)
+
+        return answer
+
+    v1 = "/api/v1"
+    return [
+        Route(f"{v1}/training_runs", endpoint(list_runs), methods=["GET"]),
+        Route(f"{v1}/training_runs/{{run_id}}", endpoint(get_run), methods=["GET"]),
+        Route(f"{v1}/training_runs/{{run_id}}/checkpoints", endpoint(list_checkpoints), methods=["GET"]),
+        Route(
+            f"{v1}/training_runs/{{run_id}}/checkpoints/{{rest:path}}",
+            endpoint(checkpoint),
+            methods=["GET", "DELETE", "POST", "PUT"],
+        ),
+        Route(f"{v1}/checkpoints", endpoint(user_checkpoints), methods=["GET"]),
+        Route(f"{v1}/sessions", endpoint(list_sessions), methods=["GET"]),
+        Route(f"{v1}/sessions/{{session_id}}", endpoint(get_session), methods=["GET"]),
+        Route(f"{v1}/weights_info", endpoint(weights_info), methods=["POST"]),
+    ]
