@@ -191,9 +191,10 @@ async def test_work_consumer_does_not_take_back_its_own_work(server):
             await bridge_a.flush()
             await until(lambda: len(got_b) == 20)
             await anyio.sleep(0.1)
-        # `a` has its own copies (published locally); each went over NATS to `b` alone
+        # `a` has its own copies (published locally); each went over NATS to `b` alone, once
+        # (offers go out side by side, so work keeps no order)
         assert [e.episode_id for e in got_a] == [f"ep{i}" for i in range(20)]
-        assert [e.episode_id for e in got_b] == [f"ep{i}" for i in range(20)]
+        assert sorted(e.episode_id for e in got_b) == sorted(f"ep{i}" for i in range(20))
 
 
 async def test_durable_events_survive_a_consumer_restart(js_server):
@@ -500,3 +501,69 @@ async def test_a_bridge_that_comes_later_still_learns_the_facts(js_server):
         async with bridged(worker_bus, js_server.url, mirror=facts, state=facts, read_state=True) as worker:
             await worker._read_facts(worker_bus)  # a second read, after the first at start
     assert fresh == []
+
+
+async def test_a_hung_member_drops_out_of_the_work_group_and_loses_no_work(server):
+    """A member that takes offers and never claims them (a SIGSTOPped worker) holds at most
+    `take_at_once` of them; each goes to the live worker after `offer_timeout`, none twice."""
+    import nats as nats_client
+
+    from platoon.bus.nats import WORK_QUEUE
+
+    hung = await nats_client.connect(server.url)
+    try:
+        member = await hung.subscribe(subject_for("test", EpisodeRequested), queue=WORK_QUEUE)
+        await member.unsubscribe(limit=2)  # as a worker's bridge joins, here for 2 offers
+        await hung.flush()
+        async with Bus() as producer, Bus() as worker:
+            got = []
+            worker.subscribe(EpisodeRequested, got.append)
+            work = [EpisodeRequested]
+            async with (
+                bridged(worker, server.url, work=work, consume_work=True),
+                bridged(producer, server.url, work=work, offer_timeout=0.3) as bridge,
+            ):
+                for i in range(20):
+                    await producer.publish(requested(i))
+                await bridge.flush()  # every offer claimed
+                await until(lambda: len(got) == 20)
+                # it took 2 offers and sits on them (fewer: chance 21 in 2**20), then none more
+                assert member.pending_msgs == bridge.stats.offers_unclaimed == 2
+        assert sorted(e.episode_id for e in got) == sorted(f"ep{i}" for i in range(20))
+    finally:
+        await hung.close()
+
+
+async def test_work_offered_before_any_worker_joins_is_kept_until_one_does(server):
+    async with Bus() as producer, Bus() as worker:
+        got = []
+        worker.subscribe(EpisodeRequested, got.append)
+        work = [EpisodeRequested]
+        async with bridged(producer, server.url, work=work) as bridge:
+            for i in range(5):
+                await producer.publish(requested(i))
+            await until(lambda: bridge.stats.offers_unheld >= 5)  # nobody was there to take them
+            async with bridged(worker, server.url, work=work, consume_work=True):
+                await bridge.flush()
+                await until(lambda: len(got) == 5)
+        assert sorted(e.episode_id for e in got) == [f"ep{i}" for i in range(5)]
+
+
+async def test_withdrawn_work_is_offered_no_more(server):
+    from platoon.bus.events import EpisodeAbandoned
+
+    async with Bus() as producer, Bus() as worker:
+        got = []
+        worker.subscribe(EpisodeRequested, got.append)
+        work = [EpisodeRequested]
+        async with bridged(producer, server.url, work=work, withdraw=[EpisodeAbandoned]) as bridge:
+            await producer.publish(requested(0))
+            await until(lambda: bridge.stats.offers_unheld >= 1)
+            await producer.publish(EpisodeAbandoned(episode_id="ep0", group_id="g", task=TASK, reason="test"))
+            await bridge.flush()  # the offer ended without a taker
+            async with bridged(worker, server.url, work=work, consume_work=True) as taker:
+                await producer.publish(requested(1))
+                await bridge.flush()
+                await until(lambda: len(got) == 1)
+                assert taker.stats.received == 1
+        assert [e.episode_id for e in got] == ["ep1"]

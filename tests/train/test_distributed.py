@@ -1,6 +1,8 @@
 """A trainer and rollout worker processes over a real nats-server: they train number search
-like an all-in-one run does, and a worker killed mid-step or a NATS restart loses no episode
-and counts none twice (checked on the trainer's event log)."""
+like an all-in-one run does, and a worker killed or hung (SIGSTOP) mid-step or a NATS restart
+loses no episode and counts none twice (checked on the trainer's event log); a worker that comes
+after the run's end, or outlives its trainer, says so and exits; one with another config is
+refused by name."""
 
 from __future__ import annotations
 
@@ -102,6 +104,7 @@ def make_config(tiny_model: str, *, url: str | None, run: str) -> dict:
             "lease_timeout": 2.0,
             "announce_every": 0.5,
             "trainer_timeout": 5.0,
+            "offer_timeout": 1.0,
         }
     return config
 
@@ -274,6 +277,11 @@ def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypat
     assert len(workers) == 2 and all(m["workers/count"] >= 1 for m in metrics)
     assert not any(isinstance(e, EpisodeAbandoned) for e in events)
 
+    # A worker that comes after the run's end reads it from the run's state and leaves.
+    late = distributed.start_worker()
+    assert late.wait(timeout=120) == 0, distributed.log_of(late)
+    assert "stopped (finished)" in distributed.log_of(late)
+
     # The same config on one machine, with the same scripted policy in process.
     monkeypatch.syspath_prepend(str(EXAMPLE))
     from bisect_policy import bisect
@@ -350,6 +358,55 @@ def test_a_worker_killed_mid_step_loses_no_episode(cluster):
     assert not counted & {a.episode_id for a in abandoned}
     grades = Counter(e.episode_id for e in events if isinstance(e, EpisodeGraded))
     assert max(grades.values()) == 1
+
+
+def stopped(process: subprocess.Popen) -> bool:
+    """Whether the kernel has stopped `process` (state T in /proc)."""
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_hung_worker_loses_no_episode(cluster):
+    """A worker stopped with SIGSTOP keeps its connection; the work it held goes to the live
+    worker, it takes no more while it hangs, and every step trains on a whole batch."""
+    run = cluster("hung", delay=0.15)
+    run.start_trainer()
+    hung = run.start_worker()
+    live = run.start_worker()
+    run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(hung) > 0)
+    seen = run.calls_of(hung)
+    run.wait_until(lambda: run.calls_of(hung) >= seen + 2)  # it is in the middle of an episode
+    hung.send_signal(signal.SIGSTOP)
+    try:
+        run.wait_until(lambda: stopped(hung))
+        calls = run.calls_of(hung)
+        assert run.trainer is not None
+        run.trainer.wait(timeout=180)
+        assert run.calls_of(hung) == calls  # it did hang: the run finished without it
+    finally:
+        hung.send_signal(signal.SIGCONT)
+    run.finish()  # the hung worker, back, learns that the run is over and leaves
+    events = check_batches(run.run_dir)  # every step on BATCH x GROUP graded episodes
+    abandoned = [e for e in events if isinstance(e, EpisodeAbandoned)]
+    assert abandoned and all(a.replaced_by for a in abandoned)  # re-requested, none given up
+    grades = Counter(e.episode_id for e in events if isinstance(e, EpisodeGraded))
+    assert max(grades.values()) == 1
+    assert run.calls_of(live) > 0
+    assert "this worker was stalled" in run.log_of(hung)
+
+
+def test_a_worker_whose_trainer_is_gone_says_so_and_exits(cluster):
+    run = cluster("orphan", delay=0.15)
+    run.start_trainer()
+    worker = run.start_worker()
+    run.wait_until(lambda: run.calls_of(worker) > 0)
+    assert run.trainer is not None
+    run.trainer.send_signal(signal.SIGKILL)  # no RunFinished, no last announcement
+    run.trainer.wait()
+    assert worker.wait(timeout=120) == 0, run.log_of(worker)
+    log = run.log_of(worker)
+    assert "no announcement from the trainer: taking it for gone" in log
+    assert "stopped (trainer_gone)" in log
 
 
 def test_a_nats_restart_mid_run_loses_no_episode(cluster, nats_server):

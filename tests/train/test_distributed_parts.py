@@ -309,3 +309,47 @@ def test_settings_from_the_nats_section():
         trainer_components(
             config(tls={"ca_file": "/nonexistent/ca.pem"}), PolicyUpdated(version=0, sampler_path="")
         )
+
+
+def _with(data: dict, dotted: str, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(data)
+    *path, last = dotted.split(".")
+    node = out
+    for key in path:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    node[last] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("environments.0.service_kwargs", {"options": {"hi": 20}}), "environments"),
+        (("train.workflow_config.rollout_config.max_steps", 3), "rollout"),
+        (("train.lora_rank", 8), "lora_rank"),
+        (("train.renderer_name", "llama3"), "renderer"),
+    ],
+)
+def test_the_handshake_names_what_shapes_episodes_differently(change, named):
+    from platoon.config import to_builtins
+    from platoon.train.distributed import identity_mismatch, worker_identity
+
+    base = to_builtins(config())
+    trainer = worker_identity(validate_config(base))
+    worker = worker_identity(validate_config(_with(base, *change)))
+    mismatch = identity_mismatch(trainer, worker)
+    assert mismatch is not None and mismatch.startswith(f"{named}: the trainer's")
+    # a worker's own settings (how long it drains, when it takes the trainer for gone) differ freely
+    own = _with(_with(base, "nats.drain_timeout", 1), "nats.trainer_timeout", 7)
+    assert identity_mismatch(trainer, worker_identity(validate_config(own))) is None
+
+
+def test_the_handshake_names_another_platoon_version(monkeypatch):
+    import platoon
+    from platoon.train.distributed import identity_mismatch, worker_identity
+
+    trainer = worker_identity(config())
+    monkeypatch.setattr(platoon, "__version__", "0.0.0-other")
+    assert identity_mismatch(trainer, worker_identity(config())).startswith("platoon: the trainer's '")

@@ -15,9 +15,18 @@ kind travels, and why:
 
 * **mirror**: core NATS publish/subscribe. Every bridged bus sees the event; at most once,
   like NATS itself, so use it for facts whose loss the next one repairs (a newer policy).
-* **work**: core NATS with a queue group. Each event reaches exactly one of the bridges with
-  `consume_work=True`; none, if no such bridge is connected. A bridge may both produce and
-  consume work: the server never hands an event back to the connection that sent it.
+* **work**: offered to a queue group, and kept only by a consumer that claims it. The
+  producer sends each event as a NATS request with a fresh nonce; the server hands it to one
+  member of the group, which claims it (a proof of the nonce, on the request's reply subject),
+  and plays it only once the producer confirms. An offer nobody holds (no member), or that is
+  not claimed within `offer_timeout` (a member that hangs), is offered again, so work is never
+  lost to a hung or absent consumer, and none is played twice. Membership is short: a consumer
+  joins the group for `take_at_once` offers, then joins again, which only a consumer whose
+  event loop runs can do; a hung one (SIGSTOP, a stalled loop) drops out of the group by
+  itself after at most `take_at_once` offers, and is back once it runs. An event of a type in
+  `withdraw` ends the offering of its episode's work (the trainer gave that episode up). A
+  bridge may both produce and consume work: the server never hands an event back to the
+  connection that sent it.
 * **durable**: JetStream. The sender waits for the stream's acknowledgement and publishes
   again after a timeout or a disconnect; a bridge with `consume_durable=True` reads a durable
   consumer (`durable_name`) and acknowledges a message only after the local bus accepted it.
@@ -109,6 +118,9 @@ log = structlog.get_logger("platoon.bus.nats")
 ORIGIN_HEADER = "Platoon-Origin"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LEASE_HEADER = "Platoon-Lease"
+OFFER_HEADER = "Platoon-Offer"
+WORK_QUEUE = "platoon-work"  # the queue group work is offered to
+OFFERS_AT_ONCE = 32  # offers a producer has out at a time; the rest wait their turn
 ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _SCHEMES = ("nats", "tls", "ws", "wss")
@@ -131,6 +143,9 @@ class BridgeStats(msgspec.Struct):
     disconnects: int = 0
     unsent_at_close: int = 0
     unleased: int = 0  # events of an episode, dropped for want of its lease token
+    offers_unclaimed: int = 0  # offers a member took and did not claim in time (it hangs)
+    offers_unheld: int = 0  # offers made while no consumer was in the group
+    claims_too_late: int = 0  # offers this consumer claimed after the producer gave up on it
 
 
 class _Out(msgspec.Struct):
@@ -168,6 +183,12 @@ class Leases:
     def token_for(self, episode_id: str) -> str | None:
         tokens = self._tokens.get(episode_id)
         return tokens[-1] if tokens else None
+
+    def revoke(self, episode_id: str, token: str) -> None:
+        """Forget a token that never reached anyone who may use it (an offer not claimed)."""
+        tokens = self._tokens.get(episode_id)
+        if tokens and token in tokens:
+            tokens.remove(token)
 
     def valid(self, episode_id: str, token: str | None) -> bool:
         return bool(token) and any(
@@ -214,6 +235,8 @@ class NatsBridge:
     for the stream before publishing again), `ack_wait` (how long JetStream waits for our
     ack before redelivering: keep it above the longest stall of the local bus),
     `duplicate_window` and `max_age` (the stream's), `seen_limit` (ids remembered here).
+    Work knobs: `offer_timeout` (how long a producer waits for a claim), `take_at_once` (the
+    offers a consumer takes per membership), `withdraw` (see the module docstring).
     """
 
     name = "nats-bridge"
@@ -246,6 +269,9 @@ class NatsBridge:
         state: Sequence[type[Event]] = (),
         write_state: bool = False,
         read_state: bool = False,
+        offer_timeout: float = 5.0,
+        take_at_once: int = 4,
+        withdraw: Sequence[type[Event]] = (),
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         for one in self.urls:
@@ -258,6 +284,8 @@ class NatsBridge:
             raise NatsBridgeError(f"durable_name {durable_name!r} must be letters, digits, '-' or '_'")
         if buffer_limit < 1:
             raise NatsBridgeError("buffer_limit must be at least 1")
+        if offer_timeout <= 0 or take_at_once < 1:
+            raise NatsBridgeError("offer_timeout must be positive and take_at_once at least 1")
         self.run_name = run
         self.mirror = _check_types("mirror", mirror)
         self.work = _check_types("work", work)
@@ -281,6 +309,13 @@ class NatsBridge:
         self.write_state = write_state
         self.read_state = read_state
         self.state_stream = f"platoon-{run}-state"
+        self.offer_timeout = offer_timeout
+        self.take_at_once = take_at_once
+        self.withdraw = _check_types("withdraw", withdraw)
+        self._offering: dict[str, object] = {}  # episode -> the offer loop now in charge of it
+        self._withdrawn: OrderedDict[str, None] = OrderedDict()
+        self._no_takers_logged = -1e9
+        self._last_claim = -1e9
         self._js: JetStreamContext | None = None
         self.consume_work = consume_work
         self.consume_durable = consume_durable
@@ -314,6 +349,7 @@ class NatsBridge:
         self._outbox_out: MemoryObjectReceiveStream[_Out] | None = None
         self._notices: MemoryObjectSendStream[Event] | None = None
         self._subs: list[Any] = []
+        self._members: dict[str, Any] = {}  # subject -> our current membership of its work group
         self._unsent = 0  # events handed to the bridge and not yet out (see `flush`)
         self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
@@ -339,6 +375,19 @@ class NatsBridge:
                         buffer=min(self.buffer_limit, 64),
                     )
                 )
+        for event_type in self.withdraw:
+            self._outgoing.append(
+                bus.subscribe(
+                    event_type, self._on_withdraw, name=f"{self.name}:withdraw:{event_type.__name__}"
+                )
+            )
+
+    def _on_withdraw(self, event: Event) -> None:
+        episode = _episode(event)
+        if episode is not None:
+            self._withdrawn[episode] = None
+            while len(self._withdrawn) > self.seen_limit:
+                self._withdrawn.popitem(last=False)
 
     def _detach(self) -> None:
         for sub in self._outgoing:
@@ -352,7 +401,7 @@ class NatsBridge:
         try:
             _require_asyncio()
             self.attach(bus)
-            self._subs = []
+            self._subs, self._members = [], {}
             nc = self._nc = await self._connect()
             try:
                 await self._bridge(bus, nc, task_status)
@@ -473,8 +522,11 @@ class NatsBridge:
         our queue-group member in place until the server notices the dead socket, and work
         sent to it meanwhile would be lost."""
         try:
-            for sub in self._subs:
-                await sub.unsubscribe()
+            for sub in [*self._subs, *self._members.values()]:
+                try:
+                    await sub.unsubscribe()
+                except nats.errors.BadSubscriptionError:
+                    pass  # a membership the server has ended already
             if nc.is_connected:
                 await _synced(nc)
         except (TimeoutError, nats.errors.Error) as exc:
@@ -616,10 +668,14 @@ class NatsBridge:
     ) -> None:
         core_headers = {ORIGIN_HEADER: self.origin}
         with scope:
-            async with outbox, inflight:
+            offering = anyio.Semaphore(OFFERS_AT_ONCE)
+            async with outbox, inflight, anyio.create_task_group() as offers:
                 # Taking what is buffered without yielding lets nats-py write a batch per syscall.
                 while (out := await _receive(outbox)) is not None:
                     data = encode(out.event)
+                    if type(out.event) in self.work:
+                        offers.start_soon(self._offer, nc, out, data, offering)
+                        continue
                     lease = self._lease_out(out.event)
                     if out.durable:
                         assert js is not None
@@ -641,6 +697,81 @@ class NatsBridge:
                         if self.write_state and type(out.event) in self.state:
                             await self._write_fact(out.event, data)
                         self._sent()
+                # Closing: work nobody has claimed by now stays unsent (see `unsent_at_close`).
+                offers.cancel_scope.cancel()
+
+    async def _offer(self, nc: NatsClient, out: _Out, data: bytes, offering: anyio.Semaphore) -> None:
+        """Offer one piece of work until a consumer claims it, or its episode is withdrawn or
+        offered anew (see the module docstring)."""
+        episode = _episode(out.event) or new_id()
+        mine = object()
+        self._offering[episode] = mine
+        settled = False  # claimed, withdrawn or offered anew; not: cut off by closing
+        try:
+            async with offering:
+                tries = 0
+                while self._offering.get(episode) is mine and episode not in self._withdrawn:
+                    outcome = await self._offer_once(nc, out, data, episode)
+                    if outcome == "claimed":
+                        break
+                    tries += 1
+                    if outcome == "no member":
+                        await anyio.sleep(self._retry_delay(tries))
+            settled = True
+        finally:
+            if self._offering.get(episode) is mine:
+                del self._offering[episode]
+            if settled:
+                self._sent()
+
+    async def _offer_once(self, nc: NatsClient, out: _Out, data: bytes, episode: str) -> str:
+        """One offer with a fresh nonce (and lease token): "claimed", "no member" or "lost"."""
+        nonce = secrets.token_urlsafe(18)
+        lease = self._lease_out(out.event)
+        headers = {ORIGIN_HEADER: self.origin, OFFER_HEADER: nonce}
+        if lease:
+            headers[LEASE_HEADER] = lease
+        await self._connected(nc)
+        outcome = "lost"
+        try:
+            claim = await nc.request(out.subject, data, timeout=self.offer_timeout, headers=headers)
+        except nats.errors.NoRespondersError:
+            outcome = "no member"
+            self.stats.offers_unheld += 1
+            self._no_takers(episode)
+        except (TimeoutError, nats.errors.Error) as exc:
+            if isinstance(exc, TimeoutError) and nc.is_connected:
+                self.stats.offers_unclaimed += 1
+                log.warning(
+                    "work was not claimed in time: its worker hangs; offering it to another",
+                    episode=episode,
+                    offer_timeout=self.offer_timeout,
+                )
+        else:
+            if claim.reply and secrets.compare_digest(claim.data, _proof("claim", nonce)):
+                try:
+                    await nc.publish(claim.reply, _proof("yours", nonce))
+                except nats.errors.Error as exc:  # lost: the lease keeper re-requests the episode
+                    log.debug("confirming a claim failed", episode=episode, error=str(exc))
+                self._last_claim = anyio.current_time()
+                return "claimed"
+            log.warning("a claim without the offer's proof: ignored", episode=episode)
+        if lease and self.leases is not None:
+            self.leases.revoke(episode, lease)  # nobody may report on an offer nobody holds
+        return outcome
+
+    def _retry_delay(self, tries: int) -> float:
+        """After "no member": workers that just took work join again within a round trip, so
+        try again soon while work is being claimed, and back off while it is not."""
+        busy = anyio.current_time() - self._last_claim < 1.0
+        cap = 0.05 if busy else self.reconnect_max_wait
+        return min(0.005 * 2 ** min(tries, 30), cap) * random.uniform(0.5, 1.0)
+
+    def _no_takers(self, episode: str) -> None:
+        now = anyio.current_time()
+        if now - self._no_takers_logged >= 30:
+            self._no_takers_logged = now
+            log.info("work waits: no worker is taking work now", episode=episode, waiting=len(self._offering))
 
     async def _publish_core(self, nc: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:
         while True:
@@ -723,16 +854,64 @@ class NatsBridge:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass  # shutting down
 
-        core = [(t, "") for t in self.mirror] + [(t, "platoon-work") for t in self.work if self.consume_work]
-        for event_type, queue in core:
-            self._subs.append(
-                await nc.subscribe(subject_for(self.run_name, event_type), queue=queue, cb=take)
-            )
+        for event_type in self.mirror:
+            self._subs.append(await nc.subscribe(subject_for(self.run_name, event_type), cb=take))
         tg.start_soon(self._receive_core, bus, inbound)
+        for event_type in self.work if self.consume_work else ():
+            subject = subject_for(self.run_name, event_type)
+            tg.start_soon(self._take_work, tg, bus, nc, subject, await self._join(nc, subject))
         if self.consume_durable and js is not None:
             pull = await self._jetstream_call(self._durable_consumer(js))
             self._subs.append(pull)
             tg.start_soon(self._receive_durable, bus, nc, pull)
+
+    async def _join(self, nc: NatsClient, subject: str) -> Any:
+        """Join the work queue group for the next `take_at_once` offers; the server ends the
+        membership after them, so a consumer that stops running drops out by itself."""
+        member = await nc.subscribe(subject, queue=WORK_QUEUE)
+        await member.unsubscribe(limit=self.take_at_once)
+        self._members[subject] = member
+        return member
+
+    async def _take_work(self, tg: TaskGroup, bus: Bus, nc: NatsClient, subject: str, member: Any) -> None:
+        while True:
+            for _ in range(self.take_at_once):
+                offer = await member.next_msg(timeout=None)
+                tg.start_soon(self._claim, bus, nc, offer)
+            member = await self._join(nc, subject)  # at once: we run, so we are healthy
+
+    async def _claim(self, bus: Bus, nc: NatsClient, offer: Msg) -> None:
+        """Claim an offer and play it only once its producer confirms it is ours."""
+        nonce = (offer.headers or {}).get(OFFER_HEADER)
+        if nonce and offer.reply:
+            inbox = nc.new_inbox()
+            answers = await nc.subscribe(inbox)
+            confirmed = False
+            try:
+                await nc.publish(offer.reply, _proof("claim", nonce), reply=inbox)
+                with anyio.move_on_after(2 * self.offer_timeout):
+                    while not confirmed:
+                        answer = await answers.next_msg(timeout=None)
+                        confirmed = secrets.compare_digest(answer.data, _proof("yours", nonce))
+            except nats.errors.Error as exc:
+                log.debug("claiming work failed", error=str(exc))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await answers.unsubscribe()
+                    except nats.errors.Error:
+                        pass
+            if not confirmed:
+                self.stats.claims_too_late += 1
+                log.warning(
+                    "work offered to this worker went to another: it was claimed too late",
+                    subject=offer.subject,
+                    offer_timeout=self.offer_timeout,
+                )
+                return
+        event = self._decode(offer)
+        if event is not None:
+            await self._deliver(bus, event)
 
     async def _receive_core(self, bus: Bus, inbound: MemoryObjectReceiveStream[Msg]) -> None:
         async with inbound:
@@ -956,6 +1135,12 @@ async def _synced(nc: NatsClient) -> None:
         while nc.pending_data_size and nc.is_connected:  # noqa: ASYNC110 - nats-py has no event for it
             await anyio.sleep(0.001)
     await nc.flush()
+
+
+def _proof(purpose: str, nonce: str) -> bytes:
+    """What shows knowledge of an offer's nonce without revealing it (claims travel on inboxes
+    that others with the same credentials may read)."""
+    return hashlib.blake2b(f"{purpose}:{nonce}".encode(), digest_size=16).hexdigest().encode()
 
 
 async def _settle(acknowledge: Any) -> None:

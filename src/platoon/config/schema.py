@@ -376,6 +376,9 @@ class NatsConfig(_Strict):
     # stops (None: 10 announcement periods, at least 30 s).
     trainer_timeout: PositiveFloat | None = None
     drain_timeout: NonNegativeFloat = 30.0  # s a stopping worker lets its episodes finish
+    # s a worker has to claim an episode it was offered; unclaimed (the worker hangs), the
+    # episode is offered to another worker
+    offer_timeout: PositiveFloat = 5.0
 
 
 # --- the whole file -------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """One trainer, rollout workers on many machines: what each side adds to its bus for NATS.
 
-    trainer:  scheduler --EpisodeRequested (work)-->  NATS queue group  --> one worker
+    trainer:  scheduler --EpisodeRequested (work, offered)-->  NATS queue group  --> one worker
               PolicyAnnouncer --PolicyAnnounced (mirror, every few s)--> every worker
               LeaseKeeper: an episode with no sign of life for `lease` s is re-requested
     worker:   env services, gateway, runner, grader; ResultSeal
@@ -21,6 +21,11 @@ Why these choices:
   reconnect an episode's grade may arrive before one of its model calls. The worker follows
   each grade with `EpisodeSealed` (how many calls and agents it sent), and the credit
   assigner (`sealed=True`) counts an episode only once all of them are in.
+* **Work is offered, not pushed** (see `platoon.bus.nats`): a worker plays a request only after
+  claiming it, an unclaimed offer goes to another worker after `nats.offer_timeout`, and a
+  worker's place in the queue group lasts a few offers, renewed only while it runs. So a hung
+  worker (SIGSTOP: its connection stays up) drops out of the group by itself, and what it held
+  goes to live workers; the lease keeper re-requests its episodes in flight.
 * **Leases.** The lease keeper re-requests a training episode under a new id in the same
   group, with `attempt + 1`, and publishes `EpisodeAbandoned` so that the credit assigner
   drops whatever of the old one still arrives. After `max_attempts` it gives up and the
@@ -191,6 +196,7 @@ def _bridge(config: Config, url: str | None, **options: Any) -> Any:
             run=run_name(config),
             credentials=nats.credentials_file,
             tls=_tls(nats),
+            offer_timeout=nats.offer_timeout,
             **options,
         )
     except NatsBridgeError as exc:
@@ -278,6 +284,7 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
         issue_leases=True,  # results count only from the worker that was given the episode
         state=FACTS,
         write_state=True,
+        withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
     )
     return [
         bridge,
@@ -288,8 +295,8 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
 
 
 class WorkerRegistry:
-    """The workers the trainer hears from. Core NATS drops work that nobody subscribes to,
-    so the training loop waits for a first worker before it requests anything."""
+    """The workers the trainer hears from. The training loop waits for a first worker before
+    it requests anything, so that the wait is said once, here (offers would wait too)."""
 
     name = "worker-registry"
 
@@ -776,7 +783,17 @@ class Worker:
             await anyio.sleep(self.trainer_timeout - silent)
 
     async def _heartbeat(self, bus: Bus) -> None:
+        due = anyio.current_time()
         while True:
+            late = anyio.current_time() - due
+            if late > max(3 * self.every, 1.0):  # stopped (SIGSTOP, a suspended VM) or starved
+                log.warning(
+                    "this worker was stalled: the trainer may have given its episodes to others",
+                    worker=self.name,
+                    stalled_s=round(late, 1),
+                    in_flight=len(self.seal.in_flight),
+                )
+            due = anyio.current_time() + self.every
             policy = self.follower.policy
             await bus.publish(
                 WorkerStatus(

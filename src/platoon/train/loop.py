@@ -292,7 +292,7 @@ async def train(
             )
             eval_tasks = await _eval_tasks_or_none(bus, config) if config.eval else []
             for component in rollouts:
-                if hasattr(component, "wait_for_workers"):  # NATS: work nobody takes is lost
+                if hasattr(component, "wait_for_workers"):  # NATS: say once that it waits for a worker
                     await component.wait_for_workers()
             last = await _schedule(bus, config, order, eval_tasks, trainer, start_step, steps, run_dir)
             await bus.publish(RunFinished(status="completed"))

@@ -5,8 +5,9 @@ Two roles, each a NATS user with its own random password:
 * **trainer**: everything on the run's subjects and the JetStream API.
 * **worker**: takes work only as a member of the queue group (so each episode, and the lease
   token that comes with it, reaches one worker), hears the trainer's announcements and the run's
-  end, and publishes only results and its own status. It cannot announce a policy, end the run,
-  request episodes, or read the results stream.
+  end, and publishes only results, its own status and answers to what it was sent (its claim
+  of an offered episode, `allow_responses`). It cannot announce a policy, end the run, request
+  episodes, or read the results stream.
 
 The server enforces this, so what steers a run (policy announcements, the run's end, requests)
 comes from the trainer, and results count only from the worker that holds the episode's lease
@@ -23,12 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from platoon.bus.events import EpisodeRequested, PolicyAnnounced, RunFinished, WorkerStatus
-from platoon.bus.nats import subject_for
+from platoon.bus.nats import WORK_QUEUE, subject_for
 from platoon.config.rundir import write_private
 
 __all__ = ["WORK_QUEUE", "NatsSetup", "write_nats_setup"]
-
-WORK_QUEUE = "platoon-work"  # the queue group workers take EpisodeRequested in (platoon.bus.nats)
 
 
 @dataclass
@@ -115,7 +114,8 @@ def write_nats_setup(
         f"subscribe: {_quoted(subjects['trainer'])}}}}},",
         f"    {{user: worker, password: {json.dumps(passwords['worker'])},",
         f"     permissions: {{publish: {_quoted(subjects['worker_publish'])},",
-        f"                   subscribe: {_quoted(subjects['worker_subscribe'])}}}}}",
+        f"                   subscribe: {_quoted(subjects['worker_subscribe'])},",
+        "                   allow_responses: true}}",
         "  ]",
         "}",
     ]
