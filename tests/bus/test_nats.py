@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
@@ -567,3 +568,77 @@ async def test_withdrawn_work_is_offered_no_more(server):
                 await until(lambda: len(got) == 1)
                 assert taker.stats.received == 1
         assert [e.episode_id for e in got] == ["ep1"]
+
+
+@asynccontextmanager
+async def cuttable(port: int) -> AsyncIterator[Any]:
+    """A TCP proxy to 127.0.0.1:`port` whose connections can be cut (and new ones refused)
+    until it is healed: one bridge loses the server while the others keep it."""
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(open=True, scopes=set())
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+
+    async def handle(client: Any) -> None:
+        try:
+            async with client:
+                if not state.open:
+                    return
+                async with await anyio.connect_tcp("127.0.0.1", port) as upstream:
+                    with anyio.CancelScope() as scope:
+                        state.scopes.add(scope)
+                        async with anyio.create_task_group() as tg:
+
+                            async def pump(source: Any, sink: Any) -> None:
+                                async for chunk in source:
+                                    await sink.send(chunk)
+                                tg.cancel_scope.cancel()
+
+                            tg.start_soon(pump, client, upstream)
+                            tg.start_soon(pump, upstream, client)
+                    state.scopes.discard(scope)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    def cut() -> None:
+        state.open = False
+        for scope in list(state.scopes):
+            scope.cancel()
+
+    def heal() -> None:
+        state.open = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield SimpleNamespace(
+            url=f"nats://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}", cut=cut, heal=heal
+        )
+        tg.cancel_scope.cancel()
+
+
+async def test_a_bridge_cut_off_when_the_run_ended_learns_it_when_it_is_back(js_server):
+    """The run's end, said while a worker's connection was down, reaches it after the reconnect
+    (from the run's state stream: the mirrored message itself was lost to it)."""
+    from platoon.bus.events import PolicyAnnounced, RunFinished
+
+    facts = [PolicyAnnounced, RunFinished]
+    async with Bus() as trainer_bus, Bus() as worker_bus, cuttable(js_server.port) as proxy:
+        heard: list = []
+        notices: list = []
+        worker_bus.subscribe(RunFinished, heard.append)
+        worker_bus.subscribe(BridgeDisconnected, notices.append)
+        worker_bus.subscribe(BridgeReconnected, notices.append)
+        async with (
+            bridged(trainer_bus, js_server.url, mirror=facts, state=facts, write_state=True) as trainer,
+            bridged(
+                worker_bus, proxy.url, mirror=facts, state=facts, read_state=True, reconnect_max_wait=0.2
+            ),
+        ):
+            proxy.cut()
+            await until(lambda: any(isinstance(n, BridgeDisconnected) for n in notices))
+            await trainer_bus.publish(RunFinished(status="completed"))
+            await trainer.flush()  # mirrored (to nobody) and kept in the state stream
+            assert heard == []
+            proxy.heal()
+            await until(lambda: heard == [RunFinished(status="completed")])
+            assert isinstance(notices[-1], BridgeReconnected)
