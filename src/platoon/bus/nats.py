@@ -312,7 +312,7 @@ class NatsBridge:
         self.offer_timeout = offer_timeout
         self.take_at_once = take_at_once
         self.withdraw = _check_types("withdraw", withdraw)
-        self._offering: dict[str, object] = {}  # episode -> the offer loop now in charge of it
+        self._offering = 0  # offers out now
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
         self._no_takers_logged = -1e9
         self._last_claim = -1e9
@@ -385,7 +385,7 @@ class NatsBridge:
     def _on_withdraw(self, event: Event) -> None:
         episode = _episode(event)
         if episode is not None:
-            self._withdrawn[episode] = None
+            self._withdrawn[episode] = None  # its offers end at their next try
             while len(self._withdrawn) > self.seen_limit:
                 self._withdrawn.popitem(last=False)
 
@@ -701,16 +701,14 @@ class NatsBridge:
                 offers.cancel_scope.cancel()
 
     async def _offer(self, nc: NatsClient, out: _Out, data: bytes, offering: anyio.Semaphore) -> None:
-        """Offer one piece of work until a consumer claims it, or its episode is withdrawn or
-        offered anew (see the module docstring)."""
-        episode = _episode(out.event) or new_id()
-        mine = object()
-        self._offering[episode] = mine
-        settled = False  # claimed, withdrawn or offered anew; not: cut off by closing
+        """Offer one piece of work until a consumer claims it or its episode is withdrawn."""
+        episode = _episode(out.event) or ""
+        self._offering += 1
+        settled = False  # claimed or withdrawn; not: cut off by closing
         try:
             async with offering:
                 tries = 0
-                while self._offering.get(episode) is mine and episode not in self._withdrawn:
+                while episode not in self._withdrawn:
                     outcome = await self._offer_once(nc, out, data, episode)
                     if outcome == "claimed":
                         break
@@ -719,8 +717,7 @@ class NatsBridge:
                         await anyio.sleep(self._retry_delay(tries))
             settled = True
         finally:
-            if self._offering.get(episode) is mine:
-                del self._offering[episode]
+            self._offering -= 1
             if settled:
                 self._sent()
 
@@ -771,7 +768,7 @@ class NatsBridge:
         now = anyio.current_time()
         if now - self._no_takers_logged >= 30:
             self._no_takers_logged = now
-            log.info("work waits: no worker is taking work now", episode=episode, waiting=len(self._offering))
+            log.info("work waits: no worker is taking work now", episode=episode, waiting=self._offering)
 
     async def _publish_core(self, nc: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:
         while True:
