@@ -58,12 +58,20 @@ COMPARED = (
 
 
 async def slow_bisect(messages: list[dict]) -> str:
-    """The example's binary search, `$SLOW_POLICY_DELAY` s per call, logging calls per process."""
+    """The example's binary search, `$SLOW_POLICY_DELAY` s per call, logging calls per process.
+
+    While `$SLOW_POLICY_CALLS/<pid>.hold` exists, this process's calls wait (and say so in
+    `<pid>.held`): the test then knows the process has an episode in flight."""
     from bisect_policy import bisect
 
     await anyio.sleep(float(os.environ.get("SLOW_POLICY_DELAY", "0")))
     calls = os.environ.get("SLOW_POLICY_CALLS")
     if calls:
+        hold = Path(calls) / f"{os.getpid()}.hold"
+        if hold.exists():
+            (Path(calls) / f"{os.getpid()}.held").touch()
+            while hold.exists():  # noqa: ASYNC110 - the test's file is the only signal
+                await anyio.sleep(0.05)
         with (Path(calls) / str(os.getpid())).open("a") as file:
             file.write("call\n")
     return bisect(messages)
@@ -138,8 +146,9 @@ class Cluster:
         self.logs[process.pid] = path
         return process
 
-    def log_of(self, process: subprocess.Popen) -> str:
-        return self.logs[process.pid].read_text(errors="replace")[-3000:]
+    def log_of(self, process: subprocess.Popen, tail: int | None = 3000) -> str:
+        text = self.logs[process.pid].read_text(errors="replace")
+        return text[-tail:] if tail else text
 
     def start_trainer(self) -> None:
         command = [sys.executable, "-m", "platoon", "train", str(self.path)]
@@ -161,6 +170,14 @@ class Cluster:
         worker = self._spawn(command, f"worker-{self.path.stem}-{len(self.logs)}")
         self.workers.append(worker)
         return worker
+
+    def hold(self, worker: subprocess.Popen) -> None:
+        """Make `worker`'s next model call wait, and wait until it does: an episode is in flight."""
+        (self.calls / f"{worker.pid}.hold").touch()
+        self.wait_until(lambda: (self.calls / f"{worker.pid}.held").exists())
+
+    def release(self, worker: subprocess.Popen) -> None:
+        (self.calls / f"{worker.pid}.hold").unlink(missing_ok=True)
 
     def calls_of(self, worker: subprocess.Popen) -> int:
         path = self.calls / str(worker.pid)
@@ -339,9 +356,8 @@ def test_a_worker_killed_mid_step_loses_no_episode(cluster):
     doomed = run.start_worker()
     run.start_worker()
     run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(doomed) > 0)
-    seen = run.calls_of(doomed)
     late = run.start_worker()  # a late worker learns the current policy and joins mid-run
-    run.wait_until(lambda: run.calls_of(doomed) >= seen + 2)  # it is in the middle of an episode
+    run.hold(doomed)  # it is in the middle of an episode
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     run.workers.remove(doomed)
@@ -374,8 +390,7 @@ def test_a_hung_worker_loses_no_episode(cluster):
     hung = run.start_worker()
     live = run.start_worker()
     run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(hung) > 0)
-    seen = run.calls_of(hung)
-    run.wait_until(lambda: run.calls_of(hung) >= seen + 2)  # it is in the middle of an episode
+    run.hold(hung)  # it is in the middle of an episode
     hung.send_signal(signal.SIGSTOP)
     try:
         run.wait_until(lambda: stopped(hung))
@@ -384,6 +399,7 @@ def test_a_hung_worker_loses_no_episode(cluster):
         run.trainer.wait(timeout=180)
         assert run.calls_of(hung) == calls  # it did hang: the run finished without it
     finally:
+        run.release(hung)
         hung.send_signal(signal.SIGCONT)
     run.finish()  # the hung worker, back, learns that the run is over and leaves
     events = check_batches(run.run_dir)  # every step on BATCH x GROUP graded episodes
@@ -392,7 +408,7 @@ def test_a_hung_worker_loses_no_episode(cluster):
     grades = Counter(e.episode_id for e in events if isinstance(e, EpisodeGraded))
     assert max(grades.values()) == 1
     assert run.calls_of(live) > 0
-    assert "this worker was stalled" in run.log_of(hung)
+    assert "this worker was stalled" in run.log_of(hung, tail=None)
 
 
 def test_a_worker_whose_trainer_is_gone_says_so_and_exits(cluster):
@@ -404,7 +420,7 @@ def test_a_worker_whose_trainer_is_gone_says_so_and_exits(cluster):
     run.trainer.send_signal(signal.SIGKILL)  # no RunFinished, no last announcement
     run.trainer.wait()
     assert worker.wait(timeout=120) == 0, run.log_of(worker)
-    log = run.log_of(worker)
+    log = run.log_of(worker, tail=None)
     assert "no announcement from the trainer: taking it for gone" in log
     assert "stopped (trainer_gone)" in log
 
