@@ -713,7 +713,7 @@ class NatsBridge:
                     if outcome == "claimed":
                         break
                     tries += 1
-                    if outcome == "no member":
+                    if outcome != "unclaimed":  # (that one has waited `offer_timeout` already)
                         await anyio.sleep(self._retry_delay(tries))
             settled = True
         finally:
@@ -722,14 +722,15 @@ class NatsBridge:
                 self._sent()
 
     async def _offer_once(self, nc: NatsClient, out: _Out, data: bytes, episode: str) -> str:
-        """One offer with a fresh nonce (and lease token): "claimed", "no member" or "lost"."""
+        """One offer with a fresh nonce (and lease token): "claimed", "unclaimed" (a member took
+        it and did not claim it in time), "no member", or "failed" (the connection failed)."""
         nonce = secrets.token_urlsafe(18)
         lease = self._lease_out(out.event)
         headers = {ORIGIN_HEADER: self.origin, OFFER_HEADER: nonce}
         if lease:
             headers[LEASE_HEADER] = lease
         await self._connected(nc)
-        outcome = "lost"
+        outcome = "failed"
         try:
             claim = await nc.request(out.subject, data, timeout=self.offer_timeout, headers=headers)
         except nats.errors.NoRespondersError:
@@ -738,6 +739,7 @@ class NatsBridge:
             self._no_takers(episode)
         except (TimeoutError, nats.errors.Error) as exc:
             if isinstance(exc, TimeoutError) and nc.is_connected:
+                outcome = "unclaimed"
                 self.stats.offers_unclaimed += 1
                 log.warning(
                     "work was not claimed in time: its worker hangs; offering it to another",
@@ -752,6 +754,7 @@ class NatsBridge:
                     log.debug("confirming a claim failed", episode=episode, error=str(exc))
                 self._last_claim = anyio.current_time()
                 return "claimed"
+            outcome = "unclaimed"
             log.warning("a claim without the offer's proof: ignored", episode=episode)
         if lease and self.leases is not None:
             self.leases.revoke(episode, lease)  # nobody may report on an offer nobody holds
