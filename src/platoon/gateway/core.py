@@ -334,12 +334,9 @@ class Gateway:
         kind: CallKind = "policy",
         *,
         wait: bool = True,
-        record_messages: bool = False,
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
-        replies = self.complete_stream(
-            session, messages, tools, params, kind, wait=wait, stream=False, record_messages=record_messages
-        )
+        replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
         async for item in replies:
             if isinstance(item, Completion):
                 return item

@@ -213,6 +213,15 @@ def build_app(gateway: Gateway) -> Guard:
     def token_texts(tokens: list[int]) -> list[str]:
         return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
 
+    def sample(
+        session: AgentSession, messages: Any, tools: Any, params: Any, kind: Any, *, stream: bool = True
+    ) -> AsyncIterator[str | Completion]:
+        """One call over HTTP: refused at once when the gateway is full (a client retries), and
+        its messages recorded, since no `ChatRequested` holds them."""
+        return gateway.complete_stream(
+            session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
+        )
+
     def model_of(body: Any) -> str:
         """The model a body asks for: one the gateway serves, or a 404."""
         model = body.get("model") if isinstance(body, dict) else None
@@ -275,18 +284,12 @@ def build_app(gateway: Gateway) -> Guard:
 
             if stream and n == 1:
                 rid = new_id()
-                replies = gateway.complete_stream(
-                    session, messages, tools, params, kind, wait=False, record_messages=True
-                )
+                replies = sample(session, messages, tools, params, kind)
                 format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
                 return await _streamed(replies, format, lambda c: shape([c], rid))
             done: list[Completion] = []
             for _ in range(n):
-                done.append(
-                    await gateway.complete(
-                        session, messages, tools, params, kind, wait=False, record_messages=True
-                    )
-                )
+                done.append(await _last(sample(session, messages, tools, params, kind, stream=False)))
             response = shape(done, done[0].call_id)
             if stream:
                 return _sse(_whole(dialects.chat_stream(response, include_usage)))
@@ -324,16 +327,7 @@ def build_app(gateway: Gateway) -> Guard:
                         session.responses.popitem(last=False)
                 return response
 
-            replies = gateway.complete_stream(
-                session,
-                messages,
-                tools,
-                params,
-                _kind(request),
-                wait=False,
-                stream=stream,
-                record_messages=True,
-            )
+            replies = sample(session, messages, tools, params, _kind(request), stream=stream)
             if stream:
                 format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
                 return await _streamed(replies, format, finish)
@@ -353,16 +347,7 @@ def build_app(gateway: Gateway) -> Guard:
                     model, c.message, c.finish_reason, usage, rid, c.stop_sequence
                 )
 
-            replies = gateway.complete_stream(
-                session,
-                messages,
-                tools,
-                params,
-                _kind(request),
-                wait=False,
-                stream=stream,
-                record_messages=True,
-            )
+            replies = sample(session, messages, tools, params, _kind(request), stream=stream)
             if stream:
                 format = dialects.MessagesStream(f"msg_{rid}", model, 0)
                 return await _streamed(replies, format, finish)
