@@ -24,7 +24,7 @@ class Node:
     """One component on the graph: its name and declarations (None: it declares nothing)."""
 
     name: str
-    kind: str  # its class's name
+    cls: type  # its class
     subscribes: tuple[type[Event], ...] | None
     publishes: tuple[type[Event], ...] | None
 
@@ -117,7 +117,7 @@ class EventGraph:
         if self.undeclared:
             lines.append(
                 "declares nothing (not on the graph): "
-                + ", ".join(f"{n.name} ({n.kind})" for n in self.undeclared)
+                + ", ".join(f"{n.name} ({n.cls.__name__})" for n in self.undeclared)
             )
         return "\n".join(lines) + "\n"
 
@@ -146,7 +146,7 @@ def event_graph(components: Iterable[object | tuple[str, object]]) -> EventGraph
         nodes.append(
             Node(
                 name=str(name),
-                kind=cls.__name__,
+                cls=cls,
                 subscribes=tuple(subscribes) if declared else None,
                 publishes=tuple(publishes) if declared else None,
             )
