@@ -53,9 +53,9 @@ class ComponentBase:
     `subscribes` is every event type the component takes: what it subscribes to or streams,
     requests it answers, and the replies to requests it sends (`bus.request` takes those for
     it). `publishes` is every type it publishes: facts, requests it sends and replies it
-    gives. `Event` in either means "any event" (the event log, plugins). Declarations are
-    class attributes; a component whose types come from its settings (the NATS bridge, a
-    plugin handler) sets them on the instance.
+    gives. `Event` means any event: the event log takes every one, and a NATS bridge or a
+    plugin handler, as a class, may take any its settings name. Declarations are class
+    attributes; a component whose types come from its settings sets them on the instance.
 
     A subclass opens its subscriptions in `on_attach(bus)`, which `attach` calls once, and
     calls `self.attach(bus)` at the top of `run`, which then does nothing when
