@@ -62,6 +62,21 @@ def test_a_worker_as_mermaid(tmp_path):
     assert ("episode-runner", "ChatRequested", "gateway") in edges
 
 
+def test_a_purpose_the_config_has_not_is_refused(tmp_path, capsys, monkeypatch):
+    from platoon.cli import main
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "quickstart"))
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "environments:\n  - {name: vowels, service: 'python://vowels:Vowels', harness: example-say, package: vowels}\n"
+    )
+    assert main(["graph", str(config)]) == 2
+    assert "has no train: section" in capsys.readouterr().err
+    assert main(["graph", str(config), "--purpose", "eval"]) == 0
+    eval_run = capsys.readouterr().out
+    assert "trainer" not in eval_run and "grader -> env:vowels" in line_of(eval_run, "EpisodeGraded")
+
+
 def test_an_unknown_purpose_is_refused(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "platoon", "graph", str(QUICKSTART), "--purpose", "serve"],
