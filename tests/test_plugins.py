@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from platoon import hooks, plugins
+from platoon import plugins
 from platoon.bus import Bus, run_components
 from platoon.bus.events import RunFinished, TrainStepFinished
 
@@ -67,25 +67,13 @@ def test_unknown_names_and_refs_are_clear_errors():
     with pytest.raises(plugins.PluginError, match="cannot import 'no_such_module'"):
         plugins.import_ref("no_such_module:x")
     with pytest.raises(plugins.PluginError, match="unknown name 'missing'"):
-        plugins.import_ref("platoon.hooks:missing")
+        plugins.import_ref("platoon.plugins:missing")
     with pytest.raises(plugins.PluginError, match="not a reference"):
-        plugins.import_ref("platoon.hooks")
+        plugins.import_ref("platoon.plugins")
 
 
 def test_handler_ref_with_event_names():
-    component = plugins.plugin_component("platoon.hooks:call", event_names=["RunFinished"])
+    component = plugins.plugin_component("platoon.plugins:available", event_names=["RunFinished"])
     assert component.types == (RunFinished,)
     with pytest.raises(plugins.PluginError, match="unknown event type 'Nope'"):
-        plugins.plugin_component("platoon.hooks:call", event_names=["Nope"])
-
-
-def test_hooks_call_in_order_and_first():
-    hooks.clear("t")
-    hooks.register("t")(lambda x: None)
-    hooks.register("t")(lambda x: x * 2)
-    hooks.register("t")(lambda x: x * 3)
-    assert hooks.call("t", 2) == [None, 4, 6]
-    assert hooks.first("t", 2) == 4
-    assert hooks.first("unknown") is None
-    hooks.clear("t")
-    assert hooks.registered("t") == ()
+        plugins.plugin_component("platoon.plugins:available", event_names=["Nope"])

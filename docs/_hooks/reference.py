@@ -693,56 +693,69 @@ STEP_FLOW = [
 ]
 
 
+# The run whose graph the flow page draws: the quickstart's training run on the CPU.
+FLOW_CONFIG = ROOT / "examples" / "quickstart" / "train-local.yaml"
+
+
+def training_graph() -> Any:
+    """The event graph of a training run, from its components' declarations (`platoon graph`)."""
+    from platoon.bus.graph import event_graph
+    from platoon.cli.graph import run_components
+    from platoon.config import load_config
+
+    return event_graph(run_components(load_config(FLOW_CONFIG), "train"))
+
+
+def _class_link(node: Any) -> str:
+    module = node.cls.__module__
+    path = "src/" + module.replace(".", "/") + ".py"
+    return f"[{node.name}]({REPO_URL}/{path})"
+
+
 def flow_page() -> str:
-    uses = scan_event_use(set(STEP_FLOW))
-    ignore = {
-        "platoon.bus.eventlog",
-        "platoon.stats.metrics",
-        "platoon.bus.nats",
-        "platoon.cli.run",
-        "platoon.cli.tree",
-        "platoon.cli.events",
-    }
+    from platoon.bus import events
 
-    def node(scope: str) -> str:
-        return scope.replace("platoon.", "").replace(".", "_").replace(":", "__")
-
-    def label(scope: str) -> str:
-        module, _, cls = scope.partition(":")
-        return (cls or module.removeprefix("platoon.")).replace('"', "")
-
+    graph = training_graph()
+    by_name = {n.name: n for n in graph.nodes}
     lines = ["flowchart LR"]
-    seen_nodes: set[str] = set()
+    used: set[str] = set()
+    edges = []
     rows = ["| event | published by | taken by |", "|---|---|---|"]
     for name in STEP_FLOW:
-        use = uses[name]
-        pubs = sorted(s for s in use.publishers if s.partition(":")[0] not in ignore)
-        subs = sorted(s for s in use.subscribers if s.partition(":")[0] not in ignore)
+        event_type = getattr(events, name)
+        pubs, subs = graph.publishers(event_type), graph.takers(event_type)
         rows.append(
-            f"| `{name}` | {', '.join(_code_link(s) for s in pubs) or '—'} | "
-            f"{', '.join(_code_link(s) for s in subs) or '—'} |"
+            f"| `{name}` | {', '.join(_class_link(by_name[p]) for p in pubs) or '—'} | "
+            f"{', '.join(_class_link(by_name[s]) for s in subs) or '—'} |"
         )
-        for scope in (*pubs, *subs):
-            if scope not in seen_nodes:
-                seen_nodes.add(scope)
-                lines.append(f'    {node(scope)}["{label(scope)}"]')
         for pub in pubs:
             for sub in subs:
                 if pub != sub:
-                    lines.append(f"    {node(pub)} -- {name} --> {node(sub)}")
+                    used |= {pub, sub}
+                    edges.append(f"    {_node_id(pub)} -- {name} --> {_node_id(sub)}")
+    for node in graph.nodes:
+        if node.name in used:
+            lines.append(f'    {_node_id(node.name)}["{node.name}"]')
+    observers = ", ".join(n.name for n in graph.observers) or "none"
     return "\n".join(
         [
             "# The event flow of a training step\n",
             GENERATED_NOTE,
-            "The events of one training step, in order, with the code that publishes each and the "
-            "code that takes it, read from the source when the docs are built (see the "
-            "[event reference](events.md) for how). The event log, metrics and the NATS bridge, "
-            "which take every event, are left out. [How platoon fits together](../architecture.md) "
-            "tells the same flow in words.\n",
+            "The events of one training step, in order, with the components that publish each and "
+            "the components that take it, from the components' own declarations (`subscribes` and "
+            "`publishes`, see [Event handlers](../extending/event-handlers.md#writing-a-component)) "
+            f"in a training run of [`{FLOW_CONFIG.relative_to(ROOT)}`]({REPO_URL}/{FLOW_CONFIG.relative_to(ROOT)}): "
+            "what `platoon graph` prints for it. A request's reply goes back to whoever sent the "
+            f"request. Components that take every event ({observers}) are left out. "
+            "[How platoon fits together](../architecture.md) tells the same flow in words.\n",
             "\n".join(rows) + "\n",
-            "```mermaid\n" + "\n".join(lines) + "\n```\n",
+            "```mermaid\n" + "\n".join([*lines, *edges]) + "\n```\n",
         ]
     )
+
+
+def _node_id(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 # --- mkdocs ---------------------------------------------------------------------------------------

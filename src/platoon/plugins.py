@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from platoon.bus import Bus, Event, events
+from platoon.bus import Bus, ComponentBase, Event, events
 from platoon.naming import unknown_name
 
 __all__ = [
@@ -82,17 +82,26 @@ def load(kind: str, name: str) -> Any:
         raise PluginError(f"loading {kind[:-1].replace('_', ' ')} {name!r} failed: {exc}") from exc
 
 
-class EventHandlerPlugin:
-    """A component that feeds the events a plugin asked for to its handler."""
+class EventHandlerPlugin(ComponentBase):
+    """A component that feeds the events a plugin asked for to its handler.
+
+    Its declarations are its instance's: the event types the config named (`Event`, any
+    event, when it named none); a handler gets events only, so it publishes nothing."""
+
+    subscribes = (Event,)  # the class: any event a config may name
 
     def __init__(self, name: str, handler: Callable[[Event], Awaitable[None] | None], types: Sequence[type]):
         self.name = name
         self.handler = handler
         self.types = tuple(types)
+        self.subscribes = self.types
 
-    async def run(self, bus: Bus) -> None:
+    def on_attach(self, bus: Bus) -> None:
         for event_type in self.types:
             bus.subscribe(event_type, self.handler, name=self.name)
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
 
 
 def _event_type(name: str) -> type[Event]:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from platoon.bus import codec
-from platoon.bus.events import Datum, Event, event_types, register_event
+from platoon.bus.events import Datum, EvalFinished, Event, event_types, register_event
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=8),
@@ -94,3 +94,12 @@ def test_unknown_tag_fails_to_decode():
 
     with pytest.raises(msgspec.DecodeError):
         codec.decode(codec.encode(Unregistered()))
+
+
+def test_a_field_since_removed_still_decodes():
+    """Old event logs hold fields an event has since dropped (EvalFinished.report_path, never
+    set): unknown fields are skipped, so those logs still read."""
+    old = msgspec.msgpack.encode(
+        {"type": "EvalFinished", "step": 3, "metrics": {"eval/reward": 0.5}, "report_path": "eval.json"}
+    )
+    assert codec.decode(old) == EvalFinished(step=3, metrics={"eval/reward": 0.5})

@@ -47,6 +47,27 @@ async def test_routes_by_class_and_subclass():
     assert only_steps == [step(1)]
 
 
+async def test_one_subscription_takes_several_types_in_publish_order():
+    class Special(TrainStepFinished, frozen=True, kw_only=True):
+        pass
+
+    seen, handled = [], []
+    async with Bus() as bus:
+        stream = bus.stream((TrainStepFinished, RunFinished), name="both").open()
+        bus.subscribe((RunFinished, Ping), handled.append)
+        assert ("both", (TrainStepFinished, RunFinished)) in bus.subscriptions()
+        with pytest.raises(TypeError):
+            bus.stream((TrainStepFinished, int)).open()
+        for event in (step(1), RunFinished(status="completed"), ComponentFailed(component="x", error="e")):
+            await bus.publish(event)
+        await bus.publish(Special(step=2, metrics={}))
+        with stream:
+            for _ in range(3):
+                seen.append(await stream.receive())
+    assert seen == [step(1), RunFinished(status="completed"), Special(step=2, metrics={})]
+    assert handled == [RunFinished(status="completed")]
+
+
 async def test_stalled_subscriber_bounds_memory_by_blocking_the_publisher():
     release = anyio.Event()
     published = 0

@@ -4,7 +4,7 @@ The reference pages are generated at build time (docs/_hooks/reference.py). Thes
 the generation complete: every config and site key has a description, the hand-written
 descriptions of the harness spec are exactly the spec's keys and placeholders, every command
 is on the CLI page, and the hand-written component table of docs/architecture.md matches what
-the source publishes and takes.
+the components declare they take and publish (what `platoon graph` prints).
 """
 
 from __future__ import annotations
@@ -96,20 +96,53 @@ def _architecture_rows() -> list[tuple[str, list[str], list[str]]]:
     return rows
 
 
+# Rows for code that is not a component yet, checked against the source instead: the training
+# loop's scheduler becomes a component with issue 18's one assembly, and then this goes.
+NOT_YET_COMPONENTS = {"platoon.train.loop"}
+
+
 def test_the_architecture_table_matches_the_code():
+    from platoon.bus import events
+
     rows = _architecture_rows()
     assert len(rows) >= 6
-    names = {n for _, takes, publishes in rows for n in (*takes, *publishes)}
-    uses = reference.scan_event_use(names)
+    graph = reference.training_graph()
     problems = []
     for module, takes, publishes in rows:
+        nodes = [n for n in graph.nodes if n.cls.__module__ == module]
+        if module in NOT_YET_COMPONENTS and not nodes:
+            uses = reference.scan_event_use({*takes, *publishes})
+            problems += [
+                f"{module} does not publish {name}"
+                for name in publishes
+                if not any(scope.partition(":")[0] == module for scope in uses[name].publishers)
+            ]
+            problems += [
+                f"{module} does not take {name}"
+                for name in takes
+                if not any(scope.partition(":")[0] == module for scope in uses[name].subscribers)
+            ]
+            continue
+        if not nodes:
+            problems.append(f"no component of a training run is in {module}")
         for name in publishes:
-            if not any(scope.partition(":")[0] == module for scope in uses[name].publishers):
-                problems.append(f"{module} does not publish {name}")
+            if not any(getattr(events, name) in (n.publishes or ()) for n in nodes):
+                problems.append(f"{module} does not declare that it publishes {name}")
         for name in takes:
-            if not any(scope.partition(":")[0] == module for scope in uses[name].subscribers):
-                problems.append(f"{module} does not take {name}")
-    assert not problems, "docs/architecture.md disagrees with the code: " + "; ".join(problems)
+            if not any(n.takes(getattr(events, name)) and not n.takes_anything for n in nodes):
+                problems.append(f"{module} does not declare that it takes {name}")
+    assert not problems, "docs/architecture.md disagrees with the declarations: " + "; ".join(problems)
+
+
+def test_the_flow_page_is_the_graph_of_a_training_run():
+    page = reference.generate("reference/event-flow.md")
+    graph = reference.training_graph()
+    for name in reference.STEP_FLOW:
+        assert f"| `{name}` |" in page
+    for pub, name, sub in graph.edges():
+        if name in reference.STEP_FLOW:
+            first, second = graph.nodes[pub].name, graph.nodes[sub].name
+            assert f"{reference._node_id(first)} -- {name} --> {reference._node_id(second)}" in page
 
 
 def test_every_generated_page_is_in_the_nav():

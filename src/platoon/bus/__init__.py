@@ -2,7 +2,7 @@
 
 from platoon.bus import events
 from platoon.bus.codec import decode, encode, to_json
-from platoon.bus.components import Component, attach, run_components
+from platoon.bus.components import Component, ComponentBase, attach, run_components
 from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Stream, Subscription
 from platoon.bus.eventlog import EventLog, LogDamage, read_events, read_records
 from platoon.bus.events import Event, Reply, Request, register_event
@@ -11,6 +11,7 @@ __all__ = [
     "Bus",
     "BusClosed",
     "Component",
+    "ComponentBase",
     "Event",
     "EventLog",
     "LogDamage",

@@ -1,6 +1,6 @@
 """Components: the units that meet on the bus.
 
-A component is any object with `async def run(bus)`. It subscribes to what it needs and
+A component is an object with `async def run(bus)`. It subscribes to what it needs and
 publishes what it learns; it never holds a reference to another component. `run_components`
 runs a set of them in one task group, trio style: they start together, and if one fails the
 failure is published as `ComponentFailed` and the others are cancelled, so a broken run stops
@@ -9,6 +9,11 @@ instead of limping on.
 A component may also have a plain `attach(bus)` method, which subscribes without awaiting
 (and does nothing when called again). `run_components` attaches every component before any
 of them runs, so no component misses an event that another publishes as soon as it starts.
+
+Every component of platoon's own derives from `ComponentBase`, which declares what it takes
+(`subscribes`) and what it publishes (`publishes`) and does the attach-once bookkeeping; the
+declarations are what `platoon graph` draws and what the tests hold the real subscriptions
+to. An object with only `run(bus)` still runs; it is just not on the graph.
 """
 
 from __future__ import annotations
@@ -23,16 +28,53 @@ import anyio.abc
 import structlog
 
 from platoon.bus.core import Bus
-from platoon.bus.events import ComponentFailed
+from platoon.bus.events import ComponentFailed, Event
 
-__all__ = ["Component", "attach", "component_name", "run_components"]
+__all__ = ["Component", "ComponentBase", "attach", "component_name", "run_components"]
 
 log = structlog.get_logger("platoon.components")
 
 
 @runtime_checkable
 class Component(Protocol):
+    """What a component of platoon is: its declarations, `attach(bus)` and `run(bus)`."""
+
+    subscribes: tuple[type[Event], ...]
+    publishes: tuple[type[Event], ...]
+
+    def attach(self, bus: Bus) -> None: ...
+
     async def run(self, bus: Bus) -> None: ...
+
+
+class ComponentBase:
+    """The base of platoon's components: declarations, and `attach(bus)` done once.
+
+    `subscribes` is every event type the component takes: what it subscribes to or streams,
+    requests it answers, and the replies to requests it sends (`bus.request` takes those for
+    it). `publishes` is every type it publishes: facts, requests it sends and replies it
+    gives. `Event` means any event: the event log takes every one, and a NATS bridge or a
+    plugin handler, as a class, may take any its settings name. Declarations are class
+    attributes; a component whose types come from its settings sets them on the instance.
+
+    A subclass opens its subscriptions in `on_attach(bus)`, which `attach` calls once, and
+    calls `self.attach(bus)` at the top of `run`, which then does nothing when
+    `run_components` attached it already.
+    """
+
+    subscribes: tuple[type[Event], ...] = ()
+    publishes: tuple[type[Event], ...] = ()
+    _attached: bool = False
+
+    def attach(self, bus: Bus) -> None:
+        """Subscribe to what this component takes; a second call does nothing."""
+        if self._attached:
+            return
+        self._attached = True
+        self.on_attach(bus)
+
+    def on_attach(self, bus: Bus) -> None:
+        """Open the component's subscriptions (without awaiting); called once, by `attach`."""
 
 
 def attach(components: Iterable[object], bus: Bus) -> None:

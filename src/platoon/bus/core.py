@@ -11,7 +11,8 @@ embedded in another application:
 Guarantees, and why:
 
 * Routing is by class: a subscription to `T` receives `T` and its subclasses (so a
-  subscription to `Event` sees everything, which is how the event log works).
+  subscription to `Event` sees everything, which is how the event log works). One
+  subscription may name several types, `(A, B)`, and then sees all of them in publish order.
 * Every subscriber has a bounded buffer. A slow subscriber makes `publish` wait rather than
   letting memory grow without bound: backpressure travels back to whoever produces too much.
 * A subscriber receives events in publish order, one at a time.
@@ -42,6 +43,7 @@ __all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Stream", "Subsc
 E = TypeVar("E", bound=Event)
 R = TypeVar("R", bound=Reply)
 Handler = Callable[[Any], Awaitable[None] | None]
+EventTypes = type[Event] | tuple[type[Event], ...]  # what one subscription takes
 
 log = structlog.get_logger("platoon.bus")
 
@@ -61,7 +63,7 @@ class RequestTimeout(TimeoutError):
 class Subscription(Generic[E]):
     """One subscriber's buffer. Close it to unsubscribe; what is buffered is then dropped."""
 
-    def __init__(self, bus: Bus, event_type: type[E], name: str, buffer: int) -> None:
+    def __init__(self, bus: Bus, event_type: EventTypes, name: str, buffer: int) -> None:
         self.bus = bus
         self.event_type = event_type
         self.name = name
@@ -81,7 +83,7 @@ class Subscription(Generic[E]):
 class Stream(Generic[E]):
     """`async with bus.stream(T) as events: async for event in events: ...`"""
 
-    def __init__(self, bus: Bus, event_type: type[E], buffer: int | None, name: str | None) -> None:
+    def __init__(self, bus: Bus, event_type: EventTypes, buffer: int | None, name: str | None) -> None:
         self._bus = bus
         self._event_type = event_type
         self._buffer = buffer
@@ -94,7 +96,7 @@ class Stream(Generic[E]):
         Components call this in `attach(bus)`, so nothing published before their `run`
         starts is missed. Pair it with `close()`, or use `with`/`async with`."""
         if self._sub is None:
-            name = self._name or f"stream:{self._event_type.__name__}"
+            name = self._name or f"stream:{_names(self._event_type)}"
             self._sub = self._bus._add(self._event_type, name, self._buffer)
         return self
 
@@ -213,13 +215,15 @@ class Bus:
 
     def subscribe(
         self,
-        event_type: type[E],
+        event_type: type[E] | tuple[type[Event], ...],
         handler: Callable[[E], Awaitable[None] | None],
         *,
         name: str | None = None,
         buffer: int | None = None,
     ) -> Subscription[E]:
         """Call `handler(event)` for every event of `event_type` (or a subclass), in order.
+
+        `event_type` may be a tuple of types: one handler then sees all of them in order.
 
         The handler may be a plain function or a coroutine function. It runs in a task of the
         bus; while it works, further events wait in this subscription's buffer.
@@ -231,12 +235,20 @@ class Bus:
         self._tg.start_soon(self._handle, sub, handler, name=f"platoon.bus:{name}")
         return sub
 
-    def stream(self, event_type: type[E], *, buffer: int | None = None, name: str | None = None) -> Stream[E]:
-        """An async iterator over events of `event_type`; use it as `async with bus.stream(T) as s`."""
+    def stream(
+        self,
+        event_type: type[E] | tuple[type[Event], ...],
+        *,
+        buffer: int | None = None,
+        name: str | None = None,
+    ) -> Stream[E]:
+        """An async iterator over events of `event_type` (a type or a tuple of types, seen in
+        publish order); use it as `async with bus.stream(T) as s`."""
         return Stream(self, event_type, buffer, name)
 
-    def _add(self, event_type: type[E], name: str, buffer: int | None) -> Subscription[E]:
-        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+    def _add(self, event_type: EventTypes, name: str, buffer: int | None) -> Subscription[Any]:
+        types = event_type if isinstance(event_type, tuple) else (event_type,)
+        if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
             raise TypeError(f"can only subscribe to Event types, got {event_type!r}")
         if self._tg is None or self._closing:
             raise BusClosed("the bus is not running")
@@ -381,6 +393,13 @@ class Bus:
             send.close()
             receive.close()
 
+    def subscriptions(self) -> list[tuple[str, tuple[type[Event], ...]]]:
+        """(name, event types) of every open subscription: what `platoon graph`'s tests check
+        against the components' declarations."""
+        return [
+            (s.name, s.event_type if isinstance(s.event_type, tuple) else (s.event_type,)) for s in self._subs
+        ]
+
     def _resolve(self, reply: Reply) -> None:
         waiter = self._waiters.pop(reply.reply_to, None)
         if waiter is not None:
@@ -388,3 +407,8 @@ class Bus:
                 waiter.send_nowait(reply)
             except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 pass
+
+
+def _names(event_type: EventTypes) -> str:
+    types = event_type if isinstance(event_type, tuple) else (event_type,)
+    return ",".join(t.__name__ for t in types)

@@ -55,6 +55,7 @@ import msgspec.structs
 import structlog
 
 from platoon.bus.codec import decode, encode
+from platoon.bus.components import ComponentBase
 from platoon.bus.core import Bus, Stream
 from platoon.bus.events import ChatRequested, Event, ModelCallFinished
 
@@ -154,10 +155,11 @@ class LogDamage(msgspec.Struct):
         return f"{self.path}: " + "; ".join(parts)
 
 
-class EventLog:
+class EventLog(ComponentBase):
     """A component that appends every event it sees to the run directory."""
 
     name = "event-log"
+    subscribes = (Event,)
 
     def __init__(self, run_dir: str | Path, *, flush_every: int = 64) -> None:
         self.path = Path(run_dir) / EVENT_LOG_NAME
@@ -165,14 +167,11 @@ class EventLog:
         self.count = 0
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is not None:
-            return
+    def on_attach(self, bus: Bus) -> None:
         self._events = bus.stream(Event, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
-        if self._events is None:
-            self.attach(bus)
+        self.attach(bus)
         assert self._events is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

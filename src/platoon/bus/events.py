@@ -513,7 +513,6 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 class EvalFinished(Event, frozen=True, kw_only=True):
     step: int  # the training step the evaluation was taken at
     metrics: dict[str, float]  # eval/... metrics of the report
-    report_path: str | None = None  # the JSON report in the run directory
 
 
 # --- the run and its infrastructure -----------------------------------------------------------

@@ -98,6 +98,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from platoon.bus.codec import decode, encode
+from platoon.bus.components import ComponentBase
 from platoon.bus.core import Bus, Subscription
 from platoon.bus.events import BridgeDisconnected, BridgeReconnected, Event, event_types, new_id
 
@@ -226,7 +227,7 @@ def event_id(event: Event) -> str:
     return f"{tag}:{hashlib.blake2b(encode(event), digest_size=16).hexdigest()}"
 
 
-class NatsBridge:
+class NatsBridge(ComponentBase):
     """A component that carries chosen event types between the local bus and NATS.
 
     `url` is one server or a list (a cluster); `credentials` a `.creds` file (needs `nkeys`);
@@ -240,6 +241,9 @@ class NatsBridge:
     """
 
     name = "nats-bridge"
+    # Any event its settings name; an instance declares its own (see `__init__`).
+    subscribes = (Event,)
+    publishes = (Event,)
 
     def __init__(
         self,
@@ -354,15 +358,22 @@ class NatsBridge:
         self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
         self._closing = False
+        # It takes what it sends out and publishes what it brings in, and its notices.
+        self.subscribes = (*self.mirror, *self.work, *self.durable, *self.withdraw)
+        brought = [
+            *self.mirror,
+            *(self.work if consume_work else ()),
+            *(self.durable if consume_durable else ()),
+        ]
+        brought += [t for t in (self.state if read_state else ()) if t not in brought]
+        self.publishes = (*brought, BridgeDisconnected, BridgeReconnected)
 
     # --- the component ---------------------------------------------------------------------
 
-    def attach(self, bus: Bus) -> None:
+    def on_attach(self, bus: Bus) -> None:
         """Subscribe to the outgoing types now, so that what is published before the bridge
-        has connected waits in its buffer instead of being missed."""
-        if self._attached:
-            return
-        self._attached, self._closing = True, False
+        has connected waits in its buffer instead of being missed (again after `run` ended)."""
+        self._closing = False
         self._bus, self._from_nats, self._unsent, self._idle = bus, {}, 0, anyio.Event()
         self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
         for durable, types in ((False, self.mirror + self.work), (True, self.durable)):

@@ -119,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--tls-key", metavar="FILE", help="its private key")
     q.set_defaults(handler="platoon.cli.nats:nats_init")
 
+    p = sub.add_parser("graph", help="print the event graph of a run: who publishes each event, who takes it")
+    _config_args(p)
+    p.add_argument(
+        "--purpose",
+        choices=["train", "eval", "rollout", "worker"],
+        default="train",
+        help="which run of the config (default: train)",
+    )
+    p.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart instead of text")
+    p.set_defaults(handler="platoon.cli.graph:graph")
+
     p = sub.add_parser("events", help="print a run's event log")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or its events file)")
     p.add_argument("--type", action="append", dest="types", metavar="EVENT", help="only these event types")

@@ -329,7 +329,6 @@ class StatsConfig(_Strict):
     experiment_name: str = "platoon"  # the run directory is <runs>/<experiment_name>/<trial_name>
     trial_name: str | None = None  # None: the UTC start time
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging
-    log_every: PositiveInt = 1  # not read yet: metrics are written every step
 
 
 class PluginConfig(_Strict):

@@ -30,7 +30,7 @@ import msgspec
 import msgspec.structs
 import structlog
 
-from platoon.bus import Bus, BusClosed
+from platoon.bus import Bus, BusClosed, ComponentBase
 from platoon.bus.events import (
     AgentProcessExited,
     AgentProcessRequested,
@@ -159,7 +159,7 @@ class _Slot:
         return previous, self.tail
 
 
-class EnvService:
+class EnvService(ComponentBase):
     """The bus component for one environment entry (see the module docstring).
 
     `tool_timeout` bounds one tool call, `open_timeout` the opening of a session (setup
@@ -167,6 +167,17 @@ class EnvService:
     every session the backend opens: a mapping of names to values, or a list of names whose
     values are read from the process environment when a session opens.
     """
+
+    # It subscribes when it starts (`run` with `task_status`), not in `attach`.
+    subscribes = (
+        TasksRequested,
+        SessionOpenRequested,
+        ToolCalled,
+        AgentProcessRequested,
+        GradeRequested,
+        EpisodeGraded,
+    )
+    publishes = (TasksListed, SessionOpened, ToolReturned, AgentProcessExited, Graded)
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import anyio
 import structlog
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -139,7 +139,7 @@ class _Controls:
     after_first_call: str | None = None
 
 
-class Gateway:
+class Gateway(ComponentBase):
     """The gateway component. See the module docstring.
 
     `context_window` (tokens) makes a longer prompt a context-length error and clamps
@@ -149,6 +149,8 @@ class Gateway:
     """
 
     name = "gateway"
+    subscribes = (AgentOpenRequested, ChatRequested, PolicyUpdated, EpisodeFinished)
+    publishes = (AgentOpened, ChatReplied, ModelCallFinished)
 
     def __init__(
         self,
@@ -196,9 +198,7 @@ class Gateway:
 
     # --- the component -----------------------------------------------------------------------
 
-    def attach(self, bus: Bus) -> None:
-        if self._chats is not None:
-            return
+    def on_attach(self, bus: Bus) -> None:
         self._bus = bus
         self._chats = bus.stream(ChatRequested, name="gateway:chat").open()
         bus.subscribe(AgentOpenRequested, self._on_open, name="gateway:open")
@@ -206,8 +206,7 @@ class Gateway:
         bus.subscribe(PolicyUpdated, self._on_policy_updated, name="gateway:policy")
 
     async def run(self, bus: Bus) -> None:
-        if self._chats is None:
-            self.attach(bus)
+        self.attach(bus)
         assert self._chats is not None
         self.sampler = await self.factory.initial()
         async with anyio.create_task_group() as tg:

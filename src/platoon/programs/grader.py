@@ -23,8 +23,20 @@ import anyio
 import structlog
 
 from platoon import plugins
-from platoon.bus import Bus, NoResponder, RequestTimeout, Stream
-from platoon.bus.events import EpisodeFinished, EpisodeGraded, EpisodeRequested, Event, Graded, GradeRequested
+from platoon.bus import Bus, ComponentBase, NoResponder, RequestTimeout, Stream
+from platoon.bus.events import (
+    EpisodeAbandoned,
+    EpisodeFinished,
+    EpisodeGraded,
+    EpisodeRequested,
+    EpisodeStarted,
+    Event,
+    Graded,
+    GradeRequested,
+    ModelCallFinished,
+    ToolCalled,
+    ToolReturned,
+)
 from platoon.rewards import Episode, EpisodeRecorder, RewardRules, RuleError
 from platoon.rewards.pairwise import Pairings
 
@@ -35,10 +47,23 @@ log = structlog.get_logger("platoon.grader")
 RewardProcessor = Callable[[EpisodeFinished, Graded], Any]
 
 
-class Grader:
+class Grader(ComponentBase):
     """The grader component. `reward_processors` maps an entry name to a processor ref."""
 
     name = "grader"
+    # What an episode in flight does (for rules and judges), and its end; judges' calls are
+    # published as `ModelCallFinished` of kind "judge".
+    subscribes = (
+        EpisodeRequested,
+        EpisodeStarted,
+        ModelCallFinished,
+        ToolCalled,
+        ToolReturned,
+        EpisodeAbandoned,
+        EpisodeFinished,
+        Graded,
+    )
+    publishes = (GradeRequested, ModelCallFinished, EpisodeGraded)
 
     def __init__(
         self,
@@ -56,14 +81,12 @@ class Grader:
         self.pairings = Pairings()  # task groups in flight, for pairwise judges
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is not None:
-            return
-        self._events = bus.stream(Event, name="grader").open()
+    def on_attach(self, bus: Bus) -> None:
+        taken = tuple(t for t in self.subscribes if t is not Graded)  # replies come to `request`
+        self._events = bus.stream(taken, name="grader").open()
 
     async def run(self, bus: Bus) -> None:
-        if self._events is None:
-            self.attach(bus)
+        self.attach(bus)
         assert self._events is not None
         try:
             async with anyio.create_task_group() as tg:

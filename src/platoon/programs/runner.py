@@ -26,17 +26,26 @@ from typing import Any
 import anyio
 import structlog
 
-from platoon.bus import Bus, NoResponder, RequestTimeout, Stream
+from platoon.bus import Bus, ComponentBase, NoResponder, RequestTimeout, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentOpened,
     AgentOpenRequested,
+    AgentProcessExited,
+    AgentProcessRequested,
     AgentSpawned,
+    ChatReplied,
+    ChatRequested,
     EpisodeFinished,
     EpisodeRequested,
     EpisodeStarted,
+    Graded,
+    GradeRequested,
+    ModelCallFinished,
     SessionOpened,
     SessionOpenRequested,
+    ToolCalled,
+    ToolReturned,
     new_id,
 )
 from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, choose_harness, get_harness
@@ -65,10 +74,36 @@ class EntrySettings:
     path: str = "environments"
 
 
-class EpisodeRunner:
+class EpisodeRunner(ComponentBase):
     """The runner component. `entries` are the environment entries it plays."""
 
     name = "episode-runner"
+    # With what its programs and harnesses send while they play: chats, tool calls (and the
+    # recursive program's own spawn tool), command-line agents' processes, subagents' grades;
+    # a command-line harness counts its agent's model calls.
+    subscribes = (
+        EpisodeRequested,
+        SessionOpened,
+        AgentOpened,
+        ChatReplied,
+        ToolReturned,
+        AgentProcessExited,
+        Graded,
+        ModelCallFinished,
+    )
+    publishes = (
+        SessionOpenRequested,
+        AgentOpenRequested,
+        EpisodeStarted,
+        AgentSpawned,
+        ChatRequested,
+        ToolCalled,
+        ToolReturned,
+        AgentProcessRequested,
+        GradeRequested,
+        AgentFinished,
+        EpisodeFinished,
+    )
 
     def __init__(
         self,
@@ -107,14 +142,11 @@ class EpisodeRunner:
             entry.program, entry.program_options, f"{entry.path}.program_options"
         )
 
-    def attach(self, bus: Bus) -> None:
-        if self._requests is not None:
-            return
+    def on_attach(self, bus: Bus) -> None:
         self._requests = bus.stream(EpisodeRequested, name="runner").open()
 
     async def run(self, bus: Bus) -> None:
-        if self._requests is None:
-            self.attach(bus)
+        self.attach(bus)
         assert self._requests is not None
         async with anyio.create_task_group() as tg:
             with self._requests as requests:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     EpisodeFinished,
     EpisodeGraded,
@@ -56,10 +56,19 @@ _CONSOLE_KEYS = (
 )
 
 
-class MetricsSink:
+class MetricsSink(ComponentBase):
     """A component that writes every `TrainStepFinished` and `EvalFinished`."""
 
     name = "metrics"
+    # With what the W&B eval table shows of eval episodes.
+    subscribes = (
+        TrainStepFinished,
+        EvalFinished,
+        EpisodeRequested,
+        ModelCallFinished,
+        EpisodeFinished,
+        EpisodeGraded,
+    )
 
     def __init__(
         self,
@@ -83,9 +92,8 @@ class MetricsSink:
         self._events: Stream[Event] | None = None
         self._eval_episodes: dict[str, dict[str, Any]] = {}  # what the W&B eval table shows
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._events = bus.stream(Event, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._events = bus.stream(self.subscribes, name=self.name).open()
 
     def _start_wandb(self) -> None:
         cfg = self._wandb_cfg

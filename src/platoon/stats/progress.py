@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TrainStepFinished
 from platoon.stats.metrics import step_line
 
@@ -34,10 +34,11 @@ _TABLE = (
 )
 
 
-class TrainProgress:
+class TrainProgress(ComponentBase):
     """The live display of a training run (see the module docstring)."""
 
     name = "progress"
+    subscribes = (EpisodeRequested, EpisodeGraded, TrainStepFinished)
 
     def __init__(self, total_steps: int, *, start_step: int = 0, console: Any = None) -> None:
         from rich.console import Console
@@ -54,9 +55,8 @@ class TrainProgress:
         self.step_times: list[float] = []
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._events = bus.stream(Event, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._events = bus.stream(self.subscribes, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         from rich.live import Live

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import anyio
 import structlog
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -105,10 +105,22 @@ class _Group:
     first_at: float | None = None
 
 
-class CreditAssigner:
+class CreditAssigner(ComponentBase):
     """The credit-assigner component (see the module docstring)."""
 
     name = "credit-assigner"
+    # In one ordered subscription: the agent trees, model calls and grades of training episodes.
+    subscribes = (
+        EpisodeRequested,
+        EpisodeStarted,
+        AgentSpawned,
+        AgentFinished,
+        ModelCallFinished,
+        EpisodeGraded,
+        EpisodeSealed,
+        EpisodeAbandoned,
+    )
+    publishes = (GroupCompleted, BatchReady)
 
     def __init__(
         self,
@@ -137,10 +149,9 @@ class CreditAssigner:
         self._events: Stream[Event] | None = None
         self._bus: Bus | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._bus = bus
-            self._events = bus.stream(Event, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._bus = bus
+        self._events = bus.stream(self.subscribes, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)

@@ -48,7 +48,7 @@ import anyio
 import msgspec
 import structlog
 
-from platoon.bus import Bus, Stream, attach, run_components
+from platoon.bus import Bus, ComponentBase, Stream, attach, run_components
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -294,22 +294,20 @@ def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None
     ]
 
 
-class WorkerRegistry:
+class WorkerRegistry(ComponentBase):
     """The workers the trainer hears from. The training loop waits for a first worker before
     it requests anything, so that the wait is said once, here (offers would wait too)."""
 
     name = "worker-registry"
+    subscribes = (WorkerStatus,)
 
     def __init__(self, *, every: float = 5.0) -> None:
         self.every = every
         self.last_seen: dict[str, float] = {}
         self._joined = anyio.Event()
-        self._attached = False
 
-    def attach(self, bus: Bus) -> None:
-        if not self._attached:
-            self._attached = True
-            bus.subscribe(WorkerStatus, self._on_status, name="worker-registry")
+    def on_attach(self, bus: Bus) -> None:
+        bus.subscribe(WorkerStatus, self._on_status, name="worker-registry")
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -332,10 +330,12 @@ class WorkerRegistry:
         await self._joined.wait()
 
 
-class PolicyAnnouncer:
+class PolicyAnnouncer(ComponentBase):
     """Announces the trainer's current policy at start, after each update and every `every` s."""
 
     name = "policy-announcer"
+    subscribes = (PolicyUpdated,)
+    publishes = (PolicyAnnounced,)
 
     def __init__(
         self, policy: PolicyUpdated, *, every: float = 5.0, identity: dict[str, str] | None = None
@@ -346,10 +346,9 @@ class PolicyAnnouncer:
         self.trainer = new_id()
         self._bus: Bus | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._bus is None:
-            self._bus = bus
-            bus.subscribe(PolicyUpdated, self._on_update, name="policy-announcer:updates")
+    def on_attach(self, bus: Bus) -> None:
+        self._bus = bus
+        bus.subscribe(PolicyUpdated, self._on_update, name="policy-announcer:updates")
 
     async def _on_update(self, event: PolicyUpdated) -> None:
         if event.version >= self.policy.version:
@@ -383,13 +382,15 @@ class _Lease:
     expires: float
 
 
-class LeaseKeeper:
+class LeaseKeeper(ComponentBase):
     """Re-requests episodes that show no sign of life for `lease` seconds (see the module
     docstring). Signs of life: the request itself, `EpisodeStarted`, `AgentSpawned`,
     `ModelCallFinished`; `EpisodeSealed` (or, for episodes no worker seals, a failed
     `EpisodeGraded` of the keeper's own) ends the lease."""
 
     name = "lease-keeper"
+    subscribes = (EpisodeRequested, EpisodeStarted, AgentSpawned, ModelCallFinished, EpisodeSealed)
+    publishes = (EpisodeAbandoned, EpisodeGraded, EpisodeRequested)
 
     def __init__(self, *, lease: float, max_attempts: int = 3, check_every: float | None = None) -> None:
         if lease <= 0:
@@ -403,9 +404,8 @@ class LeaseKeeper:
         self.stats: Counter[str] = Counter()
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._events = bus.stream(Event, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._events = bus.stream(self.subscribes, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -491,7 +491,7 @@ def _failed_grade(request: EpisodeRequested, reason: str) -> EpisodeGraded:
 SamplerFor = Callable[[PolicyUpdated], Awaitable[Any]]
 
 
-class PolicyFollower:
+class PolicyFollower(ComponentBase):
     """Learns the trainer's policy from `PolicyAnnounced` and is the gateway's sampler factory.
 
     `sampler_for(policy)` makes a sampler for one policy. A newer policy is published on the
@@ -499,6 +499,8 @@ class PolicyFollower:
     gateway makes one sampler per version however often the trainer announces it."""
 
     name = "policy-follower"
+    subscribes = (PolicyAnnounced,)
+    publishes = (PolicyUpdated,)
 
     def __init__(self, sampler_for: SamplerFor) -> None:
         self.sampler_for = sampler_for
@@ -511,10 +513,9 @@ class PolicyFollower:
         self._retired: set[str] = set()
         self._bus: Bus | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._bus is None:
-            self._bus = bus
-            bus.subscribe(PolicyAnnounced, self._on_announced, name="policy-follower")
+    def on_attach(self, bus: Bus) -> None:
+        self._bus = bus
+        bus.subscribe(PolicyAnnounced, self._on_announced, name="policy-follower")
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -582,11 +583,13 @@ class FollowingRunner(EpisodeRunner):
         return await super().play(bus, request)
 
 
-class ResultSeal:
+class ResultSeal(ComponentBase):
     """Follows each `EpisodeGraded` of the episodes this worker plays with `EpisodeSealed`,
     counting what was sent before it; `idle()` waits until no episode is in flight."""
 
     name = "result-seal"
+    subscribes = (EpisodeRequested, AgentSpawned, ModelCallFinished, AgentFinished, EpisodeGraded)
+    publishes = (EpisodeSealed,)
 
     def __init__(self, *, worker: str, envs: set[str]) -> None:
         self.worker = worker
@@ -597,9 +600,8 @@ class ResultSeal:
         self._idle.set()
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._events = bus.stream(Event, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._events = bus.stream(self.subscribes, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import BatchReady, CheckpointSaved, PolicyUpdated, TrainStepFinished
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
@@ -70,10 +70,12 @@ class TrainerSettings:
         self.normalization = normalization
 
 
-class Trainer:
+class Trainer(ComponentBase):
     """The trainer component (see the module docstring)."""
 
     name = "trainer"
+    subscribes = (BatchReady,)
+    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished)
 
     def __init__(
         self,
@@ -96,9 +98,8 @@ class Trainer:
         self.waited_seconds = 0.0  # how long the trainer waited for the batch it is on
         self._batches: Stream[BatchReady] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._batches is None:
-            self._batches = bus.stream(BatchReady, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._batches = bus.stream(BatchReady, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
