@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from platoon.system import SystemError
 from platoon.train.trainer import TrainerSettings
 
 __all__ = [
+    "PURPOSES",
     "Assembled",
     "CreditSettings",
     "EvalSettings",
@@ -61,6 +62,8 @@ __all__ = [
     "Settings",
     "assemble",
     "credit_settings",
+    "entry_settings",
+    "load_policy",
     "open_policy",
     "resolve",
     "trainer_components",
@@ -196,7 +199,6 @@ class Settings:
     nats: NatsSettings | None = None
     resume: bool = False
     event_log: bool = True
-    lock: dict[str, Any] = field(default_factory=dict)
 
 
 def credit_settings(config: Config) -> CreditConfig:
@@ -425,10 +427,17 @@ def resolve(
 
 @dataclass(frozen=True)
 class Part:
-    """One component of a run, known before anything starts: its name and class."""
+    """One component of a run, known before anything starts: its name and class, and the
+    component itself where it is made up front (a plugin, whose declarations may be its own)."""
 
     name: str
     kind: type
+    instance: Any = None
+
+    @property
+    def declares(self) -> Any:
+        """What holds the component's declarations (`subscribes`, `publishes`)."""
+        return self.instance if self.instance is not None else self.kind
 
 
 def _parts(settings: Settings, config: Config, plugin_components: Sequence[Any]) -> list[Part]:
@@ -439,7 +448,9 @@ def _parts(settings: Settings, config: Config, plugin_components: Sequence[Any])
 
     purpose = settings.purpose
     envs = [Part(f"env:{name}", EnvService) for name in system.entry_names(config)]
-    plugs = [Part(f"plugin:{i}", type(c)) for i, c in enumerate(plugin_components)]
+    plugs = [
+        Part(f"plugin:{getattr(c, 'name', None) or type(c).__name__}", type(c), c) for c in plugin_components
+    ]
     if purpose == "gateway":
         return [Part("gateway", Gateway), *([Part("event-log", EventLog)] if settings.event_log else [])]
     if purpose == "worker":
@@ -633,7 +644,7 @@ async def _service(
             async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
                 yield client, base_url
         return
-    async with closing(system.tinker_service_client_for(policy.base_url)) as client:
+    async with closing(system.tinker_service_client(policy.base_url)) as client:
         yield client, policy.base_url
 
 
@@ -762,11 +773,9 @@ def _forget_metrics_from(run_dir: Path, step: int) -> None:
 
 @dataclass
 class Assembled:
-    """A run's components once built, in the order of its parts, and where it starts."""
+    """A run's components once built, in the order of its parts."""
 
     components: list[Any]
-    start_step: int = 0
-    version: int = 0
 
 
 class Run:
@@ -801,9 +810,10 @@ class Run:
         [found] = [c for c in self.assembled.components if isinstance(c, kind)]
         return found
 
-    def component_types(self) -> list[tuple[str, type]]:
-        """(name, class) of every component, in the order they are attached."""
-        return [(p.name, p.kind) for p in self.parts]
+    def declared(self) -> list[tuple[str, Any]]:
+        """(name, class or instance) of every component, in the order they are attached:
+        what `platoon graph` draws, known without opening anything."""
+        return [(p.name, p.declares) for p in self.parts]
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Any]:
@@ -872,8 +882,7 @@ class Run:
                 "resumed_from_step": start_step,
             }
             write_run_files(run_dir, self.config, lock)
-            version = checkpoint.policy_version if checkpoint else 0
-            yield Assembled(self._build(policy, start_step=start_step), start_step, version)
+            yield Assembled(self._build(policy, start_step=start_step))
 
     def _build(self, policy: OpenPolicy, *, start_step: int = 0) -> list[Any]:
         """The components, in the order of the parts."""
@@ -893,8 +902,9 @@ class Run:
                 built.append(EventLog(s.run_dir, flush_every=1))
             return self._checked(built)
 
-        def grader(**judge: Any) -> Any:
-            return _grader(config, s, **judge)
+        # `tinker` judges that name no service or model use the run's own.
+        def grader() -> Any:
+            return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
 
         envs = _env_services(config)
         assert s.runner is not None
@@ -935,7 +945,7 @@ class Run:
             rollouts = [
                 gateway(policy.sampler_factory),
                 EpisodeRunner(runner.entries, seed=runner.seed),
-                grader(tinker_base_url=policy.base_url, model_name=s.policy.model_name),
+                grader(),
             ]
         c, m = s.credit, s.metrics
         return self._checked(

@@ -27,14 +27,11 @@ __all__ = [
     "import_packages",
     "load_tokenizer",
     "make_renderer",
-    "model_and_renderer",
     "policy_from_ref",
     "resolve_model",
     "running",
     "tinker_service_client",
-    "tinker_service_client_for",
     "tiny_model_path",
-    "tokenizer_for",
     "tokenizer_named",
 ]
 
@@ -179,13 +176,7 @@ _NO_SERVICE = (
 )
 
 
-def tinker_service_client(config: Config) -> Any:
-    """A `tinker.ServiceClient` for the config: `tinker_base_url`, else `$TINKER_BASE_URL`,
-    else hosted Tinker (which needs `TINKER_API_KEY`)."""
-    return tinker_service_client_for(config.tinker_base_url)
-
-
-def tinker_service_client_for(base_url: str | None) -> Any:
+def tinker_service_client(base_url: str | None) -> Any:
     """A `tinker.ServiceClient` for `base_url`, else `$TINKER_BASE_URL`, else hosted Tinker."""
     try:
         import tinker
@@ -242,20 +233,6 @@ def make_renderer(
         except AutoParserError:
             parser = None
     return get_renderer(renderer_name, tokenizer, tool_call_parser=parser), parser
-
-
-def model_and_renderer(config: Config) -> tuple[str | None, str]:
-    model = config.train.model_name if config.train else (config.eval.model_name if config.eval else None)
-    renderer = (
-        config.train.renderer_name if config.train else (config.eval.renderer_name if config.eval else None)
-    )
-    return model, renderer or "qwen3_instruct"
-
-
-def tokenizer_for(config: Config, *, scripted: bool = False) -> Any:
-    """The run's tokenizer; a scripted policy falls back to the toy Qwen3 tokenizer."""
-    model, _ = model_and_renderer(config)
-    return tokenizer_named((config.train.tokenizer if config.train else None) or model, scripted=scripted)
 
 
 def tokenizer_named(name: str | None, *, scripted: bool = False) -> Any:

@@ -791,7 +791,7 @@ class TinkerPolicies:
         url = own or base_url
         if url not in self.clients:
             if url is None:
-                self.clients[url] = system.tinker_service_client_for(self.base_url)
+                self.clients[url] = system.tinker_service_client(self.base_url)
             else:
                 import tinker
 

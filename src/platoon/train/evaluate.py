@@ -320,6 +320,15 @@ class Evaluator:
     split that cannot be listed, or has no tasks, is a warning and evaluates nothing."""
 
     name = "evaluator"
+    subscribes: tuple[type[Event], ...] = (
+        EvalRequested,
+        TasksListed,
+        ModelCallFinished,
+        AgentSpawned,
+        AgentFinished,
+        EpisodeGraded,
+    )
+    publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalFinished, Evaluated)
 
     def __init__(self, settings: Any, *, run_dir: Any) -> None:
         from pathlib import Path

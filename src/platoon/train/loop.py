@@ -34,10 +34,13 @@ from platoon.bus import Bus, Stream
 from platoon.bus.events import (
     EpisodeRequested,
     EvalRequested,
+    Evaluated,
     Event,
     PolicyUpdated,
     RunFinished,
     TaskRef,
+    TasksListed,
+    TasksRequested,
     TrainStepFinished,
     WorkerStatus,
     new_id,
@@ -105,6 +108,14 @@ class Scheduler:
     has trained and every evaluation is done it publishes `RunFinished` and sets `done`."""
 
     name = "scheduler"
+    subscribes: tuple[type[Event], ...] = (
+        PolicyUpdated,
+        TrainStepFinished,
+        WorkerStatus,
+        TasksListed,
+        Evaluated,
+    )
+    publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalRequested, RunFinished)
 
     def __init__(self, settings: Any, *, start_step: int = 0, version: int = 0) -> None:
         self.settings = settings
@@ -125,13 +136,21 @@ class Scheduler:
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
-        async with anyio.create_task_group() as follow:
-            async with anyio.create_task_group() as evals:
-                follow.start_soon(self._follow, bus, evals)
-                await self._schedule(bus, evals)
-            await bus.publish(RunFinished(status="completed"))
-            self.done.set()
-            follow.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as follow:
+                async with anyio.create_task_group() as evals:
+                    follow.start_soon(self._follow, bus, evals)
+                    await self._schedule(bus, evals)
+                await bus.publish(RunFinished(status="completed"))
+                self.done.set()
+                follow.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            error: BaseException = group
+            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+                error = error.exceptions[0]
+            if isinstance(error, BaseExceptionGroup) or not isinstance(error, Exception):
+                raise  # several errors, or a cancellation: as they are
+            raise error from None  # the run fails with what failed (NothingGraded, say) itself
 
     async def _schedule(self, bus: Bus, evals: anyio.abc.TaskGroup) -> None:
         s = self.settings
