@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from platoon.assembly import EvalSettings, SchedulerSettings
-from platoon.bus import Bus, run_components
+from platoon.bus import Bus
 from platoon.bus.events import (
     EpisodeGraded,
     EpisodeRequested,
@@ -186,9 +186,8 @@ async def test_the_evaluator_answers_a_request_with_its_report(tmp_path):
     TASKS["eval"] = [TaskRef(env="e", split="eval", task_id="q")]
     try:
         evaluator = Evaluator(evaluator_settings(), run_dir=tmp_path)
-        async with Bus() as bus:
+        async with Bus() as bus, running(bus, [Tasks(), Grades(), evaluator]):
             async with bus.stream(EvalFinished) as finished:
-                await run_components_briefly(bus, [Tasks(), Grades(), evaluator])
                 reply = await bus.request(EvalRequested(step=3, policy_version=2), timeout=None)
                 metrics = await finished.receive()
         assert isinstance(reply, Evaluated) and reply.step == 3
@@ -200,13 +199,7 @@ async def test_the_evaluator_answers_a_request_with_its_report(tmp_path):
 
 async def test_during_training_an_empty_eval_split_evaluates_nothing(tmp_path):
     evaluator = Evaluator(evaluator_settings(), run_dir=tmp_path)
-    async with Bus() as bus:
-        await run_components_briefly(bus, [Tasks(), evaluator])
+    async with Bus() as bus, running(bus, [Tasks(), evaluator]):
         reply = await bus.request(EvalRequested(step=1), timeout=None)
     assert isinstance(reply, Evaluated) and reply.report_path is None
     assert not (tmp_path / "evals").exists()
-
-
-async def run_components_briefly(bus: Bus, components) -> None:
-    """Run `components` for the rest of the bus's life."""
-    await bus._tg.start(run_components, bus, components)  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ import anyio
 import msgspec
 import structlog
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -312,7 +312,7 @@ def as_json(report: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2)
 
 
-class Evaluator:
+class Evaluator(ComponentBase):
     """The evaluator component: answers each `EvalRequested` with an evaluation of its tasks at
     that step (`evaluate`), writes the report into the run directory and replies `Evaluated`.
 
@@ -339,9 +339,8 @@ class Evaluator:
         self._listing = anyio.Lock()
         self._requests: Stream[EvalRequested] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._requests is None:
-            self._requests = bus.stream(EvalRequested, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._requests = bus.stream(EvalRequested, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)

@@ -30,7 +30,7 @@ import structlog
 
 from platoon import system
 from platoon.assembly import credit_settings as _credit  # noqa: F401 - its old name, for callers
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     EpisodeRequested,
     EvalRequested,
@@ -100,7 +100,7 @@ class TaskOrder:
         return tasks[order[index]]
 
 
-class Scheduler:
+class Scheduler(ComponentBase):
     """The loop of the module docstring, as a component.
 
     Its settings (`platoon.assembly.SchedulerSettings`) say which tasks and how many; it starts
@@ -128,11 +128,11 @@ class Scheduler:
         self._worker = anyio.Event()
         self._events: Stream[Event] | None = None
 
-    def attach(self, bus: Bus) -> None:
+    def on_attach(self, bus: Bus) -> None:
         # One subscription, so that a step's PolicyUpdated is always seen before its
         # TrainStepFinished (the trainer publishes them in that order).
-        if self._events is None:
-            self._events = bus.stream(Event, name=self.name).open()
+        heard = (PolicyUpdated, TrainStepFinished, WorkerStatus)
+        self._events = bus.stream(heard, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
