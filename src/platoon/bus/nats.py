@@ -26,7 +26,9 @@ kind travels, and why:
   itself after at most `take_at_once` offers, and is back once it runs. An event of a type in
   `withdraw` ends the offering of its episode's work (the trainer gave that episode up). A
   bridge may both produce and consume work: the server never hands an event back to the
-  connection that sent it.
+  connection that sent it. When an offer of an episode's work is claimed, the producing bridge
+  publishes `WorkClaimed` on its own bus (never over NATS): the trainer's lease of that
+  episode starts there, not at the request.
 * **durable**: JetStream. The sender waits for the stream's acknowledgement and publishes
   again after a timeout or a disconnect; a bridge with `consume_durable=True` reads a durable
   consumer (`durable_name`) and acknowledges a message only after the local bus accepted it.
@@ -100,7 +102,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from platoon.bus.codec import decode, encode
 from platoon.bus.components import ComponentBase
 from platoon.bus.core import Bus, Subscription
-from platoon.bus.events import BridgeDisconnected, BridgeReconnected, Event, event_types, new_id
+from platoon.bus.events import (
+    BridgeDisconnected,
+    BridgeReconnected,
+    Event,
+    WorkClaimed,
+    event_types,
+    new_id,
+)
 
 try:
     import nats
@@ -302,6 +311,8 @@ class NatsBridge(ComponentBase):
                         f"{event_type.__name__} is both {seen[event_type]} and {kind}: pick one"
                     )
                 seen[event_type] = kind
+        if WorkClaimed in seen:
+            raise NatsBridgeError("WorkClaimed is this bridge's own fact, never carried over NATS")
         self._login: dict[str, str] = {}
         if credentials is not None:
             self._login = _read_credentials(Path(credentials))
@@ -366,7 +377,8 @@ class NatsBridge(ComponentBase):
             *(self.durable if consume_durable else ()),
         ]
         brought += [t for t in (self.state if read_state else ()) if t not in brought]
-        self.publishes = (*brought, BridgeDisconnected, BridgeReconnected)
+        notices = (BridgeDisconnected, BridgeReconnected, *((WorkClaimed,) if self.work else ()))
+        self.publishes = (*brought, *notices)
 
     # --- the component ---------------------------------------------------------------------
 
@@ -759,6 +771,7 @@ class NatsBridge(ComponentBase):
                 )
         else:
             if claim.reply and secrets.compare_digest(claim.data, _proof("claim", nonce)):
+                await self._report_claim(out.event)
                 try:
                     await nc.publish(claim.reply, _proof("yours", nonce))
                 except nats.errors.Error as exc:  # lost: the lease keeper re-requests the episode
@@ -770,6 +783,18 @@ class NatsBridge(ComponentBase):
         if lease and self.leases is not None:
             self.leases.revoke(episode, lease)  # nobody may report on an offer nobody holds
         return outcome
+
+    async def _report_claim(self, event: Event) -> None:
+        """Say on the local bus that a consumer holds this work now (its lease starts)."""
+        episode = _episode(event)
+        if episode is None or self._notices is None:
+            return
+        attempt = getattr(event, "attempt", 0)
+        claimed = WorkClaimed(episode_id=episode, attempt=attempt if isinstance(attempt, int) else 0)
+        try:
+            await _send(self._notices, claimed)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # closing: nobody is left to time the lease
 
     def _retry_delay(self, tries: int) -> float:
         """After "no member": workers that just took work join again within a round trip, so
