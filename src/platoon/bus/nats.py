@@ -364,7 +364,7 @@ class NatsBridge(ComponentBase):
         self._outbox_out: MemoryObjectReceiveStream[_Out] | None = None
         self._notices: MemoryObjectSendStream[Event] | None = None
         self._subs: list[Any] = []
-        self._members: dict[str, Any] = {}  # subject -> our current membership of its work group
+        self._members: set[Any] = set()  # our memberships of work groups now (two per subject)
         self._unsent = 0  # events handed to the bridge and not yet out (see `flush`)
         self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
@@ -424,7 +424,7 @@ class NatsBridge(ComponentBase):
         try:
             _require_asyncio()
             self.attach(bus)
-            self._subs, self._members = [], {}
+            self._subs, self._members = [], set()
             nc = self._nc = await self._connect()
             try:
                 await self._bridge(bus, nc, task_status)
@@ -545,7 +545,7 @@ class NatsBridge(ComponentBase):
         our queue-group member in place until the server notices the dead socket, and work
         sent to it meanwhile would be lost."""
         try:
-            for sub in [*self._subs, *self._members.values()]:
+            for sub in [*self._subs, *self._members]:
                 try:
                     await sub.unsubscribe()
                 except nats.errors.BadSubscriptionError:
@@ -906,15 +906,20 @@ class NatsBridge(ComponentBase):
         membership after them, so a consumer that stops running drops out by itself."""
         member = await nc.subscribe(subject, queue=WORK_QUEUE)
         await member.unsubscribe(limit=self.take_at_once)
-        self._members[subject] = member
+        self._members.add(member)
         return member
 
     async def _take_work(self, tg: TaskGroup, bus: Bus, nc: NatsClient, subject: str, member: Any) -> None:
-        while True:
-            for _ in range(self.take_at_once):
-                offer = await member.next_msg(timeout=None)
-                tg.start_soon(self._claim, bus, nc, offer)
-            member = await self._join(nc, subject)  # at once: we run, so we are healthy
+        """Take one membership's offers. Its first offer joins the group again (we run, so we
+        are healthy): the next membership is in place before this one ends, so offers never
+        find a running consumer between memberships, and a hung one holds fewer than
+        2 x `take_at_once` offers."""
+        for taken in range(self.take_at_once):
+            offer = await member.next_msg(timeout=None)
+            tg.start_soon(self._claim, bus, nc, offer)
+            if taken == 0:
+                tg.start_soon(self._take_work, tg, bus, nc, subject, await self._join(nc, subject))
+        self._members.discard(member)  # ended by the server
 
     async def _claim(self, bus: Bus, nc: NatsClient, offer: Msg) -> None:
         """Claim an offer and play it only once its producer confirms it is ours."""
