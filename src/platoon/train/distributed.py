@@ -753,7 +753,7 @@ class Worker:
                 "worker waiting for the trainer's policy announcement",
                 worker=self.name,
                 run=self.results.run_name,
-                server=self.results._server,
+                server=self.results.server,
             )
             await anyio.sleep(max(self.every * 4, 10.0))
 
