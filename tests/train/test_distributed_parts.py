@@ -216,16 +216,24 @@ async def test_a_lease_without_news_is_re_requested_in_the_same_group():
     assert keeper.stats == {"reissued": 2, "gave_up": 1}
 
 
-async def test_an_eval_episode_is_retried_under_its_own_id_then_failed():
+async def test_an_eval_episode_is_retried_under_a_new_id_then_failed():
+    """Under a new id, like a training episode: a silent worker that comes back and finishes the
+    first attempt cannot mix its events with the retry's (the evaluator follows `replaced_by`)."""
+    keeper = LeaseKeeper(lease=0.1, max_attempts=2, check_every=0.02)
+
     async def script(bus):
         await bus.publish(request("v1", purpose="eval"))
-        await anyio.sleep(0.5)
+        await until(lambda: keeper.stats["gave_up"] == 1)
 
-    seen = await run_keeper(LeaseKeeper(lease=0.1, max_attempts=2, check_every=0.02), script)
+    seen = await run_keeper(keeper, script)
     requests = [e for e in seen if isinstance(e, EpisodeRequested)]
-    assert [(r.episode_id, r.attempt) for r in requests] == [("v1", 0), ("v1", 1)]
+    assert [(r.attempt, r.purpose) for r in requests] == [(0, "eval"), (1, "eval")]
+    retry = requests[1].episode_id
+    assert requests[0].episode_id == "v1" and retry != "v1"
+    abandoned = [(a.episode_id, a.replaced_by) for a in seen if isinstance(a, EpisodeAbandoned)]
+    assert abandoned == [("v1", retry), (retry, None)]
     (failed,) = [e for e in seen if isinstance(e, EpisodeGraded)]
-    assert failed.episode_id == "v1" and failed.reward is None and "2 attempts" in failed.reason
+    assert failed.episode_id == retry and failed.reward is None and "2 attempts" in failed.reason
 
 
 async def until(condition, timeout: float = 30) -> None:

@@ -31,9 +31,10 @@ Why these choices:
   queued behind busy workers never expires. The lease keeper re-requests a claimed episode
   whose worker went silent under a new id in the same group, with `attempt + 1`, and
   publishes `EpisodeAbandoned` so that the credit assigner drops whatever of the old one
-  still arrives. After `max_attempts` it gives up and the
-  episode counts as failed. Evaluation episodes are re-requested under the same id (the
-  evaluator waits for that id; the first grade wins).
+  still arrives. After `max_attempts` it gives up and the episode counts as failed.
+  Evaluation episodes are re-requested under a new id too (the evaluator follows
+  `EpisodeAbandoned.replaced_by`), so no episode is played twice under one id when the silent
+  worker comes back.
 """
 
 from __future__ import annotations
@@ -464,9 +465,8 @@ class LeaseKeeper(ComponentBase):
                 await bus.publish(_failed_grade(request, failed))
             return
         self.stats["reissued"] += 1
-        retry_id = request.episode_id if request.purpose != "train" else new_id()
-        if retry_id != request.episode_id:
-            await bus.publish(_abandoned(request, retry_id, reason))
+        retry_id = new_id()  # so whatever the silent worker still sends is told from the retry's
+        await bus.publish(_abandoned(request, retry_id, reason))
         await bus.publish(msgspec.structs.replace(request, episode_id=retry_id, attempt=attempt))
 
 
