@@ -275,14 +275,15 @@ class NatsBridge(ComponentBase):
         try:
             require_asyncio()
             self.attach(bus)
-            self._subs, self.taker.members = [], set()
+            self._subs = []
+            self.taker.reset()
             nc = await self.connection.connect()
             try:
                 await self._bridge(bus, nc, task_status)
             finally:
                 self._closing = True
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
-                    await self.connection.leave(nc, [*self._subs, *self.taker.members])
+                    await self.connection.leave(nc, [*self._subs, *self.taker.subscriptions()])
         finally:
             self._closing = True
             self._detach()
@@ -473,6 +474,8 @@ class NatsBridge(ComponentBase):
         for event_type in self.mirror:
             self._subs.append(await nc.subscribe(subject_for(self.run_name, event_type), cb=take))
         tg.start_soon(self._receive_core, bus, inbound)
+        if self.consume_work and self.work:
+            await self.taker.listen(nc)
         for event_type in self.work if self.consume_work else ():
             subject = subject_for(self.run_name, event_type)
             tg.start_soon(self.taker.take, tg, nc, subject, await self.taker.join(nc, subject), play)

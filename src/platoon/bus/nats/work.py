@@ -181,6 +181,21 @@ class Taker:
         self.offer_timeout = offer_timeout
         self.stats = stats
         self.members: set[Any] = set()  # our memberships of work groups now (two per subject)
+        self.answers: Any = None  # one subscription for every confirmation of our claims
+        self._waiting: dict[str, tuple[bytes, anyio.Event]] = {}  # token -> (the proof, its signal)
+        self._prefix = ""
+
+    def reset(self) -> None:
+        """Forget the memberships and confirmations of a connection that is gone."""
+        self.members, self.answers, self._waiting = set(), None, {}
+
+    async def listen(self, nc: NatsClient) -> None:
+        """Subscribe to the confirmations of our claims: one inbox for all, not one each."""
+        self._prefix = nc.new_inbox()
+        self.answers = await nc.subscribe(f"{self._prefix}.*", cb=self._on_answer)
+
+    def subscriptions(self) -> list[Any]:
+        return [*self.members, *([self.answers] if self.answers is not None else [])]
 
     async def join(self, nc: NatsClient, subject: str) -> Any:
         """Join the work queue group for the next `take_at_once` offers; the server ends the
@@ -213,24 +228,18 @@ class Taker:
         """Claim an offer and play it only once its producer confirms it is ours."""
         nonce = (offer.headers or {}).get(OFFER_HEADER)
         if nonce and offer.reply:
-            inbox = nc.new_inbox()
-            answers = await nc.subscribe(inbox)
-            confirmed = False
+            token = secrets.token_hex(8)
+            confirmed = anyio.Event()
+            self._waiting[token] = (proof("yours", nonce), confirmed)
             try:
-                await nc.publish(offer.reply, proof("claim", nonce), reply=inbox)
+                await nc.publish(offer.reply, proof("claim", nonce), reply=f"{self._prefix}.{token}")
                 with anyio.move_on_after(2 * self.offer_timeout):
-                    while not confirmed:
-                        answer = await answers.next_msg(timeout=None)
-                        confirmed = secrets.compare_digest(answer.data, proof("yours", nonce))
+                    await confirmed.wait()
             except nats.errors.Error as exc:
                 log.debug("claiming work failed", error=str(exc))
             finally:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await answers.unsubscribe()
-                    except nats.errors.Error:
-                        pass
-            if not confirmed:
+                self._waiting.pop(token, None)
+            if not confirmed.is_set():
                 self.stats.claims_too_late += 1
                 log.warning(
                     "work offered to this worker went to another: it was claimed too late",
@@ -239,6 +248,12 @@ class Taker:
                 )
                 return
         await play(offer)
+
+    async def _on_answer(self, msg: Msg) -> None:
+        """A producer's confirmation, on `<our inbox>.<token>`: it counts only with the proof."""
+        waiting = self._waiting.get(msg.subject.rpartition(".")[2])
+        if waiting is not None and secrets.compare_digest(msg.data, waiting[0]):
+            waiting[1].set()
 
 
 def proof(purpose: str, nonce: str) -> bytes:
