@@ -23,6 +23,7 @@ from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
+    EpisodeAbandoned,
     EpisodeGraded,
     EpisodeRequested,
     EvalFinished,
@@ -136,6 +137,11 @@ async def evaluate(
                         agents.depth[event.agent_id] = (event.episode_id, event.depth)
                     case AgentFinished(reward=float()) if event.episode_id in mine:
                         agents.reward[event.agent_id] = event.reward
+                    case EpisodeAbandoned(replaced_by=str()) if event.episode_id in mine:
+                        # Re-requested under a new id (its worker went silent): wait for that
+                        # one, and count nothing more of the old attempt, should it come back.
+                        mine[event.replaced_by] = mine.pop(event.episode_id)
+                        agents.forget(event.episode_id)
                     case EpisodeGraded() if event.episode_id in mine and event.episode_id not in graded:
                         graded[event.episode_id] = event
                         limiter.release()
@@ -250,6 +256,11 @@ class _AgentStats:
         self.calls: Counter[str] = Counter()
         self.reward: dict[str, float] = {}  # subagents' own grades
 
+    def forget(self, episode_id: str) -> None:
+        """Drop the agents of an abandoned attempt (the model calls it made stay spent)."""
+        for agent_id in [a for a, (episode, _) in self.depth.items() if episode == episode_id]:
+            del self.depth[agent_id]
+
     def by_depth(self, graded: dict[str, EpisodeGraded]) -> dict[str, dict[str, float]]:
         """Per depth: `agents`, `model_calls` and `calls_per_agent`, and `own_reward_mean` over
         the agents with a reward (a root's is its episode's, a subagent's its own grade) with
@@ -327,6 +338,7 @@ class Evaluator(ComponentBase):
         AgentSpawned,
         AgentFinished,
         EpisodeGraded,
+        EpisodeAbandoned,
     )
     publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalFinished, Evaluated)
 
