@@ -4,7 +4,9 @@ params the gateway samples with (what `gateway/http.py` does before it renders).
 The bodies are what agents send: a 20-turn tool-using chat (an OpenAI chat harness), a Codex
 Responses body (instructions, developer and user messages, reasoning items with encrypted
 content, function calls and outputs, function tools with strict schemas) and a Claude Code
-Messages body (system blocks with cache_control, thinking, tool_use and tool_result blocks).
+Messages body (system blocks with cache_control, a system message between turns, thinking,
+tool_use and tool_result blocks, adaptive thinking, context management). Their shapes are those
+the real agents sent to the gateway in `tests/envs/harbor/test_cli_agents.py`.
 
 Run: python benchmarks/dialects.py [--turns T] [--seconds S]
 """
@@ -82,14 +84,22 @@ def codex_body(turns: int) -> dict[str, Any]:
             },
             {
                 "type": "function_call",
-                "name": "shell",
-                "arguments": json.dumps({"command": ["bash", "-lc", f"rg x{n}"], "workdir": "/repo"}),
+                "status": "completed",
+                "id": f"fc_{n}",
+                "name": "exec_command",
+                "arguments": json.dumps({"cmd": f"rg x{n}", "workdir": "/repo"}),
                 "call_id": f"call_{n}",
             },
-            {"type": "function_call_output", "call_id": f"call_{n}", "output": OUTPUT},
+            {"type": "function_call_output", "id": f"fco_{n}", "call_id": f"call_{n}", "output": OUTPUT},
         ]
     items.append(
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Found it."}]}
+        {
+            "type": "message",
+            "status": "completed",
+            "id": "msg_last",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Found it.", "annotations": []}],
+        }
     )
     tools = [
         {
@@ -99,7 +109,7 @@ def codex_body(turns: int) -> dict[str, Any]:
             "strict": False,
             "parameters": SCHEMA,
         }
-        for name in ("shell", "view_image", "update_plan")
+        for name in ("exec_command", "write_stdin", "update_plan", "view_image")
     ]
     return {
         "model": "platoon-policy",
@@ -113,13 +123,15 @@ def codex_body(turns: int) -> dict[str, Any]:
         "stream": True,
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "0199a0b1-0000-7000-8000-000000000000",
+        "client_metadata": {"session_id": "0199a0b1", "turn_id": "0199a0b2"},
     }
 
 
 def claude_body(turns: int) -> dict[str, Any]:
     cache = {"type": "ephemeral"}
     messages: list[dict[str, Any]] = [
-        {"role": "user", "content": [{"type": "text", "text": "Fix the parser.", "cache_control": cache}]}
+        {"role": "user", "content": [{"type": "text", "text": "Fix the parser.", "cache_control": cache}]},
+        {"role": "system", "content": "# Environment\nYou are in /repo."},
     ]
     for n in range(turns):
         messages += [
@@ -138,7 +150,9 @@ def claude_body(turns: int) -> dict[str, Any]:
             },
             {
                 "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": OUTPUT}],
+                "content": [
+                    {"tool_use_id": f"toolu_{n}", "type": "tool_result", "content": OUTPUT, "is_error": False}
+                ],
             },
         ]
     tools = [
@@ -154,8 +168,9 @@ def claude_body(turns: int) -> dict[str, Any]:
         "messages": messages,
         "tools": tools,
         "metadata": {"user_id": "user_abc_account__session_0199"},
-        "thinking": {"type": "enabled", "budget_tokens": 31999},
-        "temperature": 1,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
         "stream": True,
     }
 

@@ -125,13 +125,13 @@ class ChatPart(Struct):
 
 class ChatFunctionCall(Struct):
     name: str
-    arguments: str | dict[str, Any] = "{}"  # a JSON string; some harnesses echo the object
+    arguments: str | dict[str, Any] | None = None  # a JSON string; some harnesses echo the object
 
 
 class ChatToolCall(Struct):
     function: ChatFunctionCall
     id: str | None = None
-    type: str = "function"
+    type: str | None = None
 
 
 class ChatMessage(Struct):
@@ -188,8 +188,8 @@ class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
-    n: Annotated[int, Meta(ge=1, le=16)] = 1
-    stream: bool = False
+    n: Annotated[int, Meta(ge=1, le=16)] | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
     reasoning_effort: str | None = None  # the policy's chat template decides how it reasons
@@ -233,7 +233,7 @@ class ResponsesMessage(_Tagged, tag="message"):
 
 class FunctionCall(_Tagged, tag="function_call"):
     name: str
-    arguments: str = ""
+    arguments: str | None = None
     call_id: str | None = None
     id: str | None = None
 
@@ -250,7 +250,7 @@ class _Summary(Struct):
 class ReasoningItem(_Tagged, tag="reasoning"):
     """Earlier reasoning, not sent back to the model."""
 
-    summary: list[_Summary] = []
+    summary: list[_Summary] | None = None
     content: list[_Summary] | None = None
     encrypted_content: str | None = None
 
@@ -288,7 +288,7 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     previous_response_id: str | None = None
     include: list[str] | None = None
@@ -303,8 +303,8 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
 class ThinkingBlock(_Tagged, tag="thinking"):
     """Earlier thinking, not sent back to the model."""
 
-    thinking: str = ""
-    signature: str = ""
+    thinking: str | None = None
+    signature: str | None = None
 
 
 class ToolUseBlock(_Tagged, tag="tool_use"):
@@ -316,7 +316,7 @@ class ToolUseBlock(_Tagged, tag="tool_use"):
 class ToolResultBlock(_Tagged, tag="tool_result"):
     tool_use_id: str
     content: str | list[Text] | None = None
-    is_error: bool = False
+    is_error: bool | None = None
 
 
 class UserMessage(Struct, tag_field="role", tag="user"):
@@ -337,12 +337,12 @@ class AnthropicTool(Struct):
     """A tool by name; its `type` (custom or a server tool's) is not read."""
 
     name: str
-    description: str = ""
+    description: str | None = ""
     input_schema: dict[str, Any] | None = None
 
 
 class _Choice(_Tagged, kw_only=True):
-    disable_parallel_tool_use: bool = False
+    disable_parallel_tool_use: bool | None = None
 
 
 class ChoiceAuto(_Choice, tag="auto"):
@@ -376,7 +376,7 @@ class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    stream: bool = False
+    stream: bool | None = None
     thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
     context_management: dict[str, Any] | None = None
 

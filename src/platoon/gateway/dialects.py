@@ -87,7 +87,7 @@ def chat_request(
         "parallel_tool_calls": request.parallel_tool_calls,
     }
     messages = [{**m, "role": "system"} if m["role"] == "developer" else dict(m) for m in body["messages"]]
-    return messages, body.get("tools"), params, request.n, request.stream
+    return messages, body.get("tools"), params, request.n or 1, bool(request.stream)
 
 
 def _logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
@@ -264,7 +264,7 @@ def responses_request(
         "tool_choice": {"name": choice.name} if isinstance(choice, ResponsesToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
-    return messages, tools, params, request.stream
+    return messages, tools, params, bool(request.stream)
 
 
 def responses_response(
@@ -531,7 +531,7 @@ def _messages(
         else _CHOICES[bodies.tag(choice)],
         "parallel_tool_calls": False if choice is not None and choice.disable_parallel_tool_use else None,
     }
-    return messages, tools, params, request.stream
+    return messages, tools, params, bool(request.stream)
 
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
