@@ -68,10 +68,8 @@ class _OutputConfig(Struct):
     effort: str | None = None
 
 
-class _Common(Struct, kw_only=True):
-    """Fields of every dialect: hints with nothing to honour, and parameters of these APIs the
-    gateway cannot honour (it samples the policy as is), accepted at their neutral value or
-    null. Clients that speak several APIs send them across, so every dialect takes them all."""
+class _Hints(Struct, kw_only=True):
+    """Fields of every dialect with nothing to honour."""
 
     model: str | None = None
     user: str | None = None
@@ -80,7 +78,13 @@ class _Common(Struct, kw_only=True):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # Neutral values only (see NEUTRAL).
+
+
+class _Common(_Hints, kw_only=True):
+    """Fields of every dialect: the hints, and parameters of these APIs the gateway cannot
+    honour (it samples the policy as is), accepted only at their neutral value or null. Clients
+    that speak several APIs send them across, so every dialect takes them all."""
+
     top_logprobs: Literal[0] | None = None
     frequency_penalty: Zero | None = None
     presence_penalty: Zero | None = None
@@ -103,14 +107,11 @@ class _Common(Struct, kw_only=True):
     container: None = None
 
 
-NEUTRAL = frozenset(
-    {
-        "top_logprobs", "frequency_penalty", "presence_penalty", "logit_bias", "response_format",
-        "text", "modalities", "functions", "function_call", "truncation", "background",
-        "output_config", "mcp_servers", "prediction", "audio", "web_search_options",
-        "max_tool_calls", "conversation", "prompt", "container",
-    }
-)  # fmt: skip
+def _names(kind: type[Struct]) -> frozenset[str]:
+    return frozenset(f.encode_name for f in msgspec.structs.fields(kind))
+
+
+NEUTRAL = _names(_Common) - _names(_Hints)
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------

@@ -7,9 +7,9 @@ dialect's calls are recorded and trained the same way:
 * OpenAI Responses (`/v1/responses`), as Codex-style agents use;
 * Anthropic Messages (`/v1/messages`), as Claude-Code-style agents use.
 
-Each `*_request` function validates a request body and returns
-`(messages, tools, params, stream)`; each `*_response` function shapes the answer. A bad body
-raises `DialectError` naming the field.
+Each `*_request` function reads a request body into its dialect's struct (`bodies`: the
+schema of what each dialect accepts) and returns `(messages, tools, params, stream)`; each
+`*_response` function shapes the answer. A bad body raises `DialectError` naming the field.
 """
 
 from __future__ import annotations
