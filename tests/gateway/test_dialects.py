@@ -782,3 +782,33 @@ def test_count_tokens_takes_a_messages_body_without_max_tokens():
             "function": {"name": "f", "description": "", "parameters": {"type": "object", "properties": {}}},
         }
     ]
+
+
+@pytest.mark.parametrize(
+    ("request_of", "base"),
+    [
+        (dialects.chat_request, {"messages": USER}),
+        (dialects.responses_request, {"input": "hi"}),
+        (dialects.anthropic_request, {"max_tokens": 1, "messages": USER}),
+    ],
+)
+@pytest.mark.parametrize(
+    ("field", "neutral", "refused"),
+    [
+        ("background", False, True),
+        ("truncation", "disabled", "auto"),
+        ("modalities", ["text"], ["text", "audio"]),
+        ("function_call", "none", {"name": "f"}),
+        ("output_config", {"effort": "high"}, {"format": {"type": "json_schema"}}),
+        ("text", {"verbosity": "low", "format": {"type": "text"}}, {"format": {"type": "json_object"}}),
+        ("audio", None, {"voice": "alloy"}),
+    ],
+)
+def test_what_cannot_be_honoured_is_taken_only_at_its_neutral_value(
+    request_of, base, field, neutral, refused
+):
+    request_of({**base, field: neutral})
+    with pytest.raises(DialectError) as error:
+        request_of({**base, field: refused})
+    assert error.value.param == field
+    assert str(error.value).startswith(f"{field}: the gateway cannot honour ")

@@ -95,7 +95,7 @@ class _Common(_Hints, kw_only=True):
     functions: Empty[list[Any]] | None = None
     function_call: Literal["auto", "none"] | None = None
     truncation: Literal["disabled"] | None = None
-    background: Literal[False] | None = None
+    background: bool | None = None  # false only (msgspec < 0.21 has no Literal[False]): see `read`
     output_config: _OutputConfig | None = None
     mcp_servers: Empty[list[Any]] | None = None
     prediction: None = None
@@ -405,9 +405,12 @@ def read(body: Any, kind: type[S], api: str, whole: Mapping[str, str] | None = N
     if not isinstance(body, Mapping):
         raise DialectError("the body must be a JSON object")
     try:
-        return msgspec.convert(body, kind)
+        request = msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
         raise _error(str(exc), kind, body, api, whole or {}) from None
+    if getattr(request, "background", None):
+        raise _cannot_honour("background", body)
+    return request
 
 
 _AT = re.compile(r"(?P<text>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.S)
@@ -449,13 +452,15 @@ def _error(
     if field in whole:
         return DialectError(f"{field}: {whole[field]}", field)
     if field in NEUTRAL:
-        shown = json.dumps(body.get(field))
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        return DialectError(
-            f"{field}: the gateway cannot honour {shown} (it samples the policy as is)", field
-        )
+        return _cannot_honour(field, body)
     param = ".".join(segments) or None
     return DialectError(f"{param}: {text}" if param else f"the body: {text}", param)
+
+
+def _cannot_honour(field: str, body: Mapping[str, Any]) -> DialectError:
+    shown = json.dumps(body.get(field))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return DialectError(f"{field}: the gateway cannot honour {shown} (it samples the policy as is)", field)
 
 
 def _plain(text: str) -> str:
