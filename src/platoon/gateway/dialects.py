@@ -71,7 +71,7 @@ def chat_request(
         request = bodies.read(body, bodies.ChatRequest, "chat completions", _OPENAI_WHOLE)
     except DialectError as exc:
         if exc.param is not None and _ROLE.fullmatch(exc.param):
-            exc.param = exc.param.rpartition(".")[0]  # a message is named by its role
+            exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
     choice = request.tool_choice
     params = {
