@@ -244,15 +244,17 @@ class FunctionCallOutput(_Tagged, tag="function_call_output"):
     output: str | list[ResponsesPart]
 
 
-class _Summary(Struct):
+class _TextOnly(Struct):
+    """A summary or reasoning text part (its `type` is not read)."""
+
     text: str
 
 
 class ReasoningItem(_Tagged, tag="reasoning"):
     """Earlier reasoning, not sent back to the model."""
 
-    summary: list[_Summary] | None = None
-    content: list[_Summary] | None = None
+    summary: list[_TextOnly] | None = None
+    content: list[_TextOnly] | None = None
     encrypted_content: str | None = None
 
 
