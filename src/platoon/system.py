@@ -202,16 +202,25 @@ async def running(bus: Any, components: Sequence[Any]) -> AsyncIterator[None]:
     """Run `components` on `bus` for the duration of the block, then cancel them.
 
     Every component is attached (subscribed) before any of them runs, so a request published
-    inside the block always finds its responder.
+    inside the block always finds its responder. A block that ends normally first lets the
+    components handle what was published (up to the bus's `drain_timeout`): the last step's
+    metrics and events were often published a moment before the run ended.
     """
     from platoon.bus import attach, run_components
 
     attach(components, bus)
     async with anyio.create_task_group() as tg:
         await tg.start(run_components, bus, components)
+        ended = False
         try:
             yield
+            ended = True
         finally:
+            if ended:
+                with anyio.move_on_after(bus.drain_timeout) as waited:
+                    await bus.drained()
+                if waited.cancelled_caught:
+                    log.warning("components still busy when the run ended", busy=bus.busy())
             tg.cancel_scope.cancel()
 
 

@@ -69,14 +69,20 @@ class Subscription(Generic[E]):
         self.name = name
         self._send, self._receive = anyio.create_memory_object_stream[E](buffer)
         self.closed = False
+        self.held = False  # an event taken and not yet handled
+
+    def unhandled(self) -> int:
+        """Events published to this subscriber and not yet handled."""
+        return self._receive.statistics().current_buffer_used + self.held
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.bus._remove(self)
             self._send.close()
-            # What is still buffered will never be taken: count it as done.
-            self.bus._done(self._receive.statistics().current_buffer_used)
+            # What is still buffered (or taken) will never be handled: count it as done.
+            self.bus._done(self.unhandled())
+            self.held = False
             self._receive.close()
 
 
@@ -101,8 +107,16 @@ class Stream(Generic[E]):
         return self
 
     def close(self) -> None:
+        self._release()
         if self._sub is not None:
             self._sub.close()
+
+    def _release(self) -> None:
+        # An event counts as handled when its reader asks for the next one (or closes the
+        # stream), so `Bus.drained()` also waits for the work a reader does with each event.
+        if self._sub is not None and self._sub.held:
+            self._sub.held = False
+            self._bus._done(1)
 
     def __enter__(self) -> Stream[E]:
         return self.open()
@@ -124,6 +138,7 @@ class Stream(Generic[E]):
     async def __anext__(self) -> E:
         if self._sub is None:
             raise RuntimeError("use `async with bus.stream(T) as events:` before iterating")
+        self._release()
         receive = self._sub._receive
         try:
             event = receive.receive_nowait()
@@ -134,7 +149,7 @@ class Stream(Generic[E]):
                 raise StopAsyncIteration from None
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-        self._bus._done(1)
+        self._sub.held = True
         return event
 
     async def receive(self) -> E:
@@ -145,11 +160,12 @@ class Stream(Generic[E]):
         """The next event if one waits, else `anyio.WouldBlock`; `StopAsyncIteration` once closed."""
         if self._sub is None:
             raise RuntimeError("use `async with bus.stream(T) as events:` before receiving")
+        self._release()
         try:
             event = self._sub._receive.receive_nowait()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-        self._bus._done(1)
+        self._sub.held = True
         return event
 
 
@@ -204,6 +220,10 @@ class Bus:
             if self._idle.is_set():
                 self._idle = anyio.Event()
             await self._idle.wait()
+
+    def busy(self) -> list[str]:
+        """The subscriptions with events not yet handled (what `drained()` waits for)."""
+        return [s.name for s in self._subs if s.unhandled()]
 
     def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         """Run a task for the lifetime of the bus (cancelled when it shuts down)."""
