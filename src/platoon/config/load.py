@@ -276,7 +276,7 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
     policies = data.get("policies")
     names = list(policies) if isinstance(policies, dict) else []
     if isinstance(policies, dict):
-        for name, policy in policies.items():
+        for name in policies:
             if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
                 problems.append(f"policies.{name}: a policy's name is letters, digits, - and _ only")
         if data.get("train") is None:
