@@ -19,7 +19,7 @@ import structlog
 
 from platoon import plugins
 from platoon.config import Config
-from platoon.config.schema import EnvironmentConfig, workflow_for
+from platoon.config.schema import EnvironmentConfig, policy_names, workflow_for
 from platoon.policy.base import SampleParams, SamplerFactory
 
 __all__ = [
@@ -109,6 +109,7 @@ def entry_settings(config: Config, *, eval: bool = False) -> list[Any]:
                 params={k: v for k, v in params.items() if v is not None},
                 agents=entry.agents,
                 path=f"environments.{i}",
+                default_policy=policy_names(config)[0],
             )
         )
     return settings
@@ -242,8 +243,14 @@ def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
 def check_training_service(config: Config) -> None:
     """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
     none is named (the embedded backend needs none)."""
-    if config.train is None or config.train.backend != "local":
+    if config.train is None:
         _tinker_endpoint(config)
+        return
+    from platoon.config.policies import resolve_policies
+
+    for spec in resolve_policies(config).values():
+        if spec.train.backend != "local" and spec.tinker_base_url is None:
+            _tinker_endpoint(config)
 
 
 _NO_SERVICE = (
@@ -276,8 +283,16 @@ def _tinker_endpoint(config: Config) -> tuple[str | None, str | None]:
 
 
 def gateway_for(
-    config: Config, renderer: Any, factory: SamplerFactory, *, model_name: str = "platoon-policy"
+    config: Config,
+    renderer: Any,
+    factory: SamplerFactory,
+    *,
+    model_name: str = "platoon-policy",
+    policy: str = "default",
+    policies: Any = None,
 ) -> Any:
+    """The gateway; `policy` names the policy `renderer` and `factory` serve, `policies` adds
+    the others of a several-policy run (name -> `GatewayPolicy`)."""
     from platoon.gateway import Gateway
 
     return Gateway(
@@ -290,6 +305,8 @@ def gateway_for(
         port=config.gateway.port,
         model_name=model_name,
         model_aliases=config.gateway.model_aliases,
+        policy=policy,
+        policies=policies,
     )
 
 

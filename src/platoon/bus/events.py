@@ -46,6 +46,7 @@ __all__ = [
     "GroupCompleted",
     "ModelCallFinished",
     "PolicyAnnounced",
+    "PolicyStepFinished",
     "PolicyUpdated",
     "Reply",
     "Request",
@@ -496,7 +497,16 @@ class BatchReady(Event, frozen=True, kw_only=True):
 class TrainStepFinished(Event, frozen=True, kw_only=True):
     step: int  # the step that finished
     metrics: dict[str, float]  # the step's metrics, as written to metrics.jsonl
-    policy: str = "default"  # the policy that stepped (several policies: one event each)
+
+
+@register_event
+class PolicyStepFinished(Event, frozen=True, kw_only=True):
+    """One policy of a several-policy run trained its batch of a step. Once every trained
+    policy has, the step's one `TrainStepFinished` follows with all their metrics."""
+
+    step: int
+    policy: str
+    metrics: dict[str, float]  # its metrics, each key prefixed with the policy's name
 
 
 @register_event

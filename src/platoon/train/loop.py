@@ -15,13 +15,11 @@ the rollouts of step s run while step s-1 trains.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,15 @@ from platoon import system
 from platoon.bus import Bus, EventLog
 from platoon.bus.events import EpisodeRequested, RunFinished, TaskRef, TrainStepFinished, new_id
 from platoon.config import Config, load_config, load_site, run_dir, write_run_files
+from platoon.config.policies import PolicySpec, resolve_policies
 from platoon.config.schema import workflow_for
 from platoon.credit import CreditConfig
-from platoon.policy.tinker import TinkerSamplerFactory, closing
+from platoon.gateway.core import GatewayPolicy
+from platoon.policy.tinker import TinkerSamplerFactory
 from platoon.train.batcher import CreditAssigner
 from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
 from platoon.train.evaluate import as_json, eval_tasks, evaluate, evaluate_config, list_tasks
+from platoon.train.policies import StepJoin, policy_services, policy_stores, resume_points
 from platoon.train.trainer import Trainer, TrainerSettings
 
 __all__ = ["TaskOrder", "run", "train", "train_command"]
@@ -92,35 +93,7 @@ class TaskOrder:
         return tasks[order[index]]
 
 
-@dataclass
-class Service:
-    """A Tinker service client and how the gateway reaches the same service."""
-
-    client: Any
-    base_url: str | None
-
-
-@contextlib.asynccontextmanager
-async def training_service(config: Config, run_dir: Path) -> AsyncIterator[Service]:
-    """The Tinker service the config trains on: embedded (`train.backend: local`), a
-    self-hosted server (`tinker_base_url` / `$TINKER_BASE_URL`), or hosted Tinker."""
-    import tinker
-
-    assert config.train is not None
-    if config.train.backend == "local":
-        from platoon.backends.local import running_server_in_thread
-
-        async with running_server_in_thread(
-            config.train.model_name, checkpoint_dir=run_dir / "tinker"
-        ) as base_url:
-            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
-                yield Service(client, base_url)
-        return
-    async with closing(system.tinker_service_client(config)) as client:
-        yield Service(client, config.tinker_base_url)
-
-
-def _settings(config: Config, base_url: str | None) -> TrainerSettings:
+def _settings(config: Config | PolicySpec, base_url: str | None) -> TrainerSettings:
     train = config.train
     assert train is not None
     o = train.optimizer
@@ -189,29 +162,57 @@ async def train(
         config = _replace_model(config, system.resolve_model(TINY_MODEL, seed=train_cfg.seed))
         train_cfg = config.train
         assert train_cfg is not None
-    store = CheckpointStore(run_dir)
+    specs = _resolved_specs(config)
+    several = config.policies is not None
+    trained = [name for name, spec in specs.items() if not spec.frozen]
+    run_store = CheckpointStore(run_dir)
+    stores = policy_stores(run_dir, trained, several=several)
     identity = run_identity(config)
-    candidates = store.candidates() if resume else []
     if resume:
-        store.check_identity(identity)
-        if not candidates:
+        run_store.check_identity(identity)
+        candidates = resume_points(stores)
+        if not any(candidates.values()):
             log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
     else:
-        if store.path.exists():
+        candidates = {name: [] for name in trained}
+        if any(store.path.exists() for store in stores.values()):
             raise ResumeError(
                 f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
             )
-        store.write_identity(identity)
+        run_store.write_identity(identity)
     total_steps = train_cfg.max_training_steps
     workflow = train_cfg.workflow_config
 
-    tokenizer = system.load_tokenizer(train_cfg.tokenizer or train_cfg.model_name)
-    renderer, parser = system.make_renderer(train_cfg.renderer_name, tokenizer, train_cfg.tool_call_parser)
+    renderers = {}
+    for name, spec in specs.items():
+        tokenizer = system.load_tokenizer(spec.train.tokenizer or spec.train.model_name)
+        renderers[name] = system.make_renderer(
+            spec.train.renderer_name, tokenizer, spec.train.tool_call_parser
+        )
+    renderer, parser = renderers[next(iter(specs))]
     last: dict[str, Any] = {}
 
-    async with training_service(config, run_dir) as service:
-        client, checkpoint = await _resumed_client(service.client, config, store, candidates)
-        start_step = checkpoint.step + 1 if checkpoint else 0
+    async with policy_services(specs, run_dir) as services:
+        trainers: dict[str, Trainer] = {}
+        checkpoints: dict[str, Any] = {}
+        for name in trained:
+            spec, service = specs[name], services[name]
+            client, checkpoints[name] = await _resumed_client(
+                service.client, spec, stores[name], candidates[name]
+            )
+            version = checkpoints[name].policy_version if checkpoints[name] else 0
+            reference = await _reference(service.client, spec) if spec.train.kl is not None else None
+            trainers[name] = Trainer(
+                client,
+                _settings(spec, service.base_url),
+                stores[name],
+                version=version,
+                reference=reference,
+                policy=name,
+                prefix=f"{name}/" if several else "",
+            )
+        resumed = [c for c in checkpoints.values() if c is not None]
+        start_step = resumed[0].step + 1 if resumed else 0
         if resume:
             _forget_metrics_from(run_dir, start_step)
         # Only now that the run could start: a failed resume leaves the run's files as they were.
@@ -220,34 +221,56 @@ async def train(
             "tool_call_parser": parser,
             "resumed_from_step": start_step,
         }
+        if several:
+            lock["policies"] = {
+                name: {"renderer": spec.train.renderer_name, "tool_call_parser": renderers[name][1]}
+                for name, spec in specs.items()
+            }
         write_run_files(run_dir, config, lock)
-        version = checkpoint.policy_version if checkpoint else 0
-        reference = await _reference(service.client, config) if train_cfg.kl is not None else None
-        trainer = Trainer(
-            client, _settings(config, service.base_url), store, version=version, reference=reference
-        )
+        first = next(iter(trainers.values()))
         if config.nats is not None:
             from platoon.bus.events import PolicyUpdated
             from platoon.train.distributed import trainer_components
 
+            checkpoint = checkpoints[first.policy]
             policy = PolicyUpdated(
-                version=version,
+                version=first.version,
                 sampler_path=checkpoint.sampler_path if checkpoint else "",
                 base_model=train_cfg.model_name,
-                base_url=service.base_url,
+                base_url=services[first.policy].base_url,
             )
             rollouts = trainer_components(config, policy)
         else:
-            factory = sampler_factory or TinkerSamplerFactory(
-                service.client,
-                train_cfg.model_name,
-                model_path=checkpoint.sampler_path if checkpoint else None,
-                version=version,
-            )
+            factories = {
+                name: sampler_factory
+                or TinkerSamplerFactory(
+                    services[name].client,
+                    spec.train.model_name,
+                    model_path=checkpoints[name].sampler_path if checkpoints.get(name) else spec.model_path,
+                    version=trainers[name].version if name in trainers else 0,
+                )
+                for name, spec in specs.items()
+            }
+            default = next(iter(specs))
             rollouts = [
-                system.gateway_for(config, renderer, factory, model_name=train_cfg.model_name),
+                system.gateway_for(
+                    config,
+                    renderer,
+                    factories[default],
+                    model_name=specs[default].train.model_name,
+                    policy=default,
+                    policies={
+                        name: GatewayPolicy(renderers[name][0], factories[name], frozen=spec.frozen)
+                        for name, spec in specs.items()
+                        if name != default
+                    },
+                ),
                 EpisodeRunner(system.entry_settings(config), seed=train_cfg.seed),
-                system.grader(config, tinker_base_url=service.base_url, model_name=train_cfg.model_name),
+                system.grader(
+                    config,
+                    tinker_base_url=services[default].base_url,
+                    model_name=specs[default].train.model_name,
+                ),
             ]
         components = [
             EventLog(run_dir),
@@ -260,8 +283,10 @@ async def train(
                 straggler_timeout=workflow.straggler_timeout_seconds,
                 straggler_quorum=workflow.straggler_quorum,
                 sealed=config.nats is not None,
+                policies=tuple(trained),
             ),
-            trainer,
+            *trainers.values(),
+            *([StepJoin(trained)] if several else []),
             *([TrainProgress(total_steps, start_step=start_step)] if progress else []),
             MetricsSink(
                 run_dir,
@@ -294,9 +319,23 @@ async def train(
             for component in rollouts:
                 if hasattr(component, "wait_for_workers"):  # NATS: say once that it waits for a worker
                     await component.wait_for_workers()
-            last = await _schedule(bus, config, order, eval_tasks, trainer, start_step, steps, run_dir)
+            last = await _schedule(
+                bus, config, order, eval_tasks, list(trainers.values()), start_step, steps, run_dir
+            )
             await bus.publish(RunFinished(status="completed"))
     return last
+
+
+def _resolved_specs(config: Config) -> dict[str, PolicySpec]:
+    """The run's policies, each built-in model (the tiny one) resolved to its directory."""
+    specs = resolve_policies(config)
+    for name, spec in specs.items():
+        if spec.train.model_name == TINY_MODEL:
+            model = system.resolve_model(TINY_MODEL, seed=spec.train.seed)
+            specs[name] = msgspec.structs.replace(
+                spec, train=msgspec.structs.replace(spec.train, model_name=model)
+            )
+    return specs
 
 
 class RunStopped(RuntimeError):
@@ -357,12 +396,20 @@ async def _schedule(
     config: Config,
     order: TaskOrder,
     eval_tasks: Sequence[TaskRef],
-    trainer: Trainer,
+    trainers: Sequence[Trainer],
     start_step: int,
     steps: int,
     run_dir: Path,
 ) -> dict[str, Any]:
-    """The loop of the module docstring."""
+    """The loop of the module docstring. Several trained policies each have a version; a
+    step's episodes ask each policy for its own (`policy_versions`)."""
+
+    def version() -> int:
+        return min(t.version for t in trainers)
+
+    def versions() -> dict[str, int]:
+        return {t.policy: t.version for t in trainers} if config.policies else {}
+
     train_cfg = config.train
     assert train_cfg is not None
     group_size = train_cfg.workflow_config.group_size
@@ -380,7 +427,7 @@ async def _schedule(
             group_size=workflow.group_size,
             concurrency=eval_cfg.concurrency if eval_cfg else 16,
             step=step,
-            policy_version=trainer.version,
+            policy_version=version(),
         )
         (run_dir / "evals").mkdir(exist_ok=True)
         (run_dir / "evals" / f"step-{step:06d}.json").write_bytes(as_json(report))
@@ -415,7 +462,8 @@ async def _schedule(
                             task=task,
                             purpose="train",
                             step=step,
-                            policy_version=trainer.version,
+                            policy_version=version(),
+                            policy_versions=versions(),
                         )
                     )
         while trained < steps:
@@ -432,7 +480,7 @@ async def _eval_tasks_or_none(bus: Bus, config: Config) -> list[TaskRef]:
 
 
 async def _resumed_client(
-    service: Any, config: Config, store: CheckpointStore, candidates: list[Any]
+    service: Any, config: Config | PolicySpec, store: CheckpointStore, candidates: list[Any]
 ) -> tuple[Any, Any]:
     """The training client, from the newest checkpoint whose files load (older ones next)."""
     failures = []
@@ -470,7 +518,7 @@ def _forget_metrics_from(run_dir: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
-async def _reference(service: Any, config: Config) -> Any:
+async def _reference(service: Any, config: Config | PolicySpec) -> Any:
     """The sampling client of the KL reference: `train.kl.reference_path`, else the base model."""
     from platoon.policy.tinker import sampling_client
 
@@ -483,15 +531,17 @@ async def _reference(service: Any, config: Config) -> Any:
     )
 
 
-async def _training_client(service: Any, config: Config, checkpoint: Any) -> Any:
+async def _training_client(service: Any, config: Config | PolicySpec, checkpoint: Any) -> Any:
     train_cfg = config.train
     assert train_cfg is not None
+    # `checkpoint.load_path` is the one policy's starting point (several policies start afresh)
+    load_path = config.checkpoint.load_path if isinstance(config, Config) else None
 
     def create() -> Any:
         if checkpoint is not None:
             return service.create_training_client_from_state_with_optimizer(checkpoint.state_path).result()
-        if config.checkpoint.load_path:
-            return service.create_training_client_from_state(config.checkpoint.load_path).result()
+        if load_path:
+            return service.create_training_client_from_state(load_path).result()
         return service.create_lora_training_client(
             base_model=train_cfg.model_name, rank=train_cfg.lora_rank, seed=train_cfg.seed
         ).result()

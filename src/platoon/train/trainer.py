@@ -12,7 +12,8 @@ advantages (`platoon.credit.kl`).
 
 Several policies (RFC 0001): one trainer per trained policy, each with its own training client
 and checkpoints; it takes only its policy's `BatchReady`, says which policy its events are of,
-and (`prefix`) writes its own metrics under the policy's name (`planner/train/loss`).
+and (`prefix`) writes its own metrics under the policy's name (`planner/train/loss`) in a
+`PolicyStepFinished`, which `StepJoin` gathers into the step's one `TrainStepFinished`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from typing import Any
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
-from platoon.bus.events import BatchReady, CheckpointSaved, PolicyUpdated, TrainStepFinished
+from platoon.bus.events import (
+    BatchReady,
+    CheckpointSaved,
+    PolicyStepFinished,
+    PolicyUpdated,
+    TrainStepFinished,
+)
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
@@ -79,7 +86,7 @@ class Trainer(ComponentBase):
 
     name = "trainer"
     subscribes = (BatchReady,)
-    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished)
+    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished, PolicyStepFinished)
 
     def __init__(
         self,
@@ -176,8 +183,11 @@ class Trainer(ComponentBase):
         total = self.idle_seconds + self.busy_seconds
         if total > 0:
             metrics["trainer/idle_fraction"] = self.idle_seconds / total
-        metrics = {**batch.stats, **{self.prefix + k: v for k, v in metrics.items()}}
-        await bus.publish(TrainStepFinished(step=batch.step, metrics=metrics, policy=self.policy))
+        if self.prefix:  # one of several policies: the step finishes when all of them trained
+            metrics = {**batch.stats, **{self.prefix + k: v for k, v in metrics.items()}}
+            await bus.publish(PolicyStepFinished(step=batch.step, policy=self.policy, metrics=metrics))
+        else:
+            await bus.publish(TrainStepFinished(step=batch.step, metrics={**batch.stats, **metrics}))
 
     async def kl(self, datums: list[Any]) -> tuple[list[Any], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""
