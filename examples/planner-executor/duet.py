@@ -56,7 +56,11 @@ class Duet(Environment):
         return [{"id": f"{split}-{i}"} for i in range(16)]
 
     def get_prompt(self) -> list[TextBlock]:
-        return [TextBlock(text="Write a line in two voices: vowels from the planner, consonants from the executor.")]
+        return [
+            TextBlock(
+                text="Write a line in two voices: vowels from the planner, consonants from the executor."
+            )
+        ]
 
     @tool
     async def vowels(self, args: Words) -> ToolOutput:

@@ -6,12 +6,12 @@ gateway does not serve is refused."""
 from __future__ import annotations
 
 import pytest
+from test_gateway import Factory, running_gateway
 
 from platoon.bus.events import AgentOpened, AgentOpenRequested, PolicyUpdated
 from platoon.gateway import GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.testing.policies import ScriptedSampler, ScriptedSamplerFactory
-from test_gateway import Factory, running_gateway
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.anyio
@@ -37,7 +37,8 @@ async def test_each_agent_samples_its_own_policy_and_its_calls_say_which(toy_tok
         executor = await gw.context("e1", "e1/child", policy="executor", depth=1, parent_id="e1/root")
         opponent = await gw.context("e1", "e1/rival", policy="opponent", depth=1, parent_id="e1/root")
         said = [
-            (await ctx.chat([{"role": "user", "content": "go"}])).text for ctx in (planner, executor, opponent)
+            (await ctx.chat([{"role": "user", "content": "go"}])).text
+            for ctx in (planner, executor, opponent)
         ]
         assert said == ["planner", "executor v0", "opponent"]
         records = await gw.settled()
