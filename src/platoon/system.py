@@ -408,6 +408,43 @@ async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = N
 
 
 @contextlib.asynccontextmanager
+async def _several_policies(
+    config: Config, run_dir: Path, *, policy: str | None, eval: bool
+) -> AsyncIterator[Any]:
+    """`rollout_system` for a config with `policies:`: the gateway serves every policy."""
+    from platoon.bus import Bus, EventLog
+    from platoon.config import write_run_files
+    from platoon.programs import EpisodeRunner
+    from platoon.train.policies import serving_policies
+
+    async with serving_policies(config, scripted=policy) as served:
+        default, *_ = served
+        write_run_files(run_dir, config, {"policies": list(served), "policy": policy})
+        gateway = gateway_for(
+            config,
+            served[default].renderer,
+            served[default].factory,
+            policy=default,
+            policies={name: p for name, p in served.items() if name != default},
+        )
+        runner = EpisodeRunner(
+            entry_settings(config, eval=eval),
+            max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
+            seed=config.train.seed if config.train else 0,
+        )
+        components = [
+            EventLog(run_dir),
+            *env_services(config),
+            gateway,
+            runner,
+            grader(config),
+            *plugin_components(config),
+        ]
+        async with Bus() as bus, running(bus, components):
+            yield bus
+
+
+@contextlib.asynccontextmanager
 async def rollout_system(
     config: Config, run_dir: Path, *, policy: str | None = None, eval: bool = False
 ) -> AsyncIterator[Any]:
@@ -419,6 +456,10 @@ async def rollout_system(
 
     if not config.environments:
         raise SystemError("the config has no environments")
+    if config.policies and config.train is not None:
+        async with _several_policies(config, run_dir, policy=policy, eval=eval) as bus:
+            yield bus
+        return
     tokenizer = tokenizer_for(config, scripted=bool(policy))
     _, renderer_name = model_and_renderer(config)
     renderer, parser = make_renderer(

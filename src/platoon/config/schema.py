@@ -318,7 +318,7 @@ class PolicyConfig(_Strict):
     optimizer: AdamParams | None = None  # None: train.optimizer
     loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"] | None = None
     loss_fn_config: dict[str, float | str] | None = None  # None: train.loss_fn_config
-    # start from (trained) or sample (frozen) these weights, e.g. a tinker:// path; None: the base model
+    # the sampler weights a frozen policy (or an evaluation) samples, e.g. a tinker:// path; None: the base model
     model_path: PathOrName | None = None
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 

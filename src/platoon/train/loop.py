@@ -31,7 +31,7 @@ from platoon import system
 from platoon.bus import Bus, EventLog
 from platoon.bus.events import EpisodeRequested, RunFinished, TaskRef, TrainStepFinished, new_id
 from platoon.config import Config, load_config, load_site, run_dir, write_run_files
-from platoon.config.policies import PolicySpec, resolve_policies
+from platoon.config.policies import PolicySpec
 from platoon.config.schema import workflow_for
 from platoon.credit import CreditConfig
 from platoon.gateway.core import GatewayPolicy
@@ -39,7 +39,7 @@ from platoon.policy.tinker import TinkerSamplerFactory
 from platoon.train.batcher import CreditAssigner
 from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
 from platoon.train.evaluate import as_json, eval_tasks, evaluate, evaluate_config, list_tasks
-from platoon.train.policies import StepJoin, policy_services, policy_stores, resume_points
+from platoon.train.policies import StepJoin, policy_services, policy_stores, resolved_specs, resume_points
 from platoon.train.trainer import Trainer, TrainerSettings
 
 __all__ = ["TaskOrder", "run", "train", "train_command"]
@@ -162,9 +162,15 @@ async def train(
         config = _replace_model(config, system.resolve_model(TINY_MODEL, seed=train_cfg.seed))
         train_cfg = config.train
         assert train_cfg is not None
-    specs = _resolved_specs(config)
+    specs = resolved_specs(config)
     several = config.policies is not None
     trained = [name for name, spec in specs.items() if not spec.frozen]
+    for name in trained:
+        if specs[name].model_path:
+            raise ValueError(
+                f"policies.{name}.model_path: a policy that trains starts from its base model "
+                "(model_path is what a frozen policy, or an evaluation, samples)"
+            )
     run_store = CheckpointStore(run_dir)
     stores = policy_stores(run_dir, trained, several=several)
     identity = run_identity(config)
@@ -324,18 +330,6 @@ async def train(
             )
             await bus.publish(RunFinished(status="completed"))
     return last
-
-
-def _resolved_specs(config: Config) -> dict[str, PolicySpec]:
-    """The run's policies, each built-in model (the tiny one) resolved to its directory."""
-    specs = resolve_policies(config)
-    for name, spec in specs.items():
-        if spec.train.model_name == TINY_MODEL:
-            model = system.resolve_model(TINY_MODEL, seed=spec.train.seed)
-            specs[name] = msgspec.structs.replace(
-                spec, train=msgspec.structs.replace(spec.train, model_name=model)
-            )
-    return specs
 
 
 class RunStopped(RuntimeError):

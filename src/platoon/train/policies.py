@@ -26,7 +26,15 @@ from platoon.bus.events import PolicyStepFinished, TrainStepFinished
 from platoon.config.policies import PolicySpec
 from platoon.train.checkpoints import Checkpoint, CheckpointStore, ResumeError
 
-__all__ = ["Service", "StepJoin", "policy_services", "policy_stores", "resume_points"]
+__all__ = [
+    "Service",
+    "StepJoin",
+    "policy_services",
+    "policy_stores",
+    "resolved_specs",
+    "resume_points",
+    "serving_policies",
+]
 
 log = structlog.get_logger("platoon.train")
 
@@ -46,10 +54,13 @@ def _service_key(spec: PolicySpec) -> tuple[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def policy_services(specs: dict[str, PolicySpec], run_dir: Path) -> AsyncIterator[dict[str, Service]]:
+async def policy_services(
+    specs: dict[str, PolicySpec], run_dir: Path | None
+) -> AsyncIterator[dict[str, Service]]:
     """Each policy's training service, opened once per distinct service: the embedded one
     (`backend: local`, one server per base model, its checkpoints under `run_dir/tinker`, a
-    second model's under `run_dir/tinker-<policy>`), a self-hosted server, or hosted Tinker."""
+    second model's under `run_dir/tinker-<policy>`; without `run_dir`, in a temporary folder),
+    a self-hosted server, or hosted Tinker."""
     import tinker
 
     from platoon.policy.tinker import closing
@@ -63,7 +74,9 @@ async def policy_services(specs: dict[str, PolicySpec], run_dir: Path) -> AsyncI
                 if key[0] == "local":
                     from platoon.backends.local import running_server_in_thread
 
-                    where = run_dir / ("tinker" if not opened else f"tinker-{name}")
+                    where = (
+                        None if run_dir is None else run_dir / ("tinker" if not opened else f"tinker-{name}")
+                    )
                     base_url = await stack.enter_async_context(
                         running_server_in_thread(spec.train.model_name, checkpoint_dir=where)
                     )
@@ -75,6 +88,65 @@ async def policy_services(specs: dict[str, PolicySpec], run_dir: Path) -> AsyncI
                 opened[key] = Service(client, base_url)
             out[name] = opened[key]
         yield out
+
+
+def resolved_specs(config: Any) -> dict[str, PolicySpec]:
+    """The run's policies, each built-in model (the tiny one) resolved to its directory."""
+    import msgspec
+
+    from platoon import system
+    from platoon.config.policies import resolve_policies
+
+    specs = resolve_policies(config)
+    for name, spec in specs.items():
+        if spec.train.model_name == system.TINY_MODEL:
+            model = system.resolve_model(system.TINY_MODEL, seed=spec.train.seed)
+            specs[name] = msgspec.structs.replace(
+                spec, train=msgspec.structs.replace(spec.train, model_name=model)
+            )
+    return specs
+
+
+@contextlib.asynccontextmanager
+async def serving_policies(config: Any, *, scripted: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    """What a gateway that plays (not trains) every policy of `config` serves, by name: each
+    policy's renderer and its sampler (its base model, or a frozen policy's `model_path`), or
+    the scripted policy `scripted` (`scripted:MODULE:ATTR`) for all of them."""
+    from platoon import system
+    from platoon.gateway import GatewayPolicy
+    from platoon.policy.tinker import TinkerSamplerFactory
+
+    specs = resolved_specs(config)
+    tokenizers, renderers = {}, {}
+    for name, spec in specs.items():
+        try:
+            tokenizers[name] = system.load_tokenizer(spec.train.tokenizer or spec.train.model_name)
+        except system.SystemError:
+            if scripted is None:
+                raise
+            tokenizers[name] = system.load_tokenizer(system.TOY_TOKENIZER)
+        renderers[name], _ = system.make_renderer(
+            spec.train.renderer_name, tokenizers[name], spec.train.tool_call_parser
+        )
+    if scripted is not None:
+        yield {
+            name: GatewayPolicy(
+                renderers[name], system.policy_from_ref(scripted, tokenizers[name]), spec.frozen
+            )
+            for name, spec in specs.items()
+        }
+        return
+    async with policy_services(specs, None) as services:
+        yield {
+            name: GatewayPolicy(
+                renderers[name],
+                TinkerSamplerFactory(
+                    services[name].client, spec.train.model_name, model_path=spec.model_path
+                ),
+                frozen=spec.frozen,
+            )
+            for name, spec in specs.items()
+        }
 
 
 def _tinker_client(base_url: str | None) -> Any:
