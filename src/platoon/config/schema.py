@@ -203,7 +203,7 @@ class PolicyChoice(_Strict):
     tree (keys "0", "1", ...), its harness's name, or the role its program gave it (the root's
     role is "root"). An agent the map does not name is an error, never a fallback."""
 
-    by: Literal["depth", "harness", "role"]
+    by: Literal["depth", "harness", "role"]  # what of the agent picks its policy
     map: Annotated[dict[str, str], Meta(min_length=1)]  # depth, harness or role -> policy name
 
 
