@@ -75,11 +75,21 @@ def run_components(config: Config, purpose: str) -> list[tuple[str, Any]]:
         *envs,
         *rollouts,
         ("credit-assigner", CreditAssigner),
-        ("trainer", Trainer),
+        *_trainers(config, Trainer),
         ("progress", TrainProgress),
         ("metrics", MetricsSink),
         *plugins,
     ]
+
+
+def _trainers(config: Config, trainer: Any) -> list[tuple[str, Any]]:
+    """One trainer per trained policy, and the step join when there are several (RFC 0001)."""
+    if not config.policies:
+        return [("trainer", trainer)]
+    from platoon.train.policies import StepJoin
+
+    trained = [name for name, policy in config.policies.items() if not policy.frozen]
+    return [*((f"trainer:{name}", trainer) for name in trained), ("step-join", StepJoin)]
 
 
 def graph(args: Any) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from platoon.bus import Bus, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import PolicyStepFinished, TrainStepFinished
 from platoon.config.policies import PolicySpec
 from platoon.train.checkpoints import Checkpoint, CheckpointStore, ResumeError
@@ -190,20 +190,21 @@ def resume_points(stores: dict[str, CheckpointStore]) -> dict[str, list[Checkpoi
     return {name: [c for c in candidates if c.step <= common] for name, candidates in found.items()}
 
 
-class StepJoin:
+class StepJoin(ComponentBase):
     """Gathers each trained policy's `PolicyStepFinished` of a step into the step's one
     `TrainStepFinished`, so that the scheduler, metrics and progress see one step as ever."""
 
     name = "step-join"
+    subscribes = (PolicyStepFinished,)
+    publishes = (TrainStepFinished,)
 
     def __init__(self, policies: Sequence[str]) -> None:
         self.policies = tuple(policies)
         self.pending: dict[int, dict[str, dict[str, float]]] = {}
         self._events: Stream[PolicyStepFinished] | None = None
 
-    def attach(self, bus: Bus) -> None:
-        if self._events is None:
-            self._events = bus.stream(PolicyStepFinished, name=self.name).open()
+    def on_attach(self, bus: Bus) -> None:
+        self._events = bus.stream(PolicyStepFinished, name=self.name).open()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
