@@ -424,6 +424,7 @@ async def _several_policies(
             config,
             served[default].renderer,
             served[default].factory,
+            model_name=served[default].model_name or "platoon-policy",
             policy=default,
             policies={name: p for name, p in served.items() if name != default},
         )

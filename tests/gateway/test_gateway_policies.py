@@ -82,3 +82,12 @@ async def test_one_policy_is_the_default_and_its_calls_say_so(toy_tokenizer):
         await ctx.chat([{"role": "user", "content": "go"}])
         [record] = await gw.settled()
         assert record.policy == "default"
+
+
+async def test_agents_may_name_any_served_policys_model(toy_tokenizer):
+    policies = _policies(toy_tokenizer)
+    policies["executor"].model_name = "Qwen/Qwen3-1.7B"
+    async with running_gateway(
+        toy_tokenizer, ["planner"], policy="planner", model_name="Qwen/Qwen3-4B", policies=policies
+    ) as gw:
+        assert {"Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "platoon-policy"} <= gw.gateway.model_names

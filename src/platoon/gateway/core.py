@@ -97,6 +97,7 @@ class GatewayPolicy:
     renderer: Renderer
     factory: SamplerFactory
     frozen: bool = False
+    model_name: str | None = None  # its model, a name agents may ask for (their key picks the policy)
     sampler: Sampler | None = None
     updated: anyio.Event | None = None  # set (and replaced) when the sampler changes
     stream_markers: tuple[list[str], bool] | None = None
@@ -206,7 +207,8 @@ class Gateway(ComponentBase):
         self.serve_http = serve_http
         self.model_name = model_name
         # What agents may ask for: the policy's name, the generic one, and configured aliases.
-        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases})
+        served = [p.model_name for p in (policies or {}).values() if p.model_name]
+        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases, *served})
         self.version_timeout = version_timeout
         self.max_calls_per_agent = max_calls_per_agent
         self.max_body = max_body

@@ -266,7 +266,12 @@ async def train(
                     model_name=specs[default].train.model_name,
                     policy=default,
                     policies={
-                        name: GatewayPolicy(renderers[name][0], factories[name], frozen=spec.frozen)
+                        name: GatewayPolicy(
+                            renderers[name][0],
+                            factories[name],
+                            frozen=spec.frozen,
+                            model_name=spec.train.model_name,
+                        )
                         for name, spec in specs.items()
                         if name != default
                     },
@@ -343,7 +348,10 @@ def how_to_resume(args: Any, directory: Path) -> str:
     from platoon.config.redact import redact_text
 
     try:
-        latest = CheckpointStore(directory).latest()
+        stores = [CheckpointStore(d) for d in sorted((directory / "checkpoints").glob("*")) if d.is_dir()]
+        found = [store.latest() for store in stores or [CheckpointStore(directory)]]
+        # several policies: a resume starts from the newest step all of them saved
+        latest = None if None in found else min(found, key=lambda c: c.step)  # type: ignore[union-attr]
     except ResumeError:
         latest = None
     command = " ".join(

@@ -144,6 +144,7 @@ async def serving_policies(config: Any, *, scripted: str | None = None) -> Async
                     services[name].client, spec.train.model_name, model_path=spec.model_path
                 ),
                 frozen=spec.frozen,
+                model_name=spec.train.model_name,
             )
             for name, spec in specs.items()
         }
