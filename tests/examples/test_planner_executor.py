@@ -84,3 +84,46 @@ def test_two_tiny_policies_trained_together_each_improve_at_their_role(tmp_path,
         saved = (run_dir / "checkpoints" / policy / "checkpoints.jsonl").read_text().splitlines()
         assert [json.loads(line)["step"] for line in saved] == [config.train.max_training_steps - 1]
     print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
+
+
+@pytest.mark.torch
+def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_they_all_saved(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("peft")
+    from platoon import system
+    from platoon.train.checkpoints import ResumeError
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    small = [
+        "train.save_every=1",
+        "train.batch_size=1",
+        "train.workflow_config.group_size=4",
+        "train.workflow_config.remove_constant_reward_groups=false",  # every step trains both
+    ]
+    config = load_config(EXAMPLE / "cpu.yaml", [*small, "train.max_training_steps=2"])
+    system.import_packages(config, EXAMPLE)
+    run_dir = tmp_path / "run"
+    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
+
+    def saved(policy: str) -> list[dict]:
+        path = run_dir / "checkpoints" / policy / "checkpoints.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert [c["step"] for c in saved("planner")] == [c["step"] for c in saved("executor")] == [0, 1]
+    assert not (run_dir / "checkpoints.jsonl").exists()
+    # The run is what its policies are: a resume that changes one is refused before anything runs.
+    changed = load_config(EXAMPLE / "cpu.yaml", [*small, "policies.executor.lora_rank=4"])
+    with pytest.raises(ResumeError, match="policies"):
+        anyio.run(lambda: train(changed, run_dir=run_dir, resume=True, console=False))
+
+    longer = load_config(EXAMPLE / "cpu.yaml", [*small, "train.max_training_steps=3"])
+    anyio.run(lambda: train(longer, run_dir=run_dir, resume=True, console=False))
+    assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 2
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]  # each step once
+    for policy in ("planner", "executor"):
+        assert [c["step"] for c in saved(policy)] == [0, 1, 2]
+        assert [m[f"{policy}/policy/version"] for m in metrics] == [1.0, 2.0, 3.0]
