@@ -1,9 +1,8 @@
-"""Assembling the components a config describes.
+"""What assembling a run needs that is not wiring: models, tokenizers, renderers, the
+Tinker service's address, the names of the config's entries, and running components.
 
-A run is a set of components on one bus: an env service per environment entry, the model
-gateway, the episode runner and the grader, the event log, the config's plugins, and for
-training the trainer and its scheduler. This module builds them from a `Config`; the
-commands (`platoon rollout|eval|train|worker`) and embedding applications pick what they need.
+The run itself is assembled in one place, `platoon.assembly`; the commands and embedding
+applications go through it.
 """
 
 from __future__ import annotations
@@ -19,27 +18,21 @@ import structlog
 
 from platoon import plugins
 from platoon.config import Config
-from platoon.config.schema import EnvironmentConfig, policy_names, workflow_for
-from platoon.policy.base import SampleParams, SamplerFactory
+from platoon.policy.base import SamplerFactory
 
 __all__ = [
     "SystemError",
+    "check_training_service",
     "entry_names",
-    "entry_settings",
-    "env_services",
-    "gateway_for",
     "import_packages",
     "load_tokenizer",
     "make_renderer",
-    "model_and_renderer",
-    "plugin_components",
     "policy_from_ref",
-    "reward_processors",
-    "rollout_system",
+    "resolve_model",
     "running",
-    "sampler_factory",
     "tinker_service_client",
-    "tokenizer_for",
+    "tiny_model_path",
+    "tokenizer_named",
 ]
 
 log = structlog.get_logger("platoon.system")
@@ -77,82 +70,6 @@ def import_packages(config: Config, config_dir: Path | None = None) -> None:
                 raise SystemError(f"cannot import package {entry.package!r}: {exc}") from exc
 
 
-def entry_settings(config: Config, *, eval: bool = False) -> list[Any]:
-    """The runner's view of each environment entry."""
-    from platoon.programs import EntrySettings
-
-    settings = []
-    for i, (name, entry) in enumerate(zip(entry_names(config), config.environments, strict=True)):
-        workflow = workflow_for(config, entry, eval=eval)
-        rollout = workflow.rollout_config
-        inference = rollout.inference_params
-        params = {
-            "temperature": inference.temperature,
-            "top_p": inference.top_p,
-            "top_k": inference.top_k,
-            "max_tokens": inference.max_completion_tokens,
-            "stop": inference.stop,
-            "seed": inference.seed,
-        }
-        if entry.harness is None:
-            raise SystemError(f"environments.{i}.harness: an entry needs a harness to play it")
-        settings.append(
-            EntrySettings(
-                name=name,
-                harness=entry.harness if isinstance(entry.harness, str) else dict(entry.harness),
-                harness_options=dict(entry.harness_options),
-                program=entry.program,
-                program_options=dict(entry.program_options),
-                max_steps=rollout.max_steps,
-                max_tokens=rollout.max_tokens_per_episode,
-                timeout=rollout.timeout,
-                params={k: v for k, v in params.items() if v is not None},
-                agents=entry.agents,
-                path=f"environments.{i}",
-                default_policy=policy_names(config)[0],
-            )
-        )
-    return settings
-
-
-def env_services(config: Config, names: Sequence[str] | None = None) -> list[Any]:
-    """One env service per environment entry (or per named entry)."""
-
-    services = []
-    for name, entry in zip(entry_names(config), config.environments, strict=True):
-        if names is not None and name not in names:
-            continue
-        services.append(_service(name, entry))
-    return services
-
-
-def reward_processors(config: Config) -> dict[str, str]:
-    """Each entry's `reward_processor` ref, by entry name, for the grader."""
-    return {
-        name: entry.reward_processor
-        for name, entry in zip(entry_names(config), config.environments, strict=True)
-        if entry.reward_processor
-    }
-
-
-def grader(config: Config, *, tinker_base_url: str | None = None, model_name: str | None = None) -> Any:
-    """The config's grader: each entry's reward processor, reward rules and judges.
-
-    `tinker_base_url` and `model_name` are the run's training service and base model, for
-    `tinker` judges that name neither."""
-    from platoon.programs import Grader
-    from platoon.rewards import build_reward_rules
-
-    rules = build_reward_rules(config, tinker_base_url=tinker_base_url, model_name=model_name)
-    return Grader(reward_processors=reward_processors(config), rules=rules)
-
-
-def _service(name: str, entry: EnvironmentConfig) -> Any:
-    from platoon.envs import build_env_service
-
-    return build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
-
-
 TINY_MODEL = "platoon-tiny-qwen3"
 
 
@@ -162,15 +79,20 @@ def resolve_model(name: str, *, seed: int = 0) -> str:
     named by its directory; any other name is returned as it is."""
     if name != TINY_MODEL:
         return name
-    from platoon.config import load_site
-
-    directory = Path(load_site().cache).expanduser() / "models" / TINY_MODEL
+    directory = Path(tiny_model_path())
     if not (directory / "config.json").exists():
         from platoon.testing.models import save_tiny_model
 
         log.info("building the tiny demo model", path=str(directory))
         save_tiny_model(directory, hidden_size=64, num_layers=2, seed=seed)
     return str(directory)
+
+
+def tiny_model_path() -> str:
+    """Where the built-in tiny model is (or will be) built: the site cache."""
+    from platoon.config import load_site
+
+    return str(Path(load_site().cache).expanduser() / "models" / TINY_MODEL)
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -244,13 +166,13 @@ def check_training_service(config: Config) -> None:
     """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
     none is named (the embedded backend needs none)."""
     if config.train is None:
-        _tinker_endpoint(config)
+        _tinker_endpoint(config.tinker_base_url)
         return
     from platoon.config.policies import resolve_policies
 
-    for spec in resolve_policies(config).values():
-        if spec.train.backend != "local" and spec.tinker_base_url is None:
-            _tinker_endpoint(config)
+    for spec in resolve_policies(config).values():  # `policies:` may put each on a service of its own
+        if spec.train.backend != "local":
+            _tinker_endpoint(spec.tinker_base_url)
 
 
 _NO_SERVICE = (
@@ -260,61 +182,25 @@ _NO_SERVICE = (
 )
 
 
-def tinker_service_client(config: Config) -> Any:
-    """A `tinker.ServiceClient` for the config: `tinker_base_url`, else `$TINKER_BASE_URL`,
-    else hosted Tinker (which needs `TINKER_API_KEY`)."""
+def tinker_service_client(base_url: str | None) -> Any:
+    """A `tinker.ServiceClient` for `base_url`, else `$TINKER_BASE_URL`, else hosted Tinker."""
     try:
         import tinker
     except ImportError:
         raise SystemError(
             "sampling a Tinker policy needs the tinker extra: pip install 'platoon[tinker]'"
         ) from None
-    base_url, api_key = _tinker_endpoint(config)
+    base_url, api_key = _tinker_endpoint(base_url)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
 
 
-def _tinker_endpoint(config: Config) -> tuple[str | None, str | None]:
-    """(base URL, API key) of the config's Tinker service; raises when it names none."""
-    base_url = config.tinker_base_url or os.environ.get("TINKER_BASE_URL")
+def _tinker_endpoint(configured: str | None) -> tuple[str | None, str | None]:
+    """(base URL, API key) of the Tinker service; raises when none is named."""
+    base_url = configured or os.environ.get("TINKER_BASE_URL")
     api_key = os.environ.get("TINKER_API_KEY")
     if base_url is None and not api_key:
         raise SystemError(_NO_SERVICE)
     return base_url, api_key
-
-
-def gateway_for(
-    config: Config,
-    renderer: Any,
-    factory: SamplerFactory,
-    *,
-    model_name: str = "platoon-policy",
-    policy: str = "default",
-    policies: Any = None,
-) -> Any:
-    """The gateway; `policy` names the policy `renderer` and `factory` serve, `policies` adds
-    the others of a several-policy run (name -> `GatewayPolicy`)."""
-    from platoon.gateway import Gateway
-
-    return Gateway(
-        renderer=renderer,
-        sampler_factory=factory,
-        defaults=SampleParams(),
-        context_window=config.train.context_window_length if config.train else None,
-        max_concurrent_samples=config.gateway.max_concurrent_samples,
-        host=config.gateway.host,
-        port=config.gateway.port,
-        model_name=model_name,
-        model_aliases=config.gateway.model_aliases,
-        policy=policy,
-        policies=policies,
-    )
-
-
-def plugin_components(config: Config) -> list[Any]:
-    return [
-        plugins.plugin_component(p.handler or p.component or "", event_names=p.events, options=p.options)
-        for p in config.plugins
-    ]
 
 
 @contextlib.asynccontextmanager
@@ -355,18 +241,8 @@ def make_renderer(
     return get_renderer(renderer_name, tokenizer, tool_call_parser=parser), parser
 
 
-def model_and_renderer(config: Config) -> tuple[str | None, str]:
-    model = config.train.model_name if config.train else (config.eval.model_name if config.eval else None)
-    renderer = (
-        config.train.renderer_name if config.train else (config.eval.renderer_name if config.eval else None)
-    )
-    return model, renderer or "qwen3_instruct"
-
-
-def tokenizer_for(config: Config, *, scripted: bool = False) -> Any:
-    """The run's tokenizer; a scripted policy falls back to the toy Qwen3 tokenizer."""
-    model, _ = model_and_renderer(config)
-    name = (config.train.tokenizer if config.train else None) or model
+def tokenizer_named(name: str | None, *, scripted: bool = False) -> Any:
+    """The tokenizer `name`; a scripted policy falls back to the toy Qwen3 tokenizer."""
     if name is None:
         if scripted:
             return load_tokenizer(TOY_TOKENIZER)
@@ -381,107 +257,3 @@ def tokenizer_for(config: Config, *, scripted: bool = False) -> Any:
             wanted=name,
         )
         return load_tokenizer(TOY_TOKENIZER)
-
-
-@contextlib.asynccontextmanager
-async def sampler_factory(config: Config, tokenizer: Any, policy: str | None = None) -> AsyncIterator[Any]:
-    """The sampler factory: a scripted policy, the embedded backend, or a Tinker service."""
-    if policy:
-        yield policy_from_ref(policy, tokenizer)
-        return
-    from platoon.policy.tinker import TinkerSamplerFactory, closing
-
-    model, _ = model_and_renderer(config)
-    model_path = config.eval.model_path if config.eval else None
-    if config.train is not None and config.train.backend == "local":
-        from platoon.backends.local import running_server_in_thread
-
-        local = resolve_model(config.train.model_name, seed=config.train.seed)
-        async with running_server_in_thread(local) as base_url:
-            import tinker
-
-            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
-                yield TinkerSamplerFactory(client, local, model_path=model_path)
-        return
-    async with closing(tinker_service_client(config)) as client:
-        yield TinkerSamplerFactory(client, model or "", model_path=model_path)
-
-
-@contextlib.asynccontextmanager
-async def _several_policies(
-    config: Config, run_dir: Path, *, policy: str | None, eval: bool
-) -> AsyncIterator[Any]:
-    """`rollout_system` for a config with `policies:`: the gateway serves every policy."""
-    from platoon.bus import Bus, EventLog
-    from platoon.config import write_run_files
-    from platoon.programs import EpisodeRunner
-    from platoon.train.policies import serving_policies
-
-    async with serving_policies(config, scripted=policy) as served:
-        default, *_ = served
-        write_run_files(run_dir, config, {"policies": list(served), "policy": policy})
-        gateway = gateway_for(
-            config,
-            served[default].renderer,
-            served[default].factory,
-            model_name=served[default].model_name or "platoon-policy",
-            policy=default,
-            policies={name: p for name, p in served.items() if name != default},
-        )
-        runner = EpisodeRunner(
-            entry_settings(config, eval=eval),
-            max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
-            seed=config.train.seed if config.train else 0,
-        )
-        components = [
-            EventLog(run_dir),
-            *env_services(config),
-            gateway,
-            runner,
-            grader(config),
-            *plugin_components(config),
-        ]
-        async with Bus() as bus, running(bus, components):
-            yield bus
-
-
-@contextlib.asynccontextmanager
-async def rollout_system(
-    config: Config, run_dir: Path, *, policy: str | None = None, eval: bool = False
-) -> AsyncIterator[Any]:
-    """A running bus with everything that plays and grades episodes (no trainer): env
-    services, the gateway, the runner, the grader, the event log and the config's plugins."""
-    from platoon.bus import Bus, EventLog
-    from platoon.config import write_run_files
-    from platoon.programs import EpisodeRunner
-
-    if not config.environments:
-        raise SystemError("the config has no environments")
-    if config.policies and config.train is not None:
-        async with _several_policies(config, run_dir, policy=policy, eval=eval) as bus:
-            yield bus
-        return
-    tokenizer = tokenizer_for(config, scripted=bool(policy))
-    _, renderer_name = model_and_renderer(config)
-    renderer, parser = make_renderer(
-        renderer_name, tokenizer, config.train.tool_call_parser if config.train else "auto"
-    )
-    runner = EpisodeRunner(
-        entry_settings(config, eval=eval),
-        max_concurrent=config.eval.concurrency if (eval and config.eval) else 256,
-        seed=config.train.seed if config.train else 0,
-    )
-    write_run_files(
-        run_dir, config, {"renderer": renderer_name, "tool_call_parser": parser, "policy": policy}
-    )
-    async with sampler_factory(config, tokenizer, policy) as factory:
-        components = [
-            EventLog(run_dir),
-            *env_services(config),
-            gateway_for(config, renderer, factory),
-            runner,
-            grader(config),
-            *plugin_components(config),
-        ]
-        async with Bus() as bus, running(bus, components):
-            yield bus

@@ -20,7 +20,10 @@ from rich.console import Console
 import platoon
 from platoon.bus import Bus, ComponentBase, attach
 from platoon.bus.events import (
+    AgentFinished,
+    AgentSpawned,
     EpisodeAbandoned,
+    EpisodeGraded,
     EpisodeRequested,
     Event,
     ModelCallFinished,
@@ -36,7 +39,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # What a component takes that it does not subscribe to when it is attached: the replies to its
 # requests (`bus.request` takes those) and, for the runner, the model calls a command-line
 # harness counts while its agent runs.
-TAKEN_LATER = {"EpisodeRunner": {ModelCallFinished}, "FollowingRunner": {ModelCallFinished}}
+TAKEN_LATER = {
+    "EpisodeRunner": {ModelCallFinished},
+    "FollowingRunner": {ModelCallFinished},
+    # what an evaluation collects while it runs
+    "Evaluator": {ModelCallFinished, AgentSpawned, AgentFinished, EpisodeGraded},
+}
 
 
 def all_component_classes() -> set[type]:
@@ -80,6 +88,8 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         ResultSeal,
         WorkerRegistry,
     )
+    from platoon.train.evaluate import Evaluator
+    from platoon.train.loop import Scheduler
     from platoon.train.policies import StepJoin
     from platoon.train.trainer import Trainer, TrainerSettings
 
@@ -108,6 +118,8 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         LeaseKeeper(lease=5.0),
         follower,
         ResultSeal(worker="w", envs={"vowels"}),
+        Scheduler(None),
+        Evaluator(None, run_dir=tmp_path),
         EventHandlerPlugin("plugin", lambda event: None, [RunFinished, PolicyUpdated]),
         NatsBridge(
             "nats://127.0.0.1:4222",

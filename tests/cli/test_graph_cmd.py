@@ -32,7 +32,7 @@ def line_of(text, event):
 def test_a_training_run_as_text_and_nothing_opened(tmp_path):
     out = graph(tmp_path, QUICKSTART)
     assert line_of(out, "BatchReady").split(None, 1)[1] == "credit-assigner -> trainer"
-    assert line_of(out, "PolicyUpdated").endswith("trainer -> gateway")
+    assert line_of(out, "PolicyUpdated").endswith("trainer -> gateway, scheduler")
     assert line_of(out, "SessionOpened").endswith("env:vowels -> episode-runner")
     assert "episode-runner ->" in line_of(out, "EpisodeFinished")
     assert "every event also goes to: event-log" in out
@@ -43,7 +43,7 @@ def test_a_training_run_as_text_and_nothing_opened(tmp_path):
 def test_overrides_and_purposes_change_the_run(tmp_path):
     out = graph(tmp_path, QUICKSTART, "nats.url=nats://127.0.0.1:4222")
     assert "gateway" not in out.split("\n")[1]  # the trainer plays no rollouts with nats:
-    assert line_of(out, "PolicyUpdated").endswith("trainer -> policy-announcer")
+    assert line_of(out, "PolicyUpdated").endswith("trainer -> policy-announcer, scheduler")
     assert "EpisodeAbandoned" in out and "lease-keeper" in out
     rollout = graph(tmp_path, QUICKSTART, "--purpose", "rollout")
     assert "trainer" not in rollout and "episode-runner" in rollout

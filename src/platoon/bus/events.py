@@ -39,6 +39,8 @@ __all__ = [
     "EpisodeStarted",
     "EpisodeStatus",
     "EvalFinished",
+    "EvalRequested",
+    "Evaluated",
     "Event",
     "ForkMode",
     "GradeRequested",
@@ -528,6 +530,22 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     policy_version: int  # the policy version at that step
     task_cursor: int = 0  # how far through the training tasks the run was
     policy: str = "default"  # the policy whose state this is
+
+
+@register_event
+class EvalRequested(Request, frozen=True, kw_only=True):
+    """Ask the evaluator for an evaluation at `step` (the scheduler's, every `eval.every` steps)."""
+
+    step: int  # the training step the evaluation is taken at
+    policy_version: int = 0  # the policy version current when it was asked for
+
+
+@register_event
+class Evaluated(Reply, frozen=True, kw_only=True):
+    """The evaluation is done and its report written (None: there were no tasks to evaluate)."""
+
+    step: int
+    report_path: str | None = None
 
 
 @register_event

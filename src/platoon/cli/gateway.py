@@ -47,20 +47,23 @@ def serve(args: Any) -> int:
 
 
 async def _serve(args: Any, config: Any) -> None:
-    from platoon.bus import Bus, EventLog
+    from platoon.assembly import assemble
     from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
     from platoon.config import Config
-    from platoon.gateway import Gateway
 
-    config = config or Config()
-    tokenizer = system.tokenizer_for(config, scripted=bool(args.policy))
-    _, renderer_name = system.model_and_renderer(config)
-    renderer_name = args.renderer or renderer_name
-    renderer, _ = system.make_renderer(
-        renderer_name,
-        tokenizer,
-        config.train.tool_call_parser if config.train else "auto",
+    run = assemble(
+        config or Config(),
+        "gateway",
+        policy=args.policy,
+        gateway={
+            "host": args.host,
+            "port": args.port,
+            "model_name": args.model_name,
+            "renderer_name": args.renderer,
+        },
+        events_dir=args.events_dir,
     )
+    renderer_name = run.settings.policy.renderer_name
 
     def report(call: ModelCallFinished) -> None:
         print(
@@ -69,30 +72,18 @@ async def _serve(args: Any, config: Any) -> None:
             flush=True,
         )
 
-    async with system.sampler_factory(config, tokenizer, args.policy) as factory:
-        gateway = Gateway(
-            renderer=renderer,
-            sampler_factory=factory,
-            context_window=config.train.context_window_length if config.train else None,
-            host=args.host,
-            port=args.port,
-            model_name=args.model_name,
-        )
-        components: list[Any] = [gateway]
+    async with run.running() as bus:
+        bus.subscribe(ModelCallFinished, report, name="gateway-serve:report")
+        opened = await bus.request(AgentOpenRequested(episode_id=new_id(), agent_id="agent"))
+        assert isinstance(opened, AgentOpened)
+        base = opened.base_url or ""
+        root = base.removesuffix("/v1")
+        print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
+        print(f"key      {opened.key}")
+        print("point an agent at it:")
+        print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
+        print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
         if args.events_dir:
-            components.append(EventLog(Path(args.events_dir), flush_every=1))
-        async with Bus() as bus, system.running(bus, components):
-            bus.subscribe(ModelCallFinished, report, name="gateway-serve:report")
-            opened = await bus.request(AgentOpenRequested(episode_id=new_id(), agent_id="agent"))
-            assert isinstance(opened, AgentOpened)
-            base = opened.base_url or ""
-            root = base.removesuffix("/v1")
-            print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")
-            print(f"key      {opened.key}")
-            print("point an agent at it:")
-            print(f"  export OPENAI_BASE_URL={base} OPENAI_API_KEY={opened.key}")
-            print(f"  export ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={opened.key}")
-            if args.events_dir:
-                print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
-            print("Ctrl-C stops it.", flush=True)
-            await anyio.sleep_forever()  # run_async ends it on Ctrl-C or SIGTERM, in order
+            print(f"calls are logged to {args.events_dir} (platoon events {args.events_dir})")
+        print("Ctrl-C stops it.", flush=True)
+        await anyio.sleep_forever()  # run_async ends it on Ctrl-C or SIGTERM, in order

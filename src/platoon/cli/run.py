@@ -120,11 +120,11 @@ def rollout(args: Any) -> int:
     wanted = _task(args, setup.config)
 
     async def main() -> list[Event]:
+        from platoon.assembly import assemble
         from platoon.bus.events import EpisodeGraded, EpisodeRequested, new_id
 
-        async with system.rollout_system(
-            setup.config, setup.run_dir, policy=getattr(args, "policy", None)
-        ) as bus:
+        run = assemble(setup.config, "rollout", run_dir=setup.run_dir, policy=getattr(args, "policy", None))
+        async with run.running() as bus:
             task = await _find_task(bus, wanted)
             episode_id = new_id()
             seen: list[Event] = []

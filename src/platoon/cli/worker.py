@@ -13,7 +13,6 @@ Also runnable as `python -m platoon.cli.worker`, with the same arguments.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -25,7 +24,8 @@ import structlog
 
 from platoon import system
 from platoon.cli import CommandError
-from platoon.config import Config, load_config
+from platoon.config import load_config
+from platoon.train.distributed import TinkerPolicies
 
 __all__ = ["add_arguments", "main", "worker"]
 
@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def worker(args: Any) -> int:
-    from platoon.train.distributed import DistributedError, Worker
+    from platoon.assembly import assemble
+    from platoon.train.distributed import DistributedError
 
     path = Path(args.config)
     config = load_config(path, args.overrides)
@@ -52,33 +53,21 @@ def worker(args: Any) -> int:
         raise CommandError("a worker needs the trainer's config, with its train: section")
     if config.nats is None and not args.nats:
         raise CommandError("no NATS server: add a nats: section to the config or pass --nats URL")
-    config = _local_model(config)
-    tokenizer = system.tokenizer_for(config, scripted=bool(getattr(args, "policy", None)))
-    from platoon.gateway.renderers import get_renderer
-
-    train = config.train
-    assert train is not None
-    parser = None if train.tool_call_parser == "auto" else train.tool_call_parser
-    renderer = get_renderer(train.renderer_name, tokenizer, tool_call_parser=parser)
-    policy = getattr(args, "policy", None)
-    from platoon.train.distributed import authenticated
-
-    sampler_for = (
-        _scripted(policy, tokenizer)
-        if policy
-        else _TinkerPolicies(config, trust_announced=authenticated(config))
-    )
     try:
-        node = Worker(
+        node = assemble(
             config,
-            sampler_for=sampler_for,
-            renderer=renderer,
-            url=args.nats,
-            name=getattr(args, "name", None),
+            "worker",
+            policy=getattr(args, "policy", None),
+            nats_url=args.nats,
+            worker_name=getattr(args, "name", None),
             drain_timeout=getattr(args, "drain", None),
-        )
+        ).worker()
     except DistributedError as exc:
         raise CommandError(str(exc)) from None
+    except system.SystemError as exc:
+        if str(exc).startswith("--policy"):
+            raise CommandError(str(exc)) from None
+        raise
     reason = anyio.run(_serve, node, backend="asyncio")
     if node.refusal is not None:
         raise CommandError(node.refusal)
@@ -123,73 +112,7 @@ async def _serve(node: Any) -> str:
     return reason
 
 
-def _local_model(config: Config) -> Config:
-    """Build platoon's tiny demo model here too, when the config trains it."""
-    from platoon.train.loop import TINY_MODEL, _replace_model
-
-    if config.train is not None and config.train.model_name == TINY_MODEL:
-        return _replace_model(config, system.resolve_model(TINY_MODEL, seed=config.train.seed))
-    return config
-
-
-def _scripted(ref: str, tokenizer: Any) -> Any:
-    try:
-        factory = system.policy_from_ref(ref, tokenizer)
-    except system.SystemError as exc:
-        raise CommandError(str(exc)) from None
-
-    async def sampler_for(policy: Any) -> Any:
-        return await factory.updated(policy)
-
-    return sampler_for
-
-
-class _TinkerPolicies:
-    """Samplers on the Tinker service the trainer announces, one service client per URL.
-
-    The worker's `TINKER_API_KEY` goes only to a URL it trusts: its own `$TINKER_BASE_URL` or
-    `tinker_base_url`, hosted Tinker, or one announced over an authenticated NATS connection
-    (where only the trainer may announce). An announcement heard over an unauthenticated bus
-    could come from anyone, so its URL gets the placeholder key of a keyless local server.
-    """
-
-    def __init__(self, config: Config, *, trust_announced: bool = False) -> None:
-        self.config = config
-        self.trust_announced = trust_announced
-        self.clients: dict[str | None, Any] = {}
-
-    def _client(self, base_url: str | None) -> Any:
-        own = os.environ.get("TINKER_BASE_URL") or self.config.tinker_base_url
-        url = own or base_url
-        if url not in self.clients:
-            if url is None:
-                self.clients[url] = system.tinker_service_client(self.config)
-            else:
-                import tinker
-
-                trusted = url == own or self.trust_announced
-                api_key = (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
-                if not trusted:
-                    log.warning(
-                        "sampling from the announced Tinker URL without this worker's key: the announcement "
-                        "is not authenticated (set nats.credentials_file, or TINKER_BASE_URL)",
-                        url=url,
-                    )
-                self.clients[url] = tinker.ServiceClient(base_url=url, api_key=api_key)
-        return self.clients[url]
-
-    async def __call__(self, policy: Any) -> Any:
-        from platoon.policy.tinker import TinkerSamplerFactory
-
-        assert self.config.train is not None
-        client = await anyio.to_thread.run_sync(self._client, policy.base_url)
-        factory = TinkerSamplerFactory(
-            client,
-            policy.base_model or self.config.train.model_name,
-            model_path=policy.sampler_path or None,
-            version=policy.version,
-        )
-        return await factory.initial()
+_TinkerPolicies = TinkerPolicies  # its old name here
 
 
 def main(argv: Sequence[str] | None = None) -> int:

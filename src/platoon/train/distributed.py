@@ -80,16 +80,25 @@ __all__ = [
     "PolicyAnnouncer",
     "PolicyFollower",
     "ResultSeal",
+    "TinkerPolicies",
     "Worker",
     "WorkerRegistry",
     "WorkerStatus",
     "lease_timeout",
     "run_name",
-    "trainer_components",
     "worker_name",
 ]
 
 log = structlog.get_logger("platoon.distributed")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "trainer_components":  # assembled in one place, `platoon.assembly`
+        from platoon.assembly import trainer_components
+
+        return trainer_components
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 LEASE_GRACE = 30.0  # seconds a lease adds to the rollout timeout
 LEASE_WITHOUT_TIMEOUT = 600.0
@@ -268,35 +277,9 @@ def authenticated(config: Config) -> bool:
 # --- the trainer's side ---------------------------------------------------------------------
 
 
-def trainer_components(config: Config, policy: PolicyUpdated, *, url: str | None = None) -> list[Any]:
-    """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
-    the bridge, the lease keeper and the policy announcer (`policy`: the one it starts with)."""
-    nats = _nats(config, url)
-    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
-    bridge = _bridge(
-        config,
-        url,
-        mirror=mirrored,
-        work=[EpisodeRequested],
-        durable=RESULT_TYPES,
-        consume_durable=True,
-        durable_name=TRAINER_DURABLE,
-        issue_leases=True,  # results count only from the worker that was given the episode
-        state=FACTS,
-        write_state=True,
-        withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
-    )
-    return [
-        bridge,
-        LeaseKeeper(lease=lease_timeout(config), max_attempts=nats.max_attempts),
-        PolicyAnnouncer(policy, every=nats.announce_every, identity=worker_identity(config)),
-        WorkerRegistry(every=nats.announce_every),
-    ]
-
-
 class WorkerRegistry(ComponentBase):
-    """The workers the trainer hears from. The training loop waits for a first worker before
-    it requests anything, so that the wait is said once, here (offers would wait too)."""
+    """The workers the trainer hears from, logged as they join. (The scheduler learns that a
+    first worker is there from `WorkerStatus` too, and says once that it waits for one.)"""
 
     name = "worker-registry"
     subscribes = (WorkerStatus,)
@@ -640,57 +623,34 @@ class ResultSeal(ComponentBase):
 
 class Worker:
     """A rollout worker: env services, gateway, runner and grader on a bus of its own,
-    bridged to the trainer. See `run` for how it starts and stops."""
+    bridged to the trainer (built by `platoon.assembly`, purpose `worker`). See `run` for how
+    it starts and stops."""
 
     def __init__(
         self,
-        config: Config,
+        components: list[Any],
         *,
-        sampler_for: SamplerFor,
-        renderer: Any,
-        url: str | None = None,
-        name: str | None = None,
-        drain_timeout: float | None = None,
-        policy_wait: float = 30.0,
+        results: Any,
+        work: Any,
+        follower: PolicyFollower,
+        seal: ResultSeal,
+        name: str,
+        drain_timeout: float,
+        every: float,
+        trainer_timeout: float,
+        identity: dict[str, str],
     ) -> None:
-        from platoon import system
-
-        if config.train is None:
-            raise DistributedError("a worker needs the trainer's config, with its train: section")
-        nats = _nats(config, url)
-        self.config = config
-        self.name = name or worker_name()
-        self.drain_timeout = nats.drain_timeout if drain_timeout is None else drain_timeout
-        self.every = nats.announce_every
-        self.trainer_timeout = nats.trainer_timeout or max(30.0, 10 * nats.announce_every)
-        self.identity = worker_identity(config)
+        self.components = components  # env services, gateway, runner, grader, seal, follower, plugins
+        self.results = results  # the bridge that carries results and facts
+        self.work = work  # the bridge that takes work from the queue group
+        self.follower = follower
+        self.seal = seal
+        self.name = name
+        self.drain_timeout = drain_timeout
+        self.every = every
+        self.trainer_timeout = trainer_timeout
+        self.identity = identity
         self.refusal: str | None = None  # why this worker would not play for the trainer
-        mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
-        from platoon.bus.nats import Leases
-
-        leases = Leases()  # the work bridge learns each episode's token, the results bridge sends it
-        self.results = _bridge(
-            config, url, mirror=mirrored, durable=RESULT_TYPES, leases=leases, state=FACTS, read_state=True
-        )
-        self.work = _bridge(config, url, work=[EpisodeRequested], consume_work=True, leases=leases)
-        self.follower = PolicyFollower(sampler_for)
-        entries = system.entry_settings(config)
-        self.seal = ResultSeal(worker=self.name, envs={e.name for e in entries})
-        self.components = [
-            *system.env_services(config),
-            system.gateway_for(config, renderer, self.follower, model_name=config.train.model_name),
-            FollowingRunner(
-                entries,
-                follower=self.follower,
-                policy_wait=policy_wait,
-                worker=self.name,
-                seed=config.train.seed,
-            ),
-            system.grader(config),
-            self.seal,
-            self.follower,
-            *system.plugin_components(config),
-        ]
         self.run_finished = anyio.Event()
 
     async def run(
@@ -806,6 +766,57 @@ class Worker:
                 )
             )
             await anyio.sleep(self.every)
+
+
+class TinkerPolicies:
+    """A worker's samplers on the Tinker service the trainer announces, one client per URL.
+
+    The worker's `TINKER_API_KEY` goes only to a URL it trusts: its own `$TINKER_BASE_URL` or
+    `tinker_base_url`, hosted Tinker, or one announced over an authenticated NATS connection
+    (where only the trainer may announce). An announcement heard over an unauthenticated bus
+    could come from anyone, so its URL gets the placeholder key of a keyless local server.
+    """
+
+    def __init__(self, config: Config, *, trust_announced: bool = False) -> None:
+        assert config.train is not None
+        self.base_url = config.tinker_base_url
+        self.model_name = config.train.model_name
+        self.trust_announced = trust_announced
+        self.clients: dict[str | None, Any] = {}
+
+    def _client(self, base_url: str | None) -> Any:
+        from platoon import system
+
+        own = os.environ.get("TINKER_BASE_URL") or self.base_url
+        url = own or base_url
+        if url not in self.clients:
+            if url is None:
+                self.clients[url] = system.tinker_service_client(self.base_url)
+            else:
+                import tinker
+
+                trusted = url == own or self.trust_announced
+                api_key = (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
+                if not trusted:
+                    log.warning(
+                        "sampling from the announced Tinker URL without this worker's key: the announcement "
+                        "is not authenticated (set nats.credentials_file, or TINKER_BASE_URL)",
+                        url=url,
+                    )
+                self.clients[url] = tinker.ServiceClient(base_url=url, api_key=api_key)
+        return self.clients[url]
+
+    async def __call__(self, policy: Any) -> Any:
+        from platoon.policy.tinker import TinkerSamplerFactory
+
+        client = await anyio.to_thread.run_sync(self._client, policy.base_url)
+        factory = TinkerSamplerFactory(
+            client,
+            policy.base_model or self.model_name,
+            model_path=policy.sampler_path or None,
+            version=policy.version,
+        )
+        return await factory.initial()
 
 
 async def _first(**waits: Callable[[], Awaitable[Any]]) -> str:

@@ -2,7 +2,8 @@
 
 `evaluate` runs on a bus whose env services, gateway, runner and grader are running; it only
 publishes `EpisodeRequested` and reads what comes back, so the same code evaluates in
-process or through rollout workers on other machines.
+process or through rollout workers on other machines. The `Evaluator` component runs it for
+each `EvalRequested` (the scheduler's every `eval.every` steps, or `platoon eval`'s one).
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from typing import Any
 
 import anyio
 import msgspec
+import structlog
 
-from platoon.bus import Bus
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
     EpisodeGraded,
     EpisodeRequested,
     EvalFinished,
+    EvalRequested,
+    Evaluated,
     Event,
     ModelCallFinished,
     TaskRef,
@@ -33,7 +37,9 @@ from platoon.bus.events import (
 )
 from platoon.stats.failures import failure_kind
 
-__all__ = ["EvalReport", "TaskResult", "evaluate", "list_tasks", "pass_at_k"]
+__all__ = ["EvalReport", "Evaluator", "TaskResult", "evaluate", "evaluate_config", "list_tasks", "pass_at_k"]
+
+log = structlog.get_logger("platoon.eval")
 
 
 class TaskResult(msgspec.Struct, kw_only=True):
@@ -326,20 +332,90 @@ def as_json(report: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2)
 
 
-async def eval_tasks(bus: Bus, config: Any, split: str | None = None) -> list[TaskRef]:
-    """The tasks a config evaluates: each entry's eval split (or `split`), up to `eval.max_tasks`."""
-    from platoon.system import entry_names
+class Evaluator(ComponentBase):
+    """The evaluator component: answers each `EvalRequested` with an evaluation of its tasks at
+    that step (`evaluate`), writes the report into the run directory and replies `Evaluated`.
 
-    tasks: list[TaskRef] = []
-    for name, entry in zip(entry_names(config), config.environments, strict=True):
-        chosen = (
-            split or (config.eval.split if config.eval and config.eval.split else None) or entry.splits.eval
+    It lists its tasks once, at the first request. During training (`settings.optional`) a
+    split that cannot be listed, or has no tasks, is a warning and evaluates nothing."""
+
+    name = "evaluator"
+    subscribes: tuple[type[Event], ...] = (
+        EvalRequested,
+        TasksListed,
+        ModelCallFinished,
+        AgentSpawned,
+        AgentFinished,
+        EpisodeGraded,
+    )
+    publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalFinished, Evaluated)
+
+    def __init__(self, settings: Any, *, run_dir: Any) -> None:
+        from pathlib import Path
+
+        self.settings = settings
+        self.run_dir = Path(run_dir)
+        self._tasks: list[TaskRef] | None = None
+        self._listing = anyio.Lock()
+        self._requests: Stream[EvalRequested] | None = None
+
+    def on_attach(self, bus: Bus) -> None:
+        self._requests = bus.stream(EvalRequested, name=self.name).open()
+
+    async def run(self, bus: Bus) -> None:
+        self.attach(bus)
+        assert self._requests is not None
+        with self._requests as requests:
+            async with anyio.create_task_group() as tg:
+                async for request in requests:
+                    tg.start_soon(self._answer, bus, request)
+
+    async def tasks(self, bus: Bus) -> list[TaskRef]:
+        """Each entry's eval split, up to `max_tasks` of each."""
+        async with self._listing:
+            if self._tasks is None:
+                try:
+                    self._tasks = await self._list(bus)
+                except ValueError as exc:
+                    if not self.settings.optional:
+                        raise
+                    log.warning("no eval tasks", error=str(exc))
+                    self._tasks = []
+            return self._tasks
+
+    async def _list(self, bus: Bus) -> list[TaskRef]:
+        tasks: list[TaskRef] = []
+        for name, split in self.settings.splits.items():
+            found = await list_tasks(bus, name, split)
+            if self.settings.max_tasks:
+                found = found[: self.settings.max_tasks]
+            tasks += found
+        return tasks
+
+    async def _answer(self, bus: Bus, request: EvalRequested) -> None:
+        s = self.settings
+        tasks = await self.tasks(bus)
+        path = None
+        if tasks or not s.optional:
+            report = await evaluate(
+                bus,
+                tasks,
+                group_size=s.group_size,
+                concurrency=s.concurrency,
+                step=request.step,
+                policy_version=request.policy_version,
+                progress=s.progress,
+            )
+            path = self.run_dir / s.report.format(step=request.step)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(as_json(report))
+        await bus.publish(
+            Evaluated(
+                reply_to=request.request_id,
+                step=request.step,
+                report_path=str(path) if path is not None else None,
+            )
         )
-        found = await list_tasks(bus, name, chosen)
-        if config.eval and config.eval.max_tasks:
-            found = found[: config.eval.max_tasks]
-        tasks += found
-    return tasks
 
 
 async def evaluate_config(
@@ -353,18 +429,11 @@ async def evaluate_config(
     """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`."""
     from pathlib import Path
 
-    from platoon.config.schema import workflow_for
-    from platoon.system import rollout_system
+    from platoon.assembly import assemble
 
-    async with rollout_system(config, Path(run_dir), policy=policy, eval=True) as bus:
-        tasks = await eval_tasks(bus, config, split)
-        workflow = workflow_for(config, None, eval=True)
-        report = await evaluate(
-            bus,
-            tasks,
-            group_size=workflow.group_size,
-            concurrency=config.eval.concurrency if config.eval else 16,
-            progress=progress,
-        )
-    (Path(run_dir) / "eval.json").write_bytes(as_json(report))
-    return report
+    run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
+    async with run.running() as bus:
+        done = await bus.request(EvalRequested(step=0), timeout=None)
+    assert isinstance(done, Evaluated) and done.report_path is not None
+    report = await anyio.Path(done.report_path).read_bytes()
+    return msgspec.json.decode(report, type=EvalReport)
