@@ -125,3 +125,107 @@ def test_a_resume_refuses_a_run_where_only_some_policies_have_checkpoints(tmp_pa
     stores["planner"].append(checkpoint(1))
     with pytest.raises(ResumeError, match="policies executor have no checkpoint while others do"):
         resume_points(stores)
+
+
+class TwoTrainers:
+    """Two policies' trainers: the planner steps its version every step, the executor only on
+    even steps (a step without datums trains nothing); then the step finishes."""
+
+    async def run(self, bus) -> None:
+        from platoon.bus.events import EpisodeRequested, PolicyUpdated
+
+        counts: dict[int, int] = {}
+        versions = {"planner": 0, "executor": 0}
+        async with bus.stream(EpisodeRequested) as requests:
+            async for request in requests:
+                counts[request.step] = counts.get(request.step, 0) + 1
+                if counts[request.step] < 4:
+                    continue
+                for policy in versions:
+                    if policy == "planner" or request.step % 2 == 0:
+                        versions[policy] += 1
+                        await bus.publish(
+                            PolicyUpdated(version=versions[policy], sampler_path="s", policy=policy)
+                        )
+                metrics = {"episodes/total": 4.0, "episodes/graded": 4.0}
+                await bus.publish(TrainStepFinished(step=request.step, metrics=metrics))
+
+
+async def test_each_policy_is_asked_for_its_own_version_and_the_oldest_is_the_episodes():
+    from test_scheduler import Tasks, play, settings
+
+    from platoon.bus.events import EpisodeRequested
+    from platoon.train.loop import Scheduler
+
+    scheduler = Scheduler(
+        settings(policies=("planner", "executor"), several=True),
+        versions={"planner": 0, "executor": 0},
+    )
+    seen = await play([Tasks(), TwoTrainers(), scheduler])
+    requests = [e for e in seen if isinstance(e, EpisodeRequested)]
+    by_step = {r.step: (r.policy_version, r.policy_versions) for r in requests}
+    assert by_step == {
+        0: (0, {"planner": 0, "executor": 0}),
+        1: (1, {"planner": 1, "executor": 1}),
+        2: (1, {"planner": 2, "executor": 1}),  # the executor skipped step 1's update
+    }
+
+
+def test_a_several_policy_run_has_a_trainer_per_trained_policy_and_the_step_join(tmp_path, monkeypatch):
+    from platoon.assembly import assemble
+    from platoon.config import validate_config
+    from platoon.train.trainer import Trainer
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    config = validate_config(
+        {
+            "environments": [
+                {
+                    "name": "duet",
+                    "env": "duet@1",
+                    "harness": "h",
+                    "program": "recursive",
+                    "agents": {
+                        "max_depth": 1,
+                        "policy": {"by": "depth", "map": {"0": "planner", "1": "executor"}},
+                    },
+                }
+            ],
+            "policies": {"planner": {}, "executor": {"lora_rank": 4}, "rival": {"frozen": True}},
+            "train": {
+                "backend": "local",
+                "model_name": "platoon-tiny-qwen3",
+                "renderer_name": "qwen3_instruct",
+            },
+        }
+    )
+    run = assemble(config, "train", run_dir=tmp_path / "run")
+    names = [p.name for p in run.parts]
+    assert names[names.index("credit-assigner") :][:4] == [
+        "credit-assigner",
+        "trainer:planner",
+        "trainer:executor",
+        "step-join",
+    ]
+    assert [p.kind for p in run.parts if p.name.startswith("trainer")] == [Trainer, Trainer]
+    s = run.settings
+    assert list(s.policies) == ["planner", "executor", "rival"] and s.policy.name == "planner"
+    assert s.trained() == ["planner", "executor"] and s.policies["rival"].frozen
+    assert s.policies["executor"].lora_rank == 4 and s.policies["rival"].trainer is None
+    assert s.credit.policies == s.scheduler.policies == ("planner", "executor")
+    assert all(e.default_policy == "planner" for e in s.runner.entries)
+    # one policy: the run as it always was
+    single = validate_config({**msgspec_plain(config), "policies": None})
+    one = assemble(single, "train", run_dir=tmp_path / "one")
+    assert "trainer" in [p.name for p in one.parts] and one.settings.policies == {}
+    assert one.settings.credit.policies == ("default",)
+
+
+def msgspec_plain(config):
+    from platoon.config import to_builtins
+
+    data = to_builtins(config)
+    data["environments"][0]["agents"]["policy"] = None
+    return data
