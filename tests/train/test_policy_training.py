@@ -157,10 +157,7 @@ async def test_each_policy_is_asked_for_its_own_version_and_the_oldest_is_the_ep
     from platoon.bus.events import EpisodeRequested
     from platoon.train.loop import Scheduler
 
-    scheduler = Scheduler(
-        settings(policies=("planner", "executor"), several=True),
-        versions={"planner": 0, "executor": 0},
-    )
+    scheduler = Scheduler(settings(policies=("planner", "executor"), several=True))
     seen = await play([Tasks(), TwoTrainers(), scheduler])
     requests = [e for e in seen if isinstance(e, EpisodeRequested)]
     by_step = {r.step: (r.policy_version, r.policy_versions) for r in requests}

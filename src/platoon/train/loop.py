@@ -124,6 +124,8 @@ class Scheduler(ComponentBase):
         self.start_step = start_step
         self.version = version  # the newest policy version heard of
         # several policies (RFC 0001): each trained one's newest version; `version` is the oldest
+        if versions is None and getattr(settings, "several", False):
+            versions = dict.fromkeys(settings.policies, version)
         self.versions = dict(versions or {})
         self.trained = start_step  # steps whose TrainStepFinished we have seen
         self.last: dict[str, Any] = {}  # the last step's metrics
