@@ -43,7 +43,7 @@ TAKEN_LATER = {
     "EpisodeRunner": {ModelCallFinished},
     "FollowingRunner": {ModelCallFinished},
     # what an evaluation collects while it runs
-    "Evaluator": {ModelCallFinished, AgentSpawned, AgentFinished, EpisodeGraded},
+    "Evaluator": {ModelCallFinished, AgentSpawned, AgentFinished, EpisodeGraded, EpisodeAbandoned},
 }
 
 

@@ -433,3 +433,382 @@ def test_anthropic_response_and_stream():
     assert [blocks[i] for i in sorted(blocks)] == response["content"]
     [delta] = [d for k, d in events if k == "message_delta"]
     assert delta["delta"]["stop_reason"] == "tool_use" and delta["usage"]["output_tokens"] == 5
+
+
+# --- the structs: nested fields, what real agents send, nulls ----------------------------------
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize(
+    ("request_of", "body", "field", "message"),
+    [
+        (
+            dialects.chat_request,
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 5}}]}]},
+            "messages.0.tool_calls.0.function.name",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.chat_request,
+            {"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "tools.0.function.parameters",
+            "expected an object, got an array",
+        ),
+        (
+            dialects.chat_request,
+            {"messages": [{"role": "tool", "content": "x", "tool_call_id": 7}]},
+            "messages.0.tool_call_id",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"type": "function_call_output", "call_id": "c1", "output": 5}]},
+            "input.0.output",
+            "expected a string or an array, got an integer",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {"a": 1}}]},
+            "input.0.arguments",
+            "expected a string, got an object",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+            "input.0.content.0.text",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": None}]}]},
+            "input.0.summary.0.text",
+            "expected a string, got null",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"type": "function_call", "call_id": "c1"}]},
+            "input.0",
+            "missing the required field name",
+        ),
+        (
+            dialects.responses_request,
+            {"input": [{"type": "shell_call"}]},
+            "input.0.type",
+            "expected message, function_call, function_call_output or reasoning, got 'shell_call'",
+        ),
+        (
+            dialects.responses_request,
+            {"input": "hi", "reasoning": {"effort": 3}},
+            "reasoning.effort",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.anthropic_request,
+            {
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": 5}]}],
+            },
+            "messages.0.content.0.tool_use_id",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.anthropic_request,
+            {
+                "max_tokens": 1,
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}
+                ],
+            },
+            "messages.0.content.0.content",
+            "expected a string or an array, got an integer",
+        ),
+        (
+            dialects.anthropic_request,
+            {
+                "max_tokens": 1,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}
+                        ],
+                    }
+                ],
+            },
+            "messages.0.content.0.content.0.type",
+            "expected text, got 'image'",
+        ),
+        (
+            dialects.anthropic_request,
+            {
+                "max_tokens": 1,
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "x"}],
+                    }
+                ],
+            },
+            "messages.0.content.0.input",
+            "expected an object, got a string",
+        ),
+        (
+            dialects.anthropic_request,
+            {"max_tokens": 1, "messages": USER, "system": [{"type": "text", "text": 5}]},
+            "system.0.text",
+            "expected a string, got an integer",
+        ),
+        (
+            dialects.anthropic_request,
+            {"max_tokens": 1, "messages": USER, "tool_choice": {"type": "tool"}},
+            "tool_choice",
+            "missing the required field name",
+        ),
+        (
+            dialects.anthropic_request,
+            {"max_tokens": 1, "messages": USER, "tool_choice": {"type": "some"}},
+            "tool_choice.type",
+            "expected auto, any, none or tool, got 'some'",
+        ),
+        (
+            dialects.anthropic_request,
+            {"max_tokens": 1, "messages": USER, "thinking": {"type": "enabled", "budget_tokens": "all"}},
+            "thinking.budget_tokens",
+            "expected an integer, got a string",
+        ),
+    ],
+)
+def test_a_wrong_nested_field_is_named_with_what_was_expected(request_of, body, field, message):
+    with pytest.raises(DialectError) as error:
+        request_of(body)
+    assert error.value.param == field
+    assert str(error.value) == f"{field}: {message}"
+
+
+def test_a_codex_responses_body_is_read():
+    """The shapes Codex sends: ids and statuses on items, annotations, reasoning with encrypted
+    content, client metadata, strict function tools."""
+    body = {
+        "model": "platoon-policy",
+        "stream": True,
+        "input": [
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "developer",
+                "content": [
+                    {"type": "input_text", "text": "Sandbox."},
+                    {"type": "input_text", "text": "Skills."},
+                ],
+            },
+            {
+                "type": "message",
+                "id": "msg_2",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Go."}],
+            },
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": "**Plan**"}],
+                "content": None,
+                "encrypted_content": "gAAAA",
+            },
+            {
+                "type": "message",
+                "status": "completed",
+                "id": "msg_3",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Step 1.", "annotations": [], "logprobs": []}],
+            },
+            {
+                "type": "function_call",
+                "status": "completed",
+                "id": "fc_1",
+                "name": "exec_command",
+                "arguments": '{"cmd": "ls"}',
+                "call_id": "call_1",
+            },
+            {"type": "function_call_output", "id": "fco_1", "call_id": "call_1", "output": "a.txt"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "name": "exec_command",
+                "description": "Runs a command.",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            }
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "01a2",
+        "client_metadata": {"session_id": "01a2", "x-codex-window-id": "01a2:0"},
+        "text": {"verbosity": "low"},
+    }
+    messages, tools, params, stream = dialects.responses_request(body)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "exec_command", "arguments": '{"cmd": "ls"}'},
+    }
+    assert messages == [
+        {"role": "system", "content": "Sandbox.\nSkills."},
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": "Step 1.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+    ]
+    assert tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "exec_command",
+                "description": "Runs a command.",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
+    assert params["tool_choice"] == "auto" and params["parallel_tool_calls"] is True and stream is True
+
+
+def test_a_claude_code_messages_body_is_read():
+    """The shapes Claude Code sends: cache_control on blocks and tool results, a system message
+    between turns, adaptive thinking, context management, an effort, metadata."""
+    cache = {"type": "ephemeral"}
+    body = {
+        "model": "platoon-policy",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-billing-header: v=2"},
+            {"type": "text", "text": "You are an agent.", "cache_control": cache},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "<reminder>"}, {"type": "text", "text": "Add them."}],
+            },
+            {"role": "system", "content": "# Environment"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "", "signature": "sig"},
+                    {"type": "text", "text": "Step 1."},
+                    {"type": "tool_use", "id": "call_1", "name": "Bash", "input": {"command": "ls"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "tool_use_id": "call_1",
+                        "type": "tool_result",
+                        "content": "a.txt",
+                        "is_error": False,
+                        "cache_control": cache,
+                    }
+                ],
+            },
+        ],
+        "tools": [
+            {
+                "name": "Bash",
+                "description": "Runs bash.",
+                "input_schema": {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"},
+                "cache_control": cache,
+            }
+        ],
+        "metadata": {"user_id": '{"device_id": "7e7a"}'},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+    }
+    messages, tools, params, stream = dialects.anthropic_request(body)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "Bash", "arguments": '{"command": "ls"}'},
+    }
+    assert messages == [
+        {"role": "system", "content": "x-billing-header: v=2\nYou are an agent."},
+        {"role": "user", "content": "<reminder>\nAdd them."},
+        {"role": "system", "content": "# Environment"},
+        {"role": "assistant", "content": "Step 1.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+    ]
+    assert tools[0]["function"]["parameters"] == body["tools"][0]["input_schema"]
+    assert (params["max_tokens"], stream) == (32000, True)
+
+
+def test_null_is_the_same_as_leaving_a_field_out():
+    _, _, params, n, stream = dialects.chat_request(
+        {"messages": USER, "n": None, "stream": None, "stop": None, "tool_choice": None, "top_logprobs": None}
+    )
+    assert (n, stream, params["stop"], params["tool_choice"]) == (1, False, None, None)
+    messages, _, params, stream = dialects.anthropic_request(
+        {
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": None}]}
+            ],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": None},
+            "stream": None,
+        }
+    )
+    assert messages == [{"role": "tool", "tool_call_id": "t", "content": ""}]
+    assert (params["tool_choice"], params["parallel_tool_calls"], stream) == ("auto", None, False)
+
+
+def test_chat_messages_and_tools_reach_the_gateway_as_the_client_sent_them():
+    """A tool's JSON is part of the prompt, and the renderer reads a message's own fields: both
+    pass on whole, with fields the structs do not name and in the client's key order."""
+    tool = {"function": {"parameters": {"type": "object"}, "name": "f", "strict": True}, "type": "function"}
+    message = {"content": None, "role": "assistant", "refusal": None, "tool_calls": [CALL], "audio": None}
+    messages, tools, _, _, _ = dialects.chat_request({"messages": [*USER, message], "tools": [tool]})
+    assert tools == [tool] and list(tools[0]["function"]) == ["parameters", "name", "strict"]
+    assert messages[1] == message and list(messages[1]) == list(message)
+
+
+def test_count_tokens_takes_a_messages_body_without_max_tokens():
+    messages, tools = dialects.count_tokens_request({"messages": USER, "tools": [{"name": "f"}]})
+    assert messages == USER
+    assert tools == [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": "", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("request_of", "base"),
+    [
+        (dialects.chat_request, {"messages": USER}),
+        (dialects.responses_request, {"input": "hi"}),
+        (dialects.anthropic_request, {"max_tokens": 1, "messages": USER}),
+    ],
+)
+@pytest.mark.parametrize(
+    ("field", "neutral", "refused"),
+    [
+        ("background", False, True),
+        ("truncation", "disabled", "auto"),
+        ("modalities", ["text"], ["text", "audio"]),
+        ("function_call", "none", {"name": "f"}),
+        ("output_config", {"effort": "high"}, {"format": {"type": "json_schema"}}),
+        ("text", {"verbosity": "low", "format": {"type": "text"}}, {"format": {"type": "json_object"}}),
+        ("audio", None, {"voice": "alloy"}),
+    ],
+)
+def test_what_cannot_be_honoured_is_taken_only_at_its_neutral_value(
+    request_of, base, field, neutral, refused
+):
+    request_of({**base, field: neutral})
+    with pytest.raises(DialectError) as error:
+        request_of({**base, field: refused})
+    assert error.value.param == field
+    assert str(error.value).startswith(f"{field}: the gateway cannot honour ")

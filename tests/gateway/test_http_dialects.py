@@ -227,3 +227,48 @@ async def test_a_call_over_http_records_its_messages_for_the_viewer(toy_tokenize
         [{"role": "user", "content": "messages"}],
         None,
     ]
+
+
+async def test_what_agents_add_to_a_request_is_taken(toy_tokenizer, anyio_backend):
+    """Hints and options the real clients send on behalf of Codex- and Claude-Code-like agents
+    (cache control, metadata, thinking, reasoning, included fields) do not stop a call."""
+    cache = {"type": "ephemeral"}
+    async with running_gateway(toy_tokenizer, ["One.", "Two."], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            response = await client.responses.create(
+                model="platoon-policy",
+                input=[
+                    {
+                        "type": "message",
+                        "role": "developer",
+                        "content": [{"type": "input_text", "text": "Go."}],
+                    }
+                ],
+                tools=[{**RESPONSES_TOOLS[0], "strict": False}],
+                reasoning={"effort": "low", "summary": "auto"},
+                include=["reasoning.encrypted_content"],
+                store=False,
+                prompt_cache_key="k",
+                text={"verbosity": "low"},
+                parallel_tool_calls=True,
+            )
+        async with anthropic_client(opened, api_key=opened.key) as claude:
+            message = await claude.messages.create(
+                model="platoon-policy",
+                max_tokens=16,
+                system=[{"type": "text", "text": "Be brief.", "cache_control": cache}],
+                messages=[
+                    {"role": "user", "content": [{"type": "text", "text": "Hi.", "cache_control": cache}]}
+                ],
+                tools=[{**ANTHROPIC_TOOLS[0], "cache_control": cache}],
+                metadata={"user_id": "u1"},
+                thinking={"type": "enabled", "budget_tokens": 1024},
+            )
+        records = await gw.settled()
+
+    assert response.output_text == "One." and message.content[0].text == "Two."
+    assert [r.messages for r in records] == [
+        [{"role": "system", "content": "Go."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}],
+    ]

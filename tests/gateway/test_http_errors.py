@@ -94,6 +94,55 @@ async def test_anthropic_dialect_names_the_bad_field(toy_tokenizer, body, field)
     assert error["type"] == "invalid_request_error" and error["message"].startswith(field)
 
 
+NESTED_BAD_BODIES = [
+    (
+        "/responses",
+        {"input": [{"type": "function_call_output", "call_id": "c1", "output": {"text": "x"}}]},
+        "input.0.output",
+    ),
+    (
+        "/responses",
+        {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+        "input.0.content.0.text",
+    ),
+    (
+        "/messages",
+        {
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}
+            ],
+        },
+        "messages.0.content.0.content",
+    ),
+    (
+        "/messages",
+        {
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": ["t"]}]}],
+        },
+        "messages.0.content.0.tool_use_id",
+    ),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("path", "body", "field"), NESTED_BAD_BODIES)
+async def test_a_wrong_field_inside_an_item_or_block_is_named(toy_tokenizer, path, body, field):
+    async with running_gateway(toy_tokenizer, ["x"], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with client_for(opened) as client:
+            response = await client.post(path, json=body)
+        assert await gw.settled() == []
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"{field}: expected ")
+    if path == "/responses":
+        assert error["param"] == field
+
+
 @pytest.mark.anyio
 async def test_a_body_that_is_not_json(toy_tokenizer):
     async with running_gateway(toy_tokenizer, ["x"], serve_http=True) as gw:

@@ -109,7 +109,7 @@ def make_config(tiny_model: str, *, url: str | None, run: str) -> dict:
         config["nats"] = {
             "url": url,
             "run": run,
-            "lease_timeout": 4.0,  # counted from the request: an episode queued behind a busy worker under load must not expire
+            "lease_timeout": 2.0,  # counted from a worker's claim: the hung worker loses its episode soon
             "announce_every": 0.5,
             "trainer_timeout": 5.0,
             "offer_timeout": 1.0,

@@ -19,6 +19,7 @@ from platoon.bus.events import (
     ModelCallFinished,
     PolicyUpdated,
     TaskRef,
+    WorkClaimed,
 )
 from platoon.config import validate_config
 from platoon.credit import CreditConfig
@@ -167,12 +168,20 @@ async def test_an_episode_given_up_counts_as_failed():
     assert batches[0].stats["episodes/failed/other"] == 1
 
 
-async def run_keeper(keeper: LeaseKeeper, script) -> list:
+async def run_keeper(keeper: LeaseKeeper, script, *, claim: bool = True) -> list:
+    """Run `script` against the keeper; with `claim`, a worker claims every request at once
+    (the trainer's bridge says so with `WorkClaimed`)."""
     seen: list = []
     async with Bus() as bus:
         await collect(bus, EpisodeRequested, seen)
         await collect(bus, EpisodeAbandoned, seen)
         await collect(bus, EpisodeGraded, seen)
+        if claim:
+
+            async def claimed(event: EpisodeRequested) -> None:
+                await bus.publish(WorkClaimed(episode_id=event.episode_id, attempt=event.attempt))
+
+            bus.subscribe(EpisodeRequested, claimed)
         keeper.attach(bus)
         bus.start_soon(keeper.run, bus)
         await script(bus)
@@ -207,16 +216,74 @@ async def test_a_lease_without_news_is_re_requested_in_the_same_group():
     assert keeper.stats == {"reissued": 2, "gave_up": 1}
 
 
-async def test_an_eval_episode_is_retried_under_its_own_id_then_failed():
+async def test_an_eval_episode_is_retried_under_a_new_id_then_failed():
+    """Under a new id, like a training episode: a silent worker that comes back and finishes the
+    first attempt cannot mix its events with the retry's (the evaluator follows `replaced_by`)."""
+    keeper = LeaseKeeper(lease=0.1, max_attempts=2, check_every=0.02)
+
     async def script(bus):
         await bus.publish(request("v1", purpose="eval"))
-        await anyio.sleep(0.5)
+        await until(lambda: keeper.stats["gave_up"] == 1)
 
-    seen = await run_keeper(LeaseKeeper(lease=0.1, max_attempts=2, check_every=0.02), script)
+    seen = await run_keeper(keeper, script)
     requests = [e for e in seen if isinstance(e, EpisodeRequested)]
-    assert [(r.episode_id, r.attempt) for r in requests] == [("v1", 0), ("v1", 1)]
+    assert [(r.attempt, r.purpose) for r in requests] == [(0, "eval"), (1, "eval")]
+    retry = requests[1].episode_id
+    assert requests[0].episode_id == "v1" and retry != "v1"
+    abandoned = [(a.episode_id, a.replaced_by) for a in seen if isinstance(a, EpisodeAbandoned)]
+    assert abandoned == [("v1", retry), (retry, None)]
     (failed,) = [e for e in seen if isinstance(e, EpisodeGraded)]
-    assert failed.episode_id == "v1" and failed.reward is None and "2 attempts" in failed.reason
+    assert failed.episode_id == retry and failed.reward is None and "2 attempts" in failed.reason
+
+
+async def until(condition, timeout: float = 30) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():  # noqa: ASYNC110 - the keeper's own clock decides
+            await anyio.sleep(0.01)
+
+
+async def test_a_lease_starts_when_a_worker_claims_the_episode():
+    """An episode nobody has claimed (queued behind busy workers) is not expired, however long
+    it waits: the offer protocol places it. Once claimed, a silent worker loses it."""
+    keeper = LeaseKeeper(lease=0.1, max_attempts=3, check_every=0.02)
+
+    async def script(bus):
+        await bus.publish(request("queued"))
+        await bus.publish(request("claimed"))
+        await bus.publish(WorkClaimed(episode_id="claimed"))
+        await until(lambda: keeper.stats["reissued"] == 1)  # many leases after "queued" was requested
+        assert keeper.leases["queued"].expires is None
+        await bus.publish(WorkClaimed(episode_id="queued"))  # a worker takes it, then hangs
+        await until(lambda: keeper.stats["reissued"] == 2)
+
+    seen = await run_keeper(keeper, script, claim=False)
+    abandoned = [e for e in seen if isinstance(e, EpisodeAbandoned)]
+    assert [a.episode_id for a in abandoned] == ["claimed", "queued"]  # in the order of their claims
+    assert all(a.replaced_by and a.attempt == 0 for a in abandoned)
+    retries = {e.episode_id for e in seen if isinstance(e, EpisodeRequested) and e.attempt == 1}
+    assert retries == {a.replaced_by for a in abandoned}
+    assert set(keeper.leases) == retries  # the retries wait, unclaimed, for a worker
+
+
+async def test_a_stalled_keeper_does_not_hold_its_own_stall_against_workers():
+    """While the trainer's event loop is blocked, no sign of life can reach the keeper: that
+    time does not count, and news that was on its way when the stall ended keeps the lease."""
+    import time
+
+    keeper = LeaseKeeper(lease=0.3, max_attempts=3, check_every=0.02)
+
+    async def script(bus):
+        await bus.publish(request("e1"))
+        await until(lambda: "e1" in keeper.leases and keeper.leases["e1"].expires is not None)
+        time.sleep(0.6)  # noqa: ASYNC251 - the stall under test: the event loop is blocked
+        await anyio.sleep(0.05)  # the news the worker sent meanwhile is still being fetched
+        await bus.publish(call("e1"))
+        await bus.publish(seal("e1"))
+        await until(lambda: "e1" not in keeper.leases)
+
+    seen = await run_keeper(keeper, script)
+    assert not [e for e in seen if isinstance(e, EpisodeAbandoned)]
+    assert not keeper.stats
 
 
 async def test_the_follower_learns_each_announced_policy_once():

@@ -12,6 +12,7 @@ import pytest
 from platoon.bus import Bus
 from platoon.bus.events import (
     AgentSpawned,
+    EpisodeAbandoned,
     EpisodeGraded,
     EpisodeRequested,
     EvalFinished,
@@ -149,6 +150,45 @@ async def test_a_success_threshold_below_one_counts_partial_rewards(tmp_path):
         await anyio.sleep(0.01)
         report = await evaluate(bus, TASKS[2:], group_size=4, success_threshold=0.5, publish=False)
     assert report.pass_at_k == {"1": pytest.approx(1 / 4), "4": 1.0}  # c: one of four reaches 0.5
+
+
+@pytest.mark.anyio
+async def test_an_episode_re_requested_under_a_new_id_counts_once():
+    """The lease keeper gave the first attempt up (`EpisodeAbandoned`) and requested a retry;
+    the silent worker comes back and grades the first attempt after all: only the retry counts."""
+    task = TASKS[0]
+
+    async def worker(bus: Bus, requests) -> None:
+        with requests:
+            first = await requests.receive()
+            spawned = AgentSpawned(
+                episode_id=first.episode_id,
+                agent_id="old",
+                parent_id=None,
+                depth=0,
+                harness="h",
+                instruction="",
+            )
+            await bus.publish(spawned)
+            await bus.publish(
+                EpisodeAbandoned(
+                    episode_id=first.episode_id,
+                    group_id=first.group_id,
+                    task=task,
+                    replaced_by="r",
+                    reason="lease",
+                )
+            )
+            await bus.publish(
+                EpisodeGraded(episode_id=first.episode_id, group_id=first.group_id, task=task, reward=0.0)
+            )
+            await bus.publish(EpisodeGraded(episode_id="r", group_id=first.group_id, task=task, reward=1.0))
+
+    async with Bus() as bus:
+        bus.start_soon(worker, bus, bus.stream(EpisodeRequested).open())
+        report = await evaluate(bus, [task], publish=False)
+    assert (report.episodes, report.graded, report.reward_mean) == (1, 1, 1.0)
+    assert report.by_depth == {}  # the abandoned attempt's agent is not counted
 
 
 @pytest.mark.anyio

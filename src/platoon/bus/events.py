@@ -62,6 +62,7 @@ __all__ = [
     "ToolReturned",
     "ToolSpec",
     "TrainStepFinished",
+    "WorkClaimed",
     "WorkerStatus",
     "event_types",
     "new_id",
@@ -583,6 +584,18 @@ class BridgeDisconnected(Event, frozen=True, kw_only=True):
 class BridgeReconnected(Event, frozen=True, kw_only=True):
     url: str
     buffered: int = 0
+
+
+@register_event
+class WorkClaimed(Event, frozen=True, kw_only=True):
+    """A consumer claimed work (an episode's request) that this bus's NATS bridge offered.
+
+    Published by the offering bridge itself, once the claim proved it holds the offer; never
+    carried over NATS, so no peer can forge it. The trainer's lease of the episode starts here:
+    before a claim an episode waits in the offer protocol, not in a worker."""
+
+    episode_id: str
+    attempt: int = 0
 
 
 # --- rollout workers over NATS (platoon.train.distributed) ------------------------------------

@@ -7,17 +7,33 @@ dialect's calls are recorded and trained the same way:
 * OpenAI Responses (`/v1/responses`), as Codex-style agents use;
 * Anthropic Messages (`/v1/messages`), as Claude-Code-style agents use.
 
-Each `*_request` function validates a request body and returns
-`(messages, tools, params, stream)`; each `*_response` function shapes the answer. A bad body
-raises `DialectError` naming the field.
+Each `*_request` function reads a request body into its dialect's struct (`bodies`: the
+schema of what each dialect accepts) and returns `(messages, tools, params, stream)`; each
+`*_response` function shapes the answer. A bad body raises `DialectError` naming the field.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
+
+from platoon.gateway import bodies
+from platoon.gateway.bodies import (
+    ChatToolChoice,
+    ChoiceTool,
+    DialectError,
+    FunctionCall,
+    FunctionCallOutput,
+    ResponsesMessage,
+    ResponsesToolChoice,
+    SystemMessage,
+    Text,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 
 __all__ = [
     "DialectError",
@@ -27,126 +43,17 @@ __all__ = [
     "chat_request",
     "chat_response",
     "chat_stream",
+    "count_tokens_request",
     "responses_request",
     "responses_response",
     "responses_stream",
 ]
 
-
-class DialectError(ValueError):
-    """A request body that does not follow its dialect; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _expect(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], what: str) -> Any:
-    value = body.get(key)
-    if value is not None and not isinstance(value, types):
-        raise DialectError(f"{key}: expected {what}, got {type(value).__name__}", key)
-    return value
-
-
-def _number(body: Mapping[str, Any], key: str) -> float | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise DialectError(f"{key}: expected a number, got {type(value).__name__}", key)
-    return value
-
-
-def _check_keys(
-    body: Mapping[str, Any],
-    api: str,
-    known: frozenset[str],
-    only_if: Mapping[str, Any],
-) -> None:
-    """Refuse, naming it, every field the gateway would otherwise ignore.
-
-    `known` fields are honoured, or are hints with nothing to honour (metadata, cache keys,
-    a reasoning effort: the policy's own chat template decides how it reasons). `only_if` maps
-    a field to a check of its value: values the gateway cannot honour (a penalty, a JSON
-    output format, top log-probabilities) are refused rather than silently dropped.
-    """
-    for key, value in body.items():
-        if key in known:
-            continue
-        check = only_if.get(key)
-        if check is None:
-            raise DialectError(f"{key}: not a {api} parameter the gateway honours", key)
-        if value is not None and not check(value):
-            shown = json.dumps(value)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise DialectError(f"{key}: the gateway cannot honour {shown} (it samples the policy as is)", key)
-
-
-def _text_format(value: Any) -> bool:
-    return isinstance(value, Mapping) and value.get("type", "text") == "text"
-
-
-_NO_VALUE: dict[str, Any] = {
-    "top_logprobs": lambda v: v == 0,
-    "frequency_penalty": lambda v: v == 0,
-    "presence_penalty": lambda v: v == 0,
-    "logit_bias": lambda v: v == {},
-    "response_format": _text_format,
-    "modalities": lambda v: v == ["text"],
-    "functions": lambda v: v == [],
-    "function_call": lambda v: v in ("auto", "none"),
-    "prediction": lambda v: False,
-    "audio": lambda v: False,
-    "web_search_options": lambda v: False,
-    "truncation": lambda v: v == "disabled",
-    "background": lambda v: v is False,
-    "max_tool_calls": lambda v: False,
-    "conversation": lambda v: False,
-    "prompt": lambda v: False,
-    "text": lambda v: isinstance(v, Mapping) and _text_format(v.get("format", {"type": "text"})),
-    "output_config": lambda v: isinstance(v, Mapping) and v.get("format") is None,
-    "container": lambda v: False,
-    "mcp_servers": lambda v: v == [],
+_OPENAI_WHOLE = {
+    "tool_choice": "expected auto, none, required or a function tool by name",
+    "stop": "expected a string or an array of strings",
 }
-_HINTS = frozenset(
-    {"model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
-)
-_CHAT_KEYS = _HINTS | {
-    "messages", "tools", "tool_choice", "parallel_tool_calls", "stop", "max_tokens",
-    "max_completion_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options",
-    "seed", "logprobs", "reasoning_effort", "verbosity",
-}  # fmt: skip
-_RESPONSES_KEYS = _HINTS | {
-    "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
-    "temperature", "top_p", "stream", "stream_options", "previous_response_id", "include",
-    "reasoning", "client_metadata", "prompt_cache_retention",
-}  # fmt: skip
-_MESSAGES_KEYS = _HINTS | {
-    "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-    "stream", "tools", "tool_choice", "thinking", "context_management",
-}  # fmt: skip
-
-
-def _openai_tool_choice(value: Any, nested: bool) -> Any:
-    """ "auto", "none", "required" or {"name": ...} from an OpenAI tool_choice."""
-    if value is None or value in ("auto", "none", "required"):
-        return value
-    if isinstance(value, Mapping) and value.get("type") == "function":
-        function = value.get("function") if nested else value
-        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
-            return {"name": function["name"]}
-    raise DialectError("tool_choice: expected auto, none, required or a function tool by name", "tool_choice")
-
-
-def _model(body: Mapping[str, Any]) -> None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise DialectError("model: expected a string", "model")
-
-
-def _int(body: Mapping[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise DialectError(f"{key}: expected an integer, got {type(value).__name__}", key)
-    return value
+_ROLE = re.compile(r"messages\.\d+\.role")
 
 
 # --- OpenAI Chat Completions -----------------------------------------------------------------
@@ -155,45 +62,32 @@ def _int(body: Mapping[str, Any], key: str) -> int | None:
 def chat_request(
     body: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], int, bool]:
-    """(messages, tools, params, n, stream) of a chat completions body."""
-    if not isinstance(body, Mapping):
-        raise DialectError("the body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise DialectError("messages: expected a non-empty array of messages", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise DialectError(f"messages.{i}: expected an object with a role", f"messages.{i}")
-    _check_keys(body, "chat completions", _CHAT_KEYS, _NO_VALUE)
-    _model(body)
-    tools = _expect(body, "tools", list, "an array of tools")
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    elif stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise DialectError("stop: expected a string or an array of strings", "stop")
-    max_tokens = _int(body, "max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens")
+    """(messages, tools, params, n, stream) of a chat completions body.
+
+    The messages and tools are the body's own (developer read as system): the renderer reads
+    their fields as the client sent them, and a tool's JSON is part of the prompt.
+    """
+    try:
+        request = bodies.read(body, bodies.ChatRequest, "chat completions", _OPENAI_WHOLE)
+    except DialectError as exc:
+        if exc.param is not None and _ROLE.fullmatch(exc.param):
+            exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
+        raise
+    choice = request.tool_choice
     params = {
-        "temperature": _number(body, "temperature"),
-        "top_p": _number(body, "top_p"),
-        "top_k": _int(body, "top_k"),
-        "max_tokens": max_tokens,
-        "stop": stop,
-        "seed": _int(body, "seed"),
-        "tool_choice": _openai_tool_choice(body.get("tool_choice"), nested=True),
-        "parallel_tool_calls": _expect(body, "parallel_tool_calls", bool, "a boolean"),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "max_tokens": request.max_tokens
+        if request.max_completion_tokens is None
+        else request.max_completion_tokens,
+        "stop": [request.stop] if isinstance(request.stop, str) else request.stop,
+        "seed": request.seed,
+        "tool_choice": {"name": choice.function.name} if isinstance(choice, ChatToolChoice) else choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
     }
-    _expect(body, "logprobs", bool, "a boolean")
-    n = _int(body, "n")
-    n = 1 if n is None else n
-    if n < 1 or n > 16:
-        raise DialectError("n: expected an integer from 1 to 16", "n")
-    stream = bool(_expect(body, "stream", bool, "a boolean"))
-    # "developer" is what newer OpenAI clients call the system role.
-    messages = [{**m, "role": "system"} if m["role"] == "developer" else dict(m) for m in messages]
-    return messages, tools, params, n, stream
+    messages = [{**m, "role": "system"} if m["role"] == "developer" else dict(m) for m in body["messages"]]
+    return messages, body.get("tools"), params, request.n or 1, bool(request.stream)
 
 
 def _logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
@@ -296,99 +190,81 @@ class ChatStream:
 # --- OpenAI Responses ------------------------------------------------------------------------
 
 
-def _joined_text(content: Any, where: str, kinds: tuple[str, ...], what: str) -> str:
-    """A string, or the text of an array of text parts (of the given `type`s) joined by newlines."""
+def _text(content: str | list[Any], where: str, *at: int, what: str = "content part") -> str:
+    """A string, or the text of an array of text parts joined by newlines; `where.format(*at)`
+    names the content in an error."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for n, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") not in kinds:
-                raise DialectError(f"{where}.{n}: expected a text {what}", f"{where}.{n}")
-            texts.append(str(part.get("text", "")))
-        return "\n".join(texts)
-    raise DialectError(f"{where}: expected a string or an array of {what}s", where)
-
-
-def _input_text(content: Any, where: str) -> str:
-    return _joined_text(content, where, ("input_text", "output_text", "text"), "content part")
+    texts = []
+    for n, part in enumerate(content):
+        if not isinstance(part, Text):
+            param = f"{where.format(*at)}.{n}"
+            raise DialectError(f"{param}: expected a text {what}, got {bodies.tag(part)}", param)
+        texts.append(part.text)
+    return "\n".join(texts)
 
 
 def responses_request(
     body: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
     """(messages, tools, params, stream) of a Responses API body."""
-    if not isinstance(body, Mapping):
-        raise DialectError("the body must be a JSON object")
-    _check_keys(body, "Responses", _RESPONSES_KEYS, _NO_VALUE)
-    _model(body)
-    _expect(body, "previous_response_id", str, "a string")
+    items = body.get("input") if isinstance(body, dict) else None
+    if isinstance(items, list) and any(isinstance(i, dict) and "type" not in i for i in items):
+        # A message item may leave out its type, which is the struct's tag.
+        items = [i if not isinstance(i, dict) or "type" in i else {**i, "type": "message"} for i in items]
+        body = {**body, "input": items}
+    request = bodies.read(body, bodies.ResponsesRequest, "Responses", _OPENAI_WHOLE)
     messages: list[dict[str, Any]] = []
-    instructions = _expect(body, "instructions", str, "a string")
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    items = body.get("input")
-    if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise DialectError("input: expected a string or a non-empty array of items", "input")
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    items = (
+        [ResponsesMessage(role="user", content=request.input)]
+        if isinstance(request.input, str)
+        else request.input
+    )
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise DialectError(f"input.{i}: expected an object", f"input.{i}")
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise DialectError(
-                    f"input.{i}.role: expected user, assistant, system or developer", f"input.{i}.role"
-                )
-            role = "system" if role == "developer" else role
-            messages.append({"role": role, "content": _input_text(item.get("content"), f"input.{i}.content")})
-        elif kind == "function_call":
+        if isinstance(item, ResponsesMessage):
+            role = "system" if item.role == "developer" else item.role
+            messages.append({"role": role, "content": _text(item.content, "input.{}.content", i)})
+        elif isinstance(item, FunctionCall):
             call = {
-                "id": item.get("call_id") or item.get("id"),
+                "id": item.call_id or item.id,
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"},
+                "function": {"name": item.name, "arguments": item.arguments or "{}"},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _input_text(output, f"input.{i}.output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
-        elif kind == "reasoning":
-            continue  # the reasoning of earlier turns is not sent back to the model
-        else:
-            raise DialectError(f"input.{i}.type: {kind!r} items are not supported", f"input.{i}.type")
+        elif isinstance(item, FunctionCallOutput):
+            text = _text(item.output, "input.{}.output", i)
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+        # Reasoning items: the reasoning of earlier turns is not sent back to the model.
     tools = None
-    raw_tools = _expect(body, "tools", list, "an array of tools")
-    if raw_tools:
+    if request.tools:
         tools = []
-        for n, tool in enumerate(raw_tools):
-            if not isinstance(tool, Mapping) or tool.get("type") != "function":
-                raise DialectError(f"tools.{n}: only function tools are supported", f"tools.{n}")
-            tools.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": tool.get("name"),
-                        "description": tool.get("description", ""),
-                        "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
-                    },
-                }
-            )
+        for n, tool in enumerate(request.tools):
+            if tool.type != "function" or tool.name is None:
+                raise DialectError(
+                    f"tools.{n}: only function tools (with a name) are supported, got {tool.type}",
+                    f"tools.{n}",
+                )
+            function = {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters or {"type": "object", "properties": {}},
+            }
+            tools.append({"type": "function", "function": function})
+    choice = request.tool_choice
     params = {
-        "temperature": _number(body, "temperature"),
-        "top_p": _number(body, "top_p"),
-        "max_tokens": _int(body, "max_output_tokens"),
-        "tool_choice": _openai_tool_choice(body.get("tool_choice"), nested=False),
-        "parallel_tool_calls": _expect(body, "parallel_tool_calls", bool, "a boolean"),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_tokens": request.max_output_tokens,
+        "tool_choice": {"name": choice.name} if isinstance(choice, ResponsesToolChoice) else choice,
+        "parallel_tool_calls": request.parallel_tool_calls,
     }
-    stream = bool(_expect(body, "stream", bool, "a boolean"))
-    return messages, tools, params, stream
+    return messages, tools, params, bool(request.stream)
 
 
 def responses_response(
@@ -561,69 +437,67 @@ class ResponsesStream:
 # --- Anthropic Messages ----------------------------------------------------------------------
 
 
-def _blocks_text(content: Any, where: str) -> str:
-    return _joined_text(content, where, ("text",), "block")
+_MESSAGES_WHOLE = {"stop_sequences": "expected an array of non-empty strings"}
+_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
 def anthropic_request(
     body: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
     """(messages, tools, params, stream) of an Anthropic Messages body."""
-    if not isinstance(body, Mapping):
-        raise DialectError("the body must be a JSON object")
-    _check_keys(body, "Messages", _MESSAGES_KEYS, _NO_VALUE)
-    _model(body)
-    max_tokens = _int(body, "max_tokens")
-    if max_tokens is None:
-        raise DialectError("max_tokens: field required", "max_tokens")
+    return _messages(bodies.read(body, bodies.MessagesRequest, "Messages", _MESSAGES_WHOLE))
+
+
+def count_tokens_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) of an Anthropic count_tokens body: a Messages body without max_tokens."""
+    messages, tools, _, _ = _messages(
+        bodies.read(body, bodies.CountTokensRequest, "Messages", _MESSAGES_WHOLE)
+    )
+    return messages, tools
+
+
+def _messages(
+    request: bodies.MessagesRequest,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
     messages: list[dict[str, Any]] = []
-    if body.get("system") is not None:
-        messages.append({"role": "system", "content": _blocks_text(body["system"], "system")})
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise DialectError("messages: expected a non-empty array of messages", "messages")
-    for i, message in enumerate(raw):
-        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant", "system"):
-            raise DialectError(f"messages.{i}.role: expected user, assistant or system", f"messages.{i}.role")
-        content = message.get("content")
-        if message["role"] == "system":
-            # Claude Code sends late instructions as a system message between turns.
-            messages.append({"role": "system", "content": _blocks_text(content, f"messages.{i}.content")})
+    if request.system is not None:
+        messages.append({"role": "system", "content": _text(request.system, "system", what="block")})
+    for i, message in enumerate(request.messages):
+        role, content = bodies.tag(message), message.content
+        if isinstance(message, SystemMessage):
+            messages.append(
+                {"role": "system", "content": _text(content, "messages.{}.content", i, what="block")}
+            )
             continue
         if isinstance(content, str):
-            messages.append({"role": message["role"], "content": content})
+            messages.append({"role": role, "content": content})
             continue
-        if not isinstance(content, list):
-            raise DialectError(
-                f"messages.{i}.content: expected a string or an array of blocks", f"messages.{i}.content"
-            )
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
         for n, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, Mapping) else None
-            where = f"messages.{i}.content.{n}"
-            if kind == "text":
-                texts.append(str(block.get("text", "")))
-            elif kind == "tool_use" and message["role"] == "assistant":
-                arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            if isinstance(block, Text):
+                texts.append(block.text)
+            elif isinstance(block, ToolUseBlock):
+                arguments = json.dumps(block.input or {}, ensure_ascii=False)
                 calls.append(
                     {
-                        "id": block.get("id"),
+                        "id": block.id,
                         "type": "function",
-                        "function": {"name": block.get("name"), "arguments": arguments},
+                        "function": {"name": block.name, "arguments": arguments},
                     }
                 )
-            elif kind == "tool_result" and message["role"] == "user":
-                result = block.get("content")
-                text = "" if result is None else _blocks_text(result, f"{where}.content")
-                if block.get("is_error"):
-                    text = f"Error: {text}"
-                messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-            elif kind == "thinking":
-                continue
-            else:
-                raise DialectError(f"{where}.type: {kind!r} blocks are not supported here", f"{where}.type")
-        if message["role"] == "assistant":
+            elif isinstance(block, ToolResultBlock):
+                where = "messages.{}.content.{}.content"
+                text = "" if block.content is None else _text(block.content, where, i, n, what="block")
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.tool_use_id,
+                        "content": f"Error: {text}" if block.is_error else text,
+                    }
+                )
+            # Thinking blocks: the thinking of earlier turns is not sent back to the model.
+        if role == "assistant":
             entry: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
             if calls:
                 entry["tool_calls"] = calls
@@ -631,54 +505,33 @@ def anthropic_request(
         elif texts:
             messages.append({"role": "user", "content": "\n".join(texts)})
     tools = None
-    raw_tools = _expect(body, "tools", list, "an array of tools")
-    if raw_tools:
-        tools = []
-        for n, tool in enumerate(raw_tools):
-            if not isinstance(tool, Mapping) or not isinstance(tool.get("name"), str):
-                raise DialectError(f"tools.{n}: expected an object with a name", f"tools.{n}")
-            tools.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": tool["name"],
-                        "description": tool.get("description", ""),
-                        "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
-                    },
-                }
-            )
-    stop = _expect(body, "stop_sequences", list, "an array of strings")
-    if stop is not None and not all(isinstance(s, str) and s for s in stop):
-        raise DialectError("stop_sequences: expected an array of non-empty strings", "stop_sequences")
-    choice, parallel = _anthropic_tool_choice(body.get("tool_choice"))
+    if request.tools:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.input_schema or {"type": "object", "properties": {}},
+                },
+            }
+            for tool in request.tools
+        ]
+    choice = request.tool_choice
     params = {
-        "temperature": _number(body, "temperature"),
-        "top_p": _number(body, "top_p"),
-        "top_k": _int(body, "top_k"),
-        "max_tokens": max_tokens,
-        "stop": stop or None,
-        "tool_choice": choice,
-        "parallel_tool_calls": parallel,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "max_tokens": request.max_tokens,
+        "stop": request.stop_sequences or None,
+        "tool_choice": None
+        if choice is None
+        else {"name": choice.name}
+        if isinstance(choice, ChoiceTool)
+        else _CHOICES[bodies.tag(choice)],
+        "parallel_tool_calls": False if choice is not None and choice.disable_parallel_tool_use else None,
     }
-    stream = bool(_expect(body, "stream", bool, "a boolean"))
-    return messages, tools, params, stream
-
-
-def _anthropic_tool_choice(value: Any) -> tuple[Any, bool | None]:
-    """(tool_choice as the gateway takes it, parallel_tool_calls) of an Anthropic tool_choice."""
-    if value is None:
-        return None, None
-    kinds = {"auto": "auto", "any": "required", "none": "none"}
-    if not isinstance(value, Mapping) or value.get("type") not in (*kinds, "tool"):
-        raise DialectError("tool_choice: expected an object of type auto, any, tool or none", "tool_choice")
-    parallel = False if value.get("disable_parallel_tool_use") else None
-    if value["type"] == "tool":
-        if not isinstance(value.get("name"), str):
-            raise DialectError(
-                "tool_choice.name: a tool choice of type tool names the tool", "tool_choice.name"
-            )
-        return {"name": value["name"]}, parallel
-    return kinds[value["type"]], parallel
+    return messages, tools, params, bool(request.stream)
 
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

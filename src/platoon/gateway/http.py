@@ -129,10 +129,18 @@ def _no_constant(name: str) -> Any:
 
 
 def _parse(body: bytes) -> Any:
+    try:
+        return _DECODER.decode(body)  # refuses NaN, infinities, lone surrogates; not UTF-16
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    # Read again by the standard library, which accepts any JSON encoding and says what is wrong.
     value = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
     if _SURROGATE_ESCAPE.search(body):
         json.dumps(value, ensure_ascii=False).encode()  # raises on a lone surrogate
     return value
+
+
+_DECODER = msgspec.json.Decoder()
 
 
 async def _json(request: Request) -> Any:
@@ -357,10 +365,7 @@ def build_app(gateway: Gateway) -> Guard:
 
     async def count_tokens(request: Request) -> Response:
         async def call(session: AgentSession, body: Any) -> Response:
-            body = dict(body) if isinstance(body, dict) else body
-            if isinstance(body, dict):
-                body.setdefault("max_tokens", 1)
-            messages, tools, _, _ = dialects.anthropic_request(body)
+            messages, tools = dialects.count_tokens_request(body)
             try:
                 tokens = gateway.renderer.render(messages, tools)
             except ValueError as exc:

@@ -2,7 +2,7 @@
 
     trainer:  scheduler --EpisodeRequested (work, offered)-->  NATS queue group  --> one worker
               PolicyAnnouncer --PolicyAnnounced (mirror, every few s)--> every worker
-              LeaseKeeper: an episode with no sign of life for `lease` s is re-requested
+              LeaseKeeper: a claimed episode with no sign of life for `lease` s is re-requested
     worker:   env services, gateway, runner, grader; ResultSeal
               --EpisodeStarted..EpisodeGraded, EpisodeSealed (JetStream)--> trainer
 
@@ -26,11 +26,15 @@ Why these choices:
   worker's place in the queue group lasts a few offers, renewed only while it runs. So a hung
   worker (SIGSTOP: its connection stays up) drops out of the group by itself, and what it held
   goes to live workers; the lease keeper re-requests its episodes in flight.
-* **Leases.** The lease keeper re-requests a training episode under a new id in the same
-  group, with `attempt + 1`, and publishes `EpisodeAbandoned` so that the credit assigner
-  drops whatever of the old one still arrives. After `max_attempts` it gives up and the
-  episode counts as failed. Evaluation episodes are re-requested under the same id (the
-  evaluator waits for that id; the first grade wins).
+* **Leases.** A lease starts when a worker claims the episode (the trainer's bridge publishes
+  `WorkClaimed`); an episode nobody has claimed yet is the offer protocol's to place, so work
+  queued behind busy workers never expires. The lease keeper re-requests a claimed episode
+  whose worker went silent under a new id in the same group, with `attempt + 1`, and
+  publishes `EpisodeAbandoned` so that the credit assigner drops whatever of the old one
+  still arrives. After `max_attempts` it gives up and the episode counts as failed.
+  Evaluation episodes are re-requested under a new id too (the evaluator follows
+  `EpisodeAbandoned.replaced_by`), so no episode is played twice under one id when the silent
+  worker comes back.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from platoon.bus.events import (
     PolicyAnnounced,
     PolicyUpdated,
     RunFinished,
+    WorkClaimed,
     WorkerStatus,
     event_types,
     new_id,
@@ -362,17 +367,31 @@ class PolicyAnnouncer(ComponentBase):
 @dataclass
 class _Lease:
     request: EpisodeRequested
-    expires: float
+    expires: float | None  # None: not claimed yet, so no worker can be late with it
 
 
 class LeaseKeeper(ComponentBase):
-    """Re-requests episodes that show no sign of life for `lease` seconds (see the module
-    docstring). Signs of life: the request itself, `EpisodeStarted`, `AgentSpawned`,
-    `ModelCallFinished`; `EpisodeSealed` (or, for episodes no worker seals, a failed
-    `EpisodeGraded` of the keeper's own) ends the lease."""
+    """Re-requests episodes whose worker shows no sign of life for `lease` seconds (see the
+    module docstring).
+
+    A lease starts when a worker claims the episode (`WorkClaimed`, from the trainer's own
+    bridge), not when it is requested: until then the episode waits in the offer protocol,
+    which offers it again while nobody takes it, and a queue of work behind busy workers is
+    no fault of any worker. Signs of life renew it: the claim, `EpisodeStarted`,
+    `AgentSpawned`, `ModelCallFinished` (results carry the episode's lease token, so only the
+    claimer's count). `EpisodeSealed` (or, for episodes no worker seals, a failed
+    `EpisodeGraded` of the keeper's own) ends it. Time the keeper itself was stalled (its
+    event loop blocked) is not held against workers: it could not hear them meanwhile."""
 
     name = "lease-keeper"
-    subscribes = (EpisodeRequested, EpisodeStarted, AgentSpawned, ModelCallFinished, EpisodeSealed)
+    subscribes = (
+        EpisodeRequested,
+        WorkClaimed,
+        EpisodeStarted,
+        AgentSpawned,
+        ModelCallFinished,
+        EpisodeSealed,
+    )
     publishes = (EpisodeAbandoned, EpisodeGraded, EpisodeRequested)
 
     def __init__(self, *, lease: float, max_attempts: int = 3, check_every: float | None = None) -> None:
@@ -403,18 +422,28 @@ class LeaseKeeper(ComponentBase):
         now = anyio.current_time()
         match event:
             case EpisodeRequested():
-                self.leases[event.episode_id] = _Lease(event, now + self.lease)
-            case EpisodeStarted() | AgentSpawned() | ModelCallFinished() if event.episode_id in self.leases:
+                self.leases[event.episode_id] = _Lease(event, None)
+            case WorkClaimed() | EpisodeStarted() | AgentSpawned() | ModelCallFinished() if (
+                event.episode_id in self.leases
+            ):
                 self.leases[event.episode_id].expires = now + self.lease
             case EpisodeSealed():
                 self.leases.pop(event.episode_id, None)
 
     async def _expire_loop(self, bus: Bus) -> None:
+        last = anyio.current_time()
         while True:
             await anyio.sleep(self.check_every)
             now = anyio.current_time()
+            stalled = now - last - self.check_every
+            last = now
+            if stalled > self.check_every:  # we were not listening: nobody's silence counts
+                for lease in self.leases.values():
+                    if lease.expires is not None:
+                        lease.expires += stalled
             for episode_id, lease in list(self.leases.items()):
-                if lease.expires <= now and self.leases.get(episode_id) is lease:
+                expires = lease.expires
+                if expires is not None and expires <= now and self.leases.get(episode_id) is lease:
                     del self.leases[episode_id]
                     await self._expired(bus, lease.request)
 
@@ -436,9 +465,8 @@ class LeaseKeeper(ComponentBase):
                 await bus.publish(_failed_grade(request, failed))
             return
         self.stats["reissued"] += 1
-        retry_id = request.episode_id if request.purpose != "train" else new_id()
-        if retry_id != request.episode_id:
-            await bus.publish(_abandoned(request, retry_id, reason))
+        retry_id = new_id()  # so whatever the silent worker still sends is told from the retry's
+        await bus.publish(_abandoned(request, retry_id, reason))
         await bus.publish(msgspec.structs.replace(request, episode_id=retry_id, attempt=attempt))
 
 
@@ -725,7 +753,7 @@ class Worker:
                 "worker waiting for the trainer's policy announcement",
                 worker=self.name,
                 run=self.results.run_name,
-                server=self.results._server,
+                server=self.results.server,
             )
             await anyio.sleep(max(self.every * 4, 10.0))
 

@@ -23,6 +23,7 @@ from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
+    EpisodeAbandoned,
     EpisodeGraded,
     EpisodeRequested,
     EvalFinished,
@@ -143,6 +144,11 @@ async def evaluate(
                         agents.policy[event.agent_id] = event.policy
                     case AgentFinished(reward=float()) if event.episode_id in mine:
                         agents.reward[event.agent_id] = event.reward
+                    case EpisodeAbandoned(replaced_by=str()) if event.episode_id in mine:
+                        # Re-requested under a new id (its worker went silent): wait for that
+                        # one, and count nothing more of the old attempt, should it come back.
+                        mine[event.replaced_by] = mine.pop(event.episode_id)
+                        agents.forget(event.episode_id)
                     case EpisodeGraded() if event.episode_id in mine and event.episode_id not in graded:
                         graded[event.episode_id] = event
                         limiter.release()
@@ -264,6 +270,11 @@ class _AgentStats:
         """`by_depth`'s breakdown, per policy instead of per depth."""
         return self._breakdown(graded, lambda agent_id, depth: self.policy.get(agent_id, "default"))
 
+    def forget(self, episode_id: str) -> None:
+        """Drop the agents of an abandoned attempt (the model calls it made stay spent)."""
+        for agent_id in [a for a, (episode, _) in self.depth.items() if episode == episode_id]:
+            del self.depth[agent_id]
+
     def by_depth(self, graded: dict[str, EpisodeGraded]) -> dict[str, dict[str, float]]:
         """Per depth: `agents`, `model_calls` and `calls_per_agent`, and `own_reward_mean` over
         the agents with a reward (a root's is its episode's, a subagent's its own grade) with
@@ -347,6 +358,7 @@ class Evaluator(ComponentBase):
         AgentSpawned,
         AgentFinished,
         EpisodeGraded,
+        EpisodeAbandoned,
     )
     publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalFinished, Evaluated)
 

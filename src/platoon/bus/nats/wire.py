@@ -1,0 +1,72 @@
+"""How events look on NATS: subjects, headers, ids, and which event types may travel.
+
+Events travel on subjects `platoon.<run>.<EventTag>` in the bus's msgpack wire form; the
+headers below say where a message came from, which offer or lease it belongs to, and (for
+JetStream) which id deduplicates it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+
+import msgspec
+
+from platoon.bus.codec import encode
+from platoon.bus.events import Event, WorkClaimed, event_types
+
+ORIGIN_HEADER = "Platoon-Origin"
+MSG_ID_HEADER = "Nats-Msg-Id"
+LEASE_HEADER = "Platoon-Lease"
+OFFER_HEADER = "Platoon-Offer"
+WORK_QUEUE = "platoon-work"  # the queue group work is offered to
+ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
+NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+LOCAL_ONLY: tuple[type[Event], ...] = (WorkClaimed,)  # a bridge's own facts, never carried
+
+
+class NatsBridgeError(RuntimeError):
+    """The bridge cannot run: a bad URL or option, no server, or the wrong async backend."""
+
+
+@functools.cache
+def tag(event_type: type[Event]) -> str:
+    return str(msgspec.inspect.type_info(event_type).tag)
+
+
+def subject_for(run: str, event_type: type[Event]) -> str:
+    """The NATS subject of an event type in a run: `platoon.<run>.<EventTag>`."""
+    return f"platoon.{run}.{tag(event_type)}"
+
+
+def event_id(event: Event) -> str:
+    """The id that deduplicates a durable event: its tag and natural id, else a hash of it."""
+    kind = tag(type(event))
+    for field in ID_FIELDS:
+        value = getattr(event, field, None)
+        if isinstance(value, str) and value:
+            return f"{kind}:{value}"
+    return f"{kind}:{hashlib.blake2b(encode(event), digest_size=16).hexdigest()}"
+
+
+def episode_of(event: Event) -> str | None:
+    value = getattr(event, "episode_id", None)
+    return value if isinstance(value, str) and value else None
+
+
+def check_types(kind: str, types: Sequence[type[Event]]) -> tuple[type[Event], ...]:
+    registered = set(event_types())
+    for event_type in types:
+        if not (isinstance(event_type, type) and issubclass(event_type, Event)):
+            raise NatsBridgeError(f"{kind}: {event_type!r} is not an Event type")
+        if event_type not in registered:
+            raise NatsBridgeError(
+                f"{kind}: {event_type.__name__} is not registered; decorate it with @register_event"
+            )
+        if not NAME.match(tag(event_type)):
+            raise NatsBridgeError(
+                f"{kind}: the tag {tag(event_type)!r} of {event_type.__name__} is not a NATS subject token"
+            )
+    return tuple(dict.fromkeys(types))

@@ -1,0 +1,544 @@
+"""The request bodies the gateway's HTTP dialects accept, as msgspec structs: the schema.
+
+One struct per request (`ChatRequest`, `ResponsesRequest`, `MessagesRequest`), tagged unions
+where the wire has a `type` or `role` tag. Unknown fields inside a body are ignored, as the
+APIs do (clients send cache hints, ids, statuses, annotations); unknown top-level parameters
+are refused, so that no request is silently sampled without what it asked for. Parameters the
+gateway cannot honour (penalties, JSON output formats, top log-probabilities) are accepted
+only at their neutral value. `read` turns a parsed JSON body into its struct, or raises
+`DialectError` naming the field in the dotted form the clients show (`messages.0.role`).
+
+What a field means for sampling, and which shapes are then refused (an image, a tool of
+another kind), is the translation's business: see `dialects`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from functools import cache
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct
+from msgspec import inspect as mi
+
+__all__ = [
+    "ChatRequest",
+    "DialectError",
+    "MessagesRequest",
+    "ResponsesRequest",
+    "read",
+]
+
+
+class DialectError(ValueError):
+    """A request body that does not follow its dialect; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+T = TypeVar("T")
+NonEmpty = Annotated[T, Meta(min_length=1)]
+Empty = Annotated[T, Meta(max_length=0)]
+Zero = Annotated[float, Meta(ge=0, le=0)]
+
+
+class _Tagged(Struct, tag_field="type"):
+    pass
+
+
+# --- what every dialect takes --------------------------------------------------------------
+
+
+class _TextFormat(Struct):
+    type: Literal["text"] = "text"
+
+
+class _TextOptions(Struct):
+    format: _TextFormat | None = None
+    verbosity: str | None = None
+
+
+class _OutputConfig(Struct):
+    format: None = None
+    effort: str | None = None
+
+
+class _Hints(Struct, kw_only=True):
+    """Fields of every dialect with nothing to honour."""
+
+    model: str | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+class _Common(_Hints, kw_only=True):
+    """Fields of every dialect: the hints, and parameters of these APIs the gateway cannot
+    honour (it samples the policy as is), accepted only at their neutral value or null. Clients
+    that speak several APIs send them across, so every dialect takes them all."""
+
+    top_logprobs: Literal[0] | None = None
+    frequency_penalty: Zero | None = None
+    presence_penalty: Zero | None = None
+    logit_bias: Empty[dict[str, Any]] | None = None
+    response_format: _TextFormat | None = None
+    text: _TextOptions | None = None
+    modalities: tuple[Literal["text"]] | None = None
+    functions: Empty[list[Any]] | None = None
+    function_call: Literal["auto", "none"] | None = None
+    truncation: Literal["disabled"] | None = None
+    background: bool | None = None  # false only (msgspec < 0.21 has no Literal[False]): see `read`
+    output_config: _OutputConfig | None = None
+    mcp_servers: Empty[list[Any]] | None = None
+    prediction: None = None
+    audio: None = None
+    web_search_options: None = None
+    max_tool_calls: None = None
+    conversation: None = None
+    prompt: None = None
+    container: None = None
+
+
+def _names(kind: type[Struct]) -> frozenset[str]:
+    return frozenset(f.encode_name for f in msgspec.structs.fields(kind))
+
+
+NEUTRAL = _names(_Common) - _names(_Hints)
+
+
+# --- OpenAI Chat Completions ---------------------------------------------------------------
+
+
+class ChatPart(Struct):
+    """A content part. Only text is read; the renderer names and refuses another `type`."""
+
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatFunctionCall(Struct):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # a JSON string; some harnesses echo the object
+
+
+class ChatToolCall(Struct):
+    function: ChatFunctionCall
+    id: str | None = None
+    type: str | None = None
+
+
+class ChatMessage(Struct):
+    """A message of any role: the renderer names a role it does not know (developer is read as
+    system). Its own fields reach the renderer as the client sent them."""
+
+    role: str
+    content: str | list[str | ChatPart] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None  # a reasoning model's turn, echoed back
+    reasoning: str | None = None
+    thinking: str | None = None
+
+
+class ChatFunction(Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(Struct):
+    """A function tool, passed to the renderer as the client sent it (its JSON is the prompt)."""
+
+    type: str = "function"
+    function: ChatFunction | None = None  # None: a flat {"name", "parameters"} tool
+
+
+class _Name(Struct):
+    name: str
+
+
+class ChatToolChoice(Struct):
+    type: Literal["function"]
+    function: _Name
+
+
+class StreamOptions(Struct):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    messages: NonEmpty[list[ChatMessage]]
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | ChatToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    stop: str | list[str] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # wins over max_tokens
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    n: Annotated[int, Meta(ge=1, le=16)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    reasoning_effort: str | None = None  # the policy's chat template decides how it reasons
+    verbosity: str | None = None
+
+
+# --- OpenAI Responses ----------------------------------------------------------------------
+
+
+class Text(_Tagged, tag="text"):
+    """A text part or block (each dialect has its own tags for it)."""
+
+    text: str = ""
+
+
+class InputText(Text, tag="input_text"):
+    pass
+
+
+class OutputText(Text, tag="output_text"):
+    pass
+
+
+class InputImage(_Tagged, tag="input_image"):
+    pass
+
+
+class InputFile(_Tagged, tag="input_file"):
+    pass
+
+
+ResponsesPart = InputText | OutputText | Text | InputImage | InputFile
+
+
+class ResponsesMessage(_Tagged, tag="message"):
+    """A message item; the wire may leave out its `type`."""
+
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ResponsesPart]
+
+
+class FunctionCall(_Tagged, tag="function_call"):
+    name: str
+    arguments: str | None = None
+    call_id: str | None = None
+    id: str | None = None
+
+
+class FunctionCallOutput(_Tagged, tag="function_call_output"):
+    call_id: str
+    output: str | list[ResponsesPart]
+
+
+class _TextOnly(Struct):
+    """A summary or reasoning text part (its `type` is not read)."""
+
+    text: str
+
+
+class ReasoningItem(_Tagged, tag="reasoning"):
+    """Earlier reasoning, not sent back to the model."""
+
+    summary: list[_TextOnly] | None = None
+    content: list[_TextOnly] | None = None
+    encrypted_content: str | None = None
+
+
+ResponsesItem = ResponsesMessage | FunctionCall | FunctionCallOutput | ReasoningItem
+
+
+class ResponsesTool(Struct):
+    """A tool; only `type: function` ones are served (the translation refuses others)."""
+
+    type: str
+    name: str | None = None
+    description: str | None = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesToolChoice(Struct):
+    type: Literal["function"]
+    name: str
+
+
+class ReasoningOptions(Struct):
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    input: str | NonEmpty[list[ResponsesItem]]
+    instructions: str | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | ResponsesToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    reasoning: ReasoningOptions | None = None
+    client_metadata: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+
+
+# --- Anthropic Messages --------------------------------------------------------------------
+
+
+class ThinkingBlock(_Tagged, tag="thinking"):
+    """Earlier thinking, not sent back to the model."""
+
+    thinking: str | None = None
+    signature: str | None = None
+
+
+class ToolUseBlock(_Tagged, tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Tagged, tag="tool_result"):
+    tool_use_id: str
+    content: str | list[Text] | None = None
+    is_error: bool | None = None
+
+
+class UserMessage(Struct, tag_field="role", tag="user"):
+    content: str | list[Text | ToolResultBlock | ThinkingBlock]
+
+
+class AssistantMessage(Struct, tag_field="role", tag="assistant"):
+    content: str | list[Text | ToolUseBlock | ThinkingBlock]
+
+
+class SystemMessage(Struct, tag_field="role", tag="system"):
+    """Late instructions between turns, as Claude Code sends them."""
+
+    content: str | list[Text]
+
+
+class AnthropicTool(Struct):
+    """A tool by name; its `type` (custom or a server tool's) is not read."""
+
+    name: str
+    description: str | None = ""
+    input_schema: dict[str, Any] | None = None
+
+
+class _Choice(_Tagged, kw_only=True):
+    disable_parallel_tool_use: bool | None = None
+
+
+class ChoiceAuto(_Choice, tag="auto"):
+    pass
+
+
+class ChoiceAny(_Choice, tag="any"):
+    pass
+
+
+class ChoiceNone(_Choice, tag="none"):
+    pass
+
+
+class ChoiceTool(_Choice, tag="tool"):
+    name: str
+
+
+class ThinkingOptions(Struct):
+    type: str
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: int
+    messages: NonEmpty[list[UserMessage | AssistantMessage | SystemMessage]]
+    system: str | list[Text] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ChoiceAuto | ChoiceAny | ChoiceNone | ChoiceTool | None = None
+    stop_sequences: list[NonEmpty[str]] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool | None = None
+    thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
+    context_management: dict[str, Any] | None = None
+
+
+class CountTokensRequest(MessagesRequest, kw_only=True, forbid_unknown_fields=True):
+    max_tokens: int = 1
+
+
+# --- reading a body ------------------------------------------------------------------------
+
+S = TypeVar("S", bound=Struct)
+
+
+def tag(value: Struct) -> Any:
+    """The tag of a tagged struct (its `type` or `role` on the wire)."""
+    return value.__struct_config__.tag
+
+
+def read(body: Any, kind: type[S], api: str, whole: Mapping[str, str] | None = None) -> S:
+    """`body` (parsed JSON) as a `kind`, or a `DialectError` naming the field.
+
+    Errors inside a field of `whole` name the field itself, with the given message (a tool
+    choice, stop sequences); inside a neutral-only field, they say it cannot be honoured.
+    """
+    if not isinstance(body, Mapping):
+        raise DialectError("the body must be a JSON object")
+    try:
+        request = msgspec.convert(body, kind)
+    except msgspec.ValidationError as exc:
+        raise _error(str(exc), kind, body, api, whole or {}) from None
+    if getattr(request, "background", None):
+        raise _cannot_honour("background", body)
+    return request
+
+
+_AT = re.compile(r"(?P<text>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.S)
+_NAMES = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+}
+
+
+def _error(
+    message: str, kind: type, body: Mapping[str, Any], api: str, whole: Mapping[str, str]
+) -> DialectError:
+    match = _AT.fullmatch(message)
+    assert match is not None
+    text = match["text"]
+    segments = [s for s in re.split(r"[.\[\]]+", match["path"] or "") if s and s != "..."]
+    missing = re.fullmatch(r"Object missing required field `(.+)`", text)
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
+    invalid = re.fullmatch(r"Invalid (?:enum )?value (.+)", text)
+    if unknown:
+        segments.append(unknown[1])
+        text = f"not a {api} parameter the gateway honours"
+    elif missing:
+        # A missing field is named by the object that lacks it, or by itself at the top.
+        text = "field required" if not segments else f"missing the required field {missing[1]}"
+        segments = segments or [missing[1]]
+    elif invalid:
+        allowed = _allowed(kind, segments, body)
+        expected = f"expected {_or(allowed)}, " if allowed else ""
+        text = f"{expected}got {invalid[1]}"
+    else:
+        text = _plain(text)
+    field = segments[0] if segments else None
+    if field in whole:
+        return DialectError(f"{field}: {whole[field]}", field)
+    if field in NEUTRAL:
+        return _cannot_honour(field, body)
+    param = ".".join(segments) or None
+    return DialectError(f"{param}: {text}" if param else f"the body: {text}", param)
+
+
+def _cannot_honour(field: str, body: Mapping[str, Any]) -> DialectError:
+    shown = json.dumps(body.get(field))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return DialectError(f"{field}: the gateway cannot honour {shown} (it samples the policy as is)", field)
+
+
+def _plain(text: str) -> str:
+    """msgspec's "Expected `str | array`, got `int`" as "expected a string or an array, got an integer"."""
+    text = text.replace("Expected `array` of length >= 1", "Expected a non-empty array")
+
+    def names(match: re.Match[str]) -> str:
+        kinds = [t.strip() for t in match[1].split("|")]
+        kinds = [t for t in kinds if t != "null"] or kinds  # null is never the point
+        return _or([_NAMES.get(t, t) for t in kinds])
+
+    text = re.sub(r"`([^`]+)`", names, text)
+    return text[:1].lower() + text[1:]
+
+
+def _or(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+@cache
+def _info(kind: type) -> mi.Type:
+    return mi.type_info(kind)
+
+
+def _allowed(kind: type, segments: list[str], body: Any) -> list[str] | None:
+    """The values a tag or a literal field at `segments` may take, read from the type (the body
+    says which variant of a tagged union each step is)."""
+    info, value = _info(kind), body
+    for n, segment in enumerate(segments):
+        info = _variant(info, value)
+        tagged = [t for t in _options(info) if isinstance(t, mi.StructType) and t.tag_field == segment]
+        if tagged:
+            return [str(t.tag) for t in tagged] if n == len(segments) - 1 else None
+        if isinstance(info, mi.UnionType):
+            return None
+        if isinstance(info, mi.StructType) and isinstance(value, Mapping):
+            field = next((f for f in info.fields if f.encode_name == segment), None)
+            if field is None:
+                return None
+            info, value = field.type, value.get(segment)
+        elif isinstance(info, mi.ListType | mi.TupleType) and isinstance(value, list) and segment.isdigit():
+            index = int(segment)
+            item = info.item_type if isinstance(info, mi.ListType) else info.item_types[index]
+            info, value = item, value[index] if index < len(value) else None
+        else:
+            return None
+    literals = [t for t in _options(info) if isinstance(t, mi.LiteralType)]
+    return [str(v) for t in literals for v in t.values] or None
+
+
+def _options(info: mi.Type) -> list[mi.Type]:
+    while isinstance(info, mi.Metadata):
+        info = info.type
+    return (
+        [o.type if isinstance(o, mi.Metadata) else o for o in info.types]
+        if isinstance(info, mi.UnionType)
+        else [info]
+    )
+
+
+def _variant(info: mi.Type, value: Any) -> mi.Type:
+    """The member of a union that `value` was read as (a union left as is when unclear)."""
+    options = _options(info)
+    if len(options) == 1:
+        return options[0]
+    if isinstance(value, Mapping):
+        structs = [o for o in options if isinstance(o, mi.StructType)]
+        for struct in structs:
+            if struct.tag_field is not None and value.get(struct.tag_field) == struct.tag:
+                return struct
+        if len(structs) == 1 and structs[0].tag_field is None:
+            return structs[0]
+        if any(s.tag_field is not None for s in structs):
+            return mi.UnionType(tuple(structs))
+    if isinstance(value, list):
+        arrays = [o for o in options if isinstance(o, mi.ListType | mi.TupleType)]
+        if len(arrays) == 1:
+            return arrays[0]
+    return info
