@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,8 @@ import structlog
 from platoon import plugins, system
 from platoon.bus.events import PolicyUpdated
 from platoon.config import Config, write_run_files
-from platoon.config.schema import workflow_for
+from platoon.config.policies import resolve_policies
+from platoon.config.schema import TrainConfig, policy_names, workflow_for
 from platoon.credit import CreditConfig
 from platoon.programs import EntrySettings
 from platoon.system import SystemError
@@ -98,6 +99,7 @@ class PolicySettings:
     kl: bool = False
     trainer: TrainerSettings | None = None  # None: the policy does not train here
     builtin: str | None = None  # the built-in model `model_name` is the directory of
+    frozen: bool = False  # one of several policies that samples and never trains
 
     def local_model(self) -> str:
         """The model as the embedded server loads it (a built-in one built on first use)."""
@@ -131,6 +133,7 @@ class CreditSettings:
     straggler_timeout: float | None = None
     straggler_quorum: float = 1.0
     sealed: bool = False  # results come from workers, each episode sealed
+    policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class SchedulerSettings:
     eval_every: int | None = None  # None: no evaluation during training
     eval_at_start: bool = False
     wait_for_workers: bool = False  # NATS: no rollouts until a worker is heard from
+    policies: tuple[str, ...] = ("default",)  # the trained policies, whose versions episodes ask for
+    several: bool = False  # `policies:`: each episode asks each policy for its own version
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,15 @@ class Settings:
     nats: NatsSettings | None = None
     resume: bool = False
     event_log: bool = True
+    # `policies:` (RFC 0001): every policy by name, `policy` first; empty: `policy` is the one
+    policies: dict[str, PolicySettings] = field(default_factory=dict)
+
+    def all_policies(self) -> dict[str, PolicySettings]:
+        """Every policy of the run by name (the one policy, named "default", without `policies:`)."""
+        return self.policies or {self.policy.name: self.policy}
+
+    def trained(self) -> list[str]:
+        return [name for name, p in self.all_policies().items() if p.trainer is not None]
 
 
 def credit_settings(config: Config) -> CreditConfig:
@@ -221,9 +235,9 @@ def credit_settings(config: Config) -> CreditConfig:
     )
 
 
-def _trainer_settings(config: Config) -> TrainerSettings:
-    """The trainer's; the optimizer's settings are read here once."""
-    train = config.train
+def _trainer_settings(config: Config | TrainConfig) -> TrainerSettings:
+    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's)."""
+    train = config.train if isinstance(config, Config) else config
     assert train is not None
     o = train.optimizer
     return TrainerSettings(
@@ -273,6 +287,7 @@ def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]
                 params={k: v for k, v in params.items() if v is not None},
                 agents=entry.agents,
                 path=f"environments.{i}",
+                default_policy=policy_names(config)[0],
             )
         )
     return settings
@@ -298,6 +313,40 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> Poli
         kl_reference=train.kl.reference_path if train and train.kl else None,
         trainer=_trainer_settings(config) if purpose == "train" else None,
     )
+
+
+def _several_policy_settings(config: Config, purpose: str, scripted: str | None) -> dict[str, PolicySettings]:
+    """Each policy of `policies:` (RFC 0001): `train:` with the policy's own keys laid over it."""
+    out = {}
+    tiny = system.tiny_model_path()
+    for name, spec in resolve_policies(config).items():
+        train = spec.train
+        model = tiny if train.model_name in (system.TINY_MODEL, tiny) else train.model_name
+        trains = purpose == "train" and not spec.frozen
+        if trains and spec.model_path:
+            raise SystemError(
+                f"policies.{name}.model_path: a policy that trains starts from its base model "
+                "(model_path is what a frozen policy, or an evaluation, samples)"
+            )
+        out[name] = PolicySettings(
+            name=name,
+            model_name=model,
+            tokenizer=train.tokenizer,
+            renderer_name=train.renderer_name,
+            tool_call_parser=train.tool_call_parser,
+            backend=train.backend,
+            base_url=spec.tinker_base_url,
+            seed=train.seed,
+            lora_rank=train.lora_rank,
+            model_path=spec.model_path,
+            scripted=scripted,
+            kl=trains and train.kl is not None,
+            kl_reference=train.kl.reference_path if trains and train.kl else None,
+            trainer=_trainer_settings(msgspec.structs.replace(train, model_name=model)) if trains else None,
+            builtin=system.TINY_MODEL if model == tiny else None,
+            frozen=spec.frozen,
+        )
+    return out
 
 
 def _eval_settings(config: Config, purpose: str, split: str | None, progress: Any) -> EvalSettings:
@@ -340,6 +389,9 @@ def resolve(
     if purpose in ("eval", "rollout") and not config.environments:
         raise SystemError("the config has no environments")
     pol = _policy_settings(config, purpose, policy)
+    several = _several_policy_settings(config, purpose, policy) if config.policies and train else {}
+    if several:
+        pol = next(iter(several.values()))
     gateway = GatewaySettings(
         context_window=train.context_window_length if train else None,
         max_concurrent_samples=config.gateway.max_concurrent_samples,
@@ -369,6 +421,7 @@ def resolve(
             if e.reward_processor
         },
         resume=resume,
+        policies=several,
     )
     if purpose == "eval":
         settings = replace(settings, eval=_eval_settings(config, purpose, split, progress))
@@ -396,6 +449,7 @@ def resolve(
             straggler_timeout=workflow.straggler_timeout_seconds,
             straggler_quorum=workflow.straggler_quorum,
             sealed=config.nats is not None,
+            policies=tuple(settings.trained()),
         ),
         scheduler=SchedulerSettings(
             splits={n: e.splits.train for n, e in zip(names, config.environments, strict=True)},
@@ -408,6 +462,8 @@ def resolve(
             eval_every=(ev.every or None) if ev else None,
             eval_at_start=bool(ev and ev.at_start),
             wait_for_workers=config.nats is not None,
+            policies=tuple(settings.trained()),
+            several=bool(several),
         ),
         eval=_eval_settings(config, purpose, None, None) if ev else None,
         metrics=MetricsSettings(
@@ -497,13 +553,22 @@ def _parts(settings: Settings, config: Config, plugin_components: Sequence[Any])
         *envs,
         *rollouts,
         Part("credit-assigner", CreditAssigner),
-        Part("trainer", Trainer),
+        *_trainer_parts(settings, Trainer),
         Part("scheduler", Scheduler),
         *([Part("evaluator", Evaluator)] if settings.eval else []),
         *([Part("progress", TrainProgress)] if settings.metrics.progress else []),
         Part("metrics", MetricsSink),
         *plugs,
     ]
+
+
+def _trainer_parts(settings: Settings, trainer: type) -> list[Part]:
+    """One trainer per trained policy, and with several the step join (RFC 0001)."""
+    if not settings.policies:
+        return [Part("trainer", trainer)]
+    from platoon.train.policies import StepJoin
+
+    return [*(Part(f"trainer:{name}", trainer) for name in settings.trained()), Part("step-join", StepJoin)]
 
 
 def assemble(
@@ -656,12 +721,16 @@ async def open_policy(
     store: Any = None,
     candidates: Sequence[Any] = (),
     sampler_factory: Any = None,
+    service: tuple[Any, str | None] | None = None,
+    prefix: str = "",
 ) -> AsyncIterator[OpenPolicy]:
     """Open a loaded policy for a run: its training service and, when it trains
     (`settings.trainer`), its training client (resumed from the newest checkpoint of
     `candidates` that loads) and trainer; and its sampler factory.
 
-    Call it once per policy of a run: everything a policy owns is made here."""
+    Call it once per policy of a run: everything a policy owns is made here. `service`: one
+    already open that the policy shares with others of the run (`open_policies`); `prefix`:
+    the policy's name on its trainer's metrics, when the run has several."""
     from platoon.policy.tinker import TinkerSamplerFactory
 
     policy = loaded.settings
@@ -670,7 +739,8 @@ async def open_policy(
         yield loaded
         return
     checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
-    async with _service(policy, checkpoint_dir) as (service, base_url):
+    shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
+    async with shared as (service, base_url):
         loaded.base_url = base_url
         if policy.trainer is None:
             model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
@@ -683,7 +753,9 @@ async def open_policy(
         version = checkpoint.policy_version if checkpoint else 0
         reference = await _reference(service, policy) if policy.kl else None
         settings = _with_base_url(policy.trainer, base_url)
-        loaded.trainer = Trainer(client, settings, store, version=version, reference=reference)
+        loaded.trainer = Trainer(
+            client, settings, store, version=version, reference=reference, policy=policy.name, prefix=prefix
+        )
         loaded.checkpoint = checkpoint
         loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
             service,
@@ -692,6 +764,51 @@ async def open_policy(
             version=version,
         )
         yield loaded
+
+
+@contextlib.asynccontextmanager
+async def open_policies(
+    loaded: dict[str, OpenPolicy],
+    *,
+    run_dir: Path | None = None,
+    stores: dict[str, Any] | None = None,
+    candidates: dict[str, Sequence[Any]] | None = None,
+    sampler_factory: Any = None,
+) -> AsyncIterator[dict[str, OpenPolicy]]:
+    """Open the several policies of a run (RFC 0001), each with `open_policy`. Policies that
+    share a training service share one client: two policies on one base model of the embedded
+    backend are two LoRA adapters on one server; each other service is opened once (the
+    checkpoints of a second embedded server go to `run_dir/tinker-<policy>`)."""
+    keys = {name: _service_key(p.settings) for name, p in loaded.items()}
+    async with contextlib.AsyncExitStack() as stack:
+        services: dict[tuple[str, str], tuple[Any, str | None]] = {}
+        opened: dict[str, OpenPolicy] = {}
+        for name, policy in loaded.items():
+            key = keys[name]
+            if key not in services and not policy.settings.scripted:
+                trains = any(loaded[n].settings.trainer is not None for n in loaded if keys[n] == key)
+                where = None
+                if trains and run_dir is not None:
+                    where = run_dir / ("tinker" if not services else f"tinker-{name}")
+                services[key] = await stack.enter_async_context(_service(policy.settings, where))
+            opened[name] = await stack.enter_async_context(
+                open_policy(
+                    policy,
+                    run_dir=run_dir,
+                    store=(stores or {}).get(name),
+                    candidates=(candidates or {}).get(name, ()),
+                    sampler_factory=sampler_factory,
+                    service=services.get(key),
+                    prefix=f"{name}/",
+                )
+            )
+        yield opened
+
+
+def _service_key(policy: PolicySettings) -> tuple[str, str]:
+    if policy.backend == "local":
+        return ("local", policy.model_name or "")
+    return ("tinker", policy.base_url or "")
 
 
 def _with_base_url(settings: TrainerSettings, base_url: str | None) -> TrainerSettings:
@@ -835,6 +952,16 @@ class Run:
             async with self._opened_training() as assembled:
                 yield assembled
             return
+        if s.policies:  # several policies: the gateway serves every one of them
+            loaded_all = {name: load_policy(p) for name, p in s.policies.items()}
+            if s.purpose in ("eval", "rollout"):
+                assert s.run_dir is not None
+                write_run_files(
+                    s.run_dir, self.config, {**_policy_lock(loaded_all), "policy": s.policy.scripted}
+                )
+            async with open_policies(loaded_all) as opened:
+                yield Assembled(self._build(next(iter(opened.values())), several=opened))
+            return
         loaded = load_policy(s.policy)
         if s.purpose in ("eval", "rollout"):
             assert s.run_dir is not None
@@ -854,6 +981,10 @@ class Run:
             system.check_training_service(self.config)
         if s.policy.builtin:
             system.resolve_model(s.policy.builtin, seed=s.policy.seed)  # built here on first use
+        if s.policies:
+            async with self._opened_policies_training() as assembled:
+                yield assembled
+            return
         store = CheckpointStore(run_dir)
         identity = run_identity(self.config)
         candidates = store.candidates() if s.resume else []
@@ -884,16 +1015,73 @@ class Run:
             write_run_files(run_dir, self.config, lock)
             yield Assembled(self._build(policy, start_step=start_step))
 
-    def _build(self, policy: OpenPolicy, *, start_step: int = 0) -> list[Any]:
-        """The components, in the order of the parts."""
+    @contextlib.asynccontextmanager
+    async def _opened_policies_training(self) -> AsyncIterator[Assembled]:
+        """`_opened_training` for several policies (RFC 0001): a checkpoint store, a resume
+        point, a training client and a trainer per trained policy."""
+        from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
+        from platoon.train.policies import policy_stores, resume_points
+
+        s = self.settings
+        run_dir = s.run_dir
+        assert run_dir is not None
+        trained = s.trained()
+        run_store = CheckpointStore(run_dir)  # the run's identity.json
+        stores = policy_stores(run_dir, trained, several=True)
+        identity = run_identity(self.config)
+        if s.resume:
+            run_store.check_identity(identity)
+            candidates = resume_points(stores)
+            if not any(candidates.values()):
+                log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+        else:
+            candidates = {name: [] for name in trained}
+            if any(store.path.exists() for store in stores.values()):
+                raise ResumeError(
+                    f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
+                )
+            run_store.write_identity(identity)
+        loaded = {name: load_policy(p) for name, p in s.policies.items()}
+        async with open_policies(
+            loaded,
+            run_dir=run_dir,
+            stores=stores,
+            candidates=candidates,
+            sampler_factory=self._sampler_factory,
+        ) as opened:
+            resumed = [p.checkpoint.step for p in opened.values() if p.checkpoint is not None]
+            start_step = min(resumed) + 1 if resumed else 0
+            if s.resume:
+                _forget_metrics_from(run_dir, start_step)
+            lock = {**_policy_lock(opened), "resumed_from_step": start_step}
+            write_run_files(run_dir, self.config, lock)
+            yield Assembled(self._build(next(iter(opened.values())), start_step=start_step, several=opened))
+
+    def _build(
+        self, policy: OpenPolicy, *, start_step: int = 0, several: dict[str, OpenPolicy] | None = None
+    ) -> list[Any]:
+        """The components, in the order of the parts. `several`: every policy of a run with
+        `policies:` (`policy` is the first of them)."""
         from platoon.bus import EventLog
         from platoon.programs import EpisodeRunner
 
         s = self.settings
         config = self.config
+        several = several or {}
 
         def gateway(factory: Any) -> Any:
-            return _gateway(s.gateway, policy.renderer, factory)
+            if not several:
+                return _gateway(s.gateway, policy.renderer, factory)
+            from platoon.gateway import GatewayPolicy
+
+            others = {
+                name: GatewayPolicy(
+                    p.renderer, p.sampler_factory, frozen=p.settings.frozen, model_name=p.settings.model_name
+                )
+                for name, p in several.items()
+                if p is not policy
+            }
+            return _gateway(s.gateway, policy.renderer, factory, policy=policy.settings.name, policies=others)
 
         if s.purpose == "gateway":
             built: list[Any] = [gateway(policy.sampler_factory)]
@@ -933,6 +1121,13 @@ class Run:
         assert s.run_dir is not None
         trainer, checkpoint = policy.trainer, policy.checkpoint
         version = checkpoint.policy_version if checkpoint else 0
+        trainers = [p.trainer for p in several.values() if p.trainer is not None] or [trainer]
+        versions = {t.policy: t.version for t in trainers} if several else {}
+        if several:
+            from platoon.train.policies import StepJoin
+
+            trainers.append(StepJoin(list(versions)))
+            version = min(versions.values())
         if s.nats is not None:
             announced = PolicyUpdated(
                 version=version,
@@ -960,9 +1155,10 @@ class Run:
                     straggler_timeout=c.straggler_timeout,
                     straggler_quorum=c.straggler_quorum,
                     sealed=c.sealed,
+                    policies=c.policies,
                 ),
-                trainer,
-                Scheduler(s.scheduler, start_step=start_step, version=version),
+                *trainers,
+                Scheduler(s.scheduler, start_step=start_step, version=version, versions=versions),
                 *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
                 *([TrainProgress(m.total_steps, start_step=start_step)] if m.progress else []),
                 MetricsSink(
@@ -1067,7 +1263,20 @@ def _env_services(config: Config) -> list[Any]:
     ]
 
 
-def _gateway(g: GatewaySettings, renderer: Any, factory: Any) -> Any:
+def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, Any]:
+    """What lock.json records of a run's several policies (the first's as the run's own)."""
+    first = next(iter(opened.values()))
+    return {
+        "renderer": first.settings.renderer_name,
+        "tool_call_parser": first.tool_call_parser,
+        "policies": {
+            name: {"renderer": p.settings.renderer_name, "tool_call_parser": p.tool_call_parser}
+            for name, p in opened.items()
+        },
+    }
+
+
+def _gateway(g: GatewaySettings, renderer: Any, factory: Any, **policies: Any) -> Any:
     from platoon.gateway import Gateway
     from platoon.policy.base import SampleParams
 
@@ -1081,6 +1290,7 @@ def _gateway(g: GatewaySettings, renderer: Any, factory: Any) -> Any:
         port=g.port,
         model_name=g.model_name,
         model_aliases=list(g.model_aliases),
+        **policies,
     )
 
 

@@ -165,8 +165,14 @@ def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
 def check_training_service(config: Config) -> None:
     """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
     none is named (the embedded backend needs none)."""
-    if config.train is None or config.train.backend != "local":
+    if config.train is None:
         _tinker_endpoint(config.tinker_base_url)
+        return
+    from platoon.config.policies import resolve_policies
+
+    for spec in resolve_policies(config).values():  # `policies:` may put each on a service of its own
+        if spec.train.backend != "local":
+            _tinker_endpoint(spec.tinker_base_url)
 
 
 _NO_SERVICE = (

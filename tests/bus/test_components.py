@@ -90,6 +90,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     )
     from platoon.train.evaluate import Evaluator
     from platoon.train.loop import Scheduler
+    from platoon.train.policies import StepJoin
     from platoon.train.trainer import Trainer, TrainerSettings
 
     async def sampler_for(policy: PolicyUpdated) -> None:
@@ -109,6 +110,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         Grader(),
         CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig()),
         Trainer(None, TrainerSettings(base_model="m"), CheckpointStore(tmp_path)),
+        StepJoin(["planner", "executor"]),
         TrainProgress(3, console=Console(file=io.StringIO())),
         MetricsSink(tmp_path, console=False),
         WorkerRegistry(),

@@ -196,3 +196,78 @@ async def test_no_tasks_is_an_empty_report():
     async with Bus() as bus:
         report = await evaluate(bus, [], group_size=2, publish=False)
     assert (report.episodes, report.graded, report.reward_mean, report.pass_at_k) == (0, 0, None, {})
+
+
+class TwoPolicyPlayer:
+    """Each episode: a planner root (one call, the episode's reward) and an executor child (two
+    calls, graded on its own: 0.25)."""
+
+    async def run(self, bus: Bus) -> None:
+        from platoon.bus.events import AgentFinished
+
+        async with bus.stream(EpisodeRequested) as requests:
+            async for request in requests:
+                episode = request.episode_id
+                agents = (("root", None, 0, "planner", 1), ("child", "root", 1, "executor", 2))
+                for agent, parent, depth, policy, calls in agents:
+                    await bus.publish(
+                        AgentSpawned(
+                            episode_id=episode,
+                            agent_id=f"{episode}/{agent}",
+                            parent_id=parent and f"{episode}/{parent}",
+                            depth=depth,
+                            harness="h",
+                            instruction="",
+                            policy=policy,
+                        )
+                    )
+                    for _ in range(calls):
+                        await bus.publish(
+                            ModelCallFinished(
+                                call_id=f"{episode}/{agent}/{_}",
+                                episode_id=episode,
+                                agent_id=f"{episode}/{agent}",
+                                prompt_tokens=[1],
+                                completion_tokens=[2],
+                                logprobs=[-0.1],
+                                stop_reason="stop",
+                                policy_version=0,
+                                policy=policy,
+                            )
+                        )
+                await bus.publish(
+                    AgentFinished(
+                        episode_id=episode, agent_id=f"{episode}/child", status="completed", reward=0.25
+                    )
+                )
+                await bus.publish(
+                    EpisodeGraded(
+                        episode_id=episode, group_id=request.group_id, task=request.task, reward=1.0
+                    )
+                )
+
+
+@pytest.mark.anyio
+async def test_the_report_splits_per_policy_when_several_played():
+    async with Bus() as bus:
+        bus.start_soon(TwoPolicyPlayer().run, bus)
+        await anyio.sleep(0.01)
+        report = await evaluate(bus, TASKS, group_size=2, publish=False)
+    assert report.by_policy == {
+        "executor": {
+            "agents": 6.0,
+            "model_calls": 12.0,
+            "calls_per_agent": 2.0,
+            "own_reward_mean": 0.25,
+            "own_rewards": 6.0,
+        },
+        "planner": {
+            "agents": 6.0,
+            "model_calls": 6.0,
+            "calls_per_agent": 1.0,
+            "own_reward_mean": 1.0,
+            "own_rewards": 6.0,
+        },
+    }
+    metrics = report.metrics()
+    assert metrics["eval/planner/own_reward_mean"] == 1.0 and metrics["eval/executor/own_reward_mean"] == 0.25

@@ -48,6 +48,7 @@ __all__ = [
     "GroupCompleted",
     "ModelCallFinished",
     "PolicyAnnounced",
+    "PolicyStepFinished",
     "PolicyUpdated",
     "Reply",
     "Request",
@@ -145,6 +146,8 @@ class EpisodeRequested(Event, frozen=True, kw_only=True):
     policy_version: int = 0  # the policy version current when it was requested
     harness: str | None = None  # the harness drawn for this rollout (from a mixture); None: the entry's
     attempt: int = 0  # how many times this episode was requested before (a lost worker's lease)
+    # several policies: each one's version current when it was requested (policy_version: the oldest)
+    policy_versions: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 @register_event
@@ -167,6 +170,7 @@ class AgentSpawned(Event, frozen=True, kw_only=True):
     depth: int  # 0 for the root, 1 for its children, ...
     harness: str  # the harness that plays this agent
     instruction: str  # what this agent was asked
+    policy: str = "default"  # the policy that plays it (see `policies:`)
 
 
 @register_event
@@ -202,6 +206,7 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
     # The messages of a call that came over HTTP (a command-line agent), for people reading the
     # log; an in-process call's are in its `ChatRequested`.
     messages: list[dict[str, Any]] | None = None
+    policy: str = "default"  # the policy that sampled it (see `policies:`)
 
 
 @register_event
@@ -350,6 +355,8 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
     max_tokens: int | None = None
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     policy_version: int = 0  # the oldest policy the agent may sample: its episode's
+    policy: str = "default"  # the policy that plays it, chosen by the runner from the config
+    role: str = ""  # the role its program gave it, if any (how `by: role` chose the policy)
 
 
 @register_event
@@ -363,6 +370,7 @@ class AgentOpened(Reply, frozen=True, kw_only=True):
 
     key: str = ""
     base_url: str | None = None
+    policy: str = "default"  # the policy the gateway samples for this agent
 
 
 @register_event
@@ -485,12 +493,23 @@ class BatchReady(Event, frozen=True, kw_only=True):
     datums: list[Datum]  # the training sequences of the step's complete groups
     # credit statistics (by depth, dropped groups, ...)
     stats: dict[str, float] = msgspec.field(default_factory=dict)
+    policy: str = "default"  # the policy these datums train
 
 
 @register_event
 class TrainStepFinished(Event, frozen=True, kw_only=True):
     step: int  # the step that finished
     metrics: dict[str, float]  # the step's metrics, as written to metrics.jsonl
+
+
+@register_event
+class PolicyStepFinished(Event, frozen=True, kw_only=True):
+    """One policy of a several-policy run trained its batch of a step. Once every trained
+    policy has, the step's one `TrainStepFinished` follows with all their metrics."""
+
+    step: int
+    policy: str
+    metrics: dict[str, float]  # its metrics, each key prefixed with the policy's name
 
 
 @register_event
@@ -501,6 +520,7 @@ class PolicyUpdated(Event, frozen=True, kw_only=True):
     sampler_path: str  # a tinker:// path to the sampler weights
     base_model: str = ""  # the model the weights are an adapter of
     base_url: str | None = None  # the training service that holds them; None: hosted Tinker
+    policy: str = "default"  # the policy whose weights these are
 
 
 @register_event
@@ -510,6 +530,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
     sampler_path: str  # the sampler weights of the same step
     policy_version: int  # the policy version at that step
     task_cursor: int = 0  # how far through the training tasks the run was
+    policy: str = "default"  # the policy whose state this is
 
 
 @register_event

@@ -89,7 +89,10 @@ def render_tree(events: Sequence[Event]) -> str:
     def walk(agent_id: str, prefix: str, last: bool) -> None:
         spawned = agents[agent_id]
         branch = "└─ " if last else "├─ "
-        out.append(f"{prefix}{branch}agent {agent_id[:8]} depth {spawned.depth} harness {spawned.harness}")
+        played = f" policy {spawned.policy}" if spawned.policy != "default" else ""
+        out.append(
+            f"{prefix}{branch}agent {agent_id[:8]} depth {spawned.depth} harness {spawned.harness}{played}"
+        )
         inner = prefix + ("   " if last else "│  ")
         if spawned.depth > 0:
             out.append(f"{inner}instruction: {_clip(spawned.instruction)}")

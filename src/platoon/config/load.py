@@ -266,6 +266,45 @@ def _cross_checks(data: Mapping[str, Any]) -> list[str]:
         given = [key for key in ("handler", "component") if plugin.get(key) is not None]
         if len(given) != 1:
             problems.append(f"plugins.{index}: set exactly one of handler or component")
+    problems += _policy_checks(data, environments)
+    return problems
+
+
+def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str]:
+    """`policies:` and each entry's `agents.policy` name one another (see RFC 0001)."""
+    problems: list[str] = []
+    policies = data.get("policies")
+    names = list(policies) if isinstance(policies, dict) else []
+    if isinstance(policies, dict):
+        for name in policies:
+            if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+                problems.append(f"policies.{name}: a policy's name is letters, digits, - and _ only")
+        if data.get("train") is None:
+            problems.append("policies: needs a train: section (the schedule, and what a policy leaves out)")
+        elif all(isinstance(p, dict) and p.get("frozen") is True for p in policies.values()):
+            problems.append("policies: every policy is frozen, so nothing would train")
+        if data.get("nats") is not None:
+            problems.append(
+                "policies: several policies cannot train with nats: workers yet (one policy only); "
+                "leave out nats: or policies:"
+            )
+    for index, entry in enumerate(environments):
+        agents = entry.get("agents") if isinstance(entry, dict) else None
+        choice = agents.get("policy") if isinstance(agents, dict) else None
+        where = f"environments.{index}.agents.policy"
+        if not isinstance(choice, dict):
+            if len(names) > 1:
+                problems.append(f"{where}: the config has several policies; say which plays each agent")
+            continue
+        if not names:
+            problems.append(f"{where}: names policies, but the config has no policies: section")
+            continue
+        mapping = choice.get("map")
+        for key, value in mapping.items() if isinstance(mapping, dict) else []:
+            if isinstance(value, str) and value not in names:
+                problems.append(f"{where}.map.{key}: {value!r} is not one of policies: {', '.join(names)}")
+            if choice.get("by") == "depth" and not (isinstance(key, str) and key.isdigit()):
+                problems.append(f'{where}.map.{key}: a depth is written as a quoted number, e.g. "0"')
     return problems
 
 

@@ -31,6 +31,8 @@ __all__ = [
     "NatsTLS",
     "PathOrName",
     "PluginConfig",
+    "PolicyChoice",
+    "PolicyConfig",
     "RewardConfig",
     "RewardRule",
     "RolloutConfig",
@@ -40,6 +42,7 @@ __all__ = [
     "WandbConfig",
     "WorkflowConfig",
     "WorkflowOverlay",
+    "policy_names",
     "workflow_for",
 ]
 
@@ -195,6 +198,15 @@ class RewardConfig(_Strict):
 # --- environments ---------------------------------------------------------------------------------
 
 
+class PolicyChoice(_Strict):
+    """Which of the config's `policies:` plays an agent: looked up by the agent's depth in the
+    tree (keys "0", "1", ...), its harness's name, or the role its program gave it (the root's
+    role is "root"). An agent the map does not name is an error, never a fallback."""
+
+    by: Literal["depth", "harness", "role"]  # what of the agent picks its policy
+    map: Annotated[dict[str, str], Meta(min_length=1)]  # depth, harness or role -> policy name
+
+
 class AgentsConfig(_Strict):
     """The agent tree an episode may grow: subagents, their budgets and their rewards."""
 
@@ -209,6 +221,8 @@ class AgentsConfig(_Strict):
     # a subagent trains on the root's reward, its own grade, or a mix of both
     child_reward: Literal["root", "own", "mix"] = "root"
     child_reward_mix: Fraction = 0.5  # weight of the child's own reward when child_reward is mix
+    # which of `policies:` plays each agent; None: the one policy (train:, or a single entry)
+    policy: PolicyChoice | None = None
 
 
 class SplitsConfig(_Strict):
@@ -288,6 +302,25 @@ class TrainConfig(_Strict):
     save_every: NonNegativeInt = 10  # steps between checkpoints; 0: only the last
     context_window_length: PositiveInt | None = None  # None: the model's
     kl: KLConfig | None = None  # a KL penalty against a reference policy; None: none
+
+
+class PolicyConfig(_Strict):
+    """One of several policies trained (or only sampled) in one run. A key left out is taken
+    from `train:`, which also keeps the schedule (batch size, steps, workflow) for all of them."""
+
+    model_name: PathOrName | None = None  # the base model; None: train.model_name
+    renderer_name: str | None = None  # None: train.renderer_name
+    tokenizer: PathOrName | None = None  # None: train.tokenizer, else the model's own
+    tool_call_parser: str | None = None  # None: train.tool_call_parser
+    backend: Literal["tinker", "local"] | None = None  # None: train.backend
+    tinker_base_url: str | None = None  # this policy's Tinker-API server; None: the run's
+    lora_rank: PositiveInt | None = None  # None: train.lora_rank
+    optimizer: AdamParams | None = None  # None: train.optimizer
+    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"] | None = None
+    loss_fn_config: dict[str, float | str] | None = None  # None: train.loss_fn_config
+    # the sampler weights a frozen policy (or an evaluation) samples, e.g. a tinker:// path; None: the base model
+    model_path: PathOrName | None = None
+    frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 
 class EvalConfig(_Strict):
@@ -389,6 +422,8 @@ class Config(_Strict):
     extends: str | list[str] | None = None  # consumed by the loader; None once loaded
     environments: list[EnvironmentConfig] = []
     train: TrainConfig | None = None
+    # several policies in one run, by name; None: train: is the one policy, named "default"
+    policies: Annotated[dict[str, PolicyConfig], Meta(min_length=1)] | None = None
     eval: EvalConfig | None = None
     stats: StatsConfig = field(default_factory=StatsConfig)
     plugins: list[PluginConfig] = []
@@ -398,6 +433,11 @@ class Config(_Strict):
     log_path: FilePath | None = None  # None: the site profile's runs
     # a self-hosted Tinker-API server for every Tinker client; None: $TINKER_BASE_URL or hosted
     tinker_base_url: str | None = None
+
+
+def policy_names(config: Config) -> list[str]:
+    """The run's policies, in config order: `policies:`'s names, else the one "default"."""
+    return list(config.policies) if config.policies else ["default"]
 
 
 def workflow_for(

@@ -15,7 +15,7 @@ import msgspec
 from platoon.credit.baselines import get_credit_rule
 from platoon.credit.datums import Datum, merge_calls, scaled, with_advantage
 from platoon.credit.exceptions import CreditError
-from platoon.credit.traces import Rollout
+from platoon.credit.traces import AgentTrace, Rollout
 from platoon.credit.trees import (
     DepthWeighting,
     RewardMode,
@@ -86,12 +86,22 @@ class CreditResult(msgspec.Struct, frozen=True, kw_only=True):
     stats: dict[str, float]
 
 
-def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None = None) -> CreditResult:
+def assign_credit(
+    groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None = None, *, policy: str | None = None
+) -> CreditResult:
     """Turn task groups of graded rollouts into datums with advantages.
 
     Each inner list is one task's rollouts. Inputs are checked whole before anything is
     computed, so a malformed batch raises CreditError and nothing half-done comes back.
+
+    With `policy`, only the datums of that policy's agents (`AgentTrace.policy`), with baselines,
+    depth weights, normalisation and statistics of their own: one policy's batch of a
+    several-policy run. Without it, every agent's (one policy: today's batch exactly).
     """
+
+    def mine(agent: AgentTrace) -> bool:
+        return policy is None or agent.policy == policy
+
     cfg = cfg or CreditConfig()
     rule = get_credit_rule(cfg.baseline)
     _check_batch(groups)
@@ -104,12 +114,13 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
             removed["empty"] += 1
             continue
         per_turn: list[list[float]] | None = None
-        constant = is_constant_group(group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha)
+        constant = is_constant_group(group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha, policy=policy)
         if cfg.credit == "per_turn":
             per_turn, varied = turn_advantages(
                 group, rule, discount=cfg.turn_discount, std_scaling=cfg.std_scaling, eps=cfg.std_eps
             )
-            constant = constant and not varied
+            roots_mine = any(mine(a) for r in group for a in r.agents if a.parent_id is None)
+            constant = constant and not (varied and roots_mine)
         if cfg.remove_constant_groups and constant:
             removed["constant"] += 1
             continue
@@ -120,11 +131,14 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
             alpha=cfg.mix_alpha,
             std_scaling=cfg.std_scaling,
             eps=cfg.std_eps,
+            policy=policy,
         )
         group_datums: list[tuple[Datum, float | None]] = []
         group_calls = 0
         for index, (rollout, by_agent) in enumerate(zip(group, advantages, strict=True)):
             for agent in rollout.agents:
+                if not mine(agent):
+                    continue
                 group_calls += sum(call.kind != "judge" for call in agent.calls)
                 turns = per_turn[index] if per_turn is not None and agent.parent_id is None else None
                 datums = merge_calls(
@@ -185,7 +199,8 @@ def assign_credit(groups: Sequence[Sequence[Rollout]], cfg: CreditConfig | None 
     own_rewards: dict[int, list[float]] = defaultdict(list)
     for rollout in (rollout for group in groups for rollout in group):
         for agent in rollout.agents:
-            own_rewards[agent.depth].append(own_reward(rollout, agent))
+            if mine(agent):
+                own_rewards[agent.depth].append(own_reward(rollout, agent))
     for depth, rewards_at_depth in sorted(own_rewards.items()):
         # A subagent's own grade where it has one: how each depth does at its own job.
         stats[f"depth/{depth}/reward_mean"] = _mean(rewards_at_depth)

@@ -47,6 +47,7 @@ class AgentTrace(msgspec.Struct, frozen=True, kw_only=True):
     # per-turn credit: one reward per trainable call (judge calls not counted), for what arrived
     # after that call and before the next; [] when none arrived mid-episode
     turn_rewards: list[float] = []
+    policy: str = "default"  # the policy that sampled its calls (several policies: see RFC 0001)
 
 
 class Rollout(msgspec.Struct, frozen=True, kw_only=True):

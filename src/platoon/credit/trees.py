@@ -68,12 +68,15 @@ def _uses_own(mode: RewardMode, alpha: float) -> bool:
     return mode == "own" or (mode == "mix" and alpha > 0)
 
 
-def _own_pools(rollouts: Sequence[Rollout]) -> dict[int, list[tuple[int, str, float]]]:
-    """Subagents by depth across the group: (rollout index, agent id, own reward)."""
+def _own_pools(
+    rollouts: Sequence[Rollout], policy: str | None = None
+) -> dict[int, list[tuple[int, str, float]]]:
+    """Subagents by depth across the group: (rollout index, agent id, own reward); only those
+    of `policy` when one is given, so each policy's subagents have a baseline of their own."""
     pools: dict[int, list[tuple[int, str, float]]] = defaultdict(list)
     for i, rollout in enumerate(rollouts):
         for agent in rollout.agents:
-            if agent.parent_id is not None:
+            if agent.parent_id is not None and (policy is None or agent.policy == policy):
                 pools[agent.depth].append((i, agent.agent_id, own_reward(rollout, agent)))
     return pools
 
@@ -86,8 +89,10 @@ def tree_advantages(
     alpha: float = 0.5,
     std_scaling: bool = False,
     eps: float = 1e-6,
+    policy: str | None = None,
 ) -> list[dict[str, float]]:
-    """Every agent's advantage in one task group: for each rollout, agent id -> advantage."""
+    """Every agent's advantage in one task group: for each rollout, agent id -> advantage.
+    With `policy`, only that policy's agents, their own-reward baselines pooled among them."""
     if mode not in ("root", "own", "mix"):
         raise CreditError(f"unknown subagent_reward {mode!r} (expected root, own or mix)")
     scaling = {"std_scaling": std_scaling, "eps": eps}
@@ -95,7 +100,7 @@ def tree_advantages(
     uses_own = _uses_own(mode, alpha)
     own_adv: dict[tuple[int, str], float] = {}
     if uses_own:
-        for pool in _own_pools(rollouts).values():
+        for pool in _own_pools(rollouts, policy).values():
             advantages = group_advantages([reward for _, _, reward in pool], rule, **scaling)
             for (i, agent_id, _), advantage in zip(pool, advantages, strict=True):
                 own_adv[i, agent_id] = advantage
@@ -103,6 +108,8 @@ def tree_advantages(
     for i, rollout in enumerate(rollouts):
         by_agent = {}
         for agent in rollout.agents:
+            if policy is not None and agent.policy != policy:
+                continue
             if agent.parent_id is None or not uses_own:
                 by_agent[agent.agent_id] = root_adv[i]
             elif mode == "own":
@@ -113,16 +120,28 @@ def tree_advantages(
     return result
 
 
-def is_constant_group(rollouts: Sequence[Rollout], *, mode: RewardMode = "root", alpha: float = 0.5) -> bool:
+def is_constant_group(
+    rollouts: Sequence[Rollout], *, mode: RewardMode = "root", alpha: float = 0.5, policy: str | None = None
+) -> bool:
     """True when every baseline pool of the group has all-equal rewards: no agent can be told apart.
 
     A group whose episodes tie but whose subagents' own grades differ still teaches the
-    subagents under `own` and `mix`, so it is not constant there.
+    subagents under `own` and `mix`, so it is not constant there. With `policy`, only the pools
+    of that policy's agents count (a policy of `own`-graded subagents ignores the episodes' tie).
     """
-    if len({r.reward for r in rollouts}) > 1:
+    if policy is None:
+        answers_to_root = True
+    else:
+        answers_to_root = any(
+            agent.policy == policy and (agent.parent_id is None or mode != "own")
+            for rollout in rollouts
+            for agent in rollout.agents
+        )
+    if answers_to_root and len({r.reward for r in rollouts}) > 1:
         return False
     if _uses_own(mode, alpha):
-        return all(len({reward for _, _, reward in pool}) <= 1 for pool in _own_pools(rollouts).values())
+        pools = _own_pools(rollouts, policy).values()
+        return all(len({reward for _, _, reward in pool}) <= 1 for pool in pools)
     return True
 
 

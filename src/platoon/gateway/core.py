@@ -52,7 +52,7 @@ from platoon.policy.base import (
     StopReason,
 )
 
-__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError"]
+__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy"]
 
 log = structlog.get_logger("platoon.gateway")
 
@@ -89,6 +89,22 @@ class Budget:
 
 
 @dataclass
+class GatewayPolicy:
+    """One policy the gateway samples: its renderer (its tokenizer's chat format) and samplers.
+
+    `frozen`: it never updates, so an agent's episode version does not apply to it."""
+
+    renderer: Renderer
+    factory: SamplerFactory
+    frozen: bool = False
+    model_name: str | None = None  # its model, a name agents may ask for (their key picks the policy)
+    sampler: Sampler | None = None
+    updated: anyio.Event | None = None  # set (and replaced) when the sampler changes
+    stream_markers: tuple[list[str], bool] | None = None
+    longest_token: int | None = None
+
+
+@dataclass
 class AgentSession:
     """One agent as the gateway knows it: its key, budget and the turns sampled for it."""
 
@@ -103,6 +119,7 @@ class AgentSession:
     calls: int = 0
     closed: bool = False
     in_flight: int = 0  # HTTP calls being answered
+    policy: str = "default"  # the policy sampled for this agent
     # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
     # conversation without instructions, reply included; the response object). Bounded.
     responses: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(
@@ -146,6 +163,12 @@ class Gateway(ComponentBase):
     `max_tokens` to the room left; `max_concurrent_samples` bounds calls in flight (HTTP
     callers get 429 past it, in-process callers wait), `max_calls_per_agent` those of one agent
     over HTTP, and `max_body` the size of an HTTP request.
+
+    Several policies (RFC 0001): `renderer` and `sampler_factory` serve the policy named
+    `policy`; `policies` adds others by name. Each agent is sampled from the policy its
+    `AgentOpenRequested` names (a name the gateway does not serve is refused), each
+    `PolicyUpdated` switches only its own policy's sampler, and every `ModelCallFinished` says
+    which policy sampled it.
     """
 
     name = "gateway"
@@ -168,9 +191,14 @@ class Gateway(ComponentBase):
         version_timeout: float = 600.0,
         max_calls_per_agent: int = 16,
         max_body: int = 64 * 2**20,
+        policy: str = "default",
+        policies: Mapping[str, GatewayPolicy] | None = None,
     ) -> None:
         self.renderer = renderer
         self.factory = sampler_factory
+        self.default_policy = policy
+        self.policies: dict[str, GatewayPolicy] = {policy: GatewayPolicy(renderer, sampler_factory)}
+        self.policies.update(policies or {})
         self.defaults = defaults or SampleParams()
         self.context_window = context_window
         self.limiter = anyio.CapacityLimiter(max_concurrent_samples)
@@ -179,10 +207,9 @@ class Gateway(ComponentBase):
         self.serve_http = serve_http
         self.model_name = model_name
         # What agents may ask for: the policy's name, the generic one, and configured aliases.
-        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases})
-        self._stream_markers = renderer.stream_markers()  # fixed for a renderer: read once
+        served = [p.model_name for p in (policies or {}).values() if p.model_name]
+        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases, *served})
         self.version_timeout = version_timeout
-        self._longest_token: int | None = None
         self.max_calls_per_agent = max_calls_per_agent
         self.max_body = max_body
         self.base_url: str | None = None
@@ -193,7 +220,6 @@ class Gateway(ComponentBase):
         self._episodes: dict[str, list[AgentSession]] = {}
         self._bus: Bus | None = None
         self._ready = anyio.Event()
-        self._updated = anyio.Event()
         self._chats: Stream[ChatRequested] | None = None
 
     # --- the component -----------------------------------------------------------------------
@@ -208,7 +234,9 @@ class Gateway(ComponentBase):
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
         assert self._chats is not None
-        self.sampler = await self.factory.initial()
+        for state in self.policies.values():
+            state.sampler = await state.factory.initial()
+        self.sampler = self.policies[self.default_policy].sampler
         async with anyio.create_task_group() as tg:
             if self.serve_http:
                 from platoon.gateway.http import serve_gateway
@@ -221,38 +249,60 @@ class Gateway(ComponentBase):
 
     async def _on_open(self, request: AgentOpenRequested) -> None:
         await self._ready.wait()
-        session = self.open_agent(request)
         assert self._bus is not None
+        if request.policy not in self.policies:
+            served = ", ".join(sorted(self.policies))
+            await self._bus.publish(
+                AgentOpened(
+                    reply_to=request.request_id,
+                    error=f"policy {request.policy!r} is not served here (policies: {served})",
+                )
+            )
+            return
+        session = self.open_agent(request)
         await self._bus.publish(
-            AgentOpened(reply_to=request.request_id, key=session.key, base_url=self.base_url)
+            AgentOpened(
+                reply_to=request.request_id, key=session.key, base_url=self.base_url, policy=session.policy
+            )
         )
 
     def _on_episode_finished(self, event: EpisodeFinished) -> None:
         self.close_episode(event.episode_id)
 
     async def _on_policy_updated(self, event: PolicyUpdated) -> None:
-        self.sampler = await self.factory.updated(event)
-        updated, self._updated = self._updated, anyio.Event()
-        updated.set()
-        log.debug("sampler updated", version=event.version, path=event.sampler_path)
+        state = self.policies.get(event.policy)
+        if state is None:
+            log.debug("update of a policy not served here ignored", policy=event.policy)
+            return
+        state.sampler = await state.factory.updated(event)
+        if event.policy == self.default_policy:
+            self.sampler = state.sampler
+        updated, state.updated = state.updated, anyio.Event()
+        if updated is not None:
+            updated.set()
+        log.debug("sampler updated", policy=event.policy, version=event.version, path=event.sampler_path)
 
     async def _sampler_for(self, session: AgentSession) -> Sampler:
         """The current sampler, once it is at least the version the agent's episode asked for.
 
         The scheduler requests a step's episodes as soon as the trainer published new weights,
         while the gateway may still be loading them: sampling the old policy then would make
-        off-policy data out of an on-policy step.
+        off-policy data out of an on-policy step. A frozen policy is always current.
         """
-        if self.sampler is not None and self.sampler.version >= session.min_version:
-            return self.sampler  # the usual case, without a cancel scope per call
+        state = self.policies[session.policy]
+        if state.sampler is not None and (state.frozen or state.sampler.version >= session.min_version):
+            return state.sampler  # the usual case, without a cancel scope per call
         with anyio.move_on_after(self.version_timeout):
-            while self.sampler is None or self.sampler.version < session.min_version:
-                await self._updated.wait()
-            return self.sampler
+            while state.sampler is None or state.sampler.version < session.min_version:
+                if state.updated is None:
+                    state.updated = anyio.Event()
+                await state.updated.wait()
+            return state.sampler
         raise GatewayError(
             "sampler",
             f"waited {self.version_timeout:g} s for policy version {session.min_version}; "
-            f"the sampler is at {self.sampler.version if self.sampler else None}",
+            f"the sampler is at {state.sampler.version if state.sampler else None}"
+            + (f" (policy {session.policy!r})" if len(self.policies) > 1 else ""),
         )
 
     async def _answer_chat(self, bus: Bus, request: ChatRequested) -> None:
@@ -300,6 +350,7 @@ class Gateway(ComponentBase):
             depth=request.depth,
             params=dict(request.params),
             min_version=request.policy_version,
+            policy=request.policy if request.policy in self.policies else self.default_policy,
         )
         self.agents[session.key] = session
         self.by_agent[session.agent_id] = session
@@ -362,18 +413,20 @@ class Gateway(ComponentBase):
         `record_messages` puts the messages in the call's `ModelCallFinished` (an HTTP call has
         no `ChatRequested` that holds them).
         """
-        if self.sampler is None:
+        state = self.policies[session.policy]
+        if state.sampler is None:
             raise GatewayError("sampler", "the gateway has no sampler yet")
+        renderer = state.renderer
         if kind == "policy":
             session.budget.check()
         if not messages:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
         params = dict(params)
-        controls = self._controls(params, tools)
+        controls = self._controls(params, tools, state)
         completions = self._sampled_turns(session, messages)
         chars = _text_size(messages) + _text_size(tools or ())
-        self._check_size(chars)
-        render = functools.partial(self.renderer.render, messages, tools or None, completions=completions)
+        self._check_size(chars, state)
+        render = functools.partial(renderer.render, messages, tools or None, completions=completions)
         try:
             # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
             prompt = await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render()
@@ -383,7 +436,7 @@ class Gateway(ComponentBase):
             raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
         prefill: list[int] = []
         if controls.prefill:
-            prefill = self.renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
+            prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
             prompt += prefill
         sample_params = self._params(session, params, len(prompt))
         budget = session.budget
@@ -408,11 +461,11 @@ class Gateway(ComponentBase):
         clock = time.perf_counter()
         reserved = False
         text = TextStream(
-            self.renderer.tokenizer,
+            renderer.tokenizer,
             markers=controls.markers,
             stops=controls.stops,
             after_first_call=controls.after_first_call,
-            stop_token_ids=self.renderer.stop_token_ids,
+            stop_token_ids=renderer.stop_token_ids,
             plain=controls.plain,
         )
         try:
@@ -455,7 +508,7 @@ class Gateway(ComponentBase):
             self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        sampled, parsed, stop_sequence = self._read(sampled, tools, controls)
+        sampled, parsed, stop_sequence = self._read(sampled, tools, controls, renderer)
         message = parsed.to_openai()
         call_id = new_id()
         key = _turn_key(message)
@@ -480,6 +533,7 @@ class Gateway(ComponentBase):
                     started_at=started,
                     duration_s=duration,
                     messages=[dict(m) for m in messages] if record_messages else None,
+                    policy=session.policy,
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
@@ -500,8 +554,11 @@ class Gateway(ComponentBase):
             streamed=text.sent if stream else "",
         )
 
-    def _controls(self, params: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> _Controls:
+    def _controls(
+        self, params: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None, state: GatewayPolicy
+    ) -> _Controls:
         """Take the reply controls (stop sequences, tool choice, parallel calls) out of `params`."""
+        renderer = state.renderer
         stop = params.pop("stop", None)
         if isinstance(stop, str):
             stop = [stop]
@@ -520,12 +577,14 @@ class Gateway(ComponentBase):
             stops = list(stop)
         choice = params.pop("tool_choice", None) or "auto"
         parallel = params.pop("parallel_tool_calls", None)
-        markers, plain = self._stream_markers
+        if state.stream_markers is None:  # fixed for a renderer: read once
+            state.stream_markers = renderer.stream_markers()
+        markers, plain = state.stream_markers
         controls = _Controls(stops=stops, markers=markers, plain=plain)
         names = [_tool_name(t) for t in tools or ()]
         if choice == "none":
             controls.parse_tools = False
-            controls.markers = [m for m in markers if m not in _tool_markers(self.renderer)]
+            controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
         elif choice == "required" or isinstance(choice, Mapping):
             name = choice.get("name") if isinstance(choice, Mapping) else None
             if not names:
@@ -540,7 +599,7 @@ class Gateway(ComponentBase):
                     f"tool_choice names {name!r}, which is not among the tools",
                     param="tool_choice",
                 )
-            prefill = self.renderer.tool_call_prefill(name)
+            prefill = renderer.tool_call_prefill(name)
             if prefill is None:
                 raise GatewayError(
                     "bad_request",
@@ -556,18 +615,22 @@ class Gateway(ComponentBase):
                 param="tool_choice",
             )
         if parallel is False and controls.parse_tools:
-            controls.after_first_call = self.renderer.tool_call_end()
+            controls.after_first_call = renderer.tool_call_end()
         return controls
 
     def _read(
-        self, sampled: SampledCompletion, tools: Sequence[Mapping[str, Any]] | None, controls: _Controls
+        self,
+        sampled: SampledCompletion,
+        tools: Sequence[Mapping[str, Any]] | None,
+        controls: _Controls,
+        renderer: Renderer,
     ) -> tuple[SampledCompletion, ParsedMessage, str | None]:
         """Parse a completion, cut at the first stop (what is after it was never the reply)."""
         tokens = list(sampled.tokens)
-        stop_ids = set(self.renderer.stop_token_ids)
+        stop_ids = set(renderer.stop_token_ids)
         stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
         body = tokens if stop_at is None else tokens[:stop_at]
-        tokenizer = self.renderer.tokenizer
+        tokenizer = renderer.tokenizer
         text = tokenizer.decode(body, skip_special_tokens=False)
         stop = (
             find_stop(text, controls.stops, controls.after_first_call)
@@ -575,7 +638,7 @@ class Gateway(ComponentBase):
             else None
         )
         if stop is None:
-            parsed = self.renderer.parse_text(
+            parsed = renderer.parse_text(
                 controls.prefill + text,
                 tools or None,
                 stopped=stop_at is not None,
@@ -588,7 +651,7 @@ class Gateway(ComponentBase):
         sampled = SampledCompletion(
             tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
         )
-        parsed = self.renderer.parse_text(
+        parsed = renderer.parse_text(
             controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
         )
         if stop.sequence is not None:
@@ -617,14 +680,14 @@ class Gateway(ComponentBase):
                 completions[i] = samplings[min(n, len(samplings) - 1)]
         return completions
 
-    def _check_size(self, chars: int) -> None:
+    def _check_size(self, chars: int, state: GatewayPolicy) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit: no token spans more than
         `longest_token` characters, so `chars / longest_token` tokens at least."""
         if self.context_window is None:
             return
-        if self._longest_token is None:
-            self._longest_token = _longest_token(self.renderer.tokenizer)
-        if chars > self.context_window * self._longest_token:
+        if state.longest_token is None:
+            state.longest_token = _longest_token(state.renderer.tokenizer)
+        if chars > self.context_window * state.longest_token:
             raise GatewayError(
                 "context_length",
                 f"This model's maximum context length is {self.context_window} tokens; the prompt "

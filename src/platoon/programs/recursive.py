@@ -45,6 +45,7 @@ from platoon.bus.events import (
     ToolSpec,
     new_id,
 )
+from platoon.config.policies import DEFAULT_POLICY, PolicyChoiceError, choose_policy
 from platoon.harness import (
     AgentContext,
     AgentResult,
@@ -174,8 +175,10 @@ class AgentTree:
         tools: list[str] | None = None,
         harness: str | None = None,
         max_steps: int | None = None,
+        role: str | None = None,
     ) -> AgentResult:
-        """Run a subagent of `parent` on `instruction` and return how it ended."""
+        """Run a subagent of `parent` on `instruction` and return how it ended. `role` names
+        what it plays, for `agents.policy: {by: role}` (an unknown role is refused)."""
         refusal = self._refusal(parent)
         if refusal is not None:
             return AgentResult("error", reason=f"spawn refused: {refusal}")
@@ -187,7 +190,7 @@ class AgentTree:
         )
         async with slots:
             try:
-                ctx, chosen = await self._open(parent, instruction, tools, harness, max_steps)
+                ctx, chosen = await self._open(parent, instruction, tools, harness, max_steps, role)
             except _SpawnError as exc:
                 return AgentResult("error", reason=f"spawn failed: {exc}")
             result = await self._run(ctx, chosen)
@@ -223,11 +226,22 @@ class AgentTree:
         tools: list[str] | None,
         harness: str | None,
         max_steps: int | None,
+        role: str | None = None,
     ) -> tuple[AgentContext, Harness]:
         bus, request = self.episode.bus, self.episode.request
         chosen, options = self._harness(parent, harness)
         agent_id = new_id()
         depth = parent.depth + 1
+        try:
+            policy = choose_policy(
+                getattr(self.settings, "policy", None),
+                depth=depth,
+                harness=chosen.name,
+                role=role,
+                default=getattr(self.episode.entry, "default_policy", DEFAULT_POLICY),
+            )
+        except PolicyChoiceError as exc:
+            raise _SpawnError(str(exc)) from None
         try:
             opened = await bus.request(
                 SessionOpenRequested(
@@ -264,13 +278,17 @@ class AgentTree:
                     # The entry's sampling settings (max tokens, temperature, stop), then the
                     # parent's own overrides: a subagent samples as its root does.
                     params={**self.episode.entry.params, **parent.params},
-                    policy_version=request.policy_version,
+                    policy_version=request.policy_versions.get(policy, request.policy_version),
+                    policy=policy,
+                    role=role or "",
                 ),
                 timeout=parent.request_timeout,
             )
         except (NoResponder, RequestTimeout) as exc:
             raise _SpawnError(f"the model gateway did not answer: {exc}") from None
         assert isinstance(key, AgentOpened)
+        if key.error is not None:
+            raise _SpawnError(f"the model gateway refused the agent: {key.error}")
         await bus.publish(
             AgentSpawned(
                 episode_id=request.episode_id,
@@ -279,6 +297,7 @@ class AgentTree:
                 depth=depth,
                 harness=chosen.name,
                 instruction=instruction,
+                policy=policy,
             )
         )
         deadline = parent.budget.deadline

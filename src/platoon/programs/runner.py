@@ -48,6 +48,7 @@ from platoon.bus.events import (
     ToolReturned,
     new_id,
 )
+from platoon.config.policies import DEFAULT_POLICY, ROOT_ROLE, PolicyChoiceError, choose_policy
 from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, choose_harness, get_harness
 from platoon.harness.registry import validate_options
 from platoon.programs.registry import Episode, get_program, validate_program_options
@@ -72,6 +73,7 @@ class EntrySettings:
     params: dict[str, Any] = field(default_factory=dict)
     agents: Any = None
     path: str = "environments"
+    default_policy: str = DEFAULT_POLICY  # the policy of agents that `agents.policy` does not choose
 
 
 class EpisodeRunner(ComponentBase):
@@ -226,6 +228,16 @@ class EpisodeRunner(ComponentBase):
         if opened.error is not None:
             raise _EpisodeSetupError(f"the env session failed to open: {opened.error}")
         try:
+            policy = choose_policy(
+                getattr(entry.agents, "policy", None),
+                depth=0,
+                harness=harness_name,
+                role=ROOT_ROLE,
+                default=entry.default_policy,
+            )
+        except PolicyChoiceError as exc:
+            raise _EpisodeSetupError(str(exc)) from None
+        try:
             key = await bus.request(
                 AgentOpenRequested(
                     episode_id=request.episode_id,
@@ -235,13 +247,17 @@ class EpisodeRunner(ComponentBase):
                     max_model_calls=entry.max_steps,
                     max_tokens=entry.max_tokens,
                     params=entry.params,
-                    policy_version=request.policy_version,
+                    policy_version=request.policy_versions.get(policy, request.policy_version),
+                    policy=policy,
+                    role=ROOT_ROLE,
                 ),
                 timeout=self.request_timeout,
             )
         except (NoResponder, RequestTimeout) as exc:
             raise _EpisodeSetupError(f"the model gateway did not answer: {exc}") from None
         assert isinstance(key, AgentOpened)
+        if key.error is not None:
+            raise _EpisodeSetupError(f"the model gateway refused the agent: {key.error}")
         await bus.publish(
             EpisodeStarted(
                 episode_id=request.episode_id,
@@ -260,6 +276,7 @@ class EpisodeRunner(ComponentBase):
                 depth=0,
                 harness=harness_name,
                 instruction=opened.instruction,
+                policy=policy,
             )
         )
         return AgentContext(

@@ -19,10 +19,17 @@ always recorded before its grade is. Results from rollout workers (`sealed=True`
 `platoon.train.distributed`) may arrive out of order: a grade then waits for the episode's
 `EpisodeSealed` and for the calls and agents it counts. A second grade for an episode is
 ignored, and so is whatever arrives for an abandoned (re-requested) episode.
+
+Several policies (`policies`, RFC 0001): each agent's calls belong to the policy that sampled
+them (`AgentSpawned.policy`), and each trained policy gets a `BatchReady` of its own per step,
+its credit assigned over its own agents (own baselines, weights and normalisation). The
+statistics of the episodes are the same in each; those of the policy's agents are prefixed
+with its name (`planner/reward/mean`: the mean own reward of its agents).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter, OrderedDict
@@ -45,7 +52,16 @@ from platoon.bus.events import (
     GroupCompleted,
     ModelCallFinished,
 )
-from platoon.credit import AgentTrace, Call, CreditConfig, CreditError, CreditResult, Rollout, assign_credit
+from platoon.credit import (
+    AgentTrace,
+    Call,
+    CreditConfig,
+    CreditError,
+    CreditResult,
+    Rollout,
+    assign_credit,
+    own_reward,
+)
 from platoon.stats.failures import failure_kind
 
 __all__ = ["CreditAssigner", "EpisodeRecord"]
@@ -62,6 +78,7 @@ class EpisodeRecord:
     agents: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     calls: dict[str, list[Call]] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)  # subagents' own grades
+    policies: dict[str, str] = field(default_factory=dict)  # agent id -> its policy
     worker: str = ""
     agents_finished: int = 0
     held: EpisodeGraded | None = None  # a grade waiting for its seal (sealed mode)
@@ -87,6 +104,7 @@ class EpisodeRecord:
                 calls=self.calls.get(agent_id, []),
                 reward=self.rewards.get(agent_id, graded.agent_rewards.get(agent_id)),
                 turn_rewards=list(graded.turn_rewards.get(agent_id, [])),
+                policy=self.policies.get(agent_id, "default"),
             )
             for agent_id, (parent, depth) in sorted(self.agents.items(), key=lambda item: item[1][1])
         ]
@@ -131,6 +149,7 @@ class CreditAssigner(ComponentBase):
         straggler_timeout: float | None = None,
         straggler_quorum: float = 0.5,
         sealed: bool = False,
+        policies: tuple[str, ...] = ("default",),
     ) -> None:
         self.group_size = group_size
         self.batch_size = batch_size
@@ -138,6 +157,7 @@ class CreditAssigner(ComponentBase):
         self.straggler_timeout = straggler_timeout
         self.straggler_quorum = straggler_quorum
         self.sealed = sealed
+        self.policies = tuple(policies)  # the trained policies: one BatchReady each per step
         self.records: dict[str, EpisodeRecord] = {}
         self.groups: dict[str, _Group] = {}
         self.steps: dict[int, list[_Group]] = {}
@@ -171,6 +191,7 @@ class CreditAssigner(ComponentBase):
                                 event.parent_id,
                                 event.depth,
                             )
+                            self.records[event.episode_id].policies[event.agent_id] = event.policy
                             await self._release(bus, tg, event.episode_id)
                         case AgentFinished() if event.episode_id in self.records:
                             record = self.records[event.episode_id]
@@ -281,7 +302,14 @@ class CreditAssigner(ComponentBase):
         done = self.steps.setdefault(group.step, [])
         done.append(group)
         if len(done) == self.batch_size:
-            await bus.publish(self.batch(group.step))
+            for batch in self.batches(group.step):
+                await bus.publish(batch)
+
+    def batches(self, step: int) -> list[BatchReady]:
+        """The step's batch, or one per trained policy when the run has several."""
+        if self.policies == ("default",):
+            return [self.batch(step)]
+        return self._policy_batches(step)
 
     def batch(self, step: int) -> BatchReady:
         """Assign credit over the step's groups and forget their episodes."""
@@ -356,10 +384,65 @@ class CreditAssigner(ComponentBase):
                     stats[f"workers/{worker}/episodes_per_s"] = count / stats["time/rollout"]
         return BatchReady(step=step, datums=result.datums, stats=stats)
 
-    def _assign(self, step: int, groups: list[list[Rollout]]) -> tuple[CreditResult, dict[str, str]]:
-        """Credit for the step's groups, and the groups dropped because theirs failed (id -> why)."""
+    def _policy_batches(self, step: int) -> list[BatchReady]:
+        """One batch per trained policy: the episodes' statistics as `batch` gives them, then per
+        policy its own credit, datums and agents' rewards, prefixed with its name."""
+        groups = self.steps[step]
+        records = {g.episode_id: self.records.get(g.episode_id) for group in groups for g in group.graded}
+        rollouts = [
+            [
+                records[g.episode_id].rollout(g)  # type: ignore[union-attr]
+                for g in group.graded
+                if g.reward is not None and _finite(g) and records[g.episode_id] is not None
+            ]
+            for group in groups
+        ]
+        rollouts = [group for group in rollouts if group]
+        shared = self.batch(step)  # the episodes' statistics (and forgets the step's episodes)
+        common = {  # the episodes' (rewards, counts, failures, times): the same for every policy
+            k: v for k, v in shared.stats.items() if not k.startswith(("credit/", "train/", "time/credit"))
+        }
+        out = []
+        for policy in self.policies:
+            started = time.perf_counter()
+            result, errors = self._assign(step, rollouts, policy, count=False)
+            kept = [g for g in rollouts if g[0].group_id not in errors]
+            own = [
+                own_reward(rollout, agent)
+                for group in kept
+                for rollout in group
+                for agent in rollout.agents
+                if agent.policy == policy
+            ]
+            stats = dict(common)
+            mine = {f"credit/{k}": float(v) for k, v in result.stats.items()}
+            if errors:
+                mine["credit/groups_failed"] = float(len(errors))
+            if own:
+                mean = sum(own) / len(own)
+                mine |= {
+                    "reward/mean": mean,
+                    "reward/std": math.sqrt(sum((r - mean) ** 2 for r in own) / len(own)),
+                    "reward/pass_rate": sum(1 for r in own if r >= 1.0) / len(own),
+                    "agents": float(len(own)),
+                }
+            mine |= {
+                "train/datums": float(len(result.datums)),
+                "train/trained_tokens": float(sum(d.num_trained_tokens for d in result.datums)),
+                "time/credit": time.perf_counter() - started,
+            }
+            stats |= {f"{policy}/{k}": v for k, v in mine.items()}
+            out.append(BatchReady(step=step, datums=result.datums, stats=stats, policy=policy))
+        return out
+
+    def _assign(
+        self, step: int, groups: list[list[Rollout]], policy: str | None = None, *, count: bool = True
+    ) -> tuple[CreditResult, dict[str, str]]:
+        """Credit for the step's groups, and the groups dropped because theirs failed (id -> why).
+        `count`: whether this batch counts towards ending a run whose credit always fails."""
+        credit = functools.partial(assign_credit, policy=policy) if policy is not None else assign_credit
         try:
-            result = assign_credit(groups, self.credit)
+            result = credit(groups, self.credit)
         except Exception:
             result = None  # find the group(s) at fault, and assign the others
         errors: dict[str, str] = {}
@@ -367,7 +450,7 @@ class CreditAssigner(ComponentBase):
             kept = []
             for group in groups:
                 try:
-                    assign_credit([group], self.credit)
+                    credit([group], self.credit)
                 except Exception as exc:
                     errors[group[0].group_id] = f"{type(exc).__name__}: {exc}"
                     log.warning(
@@ -379,12 +462,14 @@ class CreditAssigner(ComponentBase):
                 else:
                     kept.append(group)
             try:
-                result = assign_credit(kept, self.credit)
+                result = credit(kept, self.credit)
             except Exception as exc:  # groups fine alone, not together: none of them trains
                 errors |= {group[0].group_id: f"{type(exc).__name__}: {exc}" for group in kept}
                 log.warning("credit assignment failed: batch dropped", step=step, error=str(exc))
-                result = assign_credit([], self.credit)
-        if errors and len(errors) == len(groups):
+                result = credit([], self.credit)
+        if not count:
+            pass
+        elif errors and len(errors) == len(groups):
             self._credit_failed_steps += 1
             if self._credit_failed_steps >= _CREDIT_FAILED_STEPS:
                 raise CreditError(

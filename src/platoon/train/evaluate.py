@@ -67,6 +67,8 @@ class EvalReport(msgspec.Struct, kw_only=True):
     by_env: dict[str, dict[str, float]]
     by_depth: dict[str, dict[str, float]]
     tasks: list[TaskResult]
+    # several policies: per policy, its agents, their calls and own rewards (as by_depth's)
+    by_policy: dict[str, dict[str, float]] = {}
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {f"{prefix}/episodes": float(self.episodes), f"{prefix}/graded": float(self.graded)}
@@ -81,6 +83,10 @@ class EvalReport(msgspec.Struct, kw_only=True):
             for depth, stats in self.by_depth.items():
                 for key, value in stats.items():
                     out[f"{prefix}/depth{depth}/{key}"] = value
+        if self.by_policy:
+            for policy, stats in self.by_policy.items():
+                for key, value in stats.items():
+                    out[f"{prefix}/{policy}/{key}"] = value
         return out
 
 
@@ -135,6 +141,7 @@ async def evaluate(
                         agents.calls[event.agent_id] += 1
                     case AgentSpawned() if event.episode_id in mine:
                         agents.depth[event.agent_id] = (event.episode_id, event.depth)
+                        agents.policy[event.agent_id] = event.policy
                     case AgentFinished(reward=float()) if event.episode_id in mine:
                         agents.reward[event.agent_id] = event.reward
                     case EpisodeAbandoned(replaced_by=str()) if event.episode_id in mine:
@@ -177,6 +184,8 @@ async def evaluate(
         tasks, graded, mine, group_size, step, success_threshold, tokens, time.monotonic() - started
     )
     report.by_depth = agents.by_depth(graded)
+    if len(set(agents.policy.values())) > 1:  # one policy: nothing to split
+        report.by_policy = agents.by_policy(graded)
     if publish:
         await bus.publish(EvalFinished(step=step, metrics=report.metrics()))
     return report
@@ -255,6 +264,11 @@ class _AgentStats:
         self.depth: dict[str, tuple[str, int]] = {}  # agent id -> (episode id, depth)
         self.calls: Counter[str] = Counter()
         self.reward: dict[str, float] = {}  # subagents' own grades
+        self.policy: dict[str, str] = {}  # agent id -> the policy that played it
+
+    def by_policy(self, graded: dict[str, EpisodeGraded]) -> dict[str, dict[str, float]]:
+        """`by_depth`'s breakdown, per policy instead of per depth."""
+        return self._breakdown(graded, lambda agent_id, depth: self.policy.get(agent_id, "default"))
 
     def forget(self, episode_id: str) -> None:
         """Drop the agents of an abandoned attempt (the model calls it made stay spent)."""
@@ -265,27 +279,33 @@ class _AgentStats:
         """Per depth: `agents`, `model_calls` and `calls_per_agent`, and `own_reward_mean` over
         the agents with a reward (a root's is its episode's, a subagent's its own grade) with
         `own_rewards` saying how many that is."""
-        agents: Counter[int] = Counter()
-        calls: Counter[int] = Counter()
-        rewards: defaultdict[int, list[float]] = defaultdict(list)
+        return self._breakdown(graded, lambda agent_id, depth: str(depth), numeric=True)
+
+    def _breakdown(
+        self, graded: dict[str, EpisodeGraded], key_of: Callable[[str, int], str], *, numeric: bool = False
+    ) -> dict[str, dict[str, float]]:
+        agents: Counter[str] = Counter()
+        calls: Counter[str] = Counter()
+        rewards: defaultdict[str, list[float]] = defaultdict(list)
         for agent_id, (episode_id, depth) in self.depth.items():
-            agents[depth] += 1
-            calls[depth] += self.calls[agent_id]
+            key = key_of(agent_id, depth)
+            agents[key] += 1
+            calls[key] += self.calls[agent_id]
             episode = graded.get(episode_id)
             reward = episode.reward if depth == 0 and episode is not None else self.reward.get(agent_id)
             if reward is not None:
-                rewards[depth].append(reward)
+                rewards[key].append(reward)
         report: dict[str, dict[str, float]] = {}
-        for depth in sorted(agents):
+        for key in sorted(agents, key=lambda k: (len(k), k) if numeric else (0, k)):
             row = {
-                "agents": float(agents[depth]),
-                "model_calls": float(calls[depth]),
-                "calls_per_agent": calls[depth] / agents[depth],
+                "agents": float(agents[key]),
+                "model_calls": float(calls[key]),
+                "calls_per_agent": calls[key] / agents[key],
             }
-            if rewards[depth]:
-                row["own_reward_mean"] = sum(rewards[depth]) / len(rewards[depth])
-                row["own_rewards"] = float(len(rewards[depth]))
-            report[str(depth)] = row
+            if rewards[key]:
+                row["own_reward_mean"] = sum(rewards[key]) / len(rewards[key])
+                row["own_rewards"] = float(len(rewards[key]))
+            report[key] = row
         return report
 
 

@@ -117,10 +117,16 @@ class Scheduler(ComponentBase):
     )
     publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalRequested, RunFinished)
 
-    def __init__(self, settings: Any, *, start_step: int = 0, version: int = 0) -> None:
+    def __init__(
+        self, settings: Any, *, start_step: int = 0, version: int = 0, versions: dict[str, int] | None = None
+    ) -> None:
         self.settings = settings
         self.start_step = start_step
         self.version = version  # the newest policy version heard of
+        # several policies (RFC 0001): each trained one's newest version; `version` is the oldest
+        if versions is None and getattr(settings, "several", False):
+            versions = dict.fromkeys(settings.policies, version)
+        self.versions = dict(versions or {})
         self.trained = start_step  # steps whose TrainStepFinished we have seen
         self.last: dict[str, Any] = {}  # the last step's metrics
         self.done = anyio.Event()
@@ -180,6 +186,7 @@ class Scheduler(ComponentBase):
                             purpose="train",
                             step=step,
                             policy_version=self.version,
+                            policy_versions=dict(self.versions),
                         )
                     )
         while self.trained < steps:
@@ -195,6 +202,10 @@ class Scheduler(ComponentBase):
         with self._events as events:
             async for event in events:
                 match event:
+                    case PolicyUpdated() if self.versions:
+                        if event.policy in self.versions:
+                            self.versions[event.policy] = max(self.versions[event.policy], event.version)
+                            self.version = min(self.versions.values())
                     case PolicyUpdated():
                         self.version = max(self.version, event.version)
                     case TrainStepFinished():
@@ -257,7 +268,10 @@ def how_to_resume(args: Any, directory: Path) -> str:
     from platoon.config.redact import redact_text
 
     try:
-        latest = CheckpointStore(directory).latest()
+        stores = [CheckpointStore(d) for d in sorted((directory / "checkpoints").glob("*")) if d.is_dir()]
+        found = [store.latest() for store in stores or [CheckpointStore(directory)]]
+        # several policies: a resume starts from the newest step all of them saved
+        latest = None if None in found else min(found, key=lambda c: c.step)  # type: ignore[union-attr]
     except ResumeError:
         latest = None
     command = " ".join(

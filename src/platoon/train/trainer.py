@@ -9,6 +9,11 @@ Every `save_every` steps it saves the full training state and records a checkpoi
 With a reference policy (`train.kl`), it first asks the reference for the logprobs of each
 datum's sequence (Tinker `compute_logprobs`), reports `kl/mean` and folds the penalty into the
 advantages (`platoon.credit.kl`).
+
+Several policies (RFC 0001): one trainer per trained policy, each with its own training client
+and checkpoints; it takes only its policy's `BatchReady`, says which policy its events are of,
+and (`prefix`) writes its own metrics under the policy's name (`planner/train/loss`) in a
+`PolicyStepFinished`, which `StepJoin` gathers into the step's one `TrainStepFinished`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ from typing import Any
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
-from platoon.bus.events import BatchReady, CheckpointSaved, PolicyUpdated, TrainStepFinished
+from platoon.bus.events import (
+    BatchReady,
+    CheckpointSaved,
+    PolicyStepFinished,
+    PolicyUpdated,
+    TrainStepFinished,
+)
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
@@ -75,7 +86,7 @@ class Trainer(ComponentBase):
 
     name = "trainer"
     subscribes = (BatchReady,)
-    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished)
+    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished, PolicyStepFinished)
 
     def __init__(
         self,
@@ -86,7 +97,11 @@ class Trainer(ComponentBase):
         version: int = 0,
         task_cursor_of: Any = None,
         reference: Any = None,
+        policy: str = "default",
+        prefix: str = "",
     ) -> None:
+        self.policy = policy
+        self.prefix = prefix
         self.client = training_client
         self.reference = reference  # a sampling client of the reference policy, for the KL penalty
         self.settings = settings
@@ -107,6 +122,8 @@ class Trainer(ComponentBase):
         with self._batches as batches:
             waiting_since = time.monotonic()
             async for batch in batches:
+                if batch.policy != self.policy:
+                    continue
                 started = time.monotonic()
                 self.waited_seconds = started - waiting_since
                 self.idle_seconds += self.waited_seconds
@@ -119,7 +136,7 @@ class Trainer(ComponentBase):
 
         started = time.monotonic()
         kept, dropped = filter_stale(batch.datums, self.version, self.settings.max_staleness)
-        metrics = dict(batch.stats)
+        metrics: dict[str, float] = {}
         metrics["staleness/dropped_datums"] = float(dropped)
         if kept:
             metrics["staleness/mean"] = sum(self.version - d.policy_version for d in kept) / len(kept)
@@ -149,6 +166,7 @@ class Trainer(ComponentBase):
                     sampler_path=saved.path,
                     base_model=self.settings.base_model,
                     base_url=self.settings.base_url,
+                    policy=self.policy,
                 )
             )
             metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
@@ -160,12 +178,16 @@ class Trainer(ComponentBase):
         every = self.settings.save_every
         if (every and (batch.step + 1) % every == 0) or last:
             await self.save(bus, batch.step)
-        metrics["time/step"] = time.monotonic() - started + metrics.get("time/rollout", 0.0)
+        metrics["time/step"] = time.monotonic() - started + batch.stats.get("time/rollout", 0.0)
         metrics["time/trainer_idle"] = self.waited_seconds
         total = self.idle_seconds + self.busy_seconds
         if total > 0:
             metrics["trainer/idle_fraction"] = self.idle_seconds / total
-        await bus.publish(TrainStepFinished(step=batch.step, metrics=metrics))
+        if self.prefix:  # one of several policies: the step finishes when all of them trained
+            metrics = {**batch.stats, **{self.prefix + k: v for k, v in metrics.items()}}
+            await bus.publish(PolicyStepFinished(step=batch.step, policy=self.policy, metrics=metrics))
+        else:
+            await bus.publish(TrainStepFinished(step=batch.step, metrics={**batch.stats, **metrics}))
 
     async def kl(self, datums: list[Any]) -> tuple[list[Any], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""
@@ -206,6 +228,7 @@ class Trainer(ComponentBase):
                 sampler_path=checkpoint.sampler_path,
                 policy_version=checkpoint.policy_version,
                 task_cursor=checkpoint.task_cursor,
+                policy=self.policy,
             )
         )
         return checkpoint

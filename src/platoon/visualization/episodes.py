@@ -70,6 +70,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
                 "parent_id": None,
                 "depth": 0,
                 "harness": None,
+                "policy": None,
                 "instruction": None,
                 "status": None,
                 "reason": None,
@@ -90,7 +91,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
             out["started"] = _plain(event) | {"time": at}
         elif isinstance(event, AgentSpawned):
             a = agent(event.agent_id)
-            a.update(parent_id=event.parent_id, depth=event.depth, harness=event.harness)
+            a.update(parent_id=event.parent_id, depth=event.depth, harness=event.harness, policy=event.policy)
             a.update(instruction=_cut(event.instruction), started=at)
         elif isinstance(event, AgentFinished):
             a = agent(event.agent_id)

@@ -456,7 +456,8 @@ async function pageEpisode(params) {
   const byId = Object.fromEntries(ep.agents.map((a) => [a.agent_id, a]));
   const go = (extra) => { location.hash = href("episode", { run: runId, id, agent: agentId, call: callId, ...extra }); };
   const node = (a) => h("li", {}, h("div", { class: a.agent_id === agentId ? "selected" : "", "data-agent": a.agent_id, onclick: () => go({ agent: a.agent_id, call: undefined }) },
-    h("b", {}, a.parent_id ? "subagent" : "root"), " ", h("span", { class: "muted" }, a.harness || ""), " ", pill(a.status || "running", a.status || "running"),
+    h("b", {}, a.parent_id ? "subagent" : "root"), " ", h("span", { class: "muted" }, a.harness || ""), " ",
+    a.policy && a.policy !== "default" ? h("span", { class: "muted" }, `policy ${a.policy} `) : "", pill(a.status || "running", a.status || "running"),
     a.reward !== null && a.reward !== undefined ? h("span", {}, " r=" + fmt(a.reward)) : null,
     h("div", { class: "muted" }, `depth ${a.depth} · ${a.items.filter((i) => i.kind === "model_call").length} calls · ${a.items.filter((i) => i.kind === "tool").length} tools`),
     a.fork ? h("div", { class: "fork" }, `${a.fork.mode} fork of ${a.fork.of.slice(0, 8)}`) : null,

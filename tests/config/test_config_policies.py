@@ -1,0 +1,116 @@
+"""`policies:` and `agents.policy` (RFC 0001): what each policy inherits from `train:`, which
+policy plays an agent, and the configs that are refused before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from platoon.config import ConfigError, validate_config
+from platoon.config.policies import PolicyChoiceError, choose_policy, resolve_policies
+from platoon.config.schema import PolicyChoice, policy_names
+
+TRAIN = {"model_name": "Qwen/Qwen3-4B-Instruct-2507", "renderer_name": "qwen3_instruct", "lora_rank": 32}
+
+
+def config(policies=None, choice=None, **more):
+    entry = {"name": "duet", "env": "duet@1", "harness": "h", "program": "recursive"}
+    if choice is not None:
+        entry["agents"] = {"max_depth": 1, "policy": choice}
+    data = {"environments": [entry], "train": dict(TRAIN), **more}
+    if policies is not None:
+        data["policies"] = policies
+    return validate_config(data)
+
+
+def test_without_policies_the_train_section_is_the_one_default_policy():
+    cfg = config()
+    assert policy_names(cfg) == ["default"]
+    [(name, spec)] = resolve_policies(cfg).items()
+    assert (name, spec.train, spec.frozen) == ("default", cfg.train, False)
+
+
+def test_each_policy_is_train_with_its_own_keys_laid_over():
+    cfg = config(
+        {
+            "planner": {"optimizer": {"learning_rate": 0.01}},
+            "executor": {"model_name": "Qwen/Qwen3-1.7B", "renderer_name": "qwen3", "lora_rank": 8},
+            "reference": {"frozen": True, "model_path": "tinker://run/sampler_weights/x"},
+        },
+        {"by": "depth", "map": {"0": "planner", "1": "executor"}},
+    )
+    specs = resolve_policies(cfg)
+    assert list(specs) == policy_names(cfg) == ["planner", "executor", "reference"]
+    planner, executor, reference = specs.values()
+    assert (planner.train.model_name, planner.train.lora_rank) == (TRAIN["model_name"], 32)
+    assert planner.train.optimizer.learning_rate == 0.01
+    assert (executor.train.model_name, executor.train.renderer_name, executor.train.lora_rank) == (
+        "Qwen/Qwen3-1.7B",
+        "qwen3",
+        8,
+    )
+    assert executor.train.optimizer == cfg.train.optimizer
+    assert (reference.frozen, reference.model_path) == (True, "tinker://run/sampler_weights/x")
+    # the schedule stays train:'s, for every policy
+    assert {s.train.batch_size for s in specs.values()} == {cfg.train.batch_size}
+
+
+@pytest.mark.parametrize(
+    ("by", "key", "depth", "harness", "role"),
+    [
+        ("depth", "1", 1, "react", None),
+        ("harness", "react", 3, "react", None),
+        ("role", "executor", 1, "react", "executor"),
+        ("role", "root", 0, "react", None),  # an agent its program names no role for is the root
+    ],
+)
+def test_an_agent_gets_the_policy_its_depth_harness_or_role_maps_to(by, key, depth, harness, role):
+    choice = PolicyChoice(by=by, map={key: "executor", "other": "planner"})
+    assert choose_policy(choice, depth=depth, harness=harness, role=role) == "executor"
+
+
+def test_an_agent_no_policy_is_mapped_for_is_an_error_never_a_fallback():
+    choice = PolicyChoice(by="role", map={"root": "planner", "executor": "executor"})
+    with pytest.raises(PolicyChoiceError, match="no policy for the agent with role 'opponent'"):
+        choose_policy(choice, depth=1, harness="h", role="opponent", default="planner")
+    assert choose_policy(None, depth=5, harness="h", role="x", default="solo") == "solo"
+
+
+@pytest.mark.parametrize(
+    ("policies", "choice", "more", "problem"),
+    [
+        (
+            {"a": {}, "b": {}},
+            None,
+            {},
+            "environments.0.agents.policy: the config has several policies; say which plays each agent",
+        ),
+        (
+            {"a": {}, "b": {}},
+            {"by": "role", "map": {"root": "a", "x": "c"}},
+            {},
+            "environments.0.agents.policy.map.x: 'c' is not one of policies: a, b",
+        ),
+        (
+            {"a": {}, "b": {}},
+            {"by": "depth", "map": {"root": "a"}},
+            {},
+            'environments.0.agents.policy.map.root: a depth is written as a quoted number, e.g. "0"',
+        ),
+        (None, {"by": "depth", "map": {"0": "a"}}, {}, "names policies, but the config has no policies:"),
+        ({"a": {"frozen": True}}, None, {}, "policies: every policy is frozen, so nothing would train"),
+        ({"a b": {}}, None, {}, "policies.a b: a policy's name is letters, digits, - and _ only"),
+        ({"a": {}}, None, {"nats": {}}, "several policies cannot train with nats: workers yet"),
+        ({"a": {"lora_rank": 0}}, None, {}, "policies.a.lora_rank"),
+        ({"a": {"optimiser": {}}}, None, {}, "policies.a.optimiser: unknown key"),
+    ],
+)
+def test_configs_that_cannot_say_which_policy_plays_are_refused(policies, choice, more, problem):
+    with pytest.raises(ConfigError) as caught:
+        config(policies, choice, **more)
+    assert problem in str(caught.value)
+
+
+def test_a_single_policy_needs_no_choice():
+    cfg = config({"solo": {"lora_rank": 4}})
+    assert policy_names(cfg) == ["solo"]
+    assert resolve_policies(cfg)["solo"].train.lora_rank == 4
