@@ -180,7 +180,7 @@ async def test_an_evaluation_builds_exactly_its_parts(tmp_path, monkeypatch):
     platoon.system.import_packages(config, QUICKSTART)
     run = assemble(config, "eval", run_dir=tmp_path / "run", policy="scripted:scripted:binary_search")
     async with run.running():
-        built = run.assembled.components
+        built = run.components
         assert [type(c) for c in built] == [p.kind for p in run.parts]
         assert isinstance(run.component(Evaluator), Evaluator)
     assert (tmp_path / "run" / "lock.json").exists()

@@ -47,7 +47,6 @@ from platoon.train.trainer import TrainerSettings
 
 __all__ = [
     "PURPOSES",
-    "Assembled",
     "CreditSettings",
     "EvalSettings",
     "GatewaySettings",
@@ -888,13 +887,6 @@ def _forget_metrics_from(run_dir: Path, step: int) -> None:
 # --- the run --------------------------------------------------------------------------------
 
 
-@dataclass
-class Assembled:
-    """A run's components once built, in the order of its parts."""
-
-    components: list[Any]
-
-
 class Run:
     """A run of one purpose: its settings and parts; `running()` opens and starts it."""
 
@@ -919,12 +911,12 @@ class Run:
         self._nats_url = nats_url
         self._worker_name = worker_name
         self._drain_timeout = drain_timeout
-        self.assembled: Assembled | None = None
+        self.components: list[Any] | None = None  # once running, in the order of the parts
 
     def component(self, kind: type) -> Any:
         """The running component of class `kind` (the one there is)."""
-        assert self.assembled is not None, "the run is not running"
-        [found] = [c for c in self.assembled.components if isinstance(c, kind)]
+        assert self.components is not None, "the run is not running"
+        [found] = [c for c in self.components if isinstance(c, kind)]
         return found
 
     def declared(self) -> list[tuple[str, Any]]:
@@ -940,17 +932,17 @@ class Run:
 
         if self.purpose == "worker":
             raise SystemError("a worker runs in stages: use Run.worker()")
-        async with self._opened() as assembled:
-            self.assembled = assembled
-            async with Bus() as bus, system.running(bus, assembled.components):
+        async with self._opened() as components:
+            self.components = components
+            async with Bus() as bus, system.running(bus, components):
                 yield bus
 
     @contextlib.asynccontextmanager
-    async def _opened(self) -> AsyncIterator[Assembled]:
+    async def _opened(self) -> AsyncIterator[list[Any]]:
         s = self.settings
         if s.purpose == "train":
-            async with self._opened_training() as assembled:
-                yield assembled
+            async with self._opened_training() as components:
+                yield components
             return
         if s.policies:  # several policies: the gateway serves every one of them
             loaded_all = {name: load_policy(p) for name, p in s.policies.items()}
@@ -968,10 +960,10 @@ class Run:
             lock = {"renderer": s.policy.renderer_name, "tool_call_parser": loaded.tool_call_parser}
             write_run_files(s.run_dir, self.config, {**lock, "policy": s.policy.scripted})
         async with open_policy(loaded) as policy:
-            yield Assembled(self._build(policy))
+            yield self._build(policy)
 
     @contextlib.asynccontextmanager
-    async def _opened_training(self) -> AsyncIterator[Assembled]:
+    async def _opened_training(self) -> AsyncIterator[list[Any]]:
         from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
 
         s = self.settings
@@ -1013,7 +1005,7 @@ class Run:
                 "resumed_from_step": start_step,
             }
             write_run_files(run_dir, self.config, lock)
-            yield Assembled(self._build(policy, start_step=start_step))
+            yield self._build(policy, start_step=start_step)
 
     @contextlib.asynccontextmanager
     async def _opened_policies_training(self) -> AsyncIterator[Assembled]:
