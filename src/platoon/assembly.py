@@ -234,9 +234,13 @@ def credit_settings(config: Config) -> CreditConfig:
     )
 
 
-def _trainer_settings(config: Config | TrainConfig) -> TrainerSettings:
-    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's)."""
-    train = config.train if isinstance(config, Config) else config
+def _trainer_settings(config: Config | TrainConfig, keep: int | None = None) -> TrainerSettings:
+    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
+    `keep`: `checkpoint.keep`, when `config` is one policy's `train:`."""
+    if isinstance(config, Config):
+        train, keep = config.train, config.checkpoint.keep
+    else:
+        train = config
     assert train is not None
     o = train.optimizer
     return TrainerSettings(
@@ -254,6 +258,7 @@ def _trainer_settings(config: Config | TrainConfig) -> TrainerSettings:
         total_steps=train.max_training_steps,
         kl_coefficient=train.kl.coefficient if train.kl else 0.0,
         normalization=train.loss_normalization,
+        keep=keep,
     )
 
 
@@ -341,7 +346,11 @@ def _several_policy_settings(config: Config, purpose: str, scripted: str | None)
             scripted=scripted,
             kl=trains and train.kl is not None,
             kl_reference=train.kl.reference_path if trains and train.kl else None,
-            trainer=_trainer_settings(msgspec.structs.replace(train, model_name=model)) if trains else None,
+            trainer=(
+                _trainer_settings(msgspec.structs.replace(train, model_name=model), config.checkpoint.keep)
+                if trains
+                else None
+            ),
             builtin=system.TINY_MODEL if model == tiny else None,
             frozen=spec.frozen,
         )
@@ -753,7 +762,14 @@ async def open_policy(
         reference = await _reference(service, policy) if policy.kl else None
         settings = _with_base_url(policy.trainer, base_url)
         loaded.trainer = Trainer(
-            client, settings, store, version=version, reference=reference, policy=policy.name, prefix=prefix
+            client,
+            settings,
+            store,
+            version=version,
+            reference=reference,
+            policy=policy.name,
+            prefix=prefix,
+            delete=_deleter(base_url, local=policy.backend == "local") if settings.keep else None,
         )
         loaded.checkpoint = checkpoint
         loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
@@ -808,6 +824,20 @@ def _service_key(policy: PolicySettings) -> tuple[str, str]:
     if policy.backend == "local":
         return ("local", policy.model_name or "")
     return ("tinker", policy.base_url or "")
+
+
+def _deleter(base_url: str | None, *, local: bool) -> Any:
+    """How a trainer deletes the files of a checkpoint it no longer keeps (`checkpoint.keep`):
+    the Tinker REST API's DELETE, on the policy's own service."""
+    import tinker
+
+    url, key = (base_url, None) if local else system._tinker_endpoint(base_url)
+    rest = tinker.RestClient(base_url=url, api_key=key or "tml-local")
+
+    async def delete(path: str) -> None:
+        await rest.delete_checkpoint_from_tinker_path(path)
+
+    return delete
 
 
 def _with_base_url(settings: TrainerSettings, base_url: str | None) -> TrainerSettings:
@@ -952,7 +982,7 @@ class Run:
                     s.run_dir, self.config, {**_policy_lock(loaded_all), "policy": s.policy.scripted}
                 )
             async with open_policies(loaded_all) as opened:
-                yield Assembled(self._build(next(iter(opened.values())), several=opened))
+                yield self._build(next(iter(opened.values())), several=opened)
             return
         loaded = load_policy(s.policy)
         if s.purpose in ("eval", "rollout"):
@@ -1008,7 +1038,7 @@ class Run:
             yield self._build(policy, start_step=start_step)
 
     @contextlib.asynccontextmanager
-    async def _opened_policies_training(self) -> AsyncIterator[Assembled]:
+    async def _opened_policies_training(self) -> AsyncIterator[list[Any]]:
         """`_opened_training` for several policies (RFC 0001): a checkpoint store, a resume
         point, a training client and a trainer per trained policy."""
         from platoon.train.checkpoints import CheckpointStore, ResumeError, run_identity
@@ -1047,7 +1077,7 @@ class Run:
                 _forget_metrics_from(run_dir, start_step)
             lock = {**_policy_lock(opened), "resumed_from_step": start_step}
             write_run_files(run_dir, self.config, lock)
-            yield Assembled(self._build(next(iter(opened.values())), start_step=start_step, several=opened))
+            yield self._build(next(iter(opened.values())), start_step=start_step, several=opened)
 
     def _build(
         self, policy: OpenPolicy, *, start_step: int = 0, several: dict[str, OpenPolicy] | None = None
