@@ -220,3 +220,24 @@ def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model,
     assert main([*shlex.split(command)[1:], "--quiet"]) == 0  # the command it gave goes on
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]  # each step once
+
+
+def test_checkpoint_keep_deletes_older_checkpoints_and_a_resume_goes_on_from_the_newest(site, tiny_model):
+    run_dir = site / "run"
+    config = learn_config(tiny_model, steps=3, save_every=1)
+    config["checkpoint"] = {"keep": 1}
+    _train(config, run_dir)
+    saved = checkpoints(run_dir)
+    assert [c["step"] for c in saved] == [2]
+    # The dropped checkpoints' files are gone from the training service; the kept one's remain.
+    state_dirs = sorted(p.name for p in _state_dir(run_dir, saved[0]).parent.iterdir())
+    assert state_dirs == ["state-000003"]
+    run, kind, _ = saved[0]["sampler_path"].removeprefix("tinker://").split("/")
+    samplers = {p.name for p in (run_dir / "tinker" / run / kind).iterdir()}
+    assert "ckpt-000003" in samplers and not {"ckpt-000001", "ckpt-000002"} & samplers
+
+    config = learn_config(tiny_model, steps=4, save_every=1)
+    config["checkpoint"] = {"keep": 1}
+    _train(config, run_dir, resume=True)
+    assert [c["step"] for c in checkpoints(run_dir)] == [3]
+    assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 3

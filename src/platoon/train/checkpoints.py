@@ -78,6 +78,14 @@ class CheckpointStore:
         kept = [c for c in reversed(self.candidates(quiet=True)) if c.step <= checkpoint.step]
         self._write(kept)
 
+    def keep_newest(self, n: int) -> list[Checkpoint]:
+        """Record only the newest `n` checkpoints; returns the ones dropped, oldest first."""
+        newest = self.candidates(quiet=True)
+        if len(newest) <= n:
+            return []
+        self._write(list(reversed(newest[:n])))
+        return list(reversed(newest[n:]))
+
     def _write(self, records: list[Checkpoint]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_private(self.path, b"".join(msgspec.json.encode(c) + b"\n" for c in records))

@@ -61,6 +61,7 @@ class TrainerSettings:
         base_url: str | None = None,
         kl_coefficient: float = 0.0,
         normalization: str = "sum",
+        keep: int | None = None,
     ) -> None:
         self.base_model = base_model
         self.loss_fn = loss_fn
@@ -79,6 +80,7 @@ class TrainerSettings:
         self.base_url = base_url
         self.kl_coefficient = kl_coefficient
         self.normalization = normalization
+        self.keep = keep  # checkpoints kept (`checkpoint.keep`); None: all
 
 
 class Trainer(ComponentBase):
@@ -99,8 +101,10 @@ class Trainer(ComponentBase):
         reference: Any = None,
         policy: str = "default",
         prefix: str = "",
+        delete: Any = None,
     ) -> None:
         self.policy = policy
+        self.delete = delete  # async (tinker path) -> None: deletes a checkpoint no longer kept
         self.prefix = prefix
         self.client = training_client
         self.reference = reference  # a sampling client of the reference policy, for the KL penalty
@@ -221,6 +225,8 @@ class Trainer(ComponentBase):
             task_cursor=self.task_cursor_of(step),
         )
         self.checkpoints.append(checkpoint)
+        if self.settings.keep:
+            await self.forget(self.checkpoints.keep_newest(self.settings.keep))
         await bus.publish(
             CheckpointSaved(
                 step=step,
@@ -232,6 +238,18 @@ class Trainer(ComponentBase):
             )
         )
         return checkpoint
+
+    async def forget(self, dropped: list[Checkpoint]) -> None:
+        """Delete the files of checkpoints no longer recorded. The record goes first, so a crash
+        in between leaves files nobody points at, never a record of deleted files."""
+        if self.delete is None:
+            return
+        for checkpoint in dropped:
+            for path in (checkpoint.state_path, checkpoint.sampler_path):
+                try:
+                    await self.delete(path)
+                except Exception as exc:  # the run goes on; the files stay
+                    log.warning("could not delete an old checkpoint", path=path, error=str(exc))
 
 
 def _loss_metrics(result: Any) -> dict[str, float]:
