@@ -388,9 +388,10 @@ def test_a_hung_worker_loses_no_episode(cluster):
     run = cluster("hung", delay=0.15)
     run.start_trainer()
     hung = run.start_worker()
+    # Alone, it takes the first work and hangs in the middle of an episode; only then does the
+    # live worker join (a fast machine otherwise finishes the run before the hold is in place).
+    run.hold(hung)
     live = run.start_worker()
-    run.wait_until(lambda: run.steps_done() >= 1 and run.calls_of(hung) > 0)
-    run.hold(hung)  # it is in the middle of an episode
     hung.send_signal(signal.SIGSTOP)
     try:
         run.wait_until(lambda: stopped(hung))
