@@ -676,11 +676,11 @@ class OpenPolicy:
     checkpoint: Any = None  # the checkpoint it resumed from
 
 
-def load_policy(policy: PolicySettings, *, worker: bool = False) -> OpenPolicy:
+def load_policy(policy: PolicySettings) -> OpenPolicy:
     """A policy's tokenizer and renderer (a built-in model is built first); no service yet.
 
-    A worker's renderer takes the configured tool-call parser as it is (`auto`: the renderer's
-    own), where the trainer's probes for one."""
+    The tool-call parser `auto` is chosen by a probe of the tokenizer, the same on a trainer and
+    its workers (the identity handshake compares the choice)."""
     if policy.builtin:
         system.resolve_model(policy.builtin, seed=policy.seed)
     if policy.trainer is not None:
@@ -688,12 +688,6 @@ def load_policy(policy: PolicySettings, *, worker: bool = False) -> OpenPolicy:
     else:
         name = policy.tokenizer or policy.model_name
         tokenizer = system.tokenizer_named(name, scripted=bool(policy.scripted))
-    if worker:
-        from platoon.gateway.renderers import get_renderer
-
-        parser = None if policy.tool_call_parser == "auto" else policy.tool_call_parser
-        renderer = get_renderer(policy.renderer_name, tokenizer, tool_call_parser=parser)
-        return OpenPolicy(policy, tokenizer, renderer, parser)
     renderer, chosen = system.make_renderer(policy.renderer_name, tokenizer, policy.tool_call_parser)
     return OpenPolicy(policy, tokenizer, renderer, chosen)
 
@@ -1094,16 +1088,9 @@ class Run:
         def gateway(factory: Any) -> Any:
             if not several:
                 return _gateway(s.gateway, policy.renderer, factory)
-            from platoon.gateway import GatewayPolicy
-
-            others = {
-                name: GatewayPolicy(
-                    p.renderer, p.sampler_factory, frozen=p.settings.frozen, model_name=p.settings.model_name
-                )
-                for name, p in several.items()
-                if p is not policy
-            }
-            return _gateway(s.gateway, policy.renderer, factory, policy=policy.settings.name, policies=others)
+            return _policies_gateway(
+                s.gateway, several, {name: p.sampler_factory for name, p in several.items()}
+            )
 
         if s.purpose == "gateway":
             built: list[Any] = [gateway(policy.sampler_factory)]
@@ -1151,13 +1138,10 @@ class Run:
             trainers.append(StepJoin(list(versions)))
             version = min(versions.values())
         if s.nats is not None:
-            announced = PolicyUpdated(
-                version=version,
-                sampler_path=checkpoint.sampler_path if checkpoint else "",
-                base_model=s.policy.model_name or "",
-                base_url=policy.base_url,
-            )
-            rollouts = trainer_components(config, announced, url=self._nats_url, settings=s.nats)
+            opened = several or {policy.settings.name: policy}
+            nats = replace(s.nats, identity=s.nats.identity | _parsers_identity(opened))
+            announced = [_announced(p) for p in opened.values()]
+            rollouts = trainer_components(config, announced, url=self._nats_url, settings=nats)
         else:
             rollouts = [
                 gateway(policy.sampler_factory),
@@ -1219,7 +1203,7 @@ class Run:
         s, config = self.settings, self.config
         nats = d._nats(config, self._nats_url)
         name = self._worker_name or d.worker_name()
-        loaded = load_policy(s.policy, worker=True)
+        loaded = {n: load_policy(p) for n, p in s.all_policies().items()}
         sampler_for = self._worker_sampler_for(loaded)
         mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *d._extra_types(nats)]
         leases = Leases()  # the work bridge learns each episode's token, the results bridge sends it
@@ -1236,9 +1220,13 @@ class Run:
         follower = d.PolicyFollower(sampler_for)
         assert s.runner is not None
         seal = d.ResultSeal(worker=name, envs={e.name for e in s.runner.entries})
+        if s.policies:
+            gateway = _policies_gateway(s.gateway, loaded, {n: follower.factory(n) for n in loaded})
+        else:
+            gateway = _gateway(s.gateway, loaded[s.policy.name].renderer, follower)
         components = [
             *_env_services(config),
-            _gateway(s.gateway, loaded.renderer, follower),
+            gateway,
             d.FollowingRunner(
                 s.runner.entries, follower=follower, policy_wait=policy_wait, worker=name, seed=s.runner.seed
             ),
@@ -1258,18 +1246,21 @@ class Run:
             drain_timeout=nats.drain_timeout if self._drain_timeout is None else self._drain_timeout,
             every=nats.announce_every,
             trainer_timeout=nats.trainer_timeout or max(30.0, 10 * nats.announce_every),
-            identity=d.worker_identity(config),
+            identity=d.worker_identity(config) | _parsers_identity(loaded),
         )
 
-    def _worker_sampler_for(self, loaded: OpenPolicy) -> Any:
+    def _worker_sampler_for(self, loaded: dict[str, OpenPolicy]) -> Any:
         """How a worker makes the sampler of each policy the trainer announces."""
         from platoon.train import distributed as d
 
-        if loaded.settings.scripted:
-            factory = system.policy_from_ref(loaded.settings.scripted, loaded.tokenizer)
+        if self.settings.policy.scripted:
+            factories = {
+                name: system.policy_from_ref(p.settings.scripted or "", p.tokenizer)
+                for name, p in loaded.items()
+            }
 
             async def sampler_for(announced: Any) -> Any:
-                return await factory.updated(announced)
+                return await factories[announced.policy].updated(announced)
 
             return sampler_for
         return d.TinkerPolicies(self.config, trust_announced=d.authenticated(self.config))
@@ -1296,6 +1287,49 @@ def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, Any]:
             for name, p in opened.items()
         },
     }
+
+
+def _parsers_identity(opened: dict[str, OpenPolicy]) -> dict[str, str]:
+    from platoon.train.distributed import parsers_identity
+
+    return parsers_identity({name: p.tool_call_parser for name, p in opened.items()})
+
+
+def _announced(policy: OpenPolicy) -> PolicyUpdated:
+    """What the trainer announces of a policy at the start: the weights it resumed from (a
+    trained one), or those it samples all run long (a frozen one)."""
+    p = policy.settings
+    if p.trainer is not None:
+        checkpoint = policy.checkpoint
+        version, path, model = (
+            policy.trainer.version,
+            checkpoint.sampler_path if checkpoint else "",
+            p.model_name,
+        )
+    else:
+        version, path = 0, p.model_path or ""
+        model = p.local_model() if p.backend == "local" else p.model_name
+    return PolicyUpdated(
+        version=version, sampler_path=path, base_model=model or "", base_url=policy.base_url, policy=p.name
+    )
+
+
+def _policies_gateway(g: GatewaySettings, opened: dict[str, OpenPolicy], factories: dict[str, Any]) -> Any:
+    """The gateway of a run with several policies (RFC 0001): it serves each of them, the
+    first as its own."""
+    from platoon.gateway import GatewayPolicy
+
+    first, *others = opened
+    served = {
+        name: GatewayPolicy(
+            opened[name].renderer,
+            factories[name],
+            frozen=opened[name].settings.frozen,
+            model_name=opened[name].settings.model_name,
+        )
+        for name in others
+    }
+    return _gateway(g, opened[first].renderer, factories[first], policy=first, policies=served)
 
 
 def _gateway(g: GatewaySettings, renderer: Any, factory: Any, **policies: Any) -> Any:
@@ -1326,11 +1360,15 @@ def _grader(config: Config, settings: Settings, **judge: Any) -> Any:
 
 
 def trainer_components(
-    config: Config, policy: PolicyUpdated, *, url: str | None = None, settings: NatsSettings | None = None
+    config: Config,
+    policy: PolicyUpdated | Sequence[PolicyUpdated],
+    *,
+    url: str | None = None,
+    settings: NatsSettings | None = None,
 ) -> list[Any]:
     """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
-    the bridge, the lease keeper, the policy announcer (`policy`: the one it starts with) and
-    the worker registry."""
+    the bridge, the lease keeper, the policy announcer (`policy`: the one it starts with, or
+    each of several) and the worker registry."""
     from platoon.bus.events import EpisodeAbandoned, EpisodeRequested, RunFinished, WorkerStatus
     from platoon.train import distributed as d
 

@@ -99,7 +99,6 @@ def test_an_agent_no_policy_is_mapped_for_is_an_error_never_a_fallback():
         (None, {"by": "depth", "map": {"0": "a"}}, {}, "names policies, but the config has no policies:"),
         ({"a": {"frozen": True}}, None, {}, "policies: every policy is frozen, so nothing would train"),
         ({"a b": {}}, None, {}, "policies.a b: a policy's name is letters, digits, - and _ only"),
-        ({"a": {}}, None, {"nats": {}}, "several policies cannot train with nats: workers yet"),
         ({"a": {"lora_rank": 0}}, None, {}, "policies.a.lora_rank"),
         ({"a": {"optimiser": {}}}, None, {}, "policies.a.optimiser: unknown key"),
     ],

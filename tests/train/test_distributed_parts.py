@@ -319,6 +319,51 @@ async def test_the_follower_learns_each_announced_policy_once():
     assert [p.version for p in made] == [0, 1]
 
 
+async def test_the_follower_keeps_each_of_several_policies_apart():
+    """One announcement carries every policy of a several-policy run (RFC 0001); an update of
+    one is learned, and switched to in the gateway, for that one only; a frozen one never moves."""
+    made: list[PolicyUpdated] = []
+
+    async def sampler_for(policy):
+        made.append(policy)
+        return (policy.policy, policy.version)
+
+    start = [
+        PolicyUpdated(version=0, sampler_path="", base_model="m", policy="planner"),
+        PolicyUpdated(version=0, sampler_path="", base_model="m", policy="executor"),
+        PolicyUpdated(version=0, sampler_path="tinker://opp", base_model="m", policy="opponent"),
+    ]
+    follower = PolicyFollower(sampler_for)
+    announcer = PolicyAnnouncer(start, every=3600)
+    switched: list[PolicyUpdated] = []
+    async with Bus() as bus:
+        follower.attach(bus)
+        announcer.attach(bus)
+        bus.start_soon(follower.run, bus)
+        bus.start_soon(announcer.run, bus)
+        views = {name: follower.factory(name) for name in ("planner", "executor", "opponent")}
+        assert await views["executor"].initial() == ("executor", 0)
+        assert await views["opponent"].initial() == ("opponent", 0)
+        assert await follower.initial() == ("planner", 0)  # the follower is the first policy's
+        bus.subscribe(PolicyUpdated, lambda e: switched.append(e) if e.sampler_path == "p1" else None)
+        await bus.publish(PolicyUpdated(version=1, sampler_path="p1", base_model="m", policy="planner"))
+        assert await follower.wait_for({"planner": 1, "executor": 0}, 5.0)
+        assert not await follower.wait_for({"executor": 1}, 0.05)
+        await settle(bus)
+        # the trainer's update, then the follower's, each of the planner alone
+        assert [(e.policy, e.version) for e in switched] == [("planner", 1), ("planner", 1)]
+        assert await views["planner"].updated(switched[-1]) == ("planner", 1)
+        assert await views["executor"].updated(follower.policies["executor"]) == ("executor", 0)
+        assert follower.policies["opponent"].sampler_path == "tinker://opp"
+    # one sampler per policy and version, however often each was asked for
+    assert [(p.policy, p.version) for p in made] == [
+        ("executor", 0),
+        ("opponent", 0),
+        ("planner", 0),
+        ("planner", 1),
+    ]
+
+
 async def test_the_seal_counts_what_went_before_the_grade():
     seal_component = ResultSeal(worker="w", envs={"numbers"})
     sealed: list[EpisodeSealed] = []

@@ -617,6 +617,11 @@ class PolicyAnnounced(Event, frozen=True, kw_only=True):
     identity: dict[str, str] = msgspec.field(
         default_factory=dict
     )  # what shapes episodes, see worker_identity
+    name: str = "default"  # the policy the fields above describe (the run's first)
+    # several policies (RFC 0001): every other policy of the run, each named by its `policy`.
+    # One announcement carries them all, so the one a late worker reads from the run's state
+    # tells it every policy at once.
+    others: list[PolicyUpdated] = msgspec.field(default_factory=list)
 
     def policy(self) -> PolicyUpdated:
         return PolicyUpdated(
@@ -624,7 +629,12 @@ class PolicyAnnounced(Event, frozen=True, kw_only=True):
             sampler_path=self.sampler_path,
             base_model=self.base_model,
             base_url=self.base_url,
+            policy=self.name,
         )
+
+    def policies(self) -> dict[str, PolicyUpdated]:
+        """Every policy announced, by name, the first one first."""
+        return {self.name: self.policy(), **{p.policy: p for p in self.others}}
 
 
 @register_event

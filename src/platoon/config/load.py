@@ -283,11 +283,6 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
             problems.append("policies: needs a train: section (the schedule, and what a policy leaves out)")
         elif all(isinstance(p, dict) and p.get("frozen") is True for p in policies.values()):
             problems.append("policies: every policy is frozen, so nothing would train")
-        if data.get("nats") is not None:
-            problems.append(
-                "policies: several policies cannot train with nats: workers yet (one policy only); "
-                "leave out nats: or policies:"
-            )
     for index, entry in enumerate(environments):
         agents = entry.get("agents") if isinstance(entry, dict) else None
         choice = agents.get("policy") if isinstance(agents, dict) else None

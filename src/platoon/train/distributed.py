@@ -44,7 +44,7 @@ import re
 import socket
 import ssl
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,13 +255,27 @@ def worker_identity(config: Config) -> dict[str, str]:
         entry.pop("service", None)  # where the env server is may differ per machine
         entry.get("service_kwargs", {}).pop("secrets", None)
         environments.append(entry)
-    return {
+    identity = {
         "platoon": __version__,
         "environments": digest(environments),
         "rollout": digest(to_builtins(train.workflow_config)),
         "renderer": f"{train.renderer_name} ({train.tool_call_parser})",
         "lora_rank": str(train.lora_rank),
     }
+    if config.policies:  # what each policy samples; where its service is may differ per machine
+        policies = {
+            name: {k: v for k, v in policy.items() if k != "tinker_base_url"}
+            for name, policy in to_builtins(config)["policies"].items()
+        }
+        identity["policies"] = digest(policies)
+    return identity
+
+
+def parsers_identity(parsers: Mapping[str, str | None]) -> dict[str, str]:
+    """The tool-call parser each policy's renderer reads replies with, as the identity states
+    it: `auto` is resolved by a probe of the tokenizer on each machine, and a worker whose
+    tokenizer chose another parser would record other tool calls than the trainer's."""
+    return {"tool_call_parsers": ", ".join(f"{name}={parser}" for name, parser in parsers.items())}
 
 
 def identity_mismatch(trainer: dict[str, str], worker: dict[str, str]) -> str | None:
@@ -319,41 +333,57 @@ class WorkerRegistry(ComponentBase):
 
 
 class PolicyAnnouncer(ComponentBase):
-    """Announces the trainer's current policy at start, after each update and every `every` s."""
+    """Announces the trainer's current policies at start, after each update and every `every` s.
+
+    `policy`: the policy the run starts with, or with several (RFC 0001) each of them, the
+    first one first; a frozen one is announced as it is all run long."""
 
     name = "policy-announcer"
     subscribes = (PolicyUpdated,)
     publishes = (PolicyAnnounced,)
 
     def __init__(
-        self, policy: PolicyUpdated, *, every: float = 5.0, identity: dict[str, str] | None = None
+        self,
+        policy: PolicyUpdated | Sequence[PolicyUpdated],
+        *,
+        every: float = 5.0,
+        identity: dict[str, str] | None = None,
     ) -> None:
-        self.policy = policy
+        policies = [policy] if isinstance(policy, PolicyUpdated) else list(policy)
+        self.policies = {p.policy: p for p in policies}
         self.every = every
         self.identity = identity or {}
         self.trainer = new_id()
         self._bus: Bus | None = None
+
+    @property
+    def policy(self) -> PolicyUpdated:
+        """The run's first policy, as last announced."""
+        return next(iter(self.policies.values()))
 
     def on_attach(self, bus: Bus) -> None:
         self._bus = bus
         bus.subscribe(PolicyUpdated, self._on_update, name="policy-announcer:updates")
 
     async def _on_update(self, event: PolicyUpdated) -> None:
-        if event.version >= self.policy.version:
-            self.policy = event
+        known = self.policies.get(event.policy)
+        if known is not None and event.version >= known.version:
+            self.policies[event.policy] = event
             await self.announce()
 
     async def announce(self) -> None:
         assert self._bus is not None
-        p = self.policy
+        first, *others = self.policies.values()
         await self._bus.publish(
             PolicyAnnounced(
                 trainer=self.trainer,
-                version=p.version,
-                sampler_path=p.sampler_path,
-                base_model=p.base_model,
-                base_url=p.base_url,
+                version=first.version,
+                sampler_path=first.sampler_path,
+                base_model=first.base_model,
+                base_url=first.base_url,
                 identity=self.identity,
+                name=first.policy,
+                others=others,
             )
         )
 
@@ -503,11 +533,14 @@ SamplerFor = Callable[[PolicyUpdated], Awaitable[Any]]
 
 
 class PolicyFollower(ComponentBase):
-    """Learns the trainer's policy from `PolicyAnnounced` and is the gateway's sampler factory.
+    """Learns the trainer's policies from `PolicyAnnounced` and is the gateway's sampler factory.
 
-    `sampler_for(policy)` makes a sampler for one policy. A newer policy is published on the
-    local bus as `PolicyUpdated` (the gateway switches to it); repeats are ignored, so the
-    gateway makes one sampler per version however often the trainer announces it."""
+    `sampler_for(policy)` makes a sampler for one policy (`PolicyUpdated.policy` names it). A
+    newer version of a policy is published on the local bus as `PolicyUpdated` (the gateway
+    switches that policy's sampler); repeats are ignored, so the gateway makes one sampler
+    per policy and version however often the trainer announces it. With several policies
+    (RFC 0001), `factory(name)` is the gateway's factory of the policy `name`; the follower
+    itself is that of the run's first policy."""
 
     name = "policy-follower"
     subscribes = (PolicyAnnounced,)
@@ -515,14 +548,19 @@ class PolicyFollower(ComponentBase):
 
     def __init__(self, sampler_for: SamplerFor) -> None:
         self.sampler_for = sampler_for
-        self.policy: PolicyUpdated | None = None
+        self.policies: dict[str, PolicyUpdated] = {}  # by name, the run's first one first
         self.trainer: str | None = None
         self.trainer_identity: dict[str, str] = {}
         self.heard_at: float | None = None  # anyio clock of the last announcement
         self._changed = anyio.Event()
-        self._samplers: dict[tuple[str | None, int, str], Any] = {}
+        self._samplers: dict[str, tuple[tuple[str | None, int, str], Any]] = {}  # the newest per policy
         self._retired: set[str] = set()
         self._bus: Bus | None = None
+
+    @property
+    def policy(self) -> PolicyUpdated | None:
+        """The run's first policy, once announced."""
+        return next(iter(self.policies.values()), None)
 
     def on_attach(self, bus: Bus) -> None:
         self._bus = bus
@@ -533,36 +571,67 @@ class PolicyFollower(ComponentBase):
         await anyio.sleep_forever()
 
     async def _on_announced(self, event: PolicyAnnounced) -> None:
-        known = self.policy
         self.heard_at = anyio.current_time()
         if event.trainer in self._retired:
             return  # a trainer that a newer one replaced; its last words may still be on the way
-        if known is not None and event.trainer == self.trainer and event.version <= known.version:
-            return
-        if self.trainer is not None and event.trainer != self.trainer:
+        same_trainer = event.trainer == self.trainer
+        if self.trainer is not None and not same_trainer:
             self._retired.add(self.trainer)
-        self.policy, self.trainer = event.policy(), event.trainer
+        announced = event.policies()
+        changed = [
+            p
+            for name, p in announced.items()
+            if not same_trainer or name not in self.policies or p.version > self.policies[name].version
+        ]
+        if not changed:
+            return
+        known, fresh = self.policies, {p.policy for p in changed}
+        self.policies = {name: p if name in fresh else known[name] for name, p in announced.items()}
+        self.trainer = event.trainer
         self.trainer_identity = dict(event.identity)
-        log.info("policy learned", version=event.version, path=event.sampler_path or "(base model)")
+        for p in changed:
+            log.info(
+                "policy learned",
+                policy=p.policy,
+                version=p.version,
+                path=p.sampler_path or "(base model)",
+            )
         self._changed.set()
         self._changed = anyio.Event()
-        if known is not None:
-            assert self._bus is not None
-            await self._bus.publish(self.policy)
+        assert self._bus is not None
+        for p in changed:
+            if p.policy in known:  # the gateway took the first one from `initial()`
+                await self._bus.publish(p)
 
-    async def known(self) -> PolicyUpdated:
-        """The current policy, once one has been announced."""
-        while self.policy is None:
+    async def known(self, name: str | None = None) -> PolicyUpdated:
+        """The current policy `name` (None: the run's first), once one has been announced."""
+        while True:
+            policy = self.policy if name is None else self.policies.get(name)
+            if policy is not None:
+                return policy
             await self._changed.wait()
-        return self.policy
 
-    async def wait_for(self, version: int, timeout: float) -> bool:
-        """Whether the worker knows `version` (or a newer one) within `timeout` seconds."""
+    async def wait_for(self, versions: Mapping[str, int] | int, timeout: float) -> bool:
+        """Whether the worker knows these versions (or newer ones) within `timeout` seconds:
+        of the run's first policy (an int), or of each policy named."""
+
+        def behind() -> bool:
+            if isinstance(versions, int):
+                return self.policy is None or self.policy.version < versions
+            return any(
+                name not in self.policies or self.policies[name].version < version
+                for name, version in versions.items()
+            )
+
         with anyio.move_on_after(timeout):
-            while self.policy is None or self.policy.version < version:
+            while behind():
                 await self._changed.wait()
             return True
         return False
+
+    def factory(self, name: str) -> _FollowedPolicy:
+        """The gateway's sampler factory of the policy `name`."""
+        return _FollowedPolicy(self, name)
 
     async def initial(self) -> Any:
         return await self._sampler(await self.known())
@@ -572,14 +641,29 @@ class PolicyFollower(ComponentBase):
 
     async def _sampler(self, policy: PolicyUpdated) -> Any:
         key = (self.trainer, policy.version, policy.sampler_path)
-        if key not in self._samplers:
-            self._samplers = {key: await self.sampler_for(policy)}  # keep only the newest
-        return self._samplers[key]
+        kept = self._samplers.get(policy.policy)
+        if kept is None or kept[0] != key:
+            kept = self._samplers[policy.policy] = (key, await self.sampler_for(policy))
+        return kept[1]
+
+
+@dataclass
+class _FollowedPolicy:
+    """One policy of a followed run, as the gateway's sampler factory of it."""
+
+    follower: PolicyFollower
+    name: str
+
+    async def initial(self) -> Any:
+        return await self.follower._sampler(await self.follower.known(self.name))
+
+    async def updated(self, event: PolicyUpdated) -> Any:
+        return await self.follower._sampler(event)
 
 
 class FollowingRunner(EpisodeRunner):
     """The episode runner of a worker: holds a request until the worker knows the policy
-    version it was made for (at most `policy_wait` s; after that it plays on what it has and
+    versions it was made for (at most `policy_wait` s; after that it plays on what it has and
     the trainer's staleness filter decides)."""
 
     def __init__(self, entries: list[Any], *, follower: PolicyFollower, policy_wait: float = 30.0, **kw: Any):
@@ -588,9 +672,10 @@ class FollowingRunner(EpisodeRunner):
         self.policy_wait = policy_wait
 
     async def play(self, bus: Bus, request: EpisodeRequested) -> EpisodeFinished:
-        if not await self.follower.wait_for(request.policy_version, self.policy_wait):
-            known = self.follower.policy.version if self.follower.policy else None
-            log.warning("playing on an older policy", wanted=request.policy_version, known=known)
+        wanted = request.policy_versions or request.policy_version
+        if not await self.follower.wait_for(wanted, self.policy_wait):
+            known = {name: p.version for name, p in self.follower.policies.items()}
+            log.warning("playing on an older policy", wanted=wanted, known=known)
         return await super().play(bus, request)
 
 
@@ -806,20 +891,28 @@ class TinkerPolicies:
     """
 
     def __init__(self, config: Config, *, trust_announced: bool = False) -> None:
+        from platoon.config.policies import resolve_policies
+
         assert config.train is not None
         self.base_url = config.tinker_base_url
         self.model_name = config.train.model_name
         self.trust_announced = trust_announced
+        # several policies: each one's own `tinker_base_url` (a policy may train on a service
+        # of its own), and its model should an announcement not say
+        specs = resolve_policies(config) if config.policies else {}
+        self.base_urls = {name: spec.tinker_base_url for name, spec in specs.items()}
+        self.model_names = {name: spec.train.model_name for name, spec in specs.items()}
         self.clients: dict[str | None, Any] = {}
 
-    def _client(self, base_url: str | None) -> Any:
+    def _client(self, base_url: str | None, policy: str = "default") -> Any:
         from platoon import system
 
-        own = os.environ.get("TINKER_BASE_URL") or self.base_url
+        configured = self.base_urls.get(policy, self.base_url)
+        own = os.environ.get("TINKER_BASE_URL") or configured
         url = own or base_url
         if url not in self.clients:
             if url is None:
-                self.clients[url] = system.tinker_service_client(self.base_url)
+                self.clients[url] = system.tinker_service_client(configured)
             else:
                 import tinker
 
@@ -837,10 +930,10 @@ class TinkerPolicies:
     async def __call__(self, policy: Any) -> Any:
         from platoon.policy.tinker import TinkerSamplerFactory
 
-        client = await anyio.to_thread.run_sync(self._client, policy.base_url)
+        client = await anyio.to_thread.run_sync(self._client, policy.base_url, policy.policy)
         factory = TinkerSamplerFactory(
             client,
-            policy.base_model or self.model_name,
+            policy.base_model or self.model_names.get(policy.policy, self.model_name),
             model_path=policy.sampler_path or None,
             version=policy.version,
         )
