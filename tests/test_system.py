@@ -1,4 +1,7 @@
-"""`system.running`: the components of a run, started together and stopped together."""
+"""`system.running`: the components of a run, started together and stopped together; the
+built-in model, built once into the site cache."""
+
+import json
 
 import anyio
 import pytest
@@ -38,3 +41,33 @@ async def test_a_run_that_ends_lets_its_components_take_what_was_published():
                 await bus.publish(TrainStepFinished(step=step, metrics={}))
         # the last steps were published moments before the run ended: none is lost
         assert recorder.seen == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.torch
+def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A trainer and its worker started together on one machine share the site cache: the
+    built-in model is built aside and renamed into place, so a process that finds it there
+    finds it whole; a build cut short earlier is replaced."""
+    from platoon.testing import models
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    final = tmp_path / "cache" / "models" / system.TINY_MODEL
+    final.mkdir(parents=True)
+    (final / "tokenizer.json").write_text("{")  # a build that died before its config
+    seen_while_building = []
+    build = models.save_tiny_model
+
+    def watched(directory, **options):
+        built = build(directory, **options)
+        seen_while_building.append((final / "config.json").exists())  # all written, not yet in place
+        return built
+
+    monkeypatch.setattr(models, "save_tiny_model", watched)
+    path = system.resolve_model(system.TINY_MODEL)
+    assert path == str(final) and seen_while_building == [False]
+    assert json.loads((final / "tokenizer.json").read_text())  # the leftover is gone
+    system.load_tokenizer(path)
+    assert system.resolve_model(system.TINY_MODEL) == path and len(seen_while_building) == 1  # built once
+    assert [p.name for p in final.parent.iterdir()] == [system.TINY_MODEL]  # nothing left aside

@@ -81,10 +81,27 @@ def resolve_model(name: str, *, seed: int = 0) -> str:
         return name
     directory = Path(tiny_model_path())
     if not (directory / "config.json").exists():
+        import shutil
+        import tempfile
+
         from platoon.testing.models import save_tiny_model
 
         log.info("building the tiny demo model", path=str(directory))
-        save_tiny_model(directory, hidden_size=64, num_layers=2, seed=seed)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        # Built aside and renamed into place: a trainer and its worker started together on one
+        # machine share the cache, and neither may read a model the other is half-way writing.
+        building = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+        try:
+            save_tiny_model(building, hidden_size=64, num_layers=2, seed=seed)
+            if directory.exists() and not (directory / "config.json").exists():
+                shutil.rmtree(directory, ignore_errors=True)  # what a build cut short left
+            try:
+                building.rename(directory)
+            except OSError:
+                if not (directory / "config.json").exists():  # not another process's model
+                    raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     return str(directory)
 
 
