@@ -467,3 +467,53 @@ def test_the_handshake_names_another_platoon_version(monkeypatch):
     trainer = worker_identity(config())
     monkeypatch.setattr(platoon, "__version__", "0.0.0-other")
     assert identity_mismatch(trainer, worker_identity(config())).startswith("platoon: the trainer's '")
+
+
+def test_the_handshake_compares_the_policies_but_not_where_their_services_are():
+    from platoon.config import to_builtins
+    from platoon.train.distributed import identity_mismatch, worker_identity
+
+    base = to_builtins(config())
+    base["policies"] = {"a": {}, "b": {"lora_rank": 4}}
+    base["environments"][0]["agents"] = {"policy": {"by": "depth", "map": {"0": "a", "1": "b"}}}
+    trainer = worker_identity(validate_config(base))
+    other = worker_identity(validate_config(_with(base, "policies.b.lora_rank", 8)))
+    assert identity_mismatch(trainer, other).startswith("policies: the trainer's")
+    elsewhere = worker_identity(validate_config(_with(base, "policies.b.tinker_base_url", "http://h:1")))
+    assert identity_mismatch(trainer, elsewhere) is None
+
+
+REPLIES = ["done"]  # a scripted policy for the worker below
+
+
+def test_a_worker_states_the_tool_call_parser_it_chose_as_the_trainer_does(tmp_path, tiny_model):
+    """`tool_call_parser: auto` is resolved by a probe of the tokenizer on each machine; the
+    worker's identity states each policy's choice, which is the trainer's own."""
+    from platoon import system
+    from platoon.assembly import assemble, load_policy, resolve
+
+    raw = {
+        "environments": [
+            {
+                "name": "numbers",
+                "env": "platoon-number-search@1",
+                "harness": "platoon-react",
+                "agents": {"policy": {"by": "depth", "map": {"0": "a", "1": "b"}}},
+            }
+        ],
+        "train": {"model_name": tiny_model, "renderer_name": "qwen3_instruct"},
+        "policies": {"a": {}, "b": {"renderer_name": "qwen3"}},
+        "nats": {"url": "nats://127.0.0.1:1"},
+    }
+    cfg = validate_config(raw)
+    worker = assemble(cfg, "worker", policy="scripted:test_distributed_parts:REPLIES").worker()
+    trainer_side = {
+        name: load_policy(p).tool_call_parser
+        for name, p in resolve(cfg, "train", run_dir=tmp_path, policy="scripted:x:y").policies.items()
+    }
+    assert worker.identity["tool_call_parsers"] == f"a={trainer_side['a']}, b={trainer_side['b']}"
+    chosen = {
+        n: system.make_renderer(r, system.load_tokenizer(tiny_model))[1]
+        for n, r in (("a", "qwen3_instruct"), ("b", "qwen3"))
+    }
+    assert trainer_side == chosen and None not in chosen.values() and "auto" not in chosen.values()

