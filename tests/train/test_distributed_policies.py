@@ -7,7 +7,6 @@ version the episode asked for, and both policies' own rewards rise as in one pro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -39,40 +38,44 @@ pytestmark = pytest.mark.torch
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "planner-executor" / "cpu.yaml"
 
 
-def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
+def train_on_workers(site: Path, tmp_path: Path, *overrides: str, workers: int = 2) -> Path:
+    """Run the example's trainer and `workers` worker processes over a fresh nats-server;
+    the run directory once all of them exited cleanly."""
     from platoon import system
 
     system.resolve_model(system.TINY_MODEL)  # built once, before the processes share it
     with NatsServer(jetstream=True, store_dir=tmp_path / "jetstream") as server:
-        overrides = [f"nats.url={server.url}", "nats.run=duet", "nats.announce_every=0.5"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH")]))}
+        overrides = (f"nats.url={server.url}", "nats.run=duet", "nats.announce_every=0.5", *overrides)
 
         def spawn(*command: str, log: str) -> tuple[subprocess.Popen, Path]:
             path = tmp_path / log
             with path.open("wb") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", *command], env=env, stdout=subprocess.DEVNULL, stderr=out
+                    [sys.executable, "-m", *command], stdout=subprocess.DEVNULL, stderr=out
                 )
             return process, path
 
         trainer, trainer_log = spawn(
             "platoon", "train", str(EXAMPLE), *overrides, "--quiet", log="trainer.log"
         )
-        workers = [
+        spawned = [
             spawn("platoon.cli.worker", str(EXAMPLE), *overrides, "--name", f"w{i}", log=f"w{i}.log")
-            for i in range(2)
+            for i in range(workers)
         ]
         try:
             assert trainer.wait(timeout=420) == 0, trainer_log.read_text()[-4000:]
-            for worker, path in workers:
+            for worker, path in spawned:
                 assert worker.wait(timeout=60) == 0, path.read_text()[-4000:]
                 assert "stopped (finished)" in path.read_text()
         finally:
-            for process in [trainer, *(w for w, _ in workers)]:
+            for process in [trainer, *(w for w, _ in spawned)]:
                 if process.poll() is None:
                     process.kill()
+    return site / "runs" / "planner-executor" / "cpu"
 
-    run_dir = site / "runs" / "planner-executor" / "cpu"
+
+def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
+    run_dir = train_on_workers(site, tmp_path)
     events = list(read_events(run_dir))
     # the trainer announced both policies in one announcement, and played nothing itself
     announced = [e for e in events if isinstance(e, PolicyAnnounced)]
@@ -102,3 +105,24 @@ def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
         rewards = curves[policy] = [m[f"{policy}/reward/mean"] for m in metrics]
         assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, (policy, rewards)
     print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
+
+
+def test_a_frozen_policy_is_sampled_on_workers_as_announced_and_never_trains(site, tmp_path):
+    """The executor frozen: workers sample it from its base model at version 0 all run long,
+    while the planner trains and its versions move."""
+    run_dir = train_on_workers(
+        site, tmp_path, "policies.executor.frozen=true", "train.max_training_steps=3", workers=1
+    )
+    events = list(read_events(run_dir))
+    announced = [e for e in events if isinstance(e, PolicyAnnounced)]
+    frozen = {(a.policies()["executor"].version, a.policies()["executor"].sampler_path) for a in announced}
+    assert frozen == {(0, "")}  # the base model, announced as it is
+    assert max(a.policies()["planner"].version for a in announced) >= 1
+    spawned = {e.agent_id: e.policy for e in events if isinstance(e, AgentSpawned)}
+    calls = [e for e in events if isinstance(e, ModelCallFinished)]
+    by_policy = Counter(spawned[c.agent_id] for c in calls)
+    assert by_policy["executor"] > 0 and by_policy["planner"] > 0
+    assert {c.policy_version for c in calls if c.policy == "executor"} == {0}
+    assert len({c.policy_version for c in calls if c.policy == "planner"}) > 1
+    assert {b.policy for b in events if isinstance(b, BatchReady)} == {"planner"}
+    assert not (run_dir / "checkpoints" / "executor").exists()
