@@ -329,8 +329,9 @@ def _several_policy_settings(config: Config, purpose: str, scripted: str | None)
         trains = purpose == "train" and not spec.frozen
         if trains and spec.model_path:
             raise SystemError(
-                f"policies.{name}.model_path: a policy that trains starts from its base model "
-                "(model_path is what a frozen policy, or an evaluation, samples)"
+                f"policies.{name}.model_path: a policy that trains starts from its base model, or "
+                "from a training state named by load_path (model_path is what a frozen policy, or an "
+                "evaluation, samples)"
             )
         out[name] = PolicySettings(
             name=name,
@@ -342,6 +343,7 @@ def _several_policy_settings(config: Config, purpose: str, scripted: str | None)
             base_url=spec.tinker_base_url,
             seed=train.seed,
             lora_rank=train.lora_rank,
+            load_path=spec.load_path if trains else None,
             model_path=spec.model_path,
             scripted=scripted,
             kl=trains and train.kl is not None,
@@ -769,7 +771,7 @@ async def open_policy(
         loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
             service,
             policy.model_name or "",
-            model_path=checkpoint.sampler_path if checkpoint else None,
+            model_path=checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy),
             version=version,
         )
         yield loaded
@@ -878,6 +880,17 @@ async def _training_client(service: Any, policy: PolicySettings, checkpoint: Any
         ).result()
 
     return await anyio.to_thread.run_sync(create)
+
+
+async def _loaded_sampler(client: Any, policy: PolicySettings) -> str | None:
+    """Sampler weights of a training client started from `load_path` (a training state is no
+    sampler path), so that the first rollouts sample the weights that train; else None."""
+    if not policy.load_path:
+        return None
+    from platoon.policy.tinker import wait_future
+
+    saved = await wait_future(client.save_weights_for_sampler(name="loaded"))
+    return saved.path
 
 
 async def _reference(service: Any, policy: PolicySettings) -> Any:

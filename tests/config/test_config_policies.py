@@ -101,12 +101,32 @@ def test_an_agent_no_policy_is_mapped_for_is_an_error_never_a_fallback():
         ({"a b": {}}, None, {}, "policies.a b: a policy's name is letters, digits, - and _ only"),
         ({"a": {"lora_rank": 0}}, None, {}, "policies.a.lora_rank"),
         ({"a": {"optimiser": {}}}, None, {}, "policies.a.optimiser: unknown key"),
+        (
+            {"a": {}},
+            None,
+            {"checkpoint": {"load_path": "tinker://r/weights/s"}},
+            "checkpoint.load_path: one training state cannot start several policies; "
+            "name each policy's own with policies.<name>.load_path",
+        ),
+        (
+            {"a": {}, "b": {"frozen": True, "load_path": "tinker://r/weights/s"}},
+            {"by": "depth", "map": {"0": "a", "1": "b"}},
+            {},
+            "policies.b.load_path: a frozen policy never trains; it samples model_path",
+        ),
     ],
 )
 def test_configs_that_cannot_say_which_policy_plays_are_refused(policies, choice, more, problem):
     with pytest.raises(ConfigError) as caught:
         config(policies, choice, **more)
     assert problem in str(caught.value)
+
+
+def test_each_trained_policy_may_start_from_a_training_state_of_its_own():
+    state = "tinker://run-1/weights/state-000010"
+    cfg = config({"a": {"load_path": state}, "b": {}}, {"by": "depth", "map": {"0": "a", "1": "b"}})
+    specs = resolve_policies(cfg)
+    assert (specs["a"].load_path, specs["b"].load_path) == (state, None)
 
 
 def test_a_single_policy_needs_no_choice():

@@ -283,6 +283,18 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
             problems.append("policies: needs a train: section (the schedule, and what a policy leaves out)")
         elif all(isinstance(p, dict) and p.get("frozen") is True for p in policies.values()):
             problems.append("policies: every policy is frozen, so nothing would train")
+        checkpoint = data.get("checkpoint")
+        if isinstance(checkpoint, dict) and checkpoint.get("load_path") is not None:
+            problems.append(
+                "checkpoint.load_path: one training state cannot start several policies; "
+                "name each policy's own with policies.<name>.load_path"
+            )
+        for name, policy in policies.items():
+            if isinstance(policy, dict) and policy.get("frozen") is True and policy.get("load_path"):
+                problems.append(
+                    f"policies.{name}.load_path: a frozen policy never trains; "
+                    "it samples model_path (sampler weights)"
+                )
     for index, entry in enumerate(environments):
         agents = entry.get("agents") if isinstance(entry, dict) else None
         choice = agents.get("policy") if isinstance(agents, dict) else None

@@ -37,7 +37,8 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     train: TrainConfig  # model, renderer, optimizer, LoRA rank, loss, backend of this policy
     frozen: bool = False  # samples only
     tinker_base_url: str | None = None  # its Tinker-API server; None: $TINKER_BASE_URL or hosted
-    model_path: str | None = None  # weights it starts from (trained) or samples (frozen)
+    model_path: str | None = None  # the sampler weights a frozen policy (or an evaluation) samples
+    load_path: str | None = None  # the training state a trained policy starts from
 
 
 class PolicyChoiceError(ValueError):
@@ -63,6 +64,7 @@ def resolve_policies(config: Config) -> dict[str, PolicySpec]:
             frozen=policy.frozen,
             tinker_base_url=policy.tinker_base_url or config.tinker_base_url,
             model_path=policy.model_path,
+            load_path=policy.load_path,
         )
     return specs
 

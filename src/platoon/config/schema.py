@@ -320,6 +320,9 @@ class PolicyConfig(_Strict):
     loss_fn_config: dict[str, float | str] | None = None  # None: train.loss_fn_config
     # the sampler weights a frozen policy (or an evaluation) samples, e.g. a tinker:// path; None: the base model
     model_path: PathOrName | None = None
+    # a training state (a tinker:// path of `save_state`) this trained policy starts from, with a
+    # fresh optimizer; what `checkpoint.load_path` is to a run of one policy. None: its base model
+    load_path: PathOrName | None = None
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 
@@ -341,7 +344,9 @@ class EvalConfig(_Strict):
 class CheckpointConfig(_Strict):
     """Where training starts from and what it keeps."""
 
-    load_path: PathOrName | None = None  # start from these weights with a fresh optimizer
+    # start from this training state with a fresh optimizer; with `policies:`, each policy's own
+    # `policies.<name>.load_path` instead
+    load_path: PathOrName | None = None
     keep: PositiveInt | None = None  # checkpoints kept; None: all
 
 

@@ -1,0 +1,157 @@
+"""Per-policy options of a several-policy run (RFC 0001), end to end on tiny models: a trained
+policy that starts from another run's training state (`policies.<name>.load_path`).
+
+Every run here trains on one self-hosted Tinker-API server (the embedded backend served over
+HTTP, as `platoon serve tinker` does), so that one run's tinker:// paths are another's to load,
+as they are on hosted Tinker. A policy's weights are compared through the logprobs that a
+sampler on them gives one fixed token sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+pytestmark = pytest.mark.torch
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "planner-executor"
+SEQUENCE = list(range(40, 72))  # the token ids every weights comparison scores
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    """One Tinker-API server on the tiny model for every run of the module."""
+    pytest.importorskip("peft")
+    from anyio.from_thread import start_blocking_portal
+
+    from platoon.backends.local import running_server
+
+    checkpoints = tmp_path_factory.mktemp("tinker")
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(
+            running_server(tiny_model, checkpoint_dir=checkpoints, device="cpu")
+        ) as url,
+    ):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A site profile of the module's own, and the example's harnesses registered."""
+    home = tmp_path_factory.mktemp("site")
+    site = home / "site.yaml"
+    site.write_text(f"runs: {home / 'runs'}\ncache: {home / 'cache'}\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PLATOON_SITE", str(site))
+        yield home
+
+
+def duet(server: str, tiny_model: str, *overrides: str):
+    """examples/planner-executor/cpu.yaml on the shared server, every step training both."""
+    from platoon import system
+    from platoon.config import load_config
+
+    config = load_config(
+        EXAMPLE / "cpu.yaml",
+        [
+            "train.backend=tinker",
+            f"train.model_name={tiny_model}",
+            f"tinker_base_url={server}",
+            "train.batch_size=1",
+            "train.max_training_steps=1",
+            "train.workflow_config.group_size=4",
+            "train.workflow_config.remove_constant_reward_groups=false",
+            *overrides,
+        ],
+    )
+    system.import_packages(config, EXAMPLE)
+    return config
+
+
+def train(config, run_dir: Path) -> None:
+    from platoon.train.loop import train
+
+    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
+
+
+def scored(client, tokens: list[int] = SEQUENCE) -> list[float]:
+    """The logprob a sampling client gives each token of `tokens` after the first."""
+    import tinker
+
+    return client.compute_logprobs(tinker.ModelInput.from_ints(tokens)).result()[1:]
+
+
+def logprobs(server: str, tokens: list[int] = SEQUENCE, **weights: str) -> list[float]:
+    """What a sampler on `weights` (model_path= or base_model=) gives `tokens`."""
+    import tinker
+
+    service = tinker.ServiceClient(base_url=server, api_key="tml-test")
+    try:
+        return scored(service.create_sampling_client(**weights).result(), tokens)
+    finally:
+        service.close("success").result()
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def first_run(server, tiny_model, home):
+    """A run that trains both policies two steps and saves: its planner's last checkpoint."""
+    run_dir = home / "first"
+    train(duet(server, tiny_model, "train.max_training_steps=2"), run_dir)
+    [*_, last] = (run_dir / "checkpoints" / "planner" / "checkpoints.jsonl").read_text().splitlines()
+    return json.loads(last)
+
+
+def trained_weights(config, run_dir: Path, *, resume: bool = False) -> dict[str, list[float]]:
+    """What each trained policy's training client gives SEQUENCE once the run is opened."""
+    from platoon.assembly import assemble
+    from platoon.train.trainer import Trainer
+
+    async def opened() -> dict[str, list[float]]:
+        run = assemble(config, "train", run_dir=run_dir, resume=resume)
+        async with run._opened() as components:
+            return {
+                c.policy: scored(c.client.save_weights_and_get_sampling_client().result())
+                for c in components
+                if isinstance(c, Trainer)
+            }
+
+    return anyio.run(opened)
+
+
+def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tiny_model, home, first_run):
+    from platoon.bus import read_events
+    from platoon.bus.events import ModelCallFinished
+
+    saved = logprobs(server, model_path=first_run["sampler_path"])
+    base = logprobs(server, base_model=tiny_model)
+    assert not close(saved, base)  # two steps moved the planner's weights
+    config = duet(server, tiny_model, f"policies.planner.load_path={first_run['state_path']}")
+
+    # Its training client holds the saved weights; the other policy's, the base model's.
+    clients = trained_weights(config, home / "opened")
+    assert close(clients["planner"], saved) and close(clients["executor"], base)
+
+    # Its first rollouts sample those weights too (before its first update, at version 0).
+    run_dir = home / "loaded"
+    train(config, run_dir)
+    calls = [e for e in read_events(run_dir) if isinstance(e, ModelCallFinished) and e.policy_version == 0]
+    for policy, expected in (("planner", first_run["sampler_path"]), ("executor", None)):
+        call = next(c for c in calls if c.policy == policy)
+        weights = {"model_path": expected} if expected else {"base_model": tiny_model}
+        again = logprobs(server, call.prompt_tokens + call.completion_tokens, **weights)
+        assert close(again[-len(call.logprobs) :], call.logprobs), policy
+
+    # A resume wins over load_path: the planner goes on from its own checkpoint of this run.
+    [checkpoint] = (run_dir / "checkpoints" / "planner" / "checkpoints.jsonl").read_text().splitlines()
+    own = logprobs(server, model_path=json.loads(checkpoint)["sampler_path"])
+    assert not close(own, saved)
+    resumed = trained_weights(config, run_dir, resume=True)
+    assert close(resumed["planner"], own)
