@@ -676,6 +676,7 @@ class OpenPolicy:
     base_url: str | None = None  # the training service, as samplers and judges reach it
     trainer: Any = None  # the trainer component, when the policy trains here
     checkpoint: Any = None  # the checkpoint it resumed from
+    start_path: str | None = None  # the sampler weights it trains from: its checkpoint's or load_path's
 
 
 def load_policy(policy: PolicySettings) -> OpenPolicy:
@@ -768,11 +769,9 @@ async def open_policy(
             delete=_deleter(base_url, local=policy.backend == "local") if settings.keep else None,
         )
         loaded.checkpoint = checkpoint
+        loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
         loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
-            service,
-            policy.model_name or "",
-            model_path=checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy),
-            version=version,
+            service, policy.model_name or "", model_path=loaded.start_path, version=version
         )
         yield loaded
 
@@ -1313,12 +1312,7 @@ def _announced(policy: OpenPolicy) -> PolicyUpdated:
     trained one), or those it samples all run long (a frozen one)."""
     p = policy.settings
     if p.trainer is not None:
-        checkpoint = policy.checkpoint
-        version, path, model = (
-            policy.trainer.version,
-            checkpoint.sampler_path if checkpoint else "",
-            p.model_name,
-        )
+        version, path, model = policy.trainer.version, policy.start_path or "", p.model_name
     else:
         version, path = 0, p.model_path or ""
         model = p.local_model() if p.backend == "local" else p.model_name
