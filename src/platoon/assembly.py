@@ -95,6 +95,7 @@ class PolicySettings:
     model_path: str | None = None  # sampler weights to evaluate (`eval.model_path`)
     scripted: str | None = None  # scripted:MODULE:ATTR plays instead of the model
     kl_reference: str | None = None  # `train.kl.reference_path`
+    kl_policy: str | None = None  # `kl.reference_policy`: a frozen policy of the run is the reference
     kl: bool = False
     trainer: TrainerSettings | None = None  # None: the policy does not train here
     builtin: str | None = None  # the built-in model `model_name` is the directory of
@@ -348,6 +349,7 @@ def _several_policy_settings(config: Config, purpose: str, scripted: str | None)
             scripted=scripted,
             kl=trains and train.kl is not None,
             kl_reference=train.kl.reference_path if trains and train.kl else None,
+            kl_policy=train.kl.reference_policy if trains and train.kl else None,
             trainer=(
                 _trainer_settings(msgspec.structs.replace(train, model_name=model), config.checkpoint.keep)
                 if trains
@@ -728,6 +730,7 @@ async def open_policy(
     sampler_factory: Any = None,
     service: tuple[Any, str | None] | None = None,
     prefix: str = "",
+    reference: Any = None,
 ) -> AsyncIterator[OpenPolicy]:
     """Open a loaded policy for a run: its training service and, when it trains
     (`settings.trainer`), its training client (resumed from the newest checkpoint of
@@ -735,7 +738,8 @@ async def open_policy(
 
     Call it once per policy of a run: everything a policy owns is made here. `service`: one
     already open that the policy shares with others of the run (`open_policies`); `prefix`:
-    the policy's name on its trainer's metrics, when the run has several."""
+    the policy's name on its trainer's metrics, when the run has several; `reference`: the
+    sampling client of its KL reference when another policy of the run is that (`open_policies`)."""
     from platoon.policy.tinker import TinkerSamplerFactory
 
     policy = loaded.settings
@@ -756,7 +760,8 @@ async def open_policy(
 
         client, checkpoint = await _resumed_client(service, policy, store, list(candidates))
         version = checkpoint.policy_version if checkpoint else 0
-        reference = await _reference(service, policy) if policy.kl else None
+        if policy.kl and reference is None:
+            reference = await _reference(service, policy)
         settings = _with_base_url(policy.trainer, base_url)
         loaded.trainer = Trainer(
             client,
@@ -788,7 +793,9 @@ async def open_policies(
     """Open the several policies of a run (RFC 0001), each with `open_policy`. Policies that
     share a training service share one client: two policies on one base model of the embedded
     backend are two LoRA adapters on one server; each other service is opened once (the
-    checkpoints of a second embedded server go to `run_dir/tinker-<policy>`)."""
+    checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained policy
+    whose KL reference is a frozen one (`kl.reference_policy`) scores against the weights that
+    policy samples, on its service."""
     keys = {name: _service_key(p.settings) for name, p in loaded.items()}
     async with contextlib.AsyncExitStack() as stack:
         services: dict[tuple[str, str], tuple[Any, str | None]] = {}
@@ -801,6 +808,11 @@ async def open_policies(
                 if trains and run_dir is not None:
                     where = run_dir / ("tinker" if not services else f"tinker-{name}")
                 services[key] = await stack.enter_async_context(_service(policy.settings, where))
+        for name, policy in loaded.items():
+            key, frozen = keys[name], policy.settings.kl_policy
+            reference = None
+            if frozen is not None and policy.settings.trainer is not None and keys[frozen] in services:
+                reference = await _frozen_reference(services[keys[frozen]][0], loaded[frozen].settings)
             opened[name] = await stack.enter_async_context(
                 open_policy(
                     policy,
@@ -810,6 +822,7 @@ async def open_policies(
                     sampler_factory=sampler_factory,
                     service=services.get(key),
                     prefix=f"{name}/",
+                    reference=reference,
                 )
             )
         yield opened
@@ -902,6 +915,17 @@ async def _reference(service: Any, policy: PolicySettings) -> Any:
         if path
         else sampling_client(service, base_model=policy.model_name)
     )
+
+
+async def _frozen_reference(service: Any, frozen: PolicySettings) -> Any:
+    """The KL reference a trained policy names by `kl.reference_policy`: a sampling client on
+    the weights the frozen policy samples (its `model_path`, else its base model)."""
+    from platoon.policy.tinker import sampling_client
+
+    if frozen.model_path:
+        return await sampling_client(service, model_path=frozen.model_path)
+    model = frozen.local_model() if frozen.backend == "local" else frozen.model_name
+    return await sampling_client(service, base_model=model)
 
 
 def _forget_metrics_from(run_dir: Path, step: int) -> None:

@@ -129,6 +129,93 @@ def test_each_trained_policy_may_start_from_a_training_state_of_its_own():
     assert (specs["a"].load_path, specs["b"].load_path) == (state, None)
 
 
+DUET = {"by": "depth", "map": {"0": "a", "1": "b"}}
+ANCHOR = {"frozen": True, "model_path": "tinker://run-1/sampler_weights/s"}
+
+
+def test_a_policy_takes_train_kl_unless_it_has_a_kl_of_its_own():
+    cfg = config(
+        {"a": {"kl": {"coefficient": 0.1, "reference_policy": "anchor"}}, "b": {}, "anchor": ANCHOR},
+        DUET,
+        train={**TRAIN, "kl": {"coefficient": 0.02}},
+    )
+    specs = resolve_policies(cfg)
+    assert (specs["a"].train.kl.coefficient, specs["a"].train.kl.reference_policy) == (0.1, "anchor")
+    assert (specs["b"].train.kl.coefficient, specs["b"].train.kl.reference_policy) == (0.02, None)
+
+
+@pytest.mark.parametrize(
+    ("policies", "kl", "problem"),
+    [
+        (
+            {"a": {"kl": {"reference_policy": "nobody"}}, "b": {}},
+            None,
+            "policies.a.kl.reference_policy: 'nobody' is not one of policies: a, b",
+        ),
+        (
+            {"a": {}, "b": {}},
+            {"reference_policy": "b"},
+            "train.kl.reference_policy: 'b' trains; a KL reference is a frozen policy",
+        ),
+        (
+            {
+                "a": {"kl": {"reference_policy": "anchor", "reference_path": "tinker://x"}},
+                "b": {},
+                "anchor": ANCHOR,
+            },
+            None,
+            "policies.a.kl: set reference_path or reference_policy, not both",
+        ),
+        (
+            {"a": {}, "b": {}, "anchor": {**ANCHOR, "kl": {}}},
+            None,
+            "policies.anchor.kl: a frozen policy never trains, so it takes no KL penalty",
+        ),
+        (
+            {
+                "a": {"kl": {"reference_policy": "anchor"}},
+                "b": {},
+                "anchor": {**ANCHOR, "model_name": "Qwen/Qwen3-8B"},
+            },
+            None,
+            "policies.a.kl.reference_policy: 'anchor' has the tokenizer 'Qwen/Qwen3-8B' and a "
+            "'Qwen/Qwen3-4B-Instruct-2507'; the reference scores a's tokens",
+        ),
+        (
+            {"a": {}, "b": {"renderer_name": "qwen3"}, "anchor": ANCHOR},
+            {"reference_policy": "anchor"},
+            "train.kl.reference_policy: 'anchor' renders with 'qwen3_instruct' and b with 'qwen3'",
+        ),
+    ],
+)
+def test_a_kl_reference_by_name_is_a_frozen_policy_with_the_same_tokens(policies, kl, problem):
+    train = {**TRAIN, "kl": kl} if kl is not None else TRAIN
+    with pytest.raises(ConfigError) as caught:
+        config(policies, DUET, train=train)
+    assert problem in str(caught.value)
+    assert len(caught.value.problems) == 1, caught.value.problems
+
+
+def test_a_kl_reference_by_name_needs_policies():
+    with pytest.raises(
+        ConfigError, match=r"train\.kl\.reference_policy: names a frozen policy, but the config"
+    ):
+        config(train={**TRAIN, "kl": {"reference_policy": "anchor"}})
+
+
+def test_models_that_share_a_tokenizer_may_be_a_reference_and_a_trained_policy():
+    anchor = {**ANCHOR, "model_name": "Qwen/Qwen3-8B", "tokenizer": "Qwen/Qwen3-8B"}
+    cfg = config(
+        {
+            "a": {"tokenizer": "Qwen/Qwen3-8B", "kl": {"reference_policy": "anchor"}},
+            "b": {},
+            "anchor": anchor,
+        },
+        DUET,
+    )
+    assert resolve_policies(cfg)["a"].train.kl.reference_policy == "anchor"
+
+
 def test_a_single_policy_needs_no_choice():
     cfg = config({"solo": {"lora_rank": 4}})
     assert policy_names(cfg) == ["solo"]

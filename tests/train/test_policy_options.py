@@ -1,5 +1,6 @@
 """Per-policy options of a several-policy run (RFC 0001), end to end on tiny models: a trained
-policy that starts from another run's training state (`policies.<name>.load_path`).
+policy that starts from another run's training state (`policies.<name>.load_path`), and a
+frozen policy as a trained one's KL reference (`kl.reference_policy`).
 
 Every run here trains on one self-hosted Tinker-API server (the embedded backend served over
 HTTP, as `platoon serve tinker` does), so that one run's tinker:// paths are another's to load,
@@ -155,3 +156,40 @@ def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tin
     assert not close(own, saved)
     resumed = trained_weights(config, run_dir, resume=True)
     assert close(resumed["planner"], own)
+
+
+def test_a_frozen_policy_is_the_kl_reference_of_the_trained_policy_that_names_it(
+    server, tiny_model, home, first_run
+):
+    """The planner's KL reference is `anchor`, a frozen policy sampling the first run's planner
+    weights; the executor keeps `train.kl`'s, its base model."""
+    from platoon.assembly import assemble
+    from platoon.train.trainer import Trainer
+
+    config = duet(
+        server,
+        tiny_model,
+        "train.kl.coefficient=0.05",
+        "policies.anchor.frozen=true",
+        f"policies.anchor.model_path={first_run['sampler_path']}",
+        "policies.planner.kl={coefficient: 0.05, reference_policy: anchor}",
+    )
+    saved = logprobs(server, model_path=first_run["sampler_path"])
+    base = logprobs(server, base_model=tiny_model)
+
+    async def references() -> dict[str, list[float]]:
+        run = assemble(config, "train", run_dir=home / "kl-opened")
+        async with run._opened() as components:
+            return {c.policy: scored(c.reference) for c in components if isinstance(c, Trainer)}
+
+    reference = anyio.run(references)
+    assert close(reference["planner"], saved) and close(reference["executor"], base)
+
+    # Before either policy's first update, each samples its base model: against the base the
+    # KL is nothing; against the anchor's trained weights it is not.
+    run_dir = home / "kl"
+    train(config, run_dir)
+    [step] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert abs(step["executor/kl/mean"]) < 1e-3
+    assert abs(step["planner/kl/mean"]) > 100 * max(abs(step["executor/kl/mean"]), 1e-5), step
+    print("kl/mean at step 0:", step["planner/kl/mean"], step["executor/kl/mean"])

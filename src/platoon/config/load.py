@@ -295,6 +295,7 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
                     f"policies.{name}.load_path: a frozen policy never trains; "
                     "it samples model_path (sampler weights)"
                 )
+    problems += _kl_reference_checks(data, policies if isinstance(policies, dict) else {})
     for index, entry in enumerate(environments):
         agents = entry.get("agents") if isinstance(entry, dict) else None
         choice = agents.get("policy") if isinstance(agents, dict) else None
@@ -312,6 +313,63 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
                 problems.append(f"{where}.map.{key}: {value!r} is not one of policies: {', '.join(names)}")
             if choice.get("by") == "depth" and not (isinstance(key, str) and key.isdigit()):
                 problems.append(f'{where}.map.{key}: a depth is written as a quoted number, e.g. "0"')
+    return problems
+
+
+def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -> list[str]:
+    """`kl.reference_policy` names a frozen policy whose logprobs are comparable with those of
+    each trained policy that takes it (one tokenizer, one renderer)."""
+    problems: list[str] = []
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    entries = {name: p for name, p in policies.items() if isinstance(p, dict)}
+    frozen = {name for name, p in entries.items() if p.get("frozen") is True}
+    places = [("train.kl", train.get("kl")), *((f"policies.{n}.kl", p.get("kl")) for n, p in entries.items())]
+    for where, kl in places:
+        reference = kl.get("reference_policy") if isinstance(kl, dict) else None
+        if reference is None:
+            continue
+        if kl.get("reference_path") is not None:
+            problems.append(f"{where}: set reference_path or reference_policy, not both")
+        if not policies:
+            problems.append(
+                f"{where}.reference_policy: names a frozen policy, but the config has no policies:"
+            )
+        elif reference not in policies:
+            problems.append(
+                f"{where}.reference_policy: {reference!r} is not one of policies: {', '.join(policies)}"
+            )
+        elif reference not in frozen:
+            problems.append(
+                f"{where}.reference_policy: {reference!r} trains; a KL reference is a frozen policy"
+            )
+    for name in frozen:
+        if entries[name].get("kl") is not None:
+            problems.append(f"policies.{name}.kl: a frozen policy never trains, so it takes no KL penalty")
+
+    def own(policy: Mapping[str, Any], key: str) -> Any:
+        value = policy.get(key)
+        return value if value is not None else train.get(key)
+
+    for name, policy in entries.items():
+        kl = policy.get("kl") if policy.get("kl") is not None else train.get("kl")
+        reference = kl.get("reference_policy") if isinstance(kl, dict) else None
+        if name in frozen or reference not in frozen:
+            continue
+        where = f"policies.{name}.kl" if policy.get("kl") is not None else "train.kl"
+        other = entries[reference]
+        mine = own(policy, "tokenizer") or own(policy, "model_name")
+        theirs = own(other, "tokenizer") or own(other, "model_name")
+        if mine != theirs:
+            problems.append(
+                f"{where}.reference_policy: {reference!r} has the tokenizer {theirs!r} and {name} "
+                f"{mine!r}; the reference scores {name}'s tokens, so they need one tokenizer (set "
+                "tokenizer: alike on both where two models share one)"
+            )
+        if own(policy, "renderer_name") != own(other, "renderer_name"):
+            problems.append(
+                f"{where}.reference_policy: {reference!r} renders with {own(other, 'renderer_name')!r} "
+                f"and {name} with {own(policy, 'renderer_name')!r}; their logprobs would not compare"
+            )
     return problems
 
 

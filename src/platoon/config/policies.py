@@ -27,6 +27,7 @@ _TRAIN_KEYS = (
     "optimizer",
     "loss_fn",
     "loss_fn_config",
+    "kl",
 )
 
 

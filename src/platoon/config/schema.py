@@ -276,6 +276,9 @@ class KLConfig(_Strict):
 
     coefficient: NonNegativeFloat = 0.01  # weight of the penalty; 0 only reports the KL
     reference_path: str | None = None  # sampler weights of the reference; None: the base model
+    # a frozen policy of `policies:` as the reference, by name: the weights it samples (its
+    # model_path on its base model); it must share the trained policy's tokenizer and renderer
+    reference_policy: str | None = None
 
 
 class TrainConfig(_Strict):
@@ -323,6 +326,7 @@ class PolicyConfig(_Strict):
     # a training state (a tinker:// path of `save_state`) this trained policy starts from, with a
     # fresh optimizer; what `checkpoint.load_path` is to a run of one policy. None: its base model
     load_path: PathOrName | None = None
+    kl: KLConfig | None = None  # this policy's KL penalty (e.g. against a frozen policy); None: train.kl
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 

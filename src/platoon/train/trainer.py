@@ -6,7 +6,8 @@ the optimizer step is queued before the gradients are awaited), saves sampler we
 publishes `PolicyUpdated` (the gateway switches samplers on it) and `TrainStepFinished`.
 Every `save_every` steps it saves the full training state and records a checkpoint.
 
-With a reference policy (`train.kl`), it first asks the reference for the logprobs of each
+With a reference policy (`train.kl`; with several policies, a policy's own `kl:`, whose
+reference may be a frozen policy of the run), it first asks the reference for the logprobs of each
 datum's sequence (Tinker `compute_logprobs`), reports `kl/mean` and folds the penalty into the
 advantages (`platoon.credit.kl`).
 
