@@ -38,6 +38,33 @@ def test_the_summary_reads_the_metrics(tmp_path):
     assert "eval    step 10: reward 0.700, pass@1 0.350" in text and "step 5:" not in text
 
 
+def test_with_several_policies_the_summary_has_a_line_per_policy(tmp_path):
+    planner, executor = [0.3, 0.4, 0.35, 0.6, 0.9, 1.0], [0.6, 0.7, 0.8, 0.9, 1.0, 1.0]
+    rows = []
+    for step, (p, e) in enumerate(zip(planner, executor, strict=True)):
+        row = {"step": step, "reward/mean": p, "planner/reward/mean": p, "executor/reward/mean": e}
+        row |= {"planner/policy/version": step + 1.0, "executor/policy/version": step // 2 + 1.0}
+        row |= {"planner/kl/mean": 0.01 * step, "planner/train/loss": 1.0}
+        rows.append(row)
+    rows.append({"step": 6, "planner/policy/version": 7.0, "executor/policy/version": 4.0})  # none graded
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "evals").mkdir()
+    report = {"reward_mean": 0.5, "by_policy": {"planner": {"own_reward_mean": 0.5, "agents": 4.0}}}
+    (tmp_path / "evals" / "step-000006.json").write_text(json.dumps(report))
+    lines = train_summary(tmp_path).splitlines()
+    assert lines[1] == "reward  first 3 steps 0.350, last 3 steps 0.833  (0.30 → 1.00)"
+    assert lines[3:6] == [
+        "policy  planner: reward first 3 steps 0.350, last 3 steps 0.833  (0.30 → 1.00), version 7, kl 0.0500",
+        "policy  executor: reward first 3 steps 0.700, last 3 steps 0.967  (0.60 → 1.00), version 4",
+        "eval    step 6: reward 0.500; own reward planner 0.500",
+    ]
+    # one policy: no policy lines (its metrics are unprefixed)
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "reward/mean": 1.0, "policy/version": 1.0})
+    )
+    assert "policy  " not in train_summary(tmp_path)
+
+
 def test_reward_zero_and_not_graded_read_differently(capsys):
     sink = MetricsSink.__new__(MetricsSink)
     sink.console, sink.total_steps = True, 3

@@ -193,3 +193,15 @@ def test_a_frozen_policy_is_the_kl_reference_of_the_trained_policy_that_names_it
     assert abs(step["executor/kl/mean"]) < 1e-3
     assert abs(step["planner/kl/mean"]) > 100 * max(abs(step["executor/kl/mean"]), 1e-5), step
     print("kl/mean at step 0:", step["planner/kl/mean"], step["executor/kl/mean"])
+
+    # What `platoon train` ends with: a line per policy, with its own reward, version and KL.
+    from platoon.stats.summary import train_summary
+
+    lines = {line.split(":")[0]: line for line in train_summary(run_dir).splitlines()}
+    for policy in ("planner", "executor"):
+        own = step[f"{policy}/reward/mean"]
+        assert lines[f"policy  {policy}"] == (
+            f"policy  {policy}: reward first 1 step {own:.3f}, last 1 step {own:.3f}  "
+            f"({own:.2f} → {own:.2f}), version 1, kl {step[f'{policy}/kl/mean']:.4f}"
+        )
+    assert "policy  anchor" not in lines  # a frozen policy trains nothing to report

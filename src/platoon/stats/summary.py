@@ -1,4 +1,5 @@
-"""The few lines `platoon train` ends with: how the reward moved, and where the run is."""
+"""The few lines `platoon train` ends with: how the reward moved (and each policy's, with
+several), and where the run is."""
 
 from __future__ import annotations
 
@@ -35,18 +36,23 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
                 rows.append(json.loads(line))
             except ValueError:
                 continue  # a line cut by a kill: the others still tell the story
-    rewards = [r["reward/mean"] for r in rows if isinstance(r.get("reward/mean"), int | float)]
+    rewards = _series(rows, "reward/mean")
     lines = []
     took = f" in {seconds:.0f} s" if seconds is not None else ""
     lines.append(f"trained {len(rows)} step{'s' * (len(rows) != 1)}{took}")
     if rewards:
-        n = min(3, len(rewards))
-        first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
-        span = f"first {n} steps {first:.3f}, last {n} steps {last:.3f}"
-        lines.append(f"reward  {span}  ({rewards[0]:.2f} → {rewards[-1]:.2f})")
+        lines.append(f"reward  {_span(rewards)}")
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
     else:
         lines.append("reward  no step was graded (see the step lines above)")
+    for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
+        own = _series(rows, f"{policy}/reward/mean")
+        shown = [f"reward {_span(own)}" if own else "no step graded its agents"]
+        for key, label in (("policy/version", "version"), ("kl/mean", "kl")):
+            values = _series(rows, f"{policy}/{key}")
+            if values:
+                shown.append(f"{label} {values[-1]:g}" if label == "version" else f"{label} {values[-1]:.4f}")
+        lines.append(f"policy  {policy}: {', '.join(shown)}")
     evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
     for path in evals[:1] + evals[-1:] if len(evals) > 1 else evals:
         try:
@@ -58,6 +64,14 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         shown = f"reward {mean:.3f}" if isinstance(mean, int | float) else "reward n/a"
         if "1" in passes:
             shown += f", pass@1 {passes['1']:.3f}"
+        by_policy = report.get("by_policy") or {}
+        own = [
+            f"{name} {row['own_reward_mean']:.3f}"
+            for name, row in by_policy.items()
+            if isinstance(row, dict) and isinstance(row.get("own_reward_mean"), int | float)
+        ]
+        if own:
+            shown += "; own reward " + ", ".join(own)
         lines.append(f"eval    step {int(path.stem.removeprefix('step-'))}: {shown}")
     lines.append(f"run     {run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:
@@ -65,3 +79,28 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
+
+
+def _series(rows: list[dict], key: str) -> list[float]:
+    """The values of one metric over the steps that have it."""
+    return [r[key] for r in rows if isinstance(r.get(key), int | float)]
+
+
+def _span(values: list[float]) -> str:
+    """How a reward moved: the means of the first and last (up to) 3 steps, first → last."""
+    n = min(3, len(values))
+    first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+    steps = f"{n} step{'s' * (n != 1)}"
+    return f"first {steps} {first:.3f}, last {steps} {last:.3f}  ({values[0]:.2f} → {values[-1]:.2f})"
+
+
+def _policies(rows: list[dict]) -> list[str]:
+    """The trained policies of a run with several, in the order their metrics name them: each
+    reports `<policy>/policy/version` every step (a run of one reports `policy/version`)."""
+    found: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            policy, _, rest = key.partition("/")
+            if rest == "policy/version":
+                found[policy] = None
+    return list(found)
