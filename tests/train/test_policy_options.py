@@ -127,10 +127,33 @@ def trained_weights(config, run_dir: Path, *, resume: bool = False) -> dict[str,
     return anyio.run(opened)
 
 
-def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tiny_model, home, first_run):
+async def announcements(config, run_dir: Path) -> dict:
+    """What the trainer of `config` announces of each policy at its start (`PolicyAnnounced`)."""
+    from platoon.assembly import _announced, assemble, load_policy, open_policies
+
+    run = assemble(config, "train", run_dir=run_dir)
+    loaded = {name: load_policy(p) for name, p in run.settings.policies.items()}
+    async with open_policies(loaded, run_dir=run_dir) as opened:
+        return {name: _announced(policy) for name, policy in opened.items()}
+
+
+def first_call_sampled(server: str, run_dir: Path, policy: str, weights: str) -> bool:
+    """Whether `policy`'s first model call of the run (at version 0) was sampled from `weights`
+    (a sampler path, or the base model): its logprobs are what those weights give its tokens."""
     from platoon.bus import read_events
     from platoon.bus.events import ModelCallFinished
 
+    call = next(
+        e
+        for e in read_events(run_dir)
+        if isinstance(e, ModelCallFinished) and e.policy == policy and e.policy_version == 0
+    )
+    which = {"model_path": weights} if weights.startswith("tinker://") else {"base_model": weights}
+    again = logprobs(server, call.prompt_tokens + call.completion_tokens, **which)
+    return close(again[-len(call.logprobs) :], call.logprobs)
+
+
+def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tiny_model, home, first_run):
     saved = logprobs(server, model_path=first_run["sampler_path"])
     base = logprobs(server, base_model=tiny_model)
     assert not close(saved, base)  # two steps moved the planner's weights
@@ -140,15 +163,16 @@ def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tin
     clients = trained_weights(config, home / "opened")
     assert close(clients["planner"], saved) and close(clients["executor"], base)
 
+    # Rollout workers are told to sample those weights (and the executor its base model).
+    announced = anyio.run(lambda: announcements(config, home / "announced"))
+    assert close(logprobs(server, model_path=announced["planner"].sampler_path), saved)
+    assert (announced["planner"].version, announced["executor"].sampler_path) == (0, "")
+
     # Its first rollouts sample those weights too (before its first update, at version 0).
     run_dir = home / "loaded"
     train(config, run_dir)
-    calls = [e for e in read_events(run_dir) if isinstance(e, ModelCallFinished) and e.policy_version == 0]
     for policy, expected in (("planner", first_run["sampler_path"]), ("executor", None)):
-        call = next(c for c in calls if c.policy == policy)
-        weights = {"model_path": expected} if expected else {"base_model": tiny_model}
-        again = logprobs(server, call.prompt_tokens + call.completion_tokens, **weights)
-        assert close(again[-len(call.logprobs) :], call.logprobs), policy
+        assert first_call_sampled(server, run_dir, policy, expected or tiny_model)
 
     # A resume wins over load_path: the planner goes on from its own checkpoint of this run.
     [checkpoint] = (run_dir / "checkpoints" / "planner" / "checkpoints.jsonl").read_text().splitlines()
@@ -156,6 +180,22 @@ def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tin
     assert not close(own, saved)
     resumed = trained_weights(config, run_dir, resume=True)
     assert close(resumed["planner"], own)
+
+
+def test_a_run_of_one_policy_samples_the_state_its_load_path_names_from_its_first_rollout(
+    server, tiny_model, home, first_run
+):
+    """`checkpoint.load_path` (no `policies:`) trained the loaded weights but sampled the base
+    model until the first update."""
+    import learnable
+
+    from platoon.config import validate_config
+
+    raw = learnable.learn_config(tiny_model, steps=1, backend="tinker", batch_size=1)
+    raw |= {"tinker_base_url": server, "checkpoint": {"load_path": first_run["state_path"]}}
+    run_dir = home / "one"
+    train(validate_config(raw), run_dir)
+    assert first_call_sampled(server, run_dir, "default", first_run["sampler_path"])
 
 
 def test_a_frozen_policy_is_the_kl_reference_of_the_trained_policy_that_names_it(
