@@ -196,6 +196,12 @@ def test_a_kl_reference_by_name_is_a_frozen_policy_with_the_same_tokens(policies
     assert len(caught.value.problems) == 1, caught.value.problems
 
 
+def test_a_kl_reference_of_the_wrong_type_is_one_problem():
+    with pytest.raises(ConfigError) as caught:
+        config({"a": {"kl": {"reference_policy": ["b"]}}, "b": {}}, DUET)
+    assert [p.split(":")[0] for p in caught.value.problems] == ["policies.a.kl.reference_policy"]
+
+
 def test_a_kl_reference_by_name_needs_policies():
     with pytest.raises(
         ConfigError, match=r"train\.kl\.reference_policy: names a frozen policy, but the config"

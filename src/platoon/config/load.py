@@ -326,8 +326,8 @@ def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -
     places = [("train.kl", train.get("kl")), *((f"policies.{n}.kl", p.get("kl")) for n, p in entries.items())]
     for where, kl in places:
         reference = kl.get("reference_policy") if isinstance(kl, dict) else None
-        if reference is None:
-            continue
+        if not isinstance(reference, str):
+            continue  # none, or of the wrong type (which the schema check reports)
         if kl.get("reference_path") is not None:
             problems.append(f"{where}: set reference_path or reference_policy, not both")
         if not policies:
@@ -353,7 +353,7 @@ def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -
     for name, policy in entries.items():
         kl = policy.get("kl") if policy.get("kl") is not None else train.get("kl")
         reference = kl.get("reference_policy") if isinstance(kl, dict) else None
-        if name in frozen or reference not in frozen:
+        if name in frozen or not isinstance(reference, str) or reference not in frozen:
             continue
         where = f"policies.{name}.kl" if policy.get("kl") is not None else "train.kl"
         other = entries[reference]

@@ -48,10 +48,10 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
         own = _series(rows, f"{policy}/reward/mean")
         shown = [f"reward {_span(own)}" if own else "no step graded its agents"]
-        for key, label in (("policy/version", "version"), ("kl/mean", "kl")):
+        for key, shape in (("policy/version", "version {:g}"), ("kl/mean", "kl {:.4f}")):
             values = _series(rows, f"{policy}/{key}")
-            if values:
-                shown.append(f"{label} {values[-1]:g}" if label == "version" else f"{label} {values[-1]:.4f}")
+            if values:  # the last step's
+                shown.append(shape.format(values[-1]))
         lines.append(f"policy  {policy}: {', '.join(shown)}")
     evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
     for path in evals[:1] + evals[-1:] if len(evals) > 1 else evals:
