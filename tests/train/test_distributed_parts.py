@@ -469,7 +469,7 @@ def test_the_handshake_names_another_platoon_version(monkeypatch):
     assert identity_mismatch(trainer, worker_identity(config())).startswith("platoon: the trainer's '")
 
 
-def test_the_handshake_compares_the_policies_but_not_where_their_services_are():
+def test_the_handshake_compares_how_the_policies_sample_but_not_how_they_train():
     from platoon.config import to_builtins
     from platoon.train.distributed import identity_mismatch, worker_identity
 
@@ -477,10 +477,12 @@ def test_the_handshake_compares_the_policies_but_not_where_their_services_are():
     base["policies"] = {"a": {}, "b": {"lora_rank": 4}}
     base["environments"][0]["agents"] = {"policy": {"by": "depth", "map": {"0": "a", "1": "b"}}}
     trainer = worker_identity(validate_config(base))
-    other = worker_identity(validate_config(_with(base, "policies.b.lora_rank", 8)))
+    other = worker_identity(validate_config(_with(base, "policies.b.renderer_name", "qwen3")))
     assert identity_mismatch(trainer, other).startswith("policies: the trainer's")
-    elsewhere = worker_identity(validate_config(_with(base, "policies.b.tinker_base_url", "http://h:1")))
-    assert identity_mismatch(trainer, elsewhere) is None
+    # where a policy's service is, and how it trains, are the trainer's alone
+    for key, value in (("tinker_base_url", "http://h:1"), ("lora_rank", 8), ("load_path", "tinker://x")):
+        elsewhere = worker_identity(validate_config(_with(base, f"policies.b.{key}", value)))
+        assert identity_mismatch(trainer, elsewhere) is None, key
 
 
 REPLIES = ["done"]  # a scripted policy for the worker below

@@ -262,9 +262,13 @@ def worker_identity(config: Config) -> dict[str, str]:
         "renderer": f"{train.renderer_name} ({train.tool_call_parser})",
         "lora_rank": str(train.lora_rank),
     }
-    if config.policies:  # what each policy samples; where its service is may differ per machine
+    if config.policies:
+        # How a worker turns each policy's calls into tokens. What it samples is announced, and
+        # how a policy trains (its optimizer, load_path, kl) or where its service is are the
+        # trainer's alone, so a worker's config need not repeat them.
+        shaping = ("model_name", "tokenizer", "renderer_name", "tool_call_parser", "frozen")
         policies = {
-            name: {k: v for k, v in policy.items() if k != "tinker_base_url"}
+            name: {k: v for k, v in policy.items() if k in shaping}
             for name, policy in to_builtins(config)["policies"].items()
         }
         identity["policies"] = digest(policies)
