@@ -771,7 +771,7 @@ async def open_policy(
             reference=reference,
             policy=policy.name,
             prefix=prefix,
-            delete=_deleter(base_url, local=policy.backend == "local") if settings.keep else None,
+            delete=_deleter(base_url, local=policy.backend == "local"),
         )
         loaded.checkpoint = checkpoint
         loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
@@ -835,15 +835,18 @@ def _service_key(policy: PolicySettings) -> tuple[str, str]:
 
 
 def _deleter(base_url: str | None, *, local: bool) -> Any:
-    """How a trainer deletes the files of a checkpoint it no longer keeps (`checkpoint.keep`):
-    the Tinker REST API's DELETE, on the policy's own service."""
+    """How a trainer deletes weights it no longer needs (old checkpoints, `checkpoint.keep`;
+    step sampler weights nothing samples any more): the Tinker REST API's DELETE, on the
+    policy's own service."""
     import tinker
 
     url, key = (base_url, None) if local else system._tinker_endpoint(base_url)
-    rest = tinker.RestClient(base_url=url, api_key=key or "tml-local")
+    rest: list[Any] = []  # made at the first delete: its connections stay open for the process
 
     async def delete(path: str) -> None:
-        await rest.delete_checkpoint_from_tinker_path(path)
+        if not rest:
+            rest.append(tinker.RestClient(base_url=url, api_key=key or "tml-local"))
+        await rest[0].delete_checkpoint_from_tinker_path(path)
 
     return delete
 

@@ -84,11 +84,13 @@ def datum(version: int) -> Datum:
 
 @asynccontextmanager
 async def trainer_bus(
-    tmp_path, *, version: int = 0, **settings: Any
+    tmp_path, *, version: int = 0, delete: Any = None, **settings: Any
 ) -> AsyncIterator[tuple[Bus, Trainer, list]]:
     client = FakeTrainingClient()
     options = {"base_model": "tiny", "max_staleness": 0, "save_every": 0, **settings}
-    trainer = Trainer(client, TrainerSettings(**options), CheckpointStore(tmp_path), version=version)
+    trainer = Trainer(
+        client, TrainerSettings(**options), CheckpointStore(tmp_path), version=version, delete=delete
+    )
     seen: list[Event] = []
     async with Bus() as bus:
         for kind in (PolicyUpdated, TrainStepFinished, CheckpointSaved):
@@ -244,3 +246,46 @@ def test_a_nan_reward_drops_its_episode_and_the_run_goes_on(site, tiny_model):
         e for e in read_events(run_dir) if isinstance(e, EpisodeGraded) and e.episode_id in NAN_GRADES
     ]
     assert graded.reward is None and graded.reason == "non-finite reward nan from the reward processor"
+
+
+async def test_step_sampler_weights_are_deleted_once_no_episode_in_flight_may_sample_them(tmp_path):
+    from platoon.bus.events import EpisodeFinished, EpisodeRequested, TaskRef
+
+    deleted: list[str] = []
+
+    async def delete(path: str) -> None:
+        deleted.append(path)
+
+    task = TaskRef(env="e", split="eval", task_id="t")
+    options = {"save_every": 2, "total_steps": 6}
+    async with trainer_bus(tmp_path, delete=delete, **options) as (bus, trainer, _):
+        # An evaluation requested at version 1 is still playing: it may sample version 1 or newer.
+        await bus.publish(
+            EpisodeRequested(episode_id="e", group_id="g", task=task, purpose="eval", policy_version=1)
+        )
+        await bus.drained()
+        await steps(bus, [BatchReady(step=s, datums=[datum(s)]) for s in range(4)])
+        assert deleted == []  # step-000001 is older than the newest 2 but the evaluation holds it
+        await bus.publish(
+            EpisodeFinished(episode_id="e", group_id="g", task=task, status="completed", purpose="eval")
+        )
+        await bus.drained()
+        await steps(bus, [BatchReady(step=s, datums=[datum(s)]) for s in range(4, 6)])
+    # Once it ended, every step's weights but the newest 2 go; checkpoints' (ckpt-*) never do.
+    assert deleted == [f"tinker://run/sampler_weights/step-00000{v}" for v in (1, 2, 3, 4)]
+    assert trainer.step_weights.saved == {
+        5: "tinker://run/sampler_weights/step-000005",
+        6: "tinker://run/sampler_weights/step-000006",
+    }
+
+
+async def test_with_max_staleness_the_trainer_keeps_that_many_more_step_sampler_weights(tmp_path):
+    deleted: list[str] = []
+
+    async def delete(path: str) -> None:
+        deleted.append(path)
+
+    async with trainer_bus(tmp_path, delete=delete, max_staleness=2) as (bus, trainer, _):
+        await steps(bus, [BatchReady(step=s, datums=[datum(s)]) for s in range(6)])
+    assert deleted == [f"tinker://run/sampler_weights/step-00000{v}" for v in (1, 2)]
+    assert sorted(trainer.step_weights.saved) == [3, 4, 5, 6]

@@ -4,7 +4,8 @@ For each batch it drops datums whose policy is more than `max_staleness` version
 submits `forward_backward` and `optim_step` back to back (the SDK's recommended pipelining:
 the optimizer step is queued before the gradients are awaited), saves sampler weights, and
 publishes `PolicyUpdated` (the gateway switches samplers on it) and `TrainStepFinished`.
-Every `save_every` steps it saves the full training state and records a checkpoint.
+Every `save_every` steps it saves the full training state and records a checkpoint. Step
+sampler weights that nothing can sample any more are deleted (`platoon.train.step_weights`).
 
 With a reference policy (`train.kl`; with several policies, a policy's own `kl:`, whose
 reference may be a frozen policy of the run), it first asks the reference for the logprobs of each
@@ -28,6 +29,9 @@ from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     BatchReady,
     CheckpointSaved,
+    EpisodeAbandoned,
+    EpisodeFinished,
+    EpisodeRequested,
     PolicyStepFinished,
     PolicyUpdated,
     TrainStepFinished,
@@ -35,6 +39,7 @@ from platoon.bus.events import (
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
+from platoon.train.step_weights import StepWeights
 
 __all__ = ["Trainer", "TrainerSettings"]
 
@@ -88,7 +93,7 @@ class Trainer(ComponentBase):
     """The trainer component (see the module docstring)."""
 
     name = "trainer"
-    subscribes = (BatchReady,)
+    subscribes = (BatchReady, EpisodeRequested, EpisodeFinished, EpisodeAbandoned)
     publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished, PolicyStepFinished)
 
     def __init__(
@@ -105,7 +110,7 @@ class Trainer(ComponentBase):
         delete: Any = None,
     ) -> None:
         self.policy = policy
-        self.delete = delete  # async (tinker path) -> None: deletes a checkpoint no longer kept
+        self.delete = delete  # async (tinker path) -> None: deletes weights no longer needed
         self.prefix = prefix
         self.client = training_client
         self.reference = reference  # a sampling client of the reference policy, for the KL penalty
@@ -117,9 +122,20 @@ class Trainer(ComponentBase):
         self.busy_seconds = 0.0
         self.waited_seconds = 0.0  # how long the trainer waited for the batch it is on
         self._batches: Stream[BatchReady] | None = None
+        self.step_weights = StepWeights(settings.max_staleness)
 
     def on_attach(self, bus: Bus) -> None:
         self._batches = bus.stream(BatchReady, name=self.name).open()
+        episodes = (EpisodeRequested, EpisodeFinished, EpisodeAbandoned)
+        bus.subscribe(episodes, self._follow_episode, name=f"{self.name}:{self.policy}:episodes")
+
+    def _follow_episode(self, event: EpisodeRequested | EpisodeFinished | EpisodeAbandoned) -> None:
+        """Which policy versions episodes in flight may still sample (`StepWeights`)."""
+        if isinstance(event, EpisodeRequested):
+            version = event.policy_versions.get(self.policy, event.policy_version)
+            self.step_weights.requested(event.episode_id, version)
+        else:
+            self.step_weights.ended(event.episode_id)
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -175,6 +191,11 @@ class Trainer(ComponentBase):
                 )
             )
             metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
+            self.step_weights.published(self.version, saved.path)
+            if self.delete is not None:
+                await self._delete(
+                    self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights"
+                )
         else:
             metrics["train/skipped"] = 1.0
             log.info("no datums to train on this step", step=batch.step)
@@ -243,14 +264,19 @@ class Trainer(ComponentBase):
     async def forget(self, dropped: list[Checkpoint]) -> None:
         """Delete the files of checkpoints no longer recorded. The record goes first, so a crash
         in between leaves files nobody points at, never a record of deleted files."""
+        await self._delete([p for c in dropped for p in (c.state_path, c.sampler_path)], "an old checkpoint")
+
+    def _checkpoint_samplers(self) -> set[str]:
+        return {c.sampler_path for c in self.checkpoints.candidates(quiet=True)}
+
+    async def _delete(self, paths: list[str], what: str) -> None:
         if self.delete is None:
             return
-        for checkpoint in dropped:
-            for path in (checkpoint.state_path, checkpoint.sampler_path):
-                try:
-                    await self.delete(path)
-                except Exception as exc:  # the run goes on; the files stay
-                    log.warning("could not delete an old checkpoint", path=path, error=str(exc))
+        for path in paths:
+            try:
+                await self.delete(path)
+            except Exception as exc:  # the run goes on; the files stay
+                log.warning(f"could not delete {what}", path=path, error=str(exc))
 
 
 def _loss_metrics(result: Any) -> dict[str, float]:
