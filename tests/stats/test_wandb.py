@@ -95,6 +95,12 @@ def test_offline_wandb_gets_every_metric_and_each_evals_episodes(tmp_path, monke
         anyio.run(lambda: train(config, run_dir=run_dir, console=False, sampler_factory=factory))
     finally:
         sys.modules.pop("scripted", None)
+    # `run.finish()` returns once wandb's service process acknowledged the run's end, but that
+    # process writes the offline `.wandb` file (held in a 32 KiB block buffer) only when it closes
+    # the run, which `finish()` asks for without waiting: on a busy machine the file still held
+    # just its header when read here. Tearing wandb down waits for the service process to exit,
+    # which it does after closing every run (a `platoon` process does the same when it exits).
+    wandb.teardown()
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     history = _history(run_dir)
