@@ -192,7 +192,7 @@ class Trainer(ComponentBase):
             )
             metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
             self.step_weights.published(self.version, saved.path)
-            if self.delete is not None:
+            if self.delete is not None:  # before the step is reported: a run that ends has none left
                 await self._delete(
                     self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights"
                 )
