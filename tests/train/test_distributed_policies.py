@@ -1,8 +1,8 @@
 """examples/planner-executor over a real nats-server: a trainer with two policies and rollout
 workers in processes of their own that sample both tiny models from the trainer's embedded
-server. Each worker follows each policy on its own (the executor stops moving when its groups
-stop teaching it, the planner goes on), every call is sampled by its agent's policy at the
-version the episode asked for, and both policies' own rewards rise as in one process."""
+server. Every call is sampled by its agent's policy at the version the episode asked for of
+that policy, both policies' own rewards rise as in one process, and a frozen policy is
+sampled at the weights announced for it while the other trains."""
 
 from __future__ import annotations
 
@@ -91,10 +91,8 @@ def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
     for call in calls:  # sampled by its agent's policy, at the version its episode asked for
         assert call.policy == spawned[call.agent_id].policy
         assert call.policy_version == requested[call.episode_id].policy_versions[call.policy]
-    # the two policies' versions part ways (a step without datums leaves a policy where it
-    # is), and the workers followed each one on its own
-    apart = Counter(e.policy_versions["planner"] != e.policy_versions["executor"] for e in requested.values())
-    assert apart[True] > 0, "the policies moved in step: this run does not tell them apart"
+    # (that a worker follows each policy on its own, whatever the other does, is the frozen
+    # test's: here both usually step together, so versions alone could not tell them apart)
     for batch in (e for e in events if isinstance(e, BatchReady)):
         assert {spawned[d.agent_id].policy for d in batch.datums} <= {batch.policy}
 
