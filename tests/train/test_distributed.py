@@ -282,9 +282,15 @@ def summary(events) -> dict[int, tuple[Counter, set[str]]]:
 
 def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypatch):
     distributed = cluster("two")
+    # Both workers are up before the trainer asks for work (under load a worker's start-up can
+    # take longer than the whole run, and the first worker would then play every episode).
+    workers = [distributed.start_worker(), distributed.start_worker()]
+    deadline = time.monotonic() + 120
+    while not all("waiting for the trainer" in distributed.log_of(w, tail=None) for w in workers):
+        assert all(w.poll() is None for w in workers), [distributed.log_of(w) for w in workers]
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.05)
     distributed.start_trainer()
-    distributed.start_worker()
-    distributed.start_worker()
     distributed.finish()
     events = check_batches(distributed.run_dir)
     metrics = [json.loads(line) for line in (distributed.run_dir / "metrics.jsonl").read_text().splitlines()]
