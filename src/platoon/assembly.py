@@ -235,14 +235,9 @@ def credit_settings(config: Config) -> CreditConfig:
     )
 
 
-def _trainer_settings(config: Config | TrainConfig, keep: int | None = None) -> TrainerSettings:
+def _trainer_settings(train: TrainConfig, keep: int | None) -> TrainerSettings:
     """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
-    `keep`: `checkpoint.keep`, when `config` is one policy's `train:`."""
-    if isinstance(config, Config):
-        train, keep = config.train, config.checkpoint.keep
-    else:
-        train = config
-    assert train is not None
+    `keep`: `checkpoint.keep`."""
     o = train.optimizer
     return TrainerSettings(
         base_model=train.model_name,
@@ -316,7 +311,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> Poli
         scripted=scripted,
         kl=bool(train and train.kl is not None),
         kl_reference=train.kl.reference_path if train and train.kl else None,
-        trainer=_trainer_settings(config) if purpose == "train" else None,
+        trainer=_trainer_settings(train, config.checkpoint.keep) if train and purpose == "train" else None,
     )
 
 
