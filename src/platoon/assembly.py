@@ -43,6 +43,8 @@ from platoon.config.schema import TrainConfig, policy_names, workflow_for
 from platoon.credit import CreditConfig
 from platoon.programs import EntrySettings
 from platoon.system import SystemError
+from platoon.train.evaluate import EvalSettings
+from platoon.train.loop import SchedulerSettings
 from platoon.train.trainer import TrainerSettings
 
 __all__ = [
@@ -134,37 +136,6 @@ class CreditSettings:
     straggler_quorum: float = 1.0
     sealed: bool = False  # results come from workers, each episode sealed
     policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    """The training loop's: which tasks, how many, how far ahead of the trainer."""
-
-    splits: dict[str, str]  # entry name -> its train split
-    weights: dict[str, float]
-    batch_size: int
-    group_size: int
-    seed: int
-    total_steps: int | None
-    max_staleness: int
-    eval_every: int | None = None  # None: no evaluation during training
-    eval_at_start: bool = False
-    wait_for_workers: bool = False  # NATS: no rollouts until a worker is heard from
-    policies: tuple[str, ...] = ("default",)  # the trained policies, whose versions episodes ask for
-    several: bool = False  # `policies:`: each episode asks each policy for its own version
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """The evaluator's: which tasks, how often each, and where the report goes."""
-
-    splits: dict[str, str]  # entry name -> its eval split
-    max_tasks: int | None
-    group_size: int
-    concurrency: int
-    report: str  # the report's path in the run directory; {step} is the step
-    optional: bool = False  # no tasks found is a warning, not an error (evals during training)
-    progress: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)

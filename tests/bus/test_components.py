@@ -89,7 +89,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         WorkerRegistry,
     )
     from platoon.train.evaluate import Evaluator
-    from platoon.train.loop import Scheduler
+    from platoon.train.loop import Scheduler, SchedulerSettings
     from platoon.train.policies import StepJoin
     from platoon.train.trainer import Trainer, TrainerSettings
 
@@ -118,7 +118,9 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         LeaseKeeper(lease=5.0),
         follower,
         ResultSeal(worker="w", envs={"vowels"}),
-        Scheduler(None),
+        Scheduler(
+            SchedulerSettings({}, {}, batch_size=1, group_size=1, seed=0, total_steps=None, max_staleness=0)
+        ),
         Evaluator(None, run_dir=tmp_path),
         EventHandlerPlugin("plugin", lambda event: None, [RunFinished, PolicyUpdated]),
         NatsBridge(

@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -38,7 +39,16 @@ from platoon.bus.events import (
 )
 from platoon.stats.failures import failure_kind
 
-__all__ = ["EvalReport", "Evaluator", "TaskResult", "evaluate", "evaluate_config", "list_tasks", "pass_at_k"]
+__all__ = [
+    "EvalReport",
+    "EvalSettings",
+    "Evaluator",
+    "TaskResult",
+    "evaluate",
+    "evaluate_config",
+    "list_tasks",
+    "pass_at_k",
+]
 
 log = structlog.get_logger("platoon.eval")
 
@@ -343,6 +353,19 @@ def as_json(report: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2)
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """The evaluator's: which tasks, how often each, and where the report goes."""
+
+    splits: dict[str, str]  # entry name -> its eval split
+    max_tasks: int | None
+    group_size: int
+    concurrency: int
+    report: str  # the report's path in the run directory; {step} is the step
+    optional: bool = False  # no tasks found is a warning, not an error (evals during training)
+    progress: Callable[[int, int], None] | None = None
+
+
 class Evaluator(ComponentBase):
     """The evaluator component: answers each `EvalRequested` with an evaluation of its tasks at
     that step (`evaluate`), writes the report into the run directory and replies `Evaluated`.
@@ -362,7 +385,7 @@ class Evaluator(ComponentBase):
     )
     publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalFinished, Evaluated)
 
-    def __init__(self, settings: Any, *, run_dir: Any) -> None:
+    def __init__(self, settings: EvalSettings, *, run_dir: Any) -> None:
         from pathlib import Path
 
         self.settings = settings

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ import msgspec
 import structlog
 
 from platoon import system
-from platoon.assembly import credit_settings as _credit  # noqa: F401 - its old name, for callers
 from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     EpisodeRequested,
@@ -49,9 +49,18 @@ from platoon.config import Config, load_config, load_site, run_dir
 from platoon.train.checkpoints import CheckpointStore, ResumeError
 from platoon.train.evaluate import evaluate_config, list_tasks
 
-__all__ = ["Scheduler", "TaskOrder", "run", "train", "train_command"]
+__all__ = ["Scheduler", "SchedulerSettings", "TaskOrder", "run", "train", "train_command"]
 
 log = structlog.get_logger("platoon.train")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_credit":  # its old name, for callers; imported late, as assembly imports this module
+        from platoon.assembly import credit_settings
+
+        return credit_settings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 TINY_MODEL = system.TINY_MODEL
 
@@ -100,10 +109,28 @@ class TaskOrder:
         return tasks[order[index]]
 
 
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The training loop's: which tasks, how many, how far ahead of the trainer."""
+
+    splits: dict[str, str]  # entry name -> its train split
+    weights: dict[str, float]
+    batch_size: int
+    group_size: int
+    seed: int
+    total_steps: int | None
+    max_staleness: int
+    eval_every: int | None = None  # None: no evaluation during training
+    eval_at_start: bool = False
+    wait_for_workers: bool = False  # NATS: no rollouts until a worker is heard from
+    policies: tuple[str, ...] = ("default",)  # the trained policies, whose versions episodes ask for
+    several: bool = False  # `policies:`: each episode asks each policy for its own version
+
+
 class Scheduler(ComponentBase):
     """The loop of the module docstring, as a component.
 
-    Its settings (`platoon.assembly.SchedulerSettings`) say which tasks and how many; it starts
+    Its settings (`SchedulerSettings`, resolved by `platoon.assembly`) say which tasks and how many; it starts
     at `start_step` with the policy at `version` (a resumed run's checkpoint). Once every step
     has trained and every evaluation is done it publishes `RunFinished` and sets `done`."""
 
@@ -118,13 +145,18 @@ class Scheduler(ComponentBase):
     publishes: tuple[type[Event], ...] = (TasksRequested, EpisodeRequested, EvalRequested, RunFinished)
 
     def __init__(
-        self, settings: Any, *, start_step: int = 0, version: int = 0, versions: dict[str, int] | None = None
+        self,
+        settings: SchedulerSettings,
+        *,
+        start_step: int = 0,
+        version: int = 0,
+        versions: dict[str, int] | None = None,
     ) -> None:
         self.settings = settings
         self.start_step = start_step
         self.version = version  # the newest policy version heard of
         # several policies (RFC 0001): each trained one's newest version; `version` is the oldest
-        if versions is None and getattr(settings, "several", False):
+        if versions is None and settings.several:
             versions = dict.fromkeys(settings.policies, version)
         self.versions = dict(versions or {})
         self.trained = start_step  # steps whose TrainStepFinished we have seen
