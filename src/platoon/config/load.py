@@ -53,7 +53,11 @@ def validate_config(
         found.append("extends: only a config file can extend another")
     if found:
         raise ConfigError(found)
-    return build(data, Config)
+    config = build(data, Config)
+    found = _reference_token_checks(config)
+    if found:
+        raise ConfigError(found)
+    return config
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -345,30 +349,37 @@ def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -
     for name in frozen:
         if entries[name].get("kl") is not None:
             problems.append(f"policies.{name}.kl: a frozen policy never trains, so it takes no KL penalty")
+    return problems
 
-    def own(policy: Mapping[str, Any], key: str) -> Any:
-        value = policy.get(key)
-        return value if value is not None else train.get(key)
 
-    for name, policy in entries.items():
-        kl = policy.get("kl") if policy.get("kl") is not None else train.get("kl")
-        reference = kl.get("reference_policy") if isinstance(kl, dict) else None
-        if name in frozen or not isinstance(reference, str) or reference not in frozen:
-            continue
-        where = f"policies.{name}.kl" if policy.get("kl") is not None else "train.kl"
-        other = entries[reference]
-        mine = own(policy, "tokenizer") or own(policy, "model_name")
-        theirs = own(other, "tokenizer") or own(other, "model_name")
+def _reference_token_checks(config: Config) -> list[str]:
+    """A trained policy and the frozen policy it takes as KL reference score the same tokens:
+    one tokenizer, one renderer (read from the policies as resolved, each key `train:`'s where
+    the policy leaves it out)."""
+    from .policies import resolve_policies
+
+    problems: list[str] = []
+    specs = resolve_policies(config) if config.policies else {}
+    for name, spec in specs.items():
+        kl = spec.train.kl
+        other = specs.get(kl.reference_policy or "") if kl is not None and not spec.frozen else None
+        if other is None or not other.frozen:
+            continue  # no reference by name, or one the checks of the raw config refused
+        assert config.policies is not None and kl is not None
+        where = f"policies.{name}.kl" if config.policies[name].kl is not None else "train.kl"
+        reference = kl.reference_policy
+        mine = spec.train.tokenizer or spec.train.model_name
+        theirs = other.train.tokenizer or other.train.model_name
         if mine != theirs:
             problems.append(
                 f"{where}.reference_policy: {reference!r} has the tokenizer {theirs!r} and {name} "
                 f"{mine!r}; the reference scores {name}'s tokens, so they need one tokenizer (set "
                 "tokenizer: alike on both where two models share one)"
             )
-        if own(policy, "renderer_name") != own(other, "renderer_name"):
+        if spec.train.renderer_name != other.train.renderer_name:
             problems.append(
-                f"{where}.reference_policy: {reference!r} renders with {own(other, 'renderer_name')!r} "
-                f"and {name} with {own(policy, 'renderer_name')!r}; their logprobs would not compare"
+                f"{where}.reference_policy: {reference!r} renders with {other.train.renderer_name!r} "
+                f"and {name} with {spec.train.renderer_name!r}; their logprobs would not compare"
             )
     return problems
 
