@@ -1090,15 +1090,15 @@ class Run:
         config = self.config
         several = several or {}
 
-        def gateway(factory: Any) -> Any:
+        def gateway() -> Any:
             if not several:
-                return _gateway(s.gateway, policy.renderer, factory)
+                return _gateway(s.gateway, policy.renderer, policy.sampler_factory)
             return _policies_gateway(
                 s.gateway, several, {name: p.sampler_factory for name, p in several.items()}
             )
 
         if s.purpose == "gateway":
-            built: list[Any] = [gateway(policy.sampler_factory)]
+            built: list[Any] = [gateway()]
             if s.event_log:
                 assert s.run_dir is not None
                 built.append(EventLog(s.run_dir, flush_every=1))
@@ -1118,7 +1118,7 @@ class Run:
                 [
                     EventLog(s.run_dir),
                     *envs,
-                    gateway(policy.sampler_factory),
+                    gateway(),
                     EpisodeRunner(runner.entries, max_concurrent=runner.max_concurrent, seed=runner.seed),
                     grader(),
                     *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
@@ -1149,7 +1149,7 @@ class Run:
             rollouts = trainer_components(config, announced, url=self._nats_url, settings=nats)
         else:
             rollouts = [
-                gateway(policy.sampler_factory),
+                gateway(),
                 EpisodeRunner(runner.entries, seed=runner.seed),
                 grader(),
             ]
