@@ -339,6 +339,7 @@ def _eval_settings(config: Config, purpose: str, split: str | None, progress: An
         report="evals/step-{step:06d}.json" if purpose == "train" else "eval.json",
         optional=purpose == "train",
         progress=progress,
+        seed=config.train.seed if config.train else 0,
     )
 
 

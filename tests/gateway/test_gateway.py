@@ -28,6 +28,7 @@ from platoon.bus.events import (
     ModelCallFinished,
     PolicyUpdated,
     TaskRef,
+    derive_seed,
 )
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
@@ -660,3 +661,48 @@ async def test_a_call_never_samples_past_the_token_budget(toy_tokenizer):
         assert first.completion_tokens == 30 and first.finish_reason == "length"
         with pytest.raises(BudgetExhausted, match="all 30 tokens are used"):
             await ctx.chat([{"role": "user", "content": "talk"}])
+
+
+# --- sampling seeds ----------------------------------------------------------------------------
+
+
+class SeedSampler:
+    """Answers "ok" to every call and keeps the seed each call sampled with."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokens = sampled_tokens(tokenizer, "ok")
+        self.version = 0
+        self.seeds: list[int | None] = []
+
+    async def sample(self, prompt_tokens, params: SampleParams, *, messages=None) -> SampledCompletion:
+        self.seeds.append(params.seed)
+        return SampledCompletion(tokens=self.tokens, logprobs=[-1.0] * len(self.tokens), stop_reason="stop")
+
+
+@pytest.mark.anyio
+async def test_a_seeded_agent_samples_each_call_with_its_own_derived_seed(toy_tokenizer):
+    """An episode's seed reaches the sampler as one seed per call, the same on every rerun; a
+    subagent's derive from its parent's; a seed the call names itself wins."""
+    sampler = SeedSampler(toy_tokenizer)
+    messages = [{"role": "user", "content": "Say ok."}]
+    async with running_gateway(toy_tokenizer, factory=Factory(sampler)) as gw:
+        root = await gw.context("ep1", seed=7)
+        await root.chat(messages)
+        await root.chat(messages)
+        for n in range(2):
+            child = await gw.context("ep1", f"ep1/child{n}", parent_id="ep1/root")
+            await child.chat(messages)
+        session = gw.gateway.authenticate(root.api_key)
+        await gw.gateway.complete(session, messages, None, {"seed": 5})
+        unseeded = await gw.context("ep2")
+        await unseeded.chat(messages)
+    children = [derive_seed(7, "child", n) for n in range(2)]
+    assert sampler.seeds == [
+        derive_seed(7, 0),
+        derive_seed(7, 1),
+        derive_seed(children[0], 0),
+        derive_seed(children[1], 0),
+        5,
+        None,
+    ]
+    assert len(set(sampler.seeds[:4])) == 4 and all(0 <= s < 2**63 for s in sampler.seeds[:4])

@@ -101,6 +101,7 @@ async def play(components, *, until=RunFinished, before=None) -> list[Event]:
                 seen.append(event)
                 if isinstance(event, until):
                     break
+            events.close()  # nothing reads it any more: the run need not wait for it to drain
     return seen
 
 
@@ -113,6 +114,17 @@ async def test_each_step_is_requested_on_the_policy_the_last_step_made():
     assert len({r.group_id for r in requests}) == 6
     assert scheduler.done.is_set() and scheduler.trained == 3
     assert scheduler.last == {"episodes/total": 4.0, "episodes/graded": 1.0}
+
+
+async def test_each_episode_gets_a_sampling_seed_that_only_the_run_seed_step_and_place_decide():
+    async def seeds(seed: int) -> list[int | None]:
+        seen = await play([Tasks(), Trains(per_step=4), Scheduler(settings(seed=seed))])
+        return [e.seed for e in seen if isinstance(e, EpisodeRequested)]
+
+    first = await seeds(0)
+    assert len(set(first)) == 12 and None not in first  # 3 steps x 2 tasks x 2 attempts, all distinct
+    assert await seeds(0) == first  # a rerun draws the same samples
+    assert set(await seeds(1)).isdisjoint(first)
 
 
 async def test_a_resumed_run_starts_at_its_step_and_version():
@@ -193,6 +205,24 @@ async def test_the_evaluator_answers_a_request_with_its_report(tmp_path):
         assert isinstance(reply, Evaluated) and reply.step == 3
         assert reply.report_path == str(tmp_path / "evals" / "step-000003.json")
         assert metrics.step == 3 and metrics.metrics["eval/reward_mean"] == 1.0
+    finally:
+        TASKS.pop("eval")
+
+
+async def test_a_seeded_evaluation_seeds_each_episode_by_step_task_and_attempt(tmp_path):
+    TASKS["eval"] = [TaskRef(env="e", split="eval", task_id=f"q{i}") for i in range(2)]
+    try:
+
+        async def seeds(step: int) -> list[int | None]:
+            evaluator = Evaluator(evaluator_settings(group_size=2, seed=3), run_dir=tmp_path)
+            async with Bus() as bus, running(bus, [Tasks(), Grades(), evaluator]):
+                async with bus.stream(EpisodeRequested) as requested:
+                    await bus.request(EvalRequested(step=step), timeout=None)
+                    return [(await requested.receive()).seed for _ in range(4)]
+
+        at_one = await seeds(1)
+        assert sorted(at_one) == sorted(await seeds(1)) and len(set(at_one)) == 4
+        assert set(await seeds(2)).isdisjoint(at_one)
     finally:
         TASKS.pop("eval")
 

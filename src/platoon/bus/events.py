@@ -10,6 +10,7 @@ A plugin adds its own event types by subclassing `Event` and decorating the clas
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -64,6 +65,7 @@ __all__ = [
     "TrainStepFinished",
     "WorkClaimed",
     "WorkerStatus",
+    "derive_seed",
     "event_types",
     "new_id",
     "register_event",
@@ -77,6 +79,13 @@ _REGISTRY: dict[str, type[Event]] = {}
 def new_id() -> str:
     """A fresh random id (hex) for episodes, agents, calls and requests."""
     return uuid.uuid4().hex
+
+
+def derive_seed(*parts: object) -> int:
+    """A sampling seed in [0, 2**63) that depends only on `parts` (a run's seed, a step, an
+    index): the same parts give the same seed on every machine and in every process."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class Event(msgspec.Struct, frozen=True, tag=True, kw_only=True):
@@ -148,6 +157,9 @@ class EpisodeRequested(Event, frozen=True, kw_only=True):
     attempt: int = 0  # how many times this episode was requested before (a lost worker's lease)
     # several policies: each one's version current when it was requested (policy_version: the oldest)
     policy_versions: dict[str, int] = msgspec.field(default_factory=dict)
+    # each model call of the episode samples with a seed derived from it (None: unseeded), so a
+    # run with the same seed draws the same samples
+    seed: int | None = None
 
 
 @register_event
@@ -357,6 +369,8 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
     policy_version: int = 0  # the oldest policy the agent may sample: its episode's
     policy: str = "default"  # the policy that plays it, chosen by the runner from the config
     role: str = ""  # the role its program gave it, if any (how `by: role` chose the policy)
+    # its calls' sampling seeds derive from it; None: a subagent's derives from its parent's
+    seed: int | None = None
 
 
 @register_event

@@ -40,6 +40,7 @@ from platoon.bus.events import (
     EpisodeFinished,
     ModelCallFinished,
     PolicyUpdated,
+    derive_seed,
     new_id,
 )
 from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
@@ -117,6 +118,11 @@ class AgentSession:
     min_version: int = 0
     sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
+    # Its calls' sampling seeds derive from `seed` and a count of its draws (None: unseeded);
+    # its subagents' seeds from `seed` and a count of its children.
+    seed: int | None = None
+    draws: int = 0
+    children: int = 0
     closed: bool = False
     in_flight: int = 0  # HTTP calls being answered
     policy: str = "default"  # the policy sampled for this agent
@@ -342,6 +348,11 @@ class Gateway(ComponentBase):
         budget = self.budgets.get(budget_id)
         if budget is None:
             budget = self.budgets[budget_id] = Budget(request.max_model_calls, request.max_tokens)
+        seed = request.seed
+        parent = self.by_agent.get(request.parent_id or "")
+        if seed is None and parent is not None and parent.seed is not None:
+            seed = derive_seed(parent.seed, "child", parent.children)
+            parent.children += 1
         session = AgentSession(
             episode_id=request.episode_id,
             agent_id=request.agent_id,
@@ -351,6 +362,7 @@ class Gateway(ComponentBase):
             params=dict(request.params),
             min_version=request.policy_version,
             policy=request.policy if request.policy in self.policies else self.default_policy,
+            seed=seed,
         )
         self.agents[session.key] = session
         self.by_agent[session.agent_id] = session
@@ -705,6 +717,9 @@ class Gateway(ComponentBase):
         unknown = set(merged) - _PARAM_FIELDS
         for key in unknown:
             merged.pop(key)
+        if "seed" not in merged and session.seed is not None:
+            merged["seed"] = derive_seed(session.seed, session.draws)
+            session.draws += 1
         params = _checked_params(merged)
         if self.context_window is not None:
             room = self.context_window - prompt_len

@@ -250,6 +250,7 @@ class EpisodeRunner(ComponentBase):
                     policy_version=request.policy_versions.get(policy, request.policy_version),
                     policy=policy,
                     role=ROOT_ROLE,
+                    seed=request.seed,
                 ),
                 timeout=self.request_timeout,
             )

@@ -35,6 +35,7 @@ from platoon.bus.events import (
     TaskRef,
     TasksListed,
     TasksRequested,
+    derive_seed,
     new_id,
 )
 from platoon.stats.failures import failure_kind
@@ -126,8 +127,12 @@ async def evaluate(
     success_threshold: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
     publish: bool = True,
+    seed: int | None = None,
 ) -> EvalReport:
-    """Run every task `group_size` times and summarise; publishes `EvalFinished`."""
+    """Run every task `group_size` times and summarise; publishes `EvalFinished`.
+
+    With a `seed`, each episode samples with seeds derived from it, the step, the task's place
+    and the attempt: the same policy evaluates to the same report."""
     total = len(tasks) * group_size
     limiter = anyio.Semaphore(concurrency)
     graded: dict[str, EpisodeGraded] = {}
@@ -170,9 +175,9 @@ async def evaluate(
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(collect)
-            for task in tasks:
+            for index, task in enumerate(tasks):
                 group_id = new_id()
-                for _ in range(group_size):
+                for attempt in range(group_size):
                     await limiter.acquire()
                     episode_id = new_id()
                     mine[episode_id] = task
@@ -184,6 +189,7 @@ async def evaluate(
                             purpose="eval",
                             step=step,
                             policy_version=policy_version,
+                            seed=None if seed is None else derive_seed(seed, "eval", step, index, attempt),
                         )
                     )
             if total:
@@ -364,6 +370,7 @@ class EvalSettings:
     report: str  # the report's path in the run directory; {step} is the step
     optional: bool = False  # no tasks found is a warning, not an error (evals during training)
     progress: Callable[[int, int], None] | None = None
+    seed: int | None = None  # the sampling seeds derive from it (None: unseeded)
 
 
 class Evaluator(ComponentBase):
@@ -440,6 +447,7 @@ class Evaluator(ComponentBase):
                 step=request.step,
                 policy_version=request.policy_version,
                 progress=s.progress,
+                seed=s.seed,
             )
             path = self.run_dir / s.report.format(step=request.step)
             path.parent.mkdir(parents=True, exist_ok=True)

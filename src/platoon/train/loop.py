@@ -43,6 +43,7 @@ from platoon.bus.events import (
     TasksRequested,
     TrainStepFinished,
     WorkerStatus,
+    derive_seed,
     new_id,
 )
 from platoon.config import Config, load_config, load_site, run_dir
@@ -207,9 +208,9 @@ class Scheduler(ComponentBase):
         for step in range(self.start_step, steps):
             while self.trained < step - s.max_staleness:
                 await self._step_trained()
-            for task in order.for_step(step):
+            for slot, task in enumerate(order.for_step(step)):
                 group_id = new_id()
-                for _ in range(s.group_size):
+                for attempt in range(s.group_size):
                     await bus.publish(
                         EpisodeRequested(
                             episode_id=new_id(),
@@ -219,6 +220,7 @@ class Scheduler(ComponentBase):
                             step=step,
                             policy_version=self.version,
                             policy_versions=dict(self.versions),
+                            seed=derive_seed(s.seed, "train", step, slot, attempt),
                         )
                     )
         while self.trained < steps:
