@@ -217,6 +217,19 @@ async def test_a_mixture_plays_both_harnesses_chosen_by_seed(toy_tokenizer):
     assert await picks(seed=4) != first  # another seed, another draw
 
 
+async def test_a_seeded_episode_draws_its_harness_from_its_seed_not_its_id(toy_tokenizer):
+    """A rerun of a seeded run (fresh episode ids, the same seeds) plays the same harnesses."""
+    mixture = {"prog-guesser": 1.0, "prog-other": 1.0}
+
+    async def picks() -> list[str]:
+        async with toy_system(toy_tokenizer, entry(mixture), seed=3) as toy:
+            return [only(await toy.play(seed=s), AgentSpawned)[0].harness for s in range(12)]
+
+    first = await picks()
+    assert set(first) == set(mixture)
+    assert await picks() == first
+
+
 async def test_a_request_can_name_its_harness(toy_tokenizer):
     async with toy_system(toy_tokenizer, entry({"prog-guesser": 1.0, "prog-other": 0.0})) as toy:
         events = await toy.play(harness="prog-other")

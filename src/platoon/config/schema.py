@@ -76,7 +76,8 @@ class InferenceParams(_Strict):
     top_k: int = -1  # -1: no top-k cut
     max_completion_tokens: PositiveInt = 4096  # tokens one model call may sample
     stop: list[str] | None = None  # None: the renderer's stop tokens
-    seed: int | None = None  # sampling seed; None: random
+    # one seed for every call (rarely wanted); None: each call's seed derives from train.seed
+    seed: int | None = None
 
 
 class RolloutConfig(_Strict):
@@ -292,7 +293,9 @@ class TrainConfig(_Strict):
     backend: Literal["tinker", "local"] = "tinker"  # local: platoon's embedded training service
     batch_size: PositiveInt = 32  # tasks per step
     max_training_steps: PositiveInt | None = None  # None: one pass over the training tasks
-    seed: int = 0  # seed for task order and sampling
+    # task order, harness draws and each model call's sampling seed derive from it: a rerun
+    # with the same seed samples the same completions
+    seed: int = 0
     optimizer: AdamParams = field(default_factory=AdamParams)
     lora_rank: PositiveInt = 32  # rank of the LoRA adapter that trains
     # the training service's loss function

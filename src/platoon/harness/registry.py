@@ -156,7 +156,8 @@ def harness_names() -> list[str]:
 
 def choose_harness(spec: str | Mapping[str, float], key: str, seed: int = 0) -> str:
     """The harness for one episode: `spec` itself, or a weighted draw from a mixture that
-    depends only on `key` (the episode id) and the seed, so reruns pick the same harnesses."""
+    depends only on `key` (the episode's sampling seed, or its id) and the seed, so reruns pick
+    the same harnesses."""
     if isinstance(spec, str):
         return spec
     names = list(spec)

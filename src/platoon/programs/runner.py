@@ -171,7 +171,9 @@ class EpisodeRunner(ComponentBase):
         agent did after: its grade would measure the environment, not the policy."""
         self._env_faults[request.episode_id] = []
         entry = self.entries[request.task.env]
-        harness_name = request.harness or choose_harness(entry.harness, request.episode_id, self.seed)
+        # A seeded episode draws its harness from its seed, so a rerun of the run plays the same ones.
+        key = request.episode_id if request.seed is None else f"seed:{request.seed}"
+        harness_name = request.harness or choose_harness(entry.harness, key, self.seed)
         agent_id = new_id()
         started = time.monotonic()
         deadline = started + entry.timeout if entry.timeout else None

@@ -198,7 +198,7 @@ class Trainer(ComponentBase):
                 )
         else:
             metrics["train/skipped"] = 1.0
-            log.info("no datums to train on this step", step=batch.step)
+            log.info("no datums to train on this step", step=batch.step, policy=self.policy)
         metrics["policy/version"] = float(self.version)
         last = self.settings.total_steps is not None and batch.step + 1 >= self.settings.total_steps
         every = self.settings.save_every
