@@ -4,6 +4,8 @@ Each round measures both sides back to back under the same machine load:
 - sampling: 1 request through the tinker SDK against one `model.generate`, and 8 concurrent
   requests against 8 `generate` calls in a row (tokens generated per second);
 - a group: 8 requests sharing one prompt (a task's `group_size` rollouts), the prefix cache's case;
+- seeded: 8 concurrent requests each with its own seed, as a training run's calls come (each
+  row then draws from its own generator);
 - training: one LoRA step (`forward_backward` + `optim_step` through the SDK) against a bare
   peft + AdamW loop on the same batch, for equal lengths and for mixed lengths.
 The ratios of each round are printed, then their medians over the rounds.
@@ -181,9 +183,13 @@ def main(argv: list[str] | None = None) -> None:
         adam = types.AdamParams(learning_rate=1e-3)
         equal, varied = tinker_data(rows), tinker_data(mixed)
 
-        def sample(count: int, shared: bool = False) -> None:
+        def sample(count: int, shared: bool = False, seeded: bool = False) -> None:
             futures = [
-                sampler.sample(types.ModelInput.from_ints(prompts[0 if shared else i]), 1, params)
+                sampler.sample(
+                    types.ModelInput.from_ints(prompts[0 if shared else i]),
+                    1,
+                    types.SamplingParams(max_tokens=new, stop=[], seed=i) if seeded else params,
+                )
                 for i in range(count)
             ]
             for f in futures:
@@ -206,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
             r["hf_seq"] = best(lambda: [generate(p) for p in prompts], repeats=2)
             r["srv_eight"] = best(lambda: sample(8), repeats=2)
             r["srv_group"] = best(lambda: sample(8, shared=True), repeats=2)
+            r["srv_seeded"] = best(lambda: sample(8, seeded=True), repeats=2)
             r["torch_step"] = median_time(lambda: torch_step(rows))
             r["srv_step"] = median_time(lambda: server_step(equal))
             r["torch_mixed"] = median_time(lambda: torch_step(mixed))
@@ -246,6 +253,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"    ratio 8 concurrent / 8 sequential  {med_ratio('hf_seq', 'srv_eight'):9.2f}x   (goal >= 4)")
     print(
         f"  server via SDK, 8 sharing a prompt   {8 * new / med('srv_group'):9.0f} tok/s  ({med('srv_group') * 1e3:.0f} ms)"
+    )
+    print(
+        f"  server via SDK, 8 seeded (training)  {8 * new / med('srv_seeded'):9.0f} tok/s  ({med('srv_seeded') * 1e3:.0f} ms)"
+    )
+    print(
+        f"    ratio seeded / unseeded            {med_ratio('srv_eight', 'srv_seeded'):9.2f}x   (goal >= 0.9)"
     )
     print(f"\ntraining step, LoRA rank {args.rank} (median of 5 steps, median of {args.rounds} rounds)")
     print(f"  bare torch + peft, {batch}x{length}          {med('torch_step') * 1e3:9.1f} ms")

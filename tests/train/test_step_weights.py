@@ -90,7 +90,12 @@ def test_a_run_keeps_only_the_newest_step_weights_and_its_checkpoints_which_samp
     resumed = on_disk(saved[-1]["sampler_path"])
     assert resumed != samplers  # a resumed run trains a new model: its own directory
     assert {p.name for p in resumed.iterdir()} == {"step-000006", "step-000007", "ckpt-000006", "ckpt-000007"}
-    assert {p.name for p in samplers.iterdir()} == expected  # the first process's stay as they were
+    # The first process's step weights went when the run resumed (it samples ckpt-000005 instead);
+    # its checkpoints' stay.
+    assert {p.name for p in samplers.iterdir()} == {"ckpt-000002", "ckpt-000004", "ckpt-000005"}
+    assert json.loads((run_dir / "step_weights.json").read_text()) == [
+        saved[-1]["sampler_path"].replace("ckpt-", "step-").replace("000007", f"{v:06d}") for v in (6, 7)
+    ]
 
 
 def _samples(model, run_dir, sampler_path):

@@ -24,6 +24,10 @@ The newest version is never deleted: it is what the samplers switch to, and at t
 run it is the run's final weights. A run therefore keeps at most `max_staleness + 2` step
 weights (more only while old episodes are in flight). Deleting is best effort: a failure is
 logged and the run goes on.
+
+The trainer keeps the paths it still holds in `step_weights.json`, next to `checkpoints.jsonl`.
+A run that stopped left those behind; when it resumes, it samples from its checkpoint's own
+weights, so nothing can sample them any more and the resumed trainer deletes them first.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class StepWeights:
 
     def ended(self, episode_id: str) -> None:
         self.in_flight.pop(episode_id, None)
+
+    def paths(self) -> list[str]:
+        """Every path still held, oldest first (what `step_weights.json` records)."""
+        return list(self.saved.values())
 
     def unused(self, protected: Iterable[str] = ()) -> list[str]:
         """The paths that may be deleted now (rules 1 to 3), oldest first; they are forgotten."""

@@ -21,8 +21,10 @@ and (`prefix`) writes its own metrics under the policy's name (`planner/train/lo
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
@@ -36,6 +38,7 @@ from platoon.bus.events import (
     PolicyUpdated,
     TrainStepFinished,
 )
+from platoon.config.rundir import write_private
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
@@ -140,6 +143,7 @@ class Trainer(ComponentBase):
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
         assert self._batches is not None
+        await self._delete_leftovers()
         with self._batches as batches:
             waiting_since = time.monotonic()
             async for batch in batches:
@@ -196,6 +200,7 @@ class Trainer(ComponentBase):
                 await self._delete(
                     self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights"
                 )
+                self._record_step_weights(self.step_weights.paths())
         else:
             metrics["train/skipped"] = 1.0
             log.info("no datums to train on this step", step=batch.step, policy=self.policy)
@@ -265,6 +270,28 @@ class Trainer(ComponentBase):
         """Delete the files of checkpoints no longer recorded. The record goes first, so a crash
         in between leaves files nobody points at, never a record of deleted files."""
         await self._delete([p for c in dropped for p in (c.state_path, c.sampler_path)], "an old checkpoint")
+
+    async def _delete_leftovers(self) -> None:
+        """Delete the step weights a stopped run left (`step_weights.json`): a resumed run
+        samples its checkpoint's own weights, so nothing samples those any more."""
+        if self.delete is None or not self._ledger.exists():
+            return
+        try:
+            left = msgspec.json.decode(self._ledger.read_bytes(), type=list[str])
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("could not read the step weights a stopped run left", error=str(exc))
+            return
+        protected = self._checkpoint_samplers()
+        await self._delete([p for p in left if p not in protected], "step sampler weights of the stopped run")
+        self._record_step_weights([])
+
+    @property
+    def _ledger(self) -> Path:
+        return self.checkpoints.run_dir / "step_weights.json"
+
+    def _record_step_weights(self, paths: list[str]) -> None:
+        self._ledger.parent.mkdir(parents=True, exist_ok=True)
+        write_private(self._ledger, msgspec.json.encode(paths))
 
     def _checkpoint_samplers(self) -> set[str]:
         return {c.sampler_path for c in self.checkpoints.candidates(quiet=True)}
