@@ -38,7 +38,7 @@ import structlog
 from platoon import plugins, system
 from platoon.bus.events import PolicyUpdated
 from platoon.config import Config, write_run_files
-from platoon.config.policies import resolve_policies
+from platoon.config.policies import DEFAULT_POLICY, resolve_policies
 from platoon.config.schema import TrainConfig, policy_names, workflow_for
 from platoon.credit import CreditConfig
 from platoon.programs import EntrySettings
@@ -264,37 +264,27 @@ def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]
     return settings
 
 
-def _policy_settings(config: Config, purpose: str, scripted: str | None) -> PolicySettings:
+def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict[str, PolicySettings]:
+    """Each policy of the run by name: `train:`'s one, or each of `policies:` (RFC 0001) with its
+    own keys laid over `train:`. Without `train:` (an evaluation) the one policy is `eval:`'s."""
     train, ev = config.train, config.eval
-    model = train.model_name if train else (ev.model_name if ev else None)
-    return PolicySettings(
-        model_name=model,
-        tokenizer=train.tokenizer if train else None,
-        renderer_name=(train.renderer_name if train else (ev.renderer_name if ev else None))
-        or "qwen3_instruct",
-        tool_call_parser=train.tool_call_parser if train else "auto",
-        backend=train.backend if train else "tinker",
-        base_url=config.tinker_base_url,
-        seed=train.seed if train else 0,
-        lora_rank=train.lora_rank if train else 32,
-        load_path=config.checkpoint.load_path,
-        model_path=ev.model_path if ev else None,
-        scripted=scripted,
-        kl=bool(train and train.kl is not None),
-        kl_reference=train.kl.reference_path if train and train.kl else None,
-        trainer=_trainer_settings(train, config.checkpoint.keep) if train and purpose == "train" else None,
-    )
-
-
-def _several_policy_settings(config: Config, purpose: str, scripted: str | None) -> dict[str, PolicySettings]:
-    """Each policy of `policies:` (RFC 0001): `train:` with the policy's own keys laid over it."""
+    if train is None:
+        return {
+            DEFAULT_POLICY: PolicySettings(
+                model_name=ev.model_name if ev else None,
+                renderer_name=(ev.renderer_name if ev else None) or "qwen3_instruct",
+                base_url=config.tinker_base_url,
+                model_path=ev.model_path if ev else None,
+                scripted=scripted,
+            )
+        }
     out = {}
     tiny = system.tiny_model_path()
     for name, spec in resolve_policies(config).items():
         train = spec.train
         model = tiny if train.model_name in (system.TINY_MODEL, tiny) else train.model_name
         trains = purpose == "train" and not spec.frozen
-        if trains and spec.model_path:
+        if trains and spec.model_path and config.policies:
             raise SystemError(
                 f"policies.{name}.model_path: a policy that trains starts from its base model, or "
                 "from a training state named by load_path (model_path is what a frozen policy, or an "
@@ -367,10 +357,9 @@ def resolve(
         )
     if purpose in ("eval", "rollout") and not config.environments:
         raise SystemError("the config has no environments")
-    pol = _policy_settings(config, purpose, policy)
-    several = _several_policy_settings(config, purpose, policy) if config.policies and train else {}
-    if several:
-        pol = next(iter(several.values()))
+    policies = _policy_settings(config, purpose, policy)
+    pol = next(iter(policies.values()))
+    several = policies if config.policies and train else {}
     gateway = GatewaySettings(
         context_window=train.context_window_length if train else None,
         max_concurrent_samples=config.gateway.max_concurrent_samples,
@@ -575,7 +564,6 @@ def assemble(
     the training run's; `nats_url`, `worker_name` and `drain_timeout` a worker's; `gateway`
     (host, port, model_name, renderer_name) and `events_dir` a served gateway's."""
     directory = Path(run_dir) if run_dir is not None else None
-    builtin = None
     if (
         purpose in ("train", "worker")
         and config.train is not None
@@ -583,7 +571,6 @@ def assemble(
     ):
         # A trainer (and its workers) name the built-in model by its directory, which is built
         # when the run opens.
-        builtin = system.TINY_MODEL
         config = msgspec.structs.replace(
             config, train=msgspec.structs.replace(config.train, model_name=system.tiny_model_path())
         )
@@ -608,8 +595,6 @@ def assemble(
             event_log=events_dir is not None,
             run_dir=Path(events_dir) if events_dir is not None else None,
         )
-    if builtin is not None:
-        settings = replace(settings, policy=replace(settings.policy, builtin=builtin))
     plugin_components = (
         []
         if purpose == "gateway"

@@ -53,7 +53,11 @@ def resolve_policies(config: Config) -> dict[str, PolicySpec]:
     if not config.policies:
         return {
             DEFAULT_POLICY: PolicySpec(
-                name=DEFAULT_POLICY, train=config.train, tinker_base_url=config.tinker_base_url
+                name=DEFAULT_POLICY,
+                train=config.train,
+                tinker_base_url=config.tinker_base_url,
+                model_path=config.eval.model_path if config.eval else None,
+                load_path=config.checkpoint.load_path,
             )
         }
     specs = {}
