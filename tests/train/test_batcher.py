@@ -152,6 +152,25 @@ async def test_a_batch_is_published_once_batch_size_groups_of_group_size_are_gra
     assert stats["train/datums"] == 2 and stats["train/trained_tokens"] == 4
 
 
+async def test_a_batch_trains_in_the_order_episodes_were_requested_not_the_order_they_ended():
+    """So that a rerun with the same seed sums the same datums in the same order."""
+    async with assigner(group_size=2, batch_size=2) as h:
+        for episode, group in [("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B")]:
+            await h.request(episode, group)
+        for episode, group, reward in [
+            ("b2", "B", 0.0),
+            ("a2", "A", 1.0),
+            ("b1", "B", 1.0),
+            ("a1", "A", 0.0),
+        ]:
+            await h.agent(episode, f"{episode}/root")
+            await h.call(episode, f"{episode}/root", [1, 2, 3], [4, 5])
+            await h.grade(episode, group, reward)
+        await h.until(lambda: len(h.batches) == 1)
+    assert [g.episode_ids for g in h.groups] == [["b1", "b2"], ["a1", "a2"]]  # B was complete first
+    assert [d.episode_id for d in h.batches[0].datums] == ["a1", "a2", "b1", "b2"]
+
+
 async def test_each_step_gets_its_own_batch():
     async with assigner(group_size=1, batch_size=1) as h:
         await h.episode("s1", "G1", 1.0, step=1)

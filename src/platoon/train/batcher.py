@@ -84,6 +84,7 @@ class EpisodeRecord:
     held: EpisodeGraded | None = None  # a grade waiting for its seal (sealed mode)
     seal: EpisodeSealed | None = None
     graded: bool = False
+    order: int = 0  # its place among the run's requests: datums are in this order, whatever ended first
 
     def complete(self) -> bool:
         """Whether everything the seal counts has arrived."""
@@ -117,6 +118,7 @@ class EpisodeRecord:
 class _Group:
     group_id: str
     step: int
+    order: int = 0  # the place of its first request
     graded: list[EpisodeGraded] = field(default_factory=list)
     closed: bool = False
     overdue: bool = False  # the straggler timeout passed before a quorum was in
@@ -166,6 +168,7 @@ class CreditAssigner(ComponentBase):
         self.abandoned: OrderedDict[str, None] = OrderedDict()
         self.dropped: Counter[str] = Counter()
         self._credit_failed_steps = 0
+        self._requests = 0
         self._events: Stream[Event] | None = None
         self._bus: Bus | None = None
 
@@ -181,8 +184,11 @@ class CreditAssigner(ComponentBase):
                 async for event in events:
                     match event:
                         case EpisodeRequested(purpose="train"):
-                            self.records[event.episode_id] = EpisodeRecord()
-                            self.groups.setdefault(event.group_id, _Group(event.group_id, event.step))
+                            self._requests += 1
+                            self.records[event.episode_id] = EpisodeRecord(order=self._requests)
+                            self.groups.setdefault(
+                                event.group_id, _Group(event.group_id, event.step, self._requests)
+                            )
                             self.requested_at.setdefault(event.step, time.monotonic())
                         case EpisodeStarted() if event.episode_id in self.records:
                             self.records[event.episode_id].worker = event.worker
@@ -288,6 +294,9 @@ class CreditAssigner(ComponentBase):
     async def _close(self, bus: Bus, group_id: str) -> None:
         group = self.groups.pop(group_id)
         group.closed = True
+        # A step trains its groups, and each group its episodes, in the order they were requested,
+        # not in the order they ended: the same seed then trains the same batch, summed alike.
+        group.graded.sort(key=lambda g: getattr(self.records.get(g.episode_id), "order", 0))
         self.closed[group_id] = None
         while len(self.closed) > 100_000:
             self.closed.popitem(last=False)
@@ -302,6 +311,7 @@ class CreditAssigner(ComponentBase):
         done = self.steps.setdefault(group.step, [])
         done.append(group)
         if len(done) == self.batch_size:
+            done.sort(key=lambda g: g.order)
             for batch in self.batches(group.step):
                 await bus.publish(batch)
 
