@@ -107,3 +107,20 @@ def test_no_command_prints_help():
     done = run()
     assert done.returncode == 2
     assert "usage: platoon" in done.stdout
+
+
+def test_a_native_crash_prints_where_python_was_not_only_aborted():
+    """A command that dies in native code (here SIGABRT) leaves every thread's Python stack on
+    stderr, for the bug report."""
+    code = (
+        "import os\n"
+        "from platoon.cli import _report_crashes\n"
+        "_report_crashes()\n"
+        "def crash():\n"
+        "    os.abort()\n"
+        "crash()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Fatal Python error: Aborted" in result.stderr
+    assert 'File "<string>", line 5 in crash' in result.stderr

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import anyio
 import pytest
 
 from platoon.config import load_config
 from platoon.config.policies import resolve_policies
-from platoon.train.loop import train
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "duel"
 
@@ -25,24 +23,13 @@ def test_the_opponent_is_a_frozen_policy_chosen_by_role():
 
 
 @pytest.mark.torch
-def test_the_learner_learns_to_beat_a_frozen_opponent_that_never_changes(tmp_path, monkeypatch):
+def test_the_learner_learns_to_beat_a_frozen_opponent_that_never_changes(train_example):
     """cpu.yaml as written: both players move in one environment session; the learner's calls
     train its adapter, the opponent's calls all sample the base model, and the learner's reward
     (its margin over the opponent) and its share of won rounds rise."""
-    pytest.importorskip("peft")
-    from platoon import system
-    from platoon.bus.eventlog import read_events
     from platoon.bus.events import AgentSpawned, BatchReady, EpisodeGraded, ModelCallFinished, ToolReturned
 
-    site = tmp_path / "site.yaml"
-    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
-    monkeypatch.setenv("PLATOON_SITE", str(site))
-    config = load_config(EXAMPLE / "cpu.yaml")
-    system.import_packages(config, EXAMPLE)
-    run_dir = tmp_path / "run"
-    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
-
-    events = list(read_events(run_dir))
+    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml")
     spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
     assert {(e.depth, e.harness, e.policy) for e in spawned.values()} == {
         (0, "duel-learner", "learner"),

@@ -38,24 +38,13 @@ def test_the_tinker_config_is_the_same_experiment_on_hosted_models():
 
 
 @pytest.mark.torch
-def test_two_tiny_policies_trained_together_each_improve_at_their_role(tmp_path, monkeypatch):
+def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_example):
     """cpu.yaml as written: the planner (every episode's root) is sampled from one LoRA adapter,
     the executor it delegates to (opened with the role "executor") from another; each policy's
     calls train only its own adapter, and each one's own reward rises."""
-    pytest.importorskip("peft")
-    from platoon import system
-    from platoon.bus.eventlog import read_events
     from platoon.bus.events import AgentSpawned, BatchReady, ModelCallFinished, PolicyUpdated
 
-    site = tmp_path / "site.yaml"
-    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
-    monkeypatch.setenv("PLATOON_SITE", str(site))
-    config = load_config(EXAMPLE / "cpu.yaml")
-    system.import_packages(config, EXAMPLE)
-    run_dir = tmp_path / "run"
-    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
-
-    events = list(read_events(run_dir))
+    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml")
     spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
     assert {(e.depth, e.harness, e.policy) for e in spawned.values()} == {
         (0, "duet-planner", "planner"),

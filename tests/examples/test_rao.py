@@ -58,25 +58,14 @@ def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeyp
 
 
 @pytest.mark.torch
-def test_the_cpu_config_grows_real_subagents_and_both_depths_learn(tmp_path, monkeypatch):
+def test_the_cpu_config_grows_real_subagents_and_both_depths_learn(train_example):
     """cpu.yaml as written: the root delegates all but one word of its line to subagents the
     tiny model plays, graded on their own words; the root's and the subagents' calls train at
     their depths, and the mean reward of each depth rises."""
-    pytest.importorskip("peft")
-    from platoon import system
-    from platoon.bus.eventlog import read_events
     from platoon.bus.events import AgentSpawned, ModelCallFinished
 
-    site = tmp_path / "site.yaml"
-    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
-    monkeypatch.setenv("PLATOON_SITE", str(site))
-    config = load_config(RAO / "cpu.yaml")
-    system.import_packages(config, RAO)
+    config, run_dir, events = train_example(RAO / "cpu.yaml")
     assert config.environments[0].agents.child_reward == "own"
-    run_dir = tmp_path / "run"
-    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
-
-    events = list(read_events(run_dir))
     spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
     assert {e.harness for e in spawned.values() if e.depth == 1} == {"rao-cpu-word"}
     sampled_depths = {spawned[e.agent_id].depth for e in events if isinstance(e, ModelCallFinished)}

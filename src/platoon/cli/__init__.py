@@ -7,7 +7,9 @@ it runs, so `platoon --help` stays fast. Errors are one line on stderr unless `-
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import io
 import signal
 import sys
 import threading
@@ -225,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = None
     try:
         configure_logging(args.log_format, args.log_level)
+        _report_crashes()
         previous = _terminate_like_interrupt(args.handler)
         module_name, _, func_name = args.handler.partition(":")
         handler = getattr(importlib.import_module(module_name), func_name)
@@ -247,6 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _report_crashes() -> None:
+    """A crash in native code (SIGSEGV, SIGABRT, ...) prints every thread's Python stack to
+    stderr, so that a report says where it happened rather than only "Aborted"."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        pass  # stderr is no file (an embedding app replaced it): nothing to write to
 
 
 def _terminate_like_interrupt(handler: str) -> Any:
