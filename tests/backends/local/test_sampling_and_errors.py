@@ -215,3 +215,27 @@ def test_the_prefix_cache_keeps_the_longest_match_within_its_bytes():
     assert cache.longest(("other", 0), (1, 2, 3)) is None
     cache.put(space, (7, 8, 9, 10), entry(4))  # over the budget: the least recently used goes
     assert cache.longest(space, (1, 2, 3, 4, 5, 6, 7)).tokens == 3 and len(cache) == 2
+
+
+def test_seeded_rows_draw_from_the_distribution_each_by_its_own_seed():
+    """A seeded row's token depends on its seed and its probabilities alone (not on the rows
+    beside it), follows those probabilities, and never is a token top-k cut."""
+    from platoon.backends.local.sampler import _draw
+
+    logits = torch.log(torch.tensor([0.2, 0.5, 0.0001, 0.2999])).repeat(4000, 1)
+
+    def seeded(n: int) -> torch.Generator:
+        return torch.Generator().manual_seed(n)
+
+    params = SampleParams(max_tokens=1, temperature=1.0)
+    drawn = _draw(logits, params, [seeded(n) for n in range(4000)])
+    share = torch.bincount(drawn, minlength=4).float() / 4000
+    assert torch.allclose(share, torch.tensor([0.2, 0.5, 0.0001, 0.2999]), atol=0.025), share
+    alone = torch.cat([_draw(logits[:1], params, [seeded(n)]) for n in range(50)])
+    assert alone.tolist() == drawn[:50].tolist()  # the same seed, the same token, in any batch
+    mixed = _draw(logits[:3], params, [seeded(0), None, seeded(2)])
+    assert mixed[[0, 2]].tolist() == drawn[[0, 2]].tolist()
+    cut = _draw(
+        logits, SampleParams(max_tokens=1, temperature=1.0, top_k=2), [seeded(n) for n in range(4000)]
+    )
+    assert set(cut.tolist()) == {1, 3}

@@ -557,23 +557,22 @@ class Sampler:
         self.prefixes.put(batch.space, tokens, _Prefix(layers=layers, logits=None, tokens=n))
 
     def _choose(self, batch: _Batch) -> torch.Tensor:
-        """One token per row: one batched draw per kind of parameters; seeded requests draw
-        from their own generator, so their result does not depend on other requests."""
+        """One token per row: one batched draw per kind of parameters. A seeded request's row
+        draws from its own generator, so its token does not depend on the other rows."""
         assert batch.logits is not None
         logits = batch.logits
         groups: dict[Any, list[int]] = {}
         for i, row in enumerate(batch.rows):
-            params, generator = row.job.request.params, row.job.generator
-            kind = (params.temperature, params.top_k, params.top_p)
-            groups.setdefault(kind if generator is None else (kind, id(row.job)), []).append(i)
+            params = row.job.request.params
+            groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(i)
         if len(groups) == 1:
-            job = batch.rows[0].job
-            return _draw(logits, job.request.params, job.generator)
+            rows = batch.rows
+            return _draw(logits, rows[0].job.request.params, [r.job.generator for r in rows])
         chosen = torch.zeros(len(batch.rows), dtype=torch.long, device=logits.device)
-        for rows in groups.values():
-            job = batch.rows[rows[0]].job
-            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-            chosen[index] = _draw(logits[index], job.request.params, job.generator)
+        for indices in groups.values():
+            rows = [batch.rows[i] for i in indices]
+            index = torch.tensor(indices, dtype=torch.long, device=logits.device)
+            chosen[index] = _draw(logits[index], rows[0].job.request.params, [r.job.generator for r in rows])
         return chosen
 
     def _stop_reason(self, row: _Row, token: int) -> str | None:
@@ -607,8 +606,11 @@ class Sampler:
             row.position += 1
 
 
-def _draw(logits: torch.Tensor, params: SampleParams, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `logits` [rows, vocab] under `params`."""
+def _draw(
+    logits: torch.Tensor, params: SampleParams, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row of `logits` [rows, vocab] under `params`; row i draws from
+    `generators[i]` when it has one."""
     if params.temperature == 0:
         return torch.argmax(logits, dim=-1)
     scaled = logits / params.temperature
@@ -622,7 +624,17 @@ def _draw(logits: torch.Tensor, params: SampleParams, generator: torch.Generator
         drop = torch.cumsum(probs, dim=-1) - probs >= params.top_p
         scaled = scaled.scatter(-1, order, ordered.masked_fill(drop, -math.inf))
     probs = torch.softmax(scaled, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    if all(g is None for g in generators):
+        return torch.multinomial(probs, 1)[:, 0]
+    # Seeded rows: one uniform number from each row's own generator, then the inverse of the
+    # rows' CDFs in one batched search (not one multinomial per row).
+    device = logits.device
+    uniform = torch.stack([torch.rand((), generator=g, device=device) for g in generators])
+    cdf = torch.cumsum(probs.float(), dim=-1)
+    total = cdf[:, -1:]
+    # Strictly below the total, so that a token of probability 0 past the last kept one is never drawn.
+    target = torch.minimum(uniform[:, None].to(cdf.dtype) * total, total * (1 - 1e-6))
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def _cache_of(out: Any) -> Any:
