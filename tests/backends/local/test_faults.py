@@ -142,6 +142,7 @@ def test_after_a_restart_the_client_is_told_to_resume_and_the_checkpoint_loads(t
         after = resumed.forward([datum(TOKENS)], "cross_entropy").result().metrics["loss:sum"]
         assert after == pytest.approx(before, rel=1e-6)
         fresh.close("success").result()
+    service.holder.close()  # its session died with the first server: stop its heartbeat here
 
 
 def test_a_model_never_saved_is_said_to_be_lost(base_url):
