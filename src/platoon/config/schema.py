@@ -294,7 +294,7 @@ class TrainConfig(_Strict):
     batch_size: PositiveInt = 32  # tasks per step
     max_training_steps: PositiveInt | None = None  # None: one pass over the training tasks
     # task order, harness draws and each model call's sampling seed derive from it: a rerun
-    # with the same seed samples the same completions
+    # with the same seed draws the same random numbers
     seed: int = 0
     optimizer: AdamParams = field(default_factory=AdamParams)
     lora_rank: PositiveInt = 32  # rank of the LoRA adapter that trains
