@@ -15,6 +15,7 @@ from platoon.stats.failures import failure_kind
         ("the episode passed its 15 s timeout", "timeout"),
         ("cancelled", "cancelled"),
         ("the harness raised ValueError: nope", "harness_raised"),
+        ("the harness raised ReadTimeout: timeout", "harness_raised"),  # the harness's, not the episode's
         ("the env session failed to open: no image", "env_session"),
         ("grading failed: no env service answered", "grading_failed"),
         ("abandoned: 3 tries", "other"),

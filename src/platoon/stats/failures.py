@@ -9,16 +9,16 @@ from __future__ import annotations
 
 __all__ = ["failure_kind"]
 
-# Words of a reason and the kind they mean, in order: an environment's failure may mention a
-# timeout, and is counted as the environment's.
+# Words of a reason and the kind they mean, in order: an environment's failure, or a harness's
+# exception, may mention a timeout, and is counted as the environment's or the harness's.
 _KINDS = (
     ("reward rules failed", "reward_rules"),  # first: its reason may quote the environment's
     ("the environment failed", "env_fault"),
     ("non-finite reward", "non_finite_reward"),
     ("carried no reward", "no_reward"),
+    ("harness raised", "harness_raised"),
     ("timeout", "timeout"),
     ("cancelled", "cancelled"),
-    ("harness raised", "harness_raised"),
     ("env session", "env_session"),
     ("grading failed", "grading_failed"),
     ("gateway", "gateway"),
