@@ -14,6 +14,7 @@ base model, sampled and never trained. The learner's reward rises as it learns t
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from openreward.environments import Environment, TextBlock, ToolOutput, tool
@@ -73,8 +74,13 @@ class Duel(Environment):
 
 @pt.harness("duel-opponent")
 async def opponent(ctx: pt.AgentContext) -> pt.AgentResult:
-    """The opponent: one model call, its word played first."""
-    reply = await ctx.chat([{"role": "user", "content": PROMPT}])
+    """The opponent: one model call, its word played first.
+
+    It samples with a seed of the task's, so every attempt at a task (the group its rewards
+    are compared within) meets the same opening, as in duplicate bridge: the learner's
+    attempts differ by their own play alone. Another task, another opening."""
+    seed = int.from_bytes(hashlib.sha256(ctx.task.task_id.encode()).digest()[:4], "big")
+    reply = await ctx.chat([{"role": "user", "content": PROMPT}], seed=seed)
     await ctx.call_tool("open", {"text": reply.text})
     return pt.AgentResult("completed", final_message=reply.text)
 
