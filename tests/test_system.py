@@ -71,3 +71,24 @@ def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, mon
     system.load_tokenizer(path)
     assert system.resolve_model(system.TINY_MODEL) == path and len(seen_while_building) == 1  # built once
     assert [p.name for p in final.parent.iterdir()] == [system.TINY_MODEL]  # nothing left aside
+
+
+def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_builds_it(tmp_path, monkeypatch):
+    """`train.seed` seeds a run's LoRA and samples, never the built-in model's weights: a
+    site's `platoon-tiny-qwen3` is the same model whichever config used it first."""
+    from platoon.assembly import PolicySettings
+    from platoon.testing import models
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    seeds = []
+    build = models.save_tiny_model
+
+    def watched(directory, **options):
+        seeds.append(options["seed"])
+        return build(directory, **options)
+
+    monkeypatch.setattr(models, "save_tiny_model", watched)
+    PolicySettings(model_name=system.TINY_MODEL, backend="local", seed=7).local_model()
+    assert seeds == [system.TINY_MODEL_SEED]

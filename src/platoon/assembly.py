@@ -105,7 +105,7 @@ class PolicySettings:
 
     def local_model(self) -> str:
         """The model as the embedded server loads it (a built-in one built on first use)."""
-        return system.resolve_model(self.model_name or "", seed=self.seed)
+        return system.resolve_model(self.model_name or "")
 
 
 @dataclass(frozen=True)
@@ -639,7 +639,7 @@ def load_policy(policy: PolicySettings) -> OpenPolicy:
     The tool-call parser `auto` is chosen by a probe of the tokenizer, the same on a trainer and
     its workers (the identity handshake compares the choice)."""
     if policy.builtin:
-        system.resolve_model(policy.builtin, seed=policy.seed)
+        system.resolve_model(policy.builtin)
     if policy.trainer is not None:
         tokenizer = system.load_tokenizer(policy.tokenizer or policy.model_name or "")
     else:
@@ -987,7 +987,7 @@ class Run:
         if self._sampler_factory is None:
             system.check_training_service(self.config)
         if s.policy.builtin:
-            system.resolve_model(s.policy.builtin, seed=s.policy.seed)  # built here on first use
+            system.resolve_model(s.policy.builtin)  # built here on first use
         if s.policies:
             async with self._opened_policies_training() as assembled:
                 yield assembled

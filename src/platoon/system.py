@@ -71,9 +71,11 @@ def import_packages(config: Config, config_dir: Path | None = None) -> None:
 
 
 TINY_MODEL = "platoon-tiny-qwen3"
+# The built-in model's weights: one model per name, whatever the seed of the run that builds it.
+TINY_MODEL_SEED = 1
 
 
-def resolve_model(name: str, *, seed: int = 0) -> str:
+def resolve_model(name: str) -> str:
     """A model name as the loaders take it: a built-in model (`platoon-tiny-qwen3`, a tiny
     random-init Qwen3 with a Qwen3 tokenizer) is built into the site cache on first use and
     named by its directory; any other name is returned as it is."""
@@ -92,7 +94,7 @@ def resolve_model(name: str, *, seed: int = 0) -> str:
         # machine share the cache, and neither may read a model the other is half-way writing.
         building = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
         try:
-            save_tiny_model(building, hidden_size=64, num_layers=2, seed=seed)
+            save_tiny_model(building, hidden_size=64, num_layers=2, seed=TINY_MODEL_SEED)
             if directory.exists() and not (directory / "config.json").exists():
                 shutil.rmtree(directory, ignore_errors=True)  # what a build cut short left
             try:
