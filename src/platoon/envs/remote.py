@@ -119,6 +119,7 @@ class RemoteSession:
         self.tools = tools
         self._tracker = RewardTracker(backend.reward)
         self._closed = False
+        self._died: Exception | None = None  # what ended the session on the server's side
 
     @classmethod
     async def start(
@@ -144,12 +145,19 @@ class RemoteSession:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         if self._closed:
             raise EnvError("the session has closed")
+        if self._died is not None:
+            # Not the SDK's call: on a dead session it drops the request coroutine it was handed
+            # unawaited ('coroutine resumable_sse was never awaited') before raising this again.
+            raise EnvError(f"the session was terminated: {self._died}") from self._died
         try:
             output = await self.session.call_tool(name, arguments)
         except ToolCallError as exc:
             if exc.reason == "input_validation":
                 raise ToolError(f"bad arguments for tool {name}: {exc.detail}") from exc
             raise ToolError(str(exc.detail)) from exc
+        except Exception as exc:
+            self._died = exc
+            raise
         self._tracker.see(output.reward, output.finished)
         return ToolResult(output=blocks_text(output.blocks), reward=output.reward, finished=output.finished)
 

@@ -17,6 +17,7 @@ the whole agent into one datum.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -399,9 +400,10 @@ class Gateway(ComponentBase):
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
         replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
-        async for item in replies:
-            if isinstance(item, Completion):
-                return item
+        async with contextlib.aclosing(replies):  # type: ignore[type-var]
+            async for item in replies:
+                if isinstance(item, Completion):
+                    return item
         raise AssertionError("complete_stream ended without a completion")
 
     async def complete_stream(

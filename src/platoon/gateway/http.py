@@ -9,6 +9,7 @@ against the budget, aux calls train for free, judge calls are recorded and never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -206,9 +207,10 @@ def _whole(events: Iterable[Any]) -> AsyncIterator[Any]:
 
 
 async def _last(replies: AsyncIterator[Any]) -> Completion:
-    async for item in replies:
-        if isinstance(item, Completion):
-            return item
+    async with contextlib.aclosing(replies):  # type: ignore[type-var]
+        async for item in replies:
+            if isinstance(item, Completion):
+                return item
     raise AssertionError("a reply ended without its completion")
 
 

@@ -103,8 +103,12 @@ def engine_answers(url: str, timeout: float = 1.0) -> bool:
     try:
         if parts.scheme == "unix":
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.settimeout(timeout)
-            conn.connect(parts.path)
+            try:
+                conn.settimeout(timeout)
+                conn.connect(parts.path)
+            except OSError:
+                conn.close()
+                raise
         elif parts.scheme in ("tcp", "http"):
             conn = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 2375), timeout)
         else:

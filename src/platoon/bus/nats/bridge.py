@@ -245,7 +245,7 @@ class NatsBridge(ComponentBase):
         has connected waits in its buffer instead of being missed (again after `run` ended)."""
         self._closing = False
         self._bus, self._from_nats, self._unsent, self._idle = bus, {}, 0, anyio.Event()
-        self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
+        self._outbox = self._outbox_out = None  # opened by the first event out, or by `run`
         for durable, types in ((False, self.mirror + self.work), (True, self.durable)):
             for event_type in types:
                 self._outgoing.append(
@@ -263,6 +263,13 @@ class NatsBridge(ComponentBase):
                 )
             )
 
+    def _open_outbox(self) -> MemoryObjectSendStream[_Out]:
+        """The buffer between the bus and the NATS sender, opened when first needed, so that a
+        bridge attached to a bus and never run holds no stream to close."""
+        if self._outbox is None:
+            self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
+        return self._outbox
+
     def _detach(self) -> None:
         for sub in self._outgoing:
             sub.close()
@@ -275,6 +282,7 @@ class NatsBridge(ComponentBase):
         try:
             require_asyncio()
             self.attach(bus)
+            self._open_outbox()
             self._subs = []
             self.taker.reset()
             nc = await self.connection.connect()
@@ -287,6 +295,8 @@ class NatsBridge(ComponentBase):
         finally:
             self._closing = True
             self._detach()
+            if self._outbox_out is not None:
+                self._outbox_out.close()  # the sender has ended (or never started: no server)
             if self._unsent:
                 self.stats.unsent_at_close += self._unsent
                 log.warning(
@@ -305,29 +315,32 @@ class NatsBridge(ComponentBase):
             await self.connection.jetstream_call(self.facts.ensure(js))
         notices_send, notices = anyio.create_memory_object_stream[Event](64)
         inflight_send, inflight = anyio.create_memory_object_stream[Pending](self.buffer_limit)
+        inbound_send, inbound = anyio.create_memory_object_stream[Msg](self.buffer_limit)
         self._notices = notices_send
         # The senders are shielded from cancellation so that, at shutdown, they can empty the
         # buffers; closing the outbox ends them, and `close_timeout` bounds how long they try.
         send_scope, ack_scope = anyio.CancelScope(shield=True), anyio.CancelScope(shield=True)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._send_loop, send_scope, nc, js, self._outbox_out, inflight_send)
-            tg.start_soon(self.store.ack_loop, ack_scope, nc, js, inflight, self._sent)
-            try:
-                tg.start_soon(self._announce, bus, notices)
-                await self._subscribe_nats(tg, bus, nc, js)
-                await synced(nc)
-                await self._read_facts(bus)
-                log.info("bridge up", server=self.server, run=self.run_name, origin=self.origin)
-                task_status.started()
-                await anyio.sleep_forever()
-            finally:
-                # Let our forwarders move what the bus still holds for us into the outbox, stop
-                # taking more, and give the senders until the deadline to empty it.
-                deadline = anyio.current_time() + self.close_timeout
-                with anyio.CancelScope(shield=True, deadline=deadline):
-                    await bus.drained()
-                self._detach()
-                send_scope.deadline = ack_scope.deadline = deadline
+        # What NATS's callbacks and our notices write into is closed when the bridge is down.
+        with notices_send, notices, inbound_send, inbound, inflight_send, inflight:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._send_loop, send_scope, nc, js, self._outbox_out, inflight_send)
+                tg.start_soon(self.store.ack_loop, ack_scope, nc, js, inflight, self._sent)
+                try:
+                    tg.start_soon(self._announce, bus, notices)
+                    await self._subscribe_nats(tg, bus, nc, js, inbound_send, inbound)
+                    await synced(nc)
+                    await self._read_facts(bus)
+                    log.info("bridge up", server=self.server, run=self.run_name, origin=self.origin)
+                    task_status.started()
+                    await anyio.sleep_forever()
+                finally:
+                    # Let our forwarders move what the bus still holds for us into the outbox, stop
+                    # taking more, and give the senders until the deadline to empty it.
+                    deadline = anyio.current_time() + self.close_timeout
+                    with anyio.CancelScope(shield=True, deadline=deadline):
+                        await bus.drained()
+                    self._detach()
+                    send_scope.deadline = ack_scope.deadline = deadline
 
     async def flush(self) -> None:
         """Wait until every event published on the bus so far is out: published to NATS or,
@@ -396,12 +409,12 @@ class NatsBridge(ComponentBase):
             if self._from_nats.get(id(event)) is event:
                 del self._from_nats[id(event)]  # it came from NATS: never send it back
                 return
-            assert self._outbox is not None
+            outbox = self._open_outbox()
             self._unsent += 1
             if self._outage_peak is not None:
                 self._outage_peak = max(self._outage_peak, self._unsent)
             try:
-                await send(self._outbox, _Out(subject, durable, event))
+                await send(outbox, _Out(subject, durable, event))
             except BaseException:
                 self._unsent -= 1
                 raise
@@ -454,11 +467,16 @@ class NatsBridge(ComponentBase):
     # --- NATS -> local bus -----------------------------------------------------------------
 
     async def _subscribe_nats(
-        self, tg: TaskGroup, bus: Bus, nc: NatsClient, js: JetStreamContext | None
+        self,
+        tg: TaskGroup,
+        bus: Bus,
+        nc: NatsClient,
+        js: JetStreamContext | None,
+        inbound_send: MemoryObjectSendStream[Msg],
+        inbound: MemoryObjectReceiveStream[Msg],
     ) -> None:
         # nats-py hands each subscription's messages to a callback in a task of its own; the
         # callbacks feed one bounded stream, and one task of ours publishes on the bus.
-        inbound_send, inbound = anyio.create_memory_object_stream[Msg](self.buffer_limit)
 
         async def take(msg: Msg) -> None:
             try:
