@@ -3,6 +3,8 @@ options they take, and which installed distribution provides each."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, packages_distributions
 from importlib.metadata import version as dist_version
@@ -46,8 +48,22 @@ class HarnessInfo:
     runs: list[str] = field(default_factory=list)  # where a spec's program runs, what it installs
 
 
+class _Providers:
+    """Where installed harnesses come from, looked up once per command: each lookup scans every
+    installed distribution, which took seconds a harness where many are installed."""
+
+    @functools.cached_property
+    def entries(self) -> dict[str, Any]:
+        return plugins.available("harnesses")
+
+    @functools.cached_property
+    def packages(self) -> Mapping[str, list[str]]:
+        return packages_distributions()
+
+
 def list_harnesses(args: Any) -> int:
-    infos = [describe(name) for name in harness_names()]
+    providers = _Providers()
+    infos = [describe(name, providers) for name in harness_names()]
     rows = [("NAME", "KIND", "PROVIDED BY", "DESCRIPTION")]
     for info in infos:
         summary = f"cannot load: {info.error}" if info.error else _first_line(info.description)
@@ -88,17 +104,18 @@ def show_harness(args: Any) -> int:
     return 0
 
 
-def describe(name: str) -> HarnessInfo:
+def describe(name: str, providers: _Providers | None = None) -> HarnessInfo:
     """What `platoon harness show` prints about `name` (a name, `module:attr` or spec path)."""
+    providers = providers or _Providers()
     try:
         harness = get_harness(name)
     except (HarnessError, plugins.PluginError, ValueError, OSError) as exc:
-        return HarnessInfo(name, "?", _provider(name, None), "?", error=str(exc))
+        return HarnessInfo(name, "?", _provider(name, None, providers), "?", error=str(exc))
     kind = "function" if isinstance(harness, FunctionHarness) else "spec"
     return HarnessInfo(
         name=harness.name,
         kind=kind,
-        provider=_provider(name, harness),
+        provider=_provider(name, harness, providers),
         source=_source(harness),
         description=harness.description,
         options=_options(harness.options_type),
@@ -119,11 +136,11 @@ def _runs(harness: Harness) -> list[str]:
     return lines
 
 
-def _provider(name: str, harness: Harness | None) -> str:
+def _provider(name: str, harness: Harness | None, providers: _Providers) -> str:
     path = getattr(harness, "path", None)
     if name in BUILTINS or (path is not None and path.parent == SPECS_DIR.resolve()):
         return _with_version("platoon")
-    entry = plugins.available("harnesses").get(name)
+    entry = providers.entries.get(name)
     if entry is not None and entry.dist is not None:
         return f"{entry.dist.name} {entry.dist.version}"
     module = getattr(harness, "module", None)
@@ -131,7 +148,7 @@ def _provider(name: str, harness: Harness | None) -> str:
         top = module.split(".")[0]
         if top == "platoon":
             return _with_version("platoon")
-        dists = packages_distributions().get(top)
+        dists = providers.packages.get(top)
         if dists:
             return _with_version(dists[0])
     return "-"
