@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`.
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`, `nox -s flaky -- N`.
 
 The embedded backend needs torch, whose small CPU wheel exists for Python 3.11 only on our
 machines, so 3.12 and 3.13 run the suite without the `local` extra (the torch tests skip).
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
 from pathlib import Path
 
 import nox
@@ -61,3 +63,36 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".[all,dev]")
     for script in sorted(Path("benchmarks").glob("*.py")):
         session.run("python", str(script))
+
+
+@nox.session(python=PYTHONS["3.11"] or "3.11", reuse_venv=True)
+def flaky(session: nox.Session) -> None:
+    """Run the learning, distributed and server tests N times (`nox -s flaky -- 20`), each time
+    in another random order (and under xdist, as CI runs them), and print each test's pass count."""
+    runs = int(session.posargs[0]) if session.posargs else 20
+    session.install("torch==2.13.0")
+    session.install("-e", ".[all,dev]")
+    session.install("-e", "./plugins/platoon-textcraft")
+    reports = Path(session.create_tmp()) / "flaky"
+    reports.mkdir(exist_ok=True)
+    passed: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+    for run in range(1, runs + 1):
+        report = reports / f"run-{run}.xml"
+        session.run(
+            *("pytest", "-q", "-p", "no:cacheprovider", "-m", "learning or distributed or server"),
+            *(f"--randomly-seed={run}", f"--junitxml={report}"),
+            success_codes=[0, 1],
+        )
+        for case in ElementTree.parse(report).iter("testcase"):
+            if case.find("skipped") is not None:
+                continue
+            name = f"{case.get('classname')}::{case.get('name')}"
+            seen[name] += 1
+            passed[name] += case.find("failure") is None and case.find("error") is None
+    for name in sorted(seen, key=lambda n: (passed[n] - seen[n], n)):
+        print(f"{passed[name]:>3}/{seen[name]:<3} {name}")
+    failing = sorted(n for n in seen if passed[n] < seen[n])
+    print(f"{len(seen)} tests, {runs} runs: {len(failing)} failed at least once")
+    if failing:
+        session.error("flaky: " + ", ".join(failing))

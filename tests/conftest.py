@@ -6,6 +6,10 @@ import pytest
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+# One torch thread per process: the xdist workers (one per core) and the `platoon` processes the
+# tests start do not oversubscribe the cores, and a matrix product sums in the same order
+# whatever machine runs it (set before anything imports torch; children inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

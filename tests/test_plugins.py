@@ -41,6 +41,8 @@ def installed_plugin(tmp_path_factory):
 
 
 def test_entry_points_are_listed_without_importing(installed_plugin):
+    for name in [n for n in sys.modules if n.startswith("platoon_sample_plugin")]:
+        del sys.modules[name]  # a test of the module before this one loaded it
     found = plugins.available("event_handlers")
     assert {"sample-counter", "sample-recorder"} <= set(found)
     assert "platoon_sample_plugin" not in sys.modules

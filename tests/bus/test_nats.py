@@ -312,7 +312,7 @@ async def test_unacknowledged_durable_publishes_are_sent_again_and_stored_once(j
             js_server.pause()  # publishes reach the socket, acknowledgements never come
             for i in range(50, 100):
                 await producer.publish(graded(i))
-            await anyio.sleep(1.0)
+            await anyio.sleep(1.0)  # past ack_timeout (0.3 s): what the feature is timed by
             js_server.resume()  # the originals and the re-sends both arrive now
             await sender.flush()
             await until(lambda: len(got) == 100)
@@ -346,7 +346,8 @@ async def test_buffer_is_bounded_while_disconnected(server):
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(produce)
-                await anyio.sleep(0.3)
+                await until(lambda: published >= 8)
+                await anyio.sleep(0.3)  # time to fill whatever else would take more
                 # the outbox (8), the forwarder's subscription (min(8, 64)), and one event each
                 # in the forwarder's and the sender's hands: then publish waits, never drops
                 stalled = published
@@ -608,7 +609,7 @@ async def cuttable(port: int) -> AsyncIterator[Any]:
     def heal() -> None:
         state.open = True
 
-    async with anyio.create_task_group() as tg:
+    async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, handle)
         yield SimpleNamespace(
             url=f"nats://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}", cut=cut, heal=heal

@@ -38,7 +38,7 @@ def served(tmp_path: Path):
         yield lines["gateway"].split()[0], lines["key"], tmp_path / "events", process
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.communicate(timeout=30)  # waits, and closes its pipes
 
 
 def test_the_printed_key_opens_the_gateway_to_real_clients(served):

@@ -9,6 +9,7 @@ the components declare they take and publish (what `platoon graph` prints).
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import re
 import sys
@@ -28,6 +29,17 @@ assert _spec is not None and _spec.loader is not None
 reference = importlib.util.module_from_spec(_spec)
 sys.modules["docs_reference"] = reference  # dataclasses look their module up while the class is made
 _spec.loader.exec_module(reference)
+
+
+@pytest.fixture(autouse=True)
+def _no_garbage_collection_while_parsing():
+    """`inspect.getsource` parses whole modules; on CPython 3.11 a collection whose finalizers run
+    while `ast.parse` builds its tree can fail it with "AST constructor recursion depth mismatch"
+    (python/cpython#106905), seen once in a full run. Collect first, then not during the test."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
 
 
 @pytest.mark.parametrize("cls", [Config, Site], ids=["config", "site"])

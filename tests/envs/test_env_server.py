@@ -113,8 +113,10 @@ async def test_wire_protocol_details() -> None:
         assert again.status_code == 400
         starting = await http.get("/prompt", headers=headers)
         assert starting.status_code == 503 and starting.headers["X-Backend-State"] == "starting"
-        await anyio.sleep(0.6)
-        assert (await http.get("/prompt", headers=headers)).json()[0]["text"] == "Count to 2."
+        with anyio.fail_after(10):  # ready once its setup (0.5 s) is done
+            while (prompt := await http.get("/prompt", headers=headers)).status_code == 503:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert prompt.json()[0]["text"] == "Count to 2."
         call = await http.post("/call", json={"name": "secret", "input": {}}, headers=headers)
         events = [line for line in call.text.splitlines() if line.startswith("event:")]
         assert events == ["event: task_id", "event: end"]

@@ -213,7 +213,7 @@ async def test_session_opening_after_its_episode_was_graded_is_closed() -> None:
                 assert reply.error == "episode ep was graded before its session opened"
 
             tg.start_soon(open_slow)
-            await anyio.sleep(0.1)
+            await wait_until(lambda: len(backend.secrets) == 1)  # opening: the slow task takes 0.3 s
             await bus.publish(graded())
         await wait_until(lambda: service.open_sessions == 0)
     assert backend.live == set()

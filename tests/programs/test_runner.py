@@ -143,10 +143,10 @@ async def test_a_runner_cancelled_alone_publishes_cancelled_and_the_grader_close
         request = EpisodeRequested(
             episode_id="ep-alone", group_id="g", task=TaskRef(env="toy", split="train", task_id="train-2")
         )
-        async with toy.bus.stream(EpisodeGraded) as graded:
+        async with toy.bus.stream(EpisodeGraded) as graded, toy.bus.stream(EpisodeStarted) as started:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(runner.play, toy.bus, request)
-                await anyio.sleep(0.1)
+                await started.receive()  # the episode is under way
                 tg.cancel_scope.cancel()
             grade = await graded.receive()
         assert (grade.episode_id, grade.status, grade.reward, grade.reason) == (

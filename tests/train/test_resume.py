@@ -41,7 +41,7 @@ def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
         time.sleep(0.1)
     assert first.poll() is None, first.stderr.read().decode()[-2000:]
     first.send_signal(signal.SIGKILL)
-    first.wait()
+    first.communicate()  # waits, and closes its pipe
     before = checkpoints(run_dir)
     assert 2 <= len(before) < STEPS
 
@@ -150,8 +150,8 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
         if line.startswith("step 2/"):
             break
     first.send_signal(signal.SIGTERM)
-    rest = first.stderr.read()
-    assert first.wait(timeout=120) == 130, "".join(seen) + rest
+    rest = first.communicate(timeout=120)[1]  # waits, and closes its pipe
+    assert first.returncode == 130, "".join(seen) + rest
     assert "Traceback" not in rest and rest.strip().endswith("platoon: interrupted")
     assert "so a resume trains from step " in rest and f"--resume {run_dir}" in rest  # and says how
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -62,7 +62,7 @@ class Viewer:
 
     def close(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=30)
+        self.process.communicate(timeout=30)  # waits, and closes its pipe
 
 
 @pytest.fixture
