@@ -12,8 +12,32 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# Tests marked by where they are: what `nox -s flaky` reruns besides the learning tests.
+_BY_PATH = {
+    "distributed": (
+        "train/test_distributed",
+        "train/test_nats_auth",
+        "bus/test_nats",
+        "cli/test_worker_keys",
+    ),
+    "server": (
+        "backends/",
+        "gateway/test_http",
+        "gateway/test_conformance",
+        "envs/test_env_server",
+        "test_serving",
+    ),
+}
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `torch` need the local extra; without torch they skip, saying so."""
+    root = config.rootpath / "tests"
+    for item in items:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        for marker, prefixes in _BY_PATH.items():
+            if where.startswith(prefixes):
+                item.add_marker(marker)
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("peft") is None:
         skip = pytest.mark.skip(reason="needs torch and peft (pip install 'platoon[local]')")
         for item in items:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def run(code: str) -> str:
     done = subprocess.run(
@@ -28,6 +30,7 @@ def test_an_ors_environment_imports_without_the_anthropic_openai_and_google_clie
     assert out.splitlines() == ["[]", "Rollout True"]
 
 
+@pytest.mark.slow
 def test_the_clients_are_the_real_packages_once_used() -> None:
     out = run("""
         import platoon
@@ -47,6 +50,7 @@ def test_the_clients_are_the_real_packages_once_used() -> None:
     assert out.splitlines() == ["module module module", "True", "True", "True", "True True"]
 
 
+@pytest.mark.slow
 def test_a_client_imported_before_the_sdk_is_used_as_it_is() -> None:
     out = run("""
         import openai

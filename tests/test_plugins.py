@@ -40,6 +40,7 @@ def installed_plugin(tmp_path_factory):
             del sys.modules[name]
 
 
+@pytest.mark.slow
 def test_entry_points_are_listed_without_importing(installed_plugin):
     for name in [n for n in sys.modules if n.startswith("platoon_sample_plugin")]:
         del sys.modules[name]  # a test of the module before this one loaded it

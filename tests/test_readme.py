@@ -43,6 +43,7 @@ def test_the_test_command_is_what_ci_runs():
     assert main_job.startswith("python3.11 -m venv .venv && ")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_main_job_runs(env, tmp_path):
     main_job = blocks("Set up")[0].strip()
@@ -53,6 +54,7 @@ def test_the_main_job_runs(env, tmp_path):
     assert "trained 2 steps in" in done.stdout and "reward  first 2 steps" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_quickstart_commands_run(env):
     [block] = blocks("A first run")
     lines = [line for line in block.splitlines() if line and not line.startswith("#")]

@@ -60,6 +60,7 @@ def strategy(t: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
     raise AssertionError(f"no strategy for {t}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", event_types(), ids=lambda c: c.__name__)
 def test_every_event_type_round_trips(cls):
     @settings(max_examples=25, deadline=None)

@@ -262,6 +262,7 @@ async def test_consumer_drops_ids_it_has_seen(js_server):
     assert [e.episode_id for e in got] == ["ep7", "ep8"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
 async def test_server_restart_mid_stream_loses_no_durable_event(js_server, kill):
     durable = [EpisodeGraded]
@@ -297,6 +298,7 @@ async def test_server_restart_mid_stream_loses_no_durable_event(js_server, kill)
     assert notices_a[1].buffered > 0  # events published while the server was down waited
 
 
+@pytest.mark.slow
 async def test_unacknowledged_durable_publishes_are_sent_again_and_stored_once(js_server):
     options = {"durable": [EpisodeGraded], "ack_timeout": 0.3, "reconnect_wait": 0.05}
     got = []

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from platoon.cli import main
 
 
@@ -78,6 +80,7 @@ def test_errors_without_debug_are_one_line(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_json_logs(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(

@@ -41,6 +41,7 @@ def served(tmp_path: Path):
         process.communicate(timeout=30)  # waits, and closes its pipes
 
 
+@pytest.mark.slow
 def test_the_printed_key_opens_the_gateway_to_real_clients(served):
     base_url, key, events_dir, process = served
     chat = openai.OpenAI(base_url=base_url, api_key=key).chat.completions.create(

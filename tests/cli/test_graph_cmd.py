@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart" / "train-local.yaml"
 DISTRIBUTED = ROOT / "examples" / "number-search" / "distributed.yaml"
@@ -40,6 +42,7 @@ def test_a_training_run_as_text_and_nothing_opened(tmp_path):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_overrides_and_purposes_change_the_run(tmp_path):
     out = graph(tmp_path, QUICKSTART, "nats.url=nats://127.0.0.1:4222")
     assert "gateway" not in out.split("\n")[1]  # the trainer plays no rollouts with nats:

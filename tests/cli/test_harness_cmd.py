@@ -29,6 +29,7 @@ def lines(capsys) -> list[str]:
     return capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow
 def test_list_shows_each_harness_with_its_kind_and_provider(capsys, installed_harness):
     assert main(["harness", "list"]) == 0
     rows = {line.split()[0]: line.split() for line in lines(capsys)}

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from platoon.cli import main
 
 
+@pytest.mark.slow
 def test_a_new_project_passes_its_own_test(tmp_path, capsys):
     assert main(["init", "word-game", "--directory", str(tmp_path / "word-game")]) == 0
     project = tmp_path / "word-game"

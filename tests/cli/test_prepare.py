@@ -57,6 +57,7 @@ def layer_stamps(cache: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (cache / "harbor" / "layers").glob("*/layer.json")}
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_prepare_builds_once_reuses_and_rebuilds_a_changed_entry(tmp_path, site, capsys):
     shutil.copytree(EXAMPLE, tmp_path / "dataset")
@@ -96,6 +97,7 @@ def test_prepare_builds_once_reuses_and_rebuilds_a_changed_entry(tmp_path, site,
     assert relocked["tasks"]["csv-row-count"]["path"] != lock["tasks"]["csv-row-count"]["path"]
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_hf_datasets_are_fetched_by_prepare_and_only_read_at_run_time(tmp_path, site, capsys, monkeypatch):
     fetches: list[dict] = []

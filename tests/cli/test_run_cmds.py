@@ -160,6 +160,7 @@ def test_an_eval_with_non_finite_rewards_reports_them_as_failures_in_valid_json(
     assert report["graded"] == 2 and report["reward_mean"] == 1.0  # the others found it
 
 
+@pytest.mark.slow
 def test_train_on_a_taken_run_directory_asks_which_way(site, tiny_model, capsys):
     base = [
         "train",
@@ -195,6 +196,7 @@ def test_the_tiny_model_name_works_in_every_command(site, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("reward: ")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_serve_tinker_stops_cleanly_on_sigterm(tiny_model):
     import signal

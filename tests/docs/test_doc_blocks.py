@@ -19,6 +19,7 @@ import pytest
 import yaml
 from doc_blocks import ROOT, SHELLS, Block, all_blocks, blocks, pages
 
+import forkserver
 from platoon.config import ConfigError, load_config, validate_config
 from platoon.config.site import Site
 from platoon.config.validate import convert
@@ -114,7 +115,11 @@ def test_the_runnable_blocks_of_a_page_run(page, tmp_path, shared_cache):
     env = {k: v for k, v in os.environ.items() if k not in ("PLATOON_SITE", "XDG_CONFIG_HOME")}
     env.update(
         HOME=str(home),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        # `platoon` forks from a server that has imported torch and platoon (tests/forkserver.py)
+        PATH=os.pathsep.join(
+            [str(forkserver.shim_dir()), str(Path(sys.executable).parent), env.get("PATH", "")]
+        ),
+        PLATOON_FORKSERVER=forkserver.socket_path(),
         PYTHONPATH=os.pathsep.join(p for p in [str(workspace), env.get("PYTHONPATH", "")] if p),
         HF_HUB_OFFLINE="1",
         PLATOON_REPO=str(ROOT),  # the pages that use the repository's examples say so

@@ -79,6 +79,7 @@ def test_the_cli_page_has_every_command_and_option():
         assert option in page
 
 
+@pytest.mark.slow
 def test_the_events_page_has_every_event_type_and_who_publishes_it():
     from platoon.bus import events
 

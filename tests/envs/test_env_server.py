@@ -159,6 +159,7 @@ def test_loading_targets() -> None:
         EnvServer([Workshop, Workshop])
 
 
+@pytest.mark.slow
 def test_platoon_env_serve_main() -> None:
     """`platoon env serve module:Class --port N` serves until interrupted."""
     with socket.socket() as sock:

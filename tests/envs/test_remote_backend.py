@@ -68,6 +68,7 @@ async def test_default_environment_end_to_end(server_kind: str) -> None:
     assert service.open_sessions == 0
 
 
+@pytest.mark.slow
 async def test_named_environment_features_and_failures(server_kind: str) -> None:
     async with ors_server(server_kind, GuessTheNumber, Workshop) as url:
         service = build_env_service(
@@ -132,6 +133,7 @@ async def test_setup_failure(server_kind: str) -> None:
         await wait_until(lambda: not BrokenSetup.live)
 
 
+@pytest.mark.slow
 async def test_unreachable_server() -> None:
     async with running_env_server(GuessTheNumber) as url:
         pass  # a port that was just closed: nothing listens there now

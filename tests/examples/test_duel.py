@@ -22,6 +22,8 @@ def test_the_opponent_is_a_frozen_policy_chosen_by_role():
     assert (choice.by, choice.map) == ("role", {"root": "learner", "opponent": "opponent"})
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_learner_learns_to_beat_a_frozen_opponent_that_never_changes(train_example):
     """cpu.yaml as written: both players move in one environment session; the learner's calls

@@ -62,6 +62,7 @@ def test_rollout_solves_a_training_task(site, capsys):
     assert "reward: 1  {'answered': 1.0}" in out
 
 
+@pytest.mark.slow
 def test_prepare_then_eval_on_the_held_out_topic(site, capsys):
     code, out, _ = run(capsys, "prepare", str(EXAMPLE / "train.yaml"))
     assert code == 0 and "built: 8 layer" in out

@@ -19,6 +19,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow
 def test_prepare_then_train_on_the_embedded_backend(tmp_path, monkeypatch, capsys):
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path}/runs\ncache: {tmp_path}/cache\nprovider: bwrap\n")

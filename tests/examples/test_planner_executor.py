@@ -37,6 +37,8 @@ def test_the_tinker_config_is_the_same_experiment_on_hosted_models():
     assert local_train == hosted_train
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 @pytest.mark.torch
 def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_example):
     """cpu.yaml as written: the planner (every episode's root) is sampled from one LoRA adapter,
@@ -75,6 +77,7 @@ def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_exa
     print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_they_all_saved(
     tmp_path, monkeypatch

@@ -69,6 +69,8 @@ def test_eval_writes_a_report_with_pass_at_1_of_one(in_quickstart, capsys):
     assert report["tokens"]["calls"] >= 40 * 2  # binary search over 1..100: several guesses each
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 @pytest.mark.torch
 def test_train_local_learns_with_metrics_checkpoints_and_a_summary(site, monkeypatch, capsys):
     """The README's main job: the tiny model built on the spot, trained on CPU, gets better."""

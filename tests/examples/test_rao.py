@@ -41,6 +41,7 @@ def test_each_run_is_the_comparison_it_names(run):
         assert (entry.agents.max_depth, entry.agents.fork) == (2, "shared")
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeypatch):
     pytest.importorskip("peft")
@@ -57,6 +58,8 @@ def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeyp
     assert metrics[-1]["policy/version"] == 2
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 @pytest.mark.torch
 def test_the_cpu_config_grows_real_subagents_and_both_depths_learn(train_example):
     """cpu.yaml as written: the root delegates all but one word of its line to subagents the

@@ -356,6 +356,7 @@ async def test_a_text_sampled_twice_as_different_tokens_keeps_each_tokenization(
     assert extends(second, first) and extends(third, second)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_real_qwen3_thinking_agent_forms_one_token_sequence(qwen3_tokenizer):
     # Qwen3's template drops the reasoning of turns before the last user message and writes

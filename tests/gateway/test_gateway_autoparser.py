@@ -55,6 +55,7 @@ def test_qwen_formats_choose_hermes(toy_tokenizer, qwen3_tokenizer, renderer):
     assert choose_tool_call_parser(renderer, qwen3_tokenizer) == "hermes"
 
 
+@pytest.mark.slow
 def test_llama3_chooses_llama3_with_one_call_per_turn(llama3_tokenizer):
     assert choose_tool_call_parser("llama3", llama3_tokenizer) == "llama3"
 

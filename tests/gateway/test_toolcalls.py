@@ -288,6 +288,7 @@ pieces = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(pieces | st.text(max_size=5), max_size=20).map("".join))
 def test_parsers_never_raise(text):

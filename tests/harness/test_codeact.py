@@ -63,6 +63,7 @@ async def test_codeact_plays_guess_the_number_in_a_subprocess(toy_tokenizer):
     assert "def guess(number: int) -> str:" in system_prompt and "Your guess, from 1 to 100." in system_prompt
 
 
+@pytest.mark.slow
 async def test_errors_timeouts_and_crashes_come_back_to_the_model(toy_tokenizer):
     policy = Recording(
         "```python\nx = 41\n1 / 0\n```",
@@ -90,6 +91,7 @@ async def test_errors_timeouts_and_crashes_come_back_to_the_model(toy_tokenizer)
     assert (finished.status, finished.final_message) == ("completed", "I give up.")
 
 
+@pytest.mark.slow
 async def test_a_timed_out_cell_is_killed_with_its_children(toy_tokenizer, tmp_path):
     pids = tmp_path / "pids"
     code = (

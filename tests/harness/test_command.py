@@ -29,6 +29,7 @@ def first(events, kind):
     return next(e for e in events if isinstance(e, kind))
 
 
+@pytest.mark.slow
 async def test_a_cli_agent_plays_through_the_gateway_and_mcp(toy_tokenizer):
     async with guessing(toy_tokenizer, binary_search, str(SPEC)) as system:
         events = await system.play("train-42")
@@ -63,6 +64,7 @@ async def test_a_cli_agent_plays_through_the_gateway_and_mcp(toy_tokenizer):
 ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])  # each run starts a Python agent
 
 
+@pytest.mark.slow
 @ASYNCIO_ONLY
 async def test_exit_codes_map_to_statuses(toy_tokenizer):
     options = {"max_turns": 2}
@@ -74,6 +76,7 @@ async def test_exit_codes_map_to_statuses(toy_tokenizer):
     assert first(events, EpisodeGraded).reward == 0.0
 
 
+@pytest.mark.slow
 @ASYNCIO_ONLY
 async def test_an_agent_refused_past_its_budget_ends_in_limit(toy_tokenizer):
     async with guessing(toy_tokenizer, binary_search, str(SPEC), max_steps=3) as system:

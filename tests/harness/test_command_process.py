@@ -113,6 +113,7 @@ async def test_exit_codes_map_to_statuses(tmp_path, code, status, reason):
     assert (result.status, result.reason) == (status, reason)
 
 
+@pytest.mark.slow
 async def test_a_timeout_kills_the_process_group(tmp_path):
     pids = tmp_path / "pids"
     command = script(
@@ -138,6 +139,7 @@ async def test_a_timeout_kills_the_process_group(tmp_path):
         assert await gone(pid)
 
 
+@pytest.mark.slow
 async def test_cancelling_the_episode_kills_the_process_group(tmp_path):
     pids = tmp_path / "pids"
     command = script(
@@ -158,6 +160,7 @@ async def test_cancelling_the_episode_kills_the_process_group(tmp_path):
         assert await gone(pid)
 
 
+@pytest.mark.slow
 async def test_a_process_that_escaped_the_group_does_not_hold_the_episode(tmp_path):
     pid_file = tmp_path / "pid"
     command = script(

@@ -131,6 +131,7 @@ def one(events: list, kind: type) -> Any:
     return event
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 async def test_a_tool_that_raises_answers_garbage_or_hangs_fails_its_episode_with_the_reason(
     toy_tokenizer, where
@@ -172,6 +173,7 @@ async def test_a_non_finite_reward_is_not_graded_wherever_the_env_runs(toy_token
     assert failure_kind(graded.reason) == expected, graded.reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 async def test_an_env_that_declares_tool_errors_the_agents_doing_is_graded(toy_tokenizer, where):
     """As the ORS contract has it, a tool that raises ends the session (behind a server the

@@ -23,6 +23,7 @@ def box(url: str, **spec) -> DockerSandbox:
     return create_sandbox(SandboxSpec(**spec), provider="docker", url=url, ulimits=PODMAN_ULIMITS)
 
 
+@pytest.mark.slow
 async def test_exec_env_cwd_user_and_persistence(podman_url, image):
     async with box(podman_url, image=image, env={"A": "spec"}) as sandbox:
         result = await sandbox.exec('echo "$A $B"; pwd; echo err >&2; exit 4', env={"B": "call"})
@@ -32,6 +33,7 @@ async def test_exec_env_cwd_user_and_persistence(podman_url, image):
         assert (await sandbox.exec("id -u", user="nobody")).stdout == "65534\n"
 
 
+@pytest.mark.slow
 async def test_timeout_ends_the_command_and_its_children(podman_url, image):
     async with box(podman_url, image=image) as sandbox:
         began = time.monotonic()
@@ -44,6 +46,7 @@ async def test_timeout_ends_the_command_and_its_children(podman_url, image):
         assert (await sandbox.exec("exit 124", timeout=5)).timed_out is False
 
 
+@pytest.mark.slow
 async def test_upload_and_download(podman_url, image, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -64,6 +67,7 @@ async def test_upload_and_download(podman_url, image, tmp_path):
             await sandbox.download("/nope", tmp_path / "nope")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("network", [False, True])
 async def test_network_mode(podman_url, image, network):
     async with box(podman_url, image=image, network=network) as sandbox:
@@ -82,6 +86,7 @@ async def test_memory_and_cpus_are_applied(podman_url, image):
     assert limit.stdout.strip() == str(256 * 2**20)
 
 
+@pytest.mark.slow
 async def test_errors_are_sandbox_errors(podman_url, image):
     with pytest.raises(SandboxError, match=r"needs spec\.image"):
         box(podman_url, rootfs="/")

@@ -60,6 +60,7 @@ def _history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_offline_wandb_gets_every_metric_and_each_evals_episodes(tmp_path, monkeypatch):
     import anyio
 

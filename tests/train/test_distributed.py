@@ -19,6 +19,8 @@ import anyio
 import pytest
 import yaml
 
+import forkserver
+
 pytest.importorskip("nats")
 
 from platoon.bus import read_events
@@ -127,7 +129,8 @@ class Cluster:
         self.path.write_text(yaml.safe_dump(config))
         self.calls = site / f"calls-{run}"
         self.calls.mkdir()
-        pythonpath = [str(Path(__file__).parent), str(EXAMPLE), os.environ.get("PYTHONPATH", "")]
+        here = Path(__file__).parent  # the policy's module, and what it imports (tests/)
+        pythonpath = [str(here), str(here.parent), str(EXAMPLE), os.environ.get("PYTHONPATH", "")]
         self.env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
@@ -142,7 +145,7 @@ class Cluster:
         # Logs go to files: a pipe that nobody reads fills up and blocks the process.
         path = self.site / f"{name}.log"
         with path.open("wb") as log:
-            process = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+            process = forkserver.Process(command, env=self.env, stdout=subprocess.DEVNULL, stderr=log)
         self.logs[process.pid] = path
         return process
 
@@ -280,6 +283,7 @@ def summary(events) -> dict[int, tuple[Counter, set[str]]]:
     return out
 
 
+@pytest.mark.slow
 def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypatch):
     distributed = cluster("two")
     # Both workers are up before the trainer asks for work (under load a worker's start-up can
@@ -323,6 +327,7 @@ def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypat
     assert summary(events) == summary(alone)
 
 
+@pytest.mark.slow
 def test_a_secured_run_trains_with_a_credential_per_role(site, tiny_model, tmp_path):
     """The server `platoon nats init` configures: trainer and workers each log in as their role."""
     from platoon.train.nats_auth import write_nats_setup
@@ -342,6 +347,7 @@ def test_a_secured_run_trains_with_a_credential_per_role(site, tiny_model, tmp_p
     assert len([e for e in events if type(e).__name__ == "EpisodeGraded"]) >= BATCH * STEPS
 
 
+@pytest.mark.slow
 def test_a_worker_with_another_config_is_refused_by_name(cluster):
     """The handshake: a worker whose episodes would differ (here an env option) takes no work."""
     run = cluster("handshake")
@@ -356,6 +362,7 @@ def test_a_worker_with_another_config_is_refused_by_name(cluster):
     assert len(check_batches(run.run_dir)) > 0
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_step_loses_no_episode(cluster):
     run = cluster("kill", delay=0.15)
     run.start_trainer()
@@ -388,6 +395,7 @@ def stopped(process: subprocess.Popen) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
+@pytest.mark.slow
 def test_a_hung_worker_loses_no_episode(cluster):
     """A worker stopped with SIGSTOP keeps its connection; the work it held goes to the live
     worker, it takes no more while it hangs, and every step trains on a whole batch."""
@@ -418,6 +426,7 @@ def test_a_hung_worker_loses_no_episode(cluster):
     assert "this worker was stalled" in run.log_of(hung, tail=None)
 
 
+@pytest.mark.slow
 def test_a_worker_whose_trainer_is_gone_says_so_and_exits(cluster):
     run = cluster("orphan", delay=0.15)
     run.start_trainer()
@@ -432,6 +441,7 @@ def test_a_worker_whose_trainer_is_gone_says_so_and_exits(cluster):
     assert "stopped (trainer_gone)" in log
 
 
+@pytest.mark.slow
 def test_a_nats_restart_mid_run_loses_no_episode(cluster, nats_server):
     run = cluster("restart", delay=0.1)
     run.start_trainer()
@@ -445,6 +455,7 @@ def test_a_nats_restart_mid_run_loses_no_episode(cluster, nats_server):
     assert max(grades.values()) == 1
 
 
+@pytest.mark.slow
 def test_a_worker_stops_cleanly_on_a_signal(site, tiny_model, nats_server):
     """With no trainer yet, a worker waits for a policy; SIGTERM or SIGINT ends it with 0."""
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -465,16 +476,17 @@ def test_a_worker_stops_cleanly_on_a_signal(site, tiny_model, nats_server):
         assert "stopped (stop)" in run.log_of(worker)
 
 
+@pytest.mark.slow
 def test_a_worker_without_nats_says_so_in_one_line(site, tiny_model):
     from platoon.bus.nats_server import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     run = Cluster(site, make_config(tiny_model, url=url, run="nobody"), "nobody")
     command = [sys.executable, "-m", "platoon.cli.worker", str(run.path), "--policy", "scripted:x:y"]
-    result = subprocess.run(command, env=run.env, capture_output=True, text=True, timeout=60)
+    result = forkserver.run(command, env=run.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("platoon: error: cannot import")
     command[-1] = "scripted:test_distributed:slow_bisect"
-    result = subprocess.run(command, env=run.env, capture_output=True, text=True, timeout=60)
+    result = forkserver.run(command, env=run.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert f"could not connect to NATS at {url}" in result.stderr.strip().splitlines()[-1]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import forkserver
+
 pytest.importorskip("nats")
 pytest.importorskip("peft")
 
@@ -50,7 +52,7 @@ def train_on_workers(site: Path, tmp_path: Path, *overrides: str, workers: int =
         def spawn(*command: str, log: str) -> tuple[subprocess.Popen, Path]:
             path = tmp_path / log
             with path.open("wb") as out:
-                process = subprocess.Popen(
+                process = forkserver.Process(
                     [sys.executable, "-m", *command], stdout=subprocess.DEVNULL, stderr=out
                 )
             return process, path
@@ -74,6 +76,7 @@ def train_on_workers(site: Path, tmp_path: Path, *overrides: str, workers: int =
     return site / "runs" / "planner-executor" / "cpu"
 
 
+@pytest.mark.slow
 def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
     run_dir = train_on_workers(site, tmp_path)
     events = list(read_events(run_dir))
@@ -105,6 +108,7 @@ def test_two_policies_train_on_workers_like_in_one_process(site, tmp_path):
     print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
 
 
+@pytest.mark.slow
 def test_a_frozen_policy_is_sampled_on_workers_as_announced_and_never_trains(site, tmp_path):
     """The executor frozen: workers sample it from its base model at version 0 all run long,
     while the planner trains and its versions move."""

@@ -24,6 +24,7 @@ from platoon.train.loop import train
 pytestmark = pytest.mark.torch
 
 
+@pytest.mark.slow
 def test_training_with_a_tiny_model_judge_weighted_rules_and_kl(site, tiny_model):
     import learnable  # noqa: F401 - registers the harness
 

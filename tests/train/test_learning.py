@@ -19,6 +19,8 @@ from platoon.train.loop import train
 pytestmark = pytest.mark.torch
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 def test_mean_reward_rises_on_the_embedded_backend(site, tiny_model):
     import learnable  # noqa: F401 - registers the harness
 
@@ -36,6 +38,8 @@ def test_mean_reward_rises_on_the_embedded_backend(site, tiny_model):
     assert metrics[-1]["policy/version"] >= 10
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 def test_a_run_with_the_same_seed_samples_and_trains_the_same(site, tiny_model):
     """The run's seed decides every sample (the gateway seeds each call from its episode's seed),
     so a rerun draws the same completions, grades them the same and trains the same weights."""

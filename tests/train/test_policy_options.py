@@ -153,6 +153,7 @@ def first_call_sampled(server: str, run_dir: Path, policy: str, weights: str) ->
     return close(again[-len(call.logprobs) :], call.logprobs)
 
 
+@pytest.mark.slow
 def test_a_policy_starts_from_the_training_state_its_load_path_names(server, tiny_model, home, first_run):
     saved = logprobs(server, model_path=first_run["sampler_path"])
     base = logprobs(server, base_model=tiny_model)
@@ -198,6 +199,7 @@ def test_a_run_of_one_policy_samples_the_state_its_load_path_names_from_its_firs
     assert first_call_sampled(server, run_dir, "default", first_run["sampler_path"])
 
 
+@pytest.mark.slow
 def test_a_frozen_policy_is_the_kl_reference_of_the_trained_policy_that_names_it(
     server, tiny_model, home, first_run
 ):

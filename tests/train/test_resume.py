@@ -12,6 +12,7 @@ import pytest
 import yaml
 from learnable import learn_config
 
+import forkserver
 from platoon.bus import read_events
 from platoon.bus.events import EpisodeRequested, TaskRef
 from platoon.train.loop import TaskOrder
@@ -26,6 +27,7 @@ def checkpoints(run_dir):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
     config = learn_config(tiny_model, steps=STEPS, save_every=1)
     path = site / "train.yaml"
@@ -35,7 +37,7 @@ def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
     env = {**os.environ, "PYTHONPATH": pythonpath}
     command = [sys.executable, "-m", "platoon", "train", str(path)]
 
-    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = forkserver.Process(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
     while len(checkpoints(run_dir)) < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -45,7 +47,7 @@ def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
     before = checkpoints(run_dir)
     assert 2 <= len(before) < STEPS
 
-    resumed = subprocess.run([*command, "--resume", str(run_dir)], env=env, capture_output=True, timeout=300)
+    resumed = forkserver.run([*command, "--resume", str(run_dir)], env=env, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     steps = [c["step"] for c in checkpoints(run_dir)]
     assert steps == list(range(STEPS)), steps
@@ -95,6 +97,7 @@ def _state_dir(run_dir, checkpoint):
     return run_dir / "tinker" / run / kind / name
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_falls_back_to_the_one_before_and_no_step_repeats(site, tiny_model):
     run_dir = site / "run"
     _train(learn_config(tiny_model, steps=3, save_every=1), run_dir)
@@ -115,6 +118,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before_and_no_step_repeats(s
     assert steps == [0, 1, 2, 3]  # each step once
 
 
+@pytest.mark.slow
 def test_a_resume_with_nothing_that_loads_changes_nothing(site, tiny_model):
     from platoon.train.checkpoints import ResumeError
 
@@ -132,6 +136,7 @@ def test_a_resume_with_nothing_that_loads_changes_nothing(site, tiny_model):
         _train(learn_config(tiny_model, steps=2, save_every=1), run_dir, resume=True)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     """SIGTERM (what a scheduler sends) cancels the run from inside its loop: every component
     closes, the event log and metrics stay whole, nothing prints a traceback, and --resume goes on."""
@@ -142,7 +147,7 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     pythonpath = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": pythonpath}
     command = [sys.executable, "-m", "platoon", "train", str(path), "--quiet"]
-    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = forkserver.Process(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert first.stderr is not None
     seen = []
     for line in first.stderr:  # a step finished: the run is in its loop
@@ -161,7 +166,7 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     damage = LogDamage(path="")
     events = list(read_events(run_dir, damage))
     assert events and not damage.found  # the log was closed, not cut
-    resumed = subprocess.run(
+    resumed = forkserver.run(
         [*command, f"train.max_training_steps={len(lines) + 1}", "--resume", str(run_dir)],
         env=env,
         capture_output=True,
@@ -194,6 +199,7 @@ class FailOnce:
                     raise RuntimeError("the plugin's disk is full")
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model, capsys):
     import shlex
 
@@ -222,6 +228,7 @@ def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model,
     assert steps == [0, 1, 2]  # each step once
 
 
+@pytest.mark.slow
 def test_checkpoint_keep_deletes_older_checkpoints_and_a_resume_goes_on_from_the_newest(site, tiny_model):
     run_dir = site / "run"
     config = learn_config(tiny_model, steps=3, save_every=1)

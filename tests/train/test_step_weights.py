@@ -55,6 +55,7 @@ def test_skipped_steps_publish_no_version_and_delete_nothing():
     assert published(weights, 3) == []
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_run_keeps_only_the_newest_step_weights_and_its_checkpoints_which_sample_and_resume(
     site, tiny_model

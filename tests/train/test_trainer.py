@@ -223,6 +223,7 @@ def nan_once(finished: Any, graded: Any) -> float:
     return graded.reward
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_nan_reward_drops_its_episode_and_the_run_goes_on(site, tiny_model):
     """One NaN reward used to end the run at step 0; now that episode is counted, not trained."""

@@ -34,6 +34,8 @@ def run(site, tiny_model, credit, **workflow):
     return [m["reward/mean"] for m in metrics], metrics
 
 
+@pytest.mark.learning
+@pytest.mark.slow
 def test_per_turn_credit_learns_where_outcome_credit_does_not(site, tiny_model):
     per_turn, metrics = run(site, tiny_model, "per_turn", turn_discount=0.0)
     outcome, _ = run(site, tiny_model, "outcome")

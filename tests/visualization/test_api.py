@@ -42,6 +42,7 @@ def _log(run_dir):
     return graded, calls, tools, datums
 
 
+@pytest.mark.slow
 def test_the_runs_table_and_the_steps_match_the_log(client, quickstart_run):
     runs = _get(client, "runs")["runs"]
     assert len(runs) == 1
@@ -109,6 +110,7 @@ def test_an_episode_shows_its_calls_tool_results_and_grade(client, quickstart_ru
         assert len(view["group"]) == 4
 
 
+@pytest.mark.slow
 def test_a_call_shows_every_sampled_token_with_the_datum_values_it_trained_on(client, quickstart_run):
     _, calls, _, datums = _log(quickstart_run)
     checked = nonzero = 0

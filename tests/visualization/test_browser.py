@@ -155,6 +155,7 @@ def _walk(page, log, shots: Path, name: str) -> None:
     page.screenshot(path=shots / f"{name}-5-call.png", full_page=True)
 
 
+@pytest.mark.slow
 def test_click_through_a_run_and_see_what_the_log_holds(browser, viewer, quickstart_run, tmp_path):
     server = viewer(quickstart_run)
     page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -170,6 +171,7 @@ def test_click_through_a_run_and_see_what_the_log_holds(browser, viewer, quickst
     assert len(list(tmp_path.glob("live-*.png"))) == 6
 
 
+@pytest.mark.slow
 def test_a_run_still_writing_updates_in_the_open_page(browser, viewer, quickstart_run, tmp_path):
     data = (quickstart_run / "events.msgpack").read_bytes()
     live = tmp_path / "quickstart" / "live"
@@ -193,6 +195,7 @@ def test_a_run_still_writing_updates_in_the_open_page(browser, viewer, quickstar
     page.screenshot(path=tmp_path / "updated.png", full_page=True)
 
 
+@pytest.mark.slow
 def test_the_export_opens_from_disk(browser, quickstart_run, tmp_path):
     from platoon.cli import main
 

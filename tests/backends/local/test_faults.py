@@ -65,6 +65,7 @@ def retrieve(http: httpx.Client, request_id: str) -> dict:
     pytest.fail(f"request {request_id} never finished: its seq_id is waiting for one that never came")
 
 
+@pytest.mark.slow
 def test_any_refused_training_body_still_uses_up_its_seq_id(tiny_model, tmp_path):
     """A body that fails to decode in any way (a tensor whose bytes are not whole values, a zstd
     body that expands past the cap, a body over the cap, proto or JSON) is answered 400/413 and

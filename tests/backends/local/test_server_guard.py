@@ -52,6 +52,7 @@ def test_the_real_sdk_works_with_the_key_and_not_without(guarded_url):
         tinker.RestClient(base_url=guarded_url, api_key="tml-wrong").get_server_capabilities().result()
 
 
+@pytest.mark.slow
 def test_a_zstd_bomb_is_refused_before_it_expands(guarded_url):
     import zstandard
 
@@ -74,6 +75,7 @@ def test_a_zstd_bomb_is_refused_before_it_expands(guarded_url):
     assert grown < 64 * 2**20  # the server thread lives in this process; 512 MiB would show here
 
 
+@pytest.mark.slow
 def test_it_will_not_listen_beyond_loopback_without_a_key(tiny_model):
     done = subprocess.run(
         [sys.executable, "-m", "platoon", "serve", "tinker", "--model", str(tiny_model), "--host", "0.0.0.0"],

@@ -85,6 +85,7 @@ def test_sampled_logprobs_match_the_model(service, tiny_model):
     assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # seeded
 
 
+@pytest.mark.slow
 def test_new_sampler_samples_updated_weights(service, tiny_model):
     client = service.create_lora_training_client(base_model=str(tiny_model), rank=8, seed=4).result()
     prompt, target = [7, 8, 9], [100, 200, 300, 400]

@@ -147,6 +147,7 @@ async def installed(name: str) -> None:
     print(f"{name} toolchain ready in {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
 async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, sum_task, tmp_path):
     await installed(agent.harness)
@@ -199,6 +200,7 @@ async def delegate_to_pi(ctx: AgentContext) -> AgentResult:
     return AgentResult(result.status, final_message=result.final_message, reason=result.reason)
 
 
+@pytest.mark.slow
 async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
     toy_tokenizer, sum_task, tmp_path
 ):

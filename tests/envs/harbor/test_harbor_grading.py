@@ -191,6 +191,7 @@ def test_parse_rewards(name, text, expected):
     assert all(math.isfinite(v) for v in expected.rewards.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize(("answer", "reward"), [("42", 1.0), ("7", 0.0)])
 async def test_the_same_through_the_docker_provider(make_task, podman_url, image, answer, reward):

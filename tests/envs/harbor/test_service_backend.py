@@ -238,6 +238,7 @@ def test_a_simple_dockerfile_becomes_steps(make_task):
     assert plan.steps[5].command == "ls -l" and plan.steps[5].env["VERSION"] == "1.2"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiodocker runs under asyncio only
 async def test_docker_provider_runs_the_image_prepare_built(make_task, tmp_path, podman_url, image):
     from platoon.envs.harbor.prepare import build_image

@@ -136,6 +136,7 @@ async def test_right_answer_gets_1_and_wrong_gets_0(
     )
 
 
+@pytest.mark.slow
 async def test_agent_timeout_ends_the_agent_and_the_verifier_still_runs(toy_tokenizer, make_task, tmp_path):
     task = sum_task(make_task, toml="[agent]\ntimeout_sec = 1.5\n")
     script = bash_calls("echo 42 > answer.txt", "sleep 30", "echo 0 > answer.txt")
