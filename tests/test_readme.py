@@ -39,7 +39,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 def test_the_test_command_is_what_ci_runs():
     main_job, tests = [b.strip() for b in blocks("Set up")]
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
-    assert tests.startswith("python3.11 -m venv .venv && ") and tests.endswith("-m pytest")
+    assert tests.startswith("python3.11 -m venv .venv && ") and tests.endswith("-m pytest --cov")
     assert main_job.startswith("python3.11 -m venv .venv && ")
 
 

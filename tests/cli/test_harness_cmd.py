@@ -90,3 +90,29 @@ def test_an_unknown_harness_is_a_one_line_error(capsys):
     assert len(err) == 1
     assert main(["harness", "show", "codx"]) == 1
     assert "unknown harness 'codx'; did you mean 'codex'? (known: " in capsys.readouterr().err
+
+
+def test_install_builds_a_specs_toolchain_once_and_says_so(tmp_path, monkeypatch, capsys):
+    """`platoon harness install` runs a spec's install command into the site cache, once."""
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    spec = tmp_path / "builder.toml"
+    spec.write_text(
+        'name = "builder"\nruns_in = "host"\ncommand = ["true"]\n'
+        'install = ["{python}", "-c", "open(\\"{cache_dir}/built\\", \\"a\\").write(\\"x\\")"]\n'
+    )
+    assert main(["harness", "install", str(spec), "platoon-react"]) == 0
+    assert main(["harness", "install", str(spec)]) == 0
+    out = lines(capsys)
+    assert (
+        out[0].startswith("builder: ready (")
+        and out[1] == "platoon-react: nothing to build (a function harness)"
+    )
+    [built] = list((tmp_path / "cache").rglob("built"))
+    assert built.read_text() == "x"  # the second install found it done
+
+
+def test_install_of_an_unknown_harness_is_a_one_line_error(capsys):
+    assert main(["harness", "install", "nope"]) == 1
+    [err] = capsys.readouterr().err.splitlines()
+    assert err.startswith("platoon: error: unknown harness 'nope'")

@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = hs.add_parser("show", help="one harness: its options and where it comes from")
     q.add_argument("name", help="the harness's name, as `platoon harness list` shows it")
     q.set_defaults(handler="platoon.cli.harness:show_harness")
+    q = hs.add_parser(
+        "install", help="build command-line harnesses' toolchains into the site cache, without a config"
+    )
+    q.add_argument("names", nargs="+", metavar="NAME", help="harness names (codex, pi, ...) or spec files")
+    q.set_defaults(handler="platoon.cli.harness:install_harnesses")
 
     p = sub.add_parser("nats", help="NATS for distributed runs")
     ns = p.add_subparsers(dest="nats_command", metavar="ACTION", required=True)

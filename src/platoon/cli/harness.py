@@ -104,6 +104,31 @@ def show_harness(args: Any) -> int:
     return 0
 
 
+def install_harnesses(args: Any) -> int:
+    """Build each named harness's toolchain (what `platoon prepare` does for a config's), so a
+    machine can be made ready before any config names it: a CI image, an offline node."""
+    import time
+
+    import anyio
+
+    for name in args.names:
+        try:
+            harness = get_harness(name)
+        except (HarnessError, plugins.PluginError, ValueError, OSError) as exc:
+            raise CommandError(str(exc)) from None
+        install = getattr(harness, "install", None)
+        if install is None:
+            print(f"{harness.name}: nothing to build (a function harness)")
+            continue
+        started = time.monotonic()
+        try:
+            anyio.run(install)
+        except (HarnessError, ValueError) as exc:  # a spec's toolchain that did not build
+            raise CommandError(str(exc)) from None
+        print(f"{harness.name}: ready ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
 def describe(name: str, providers: _Providers | None = None) -> HarnessInfo:
     """What `platoon harness show` prints about `name` (a name, `module:attr` or spec path)."""
     providers = providers or _Providers()
