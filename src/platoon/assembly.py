@@ -279,10 +279,11 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             )
         }
     out = {}
-    tiny = system.tiny_model_path()
     for name, spec in resolve_policies(config).items():
         train = spec.train
-        model = tiny if train.model_name in (system.TINY_MODEL, tiny) else train.model_name
+        # A built-in model (the tiny one, a catalogue model) is named by its cache directory.
+        builtin = system.builtin_model_dir(train.model_name)
+        model = builtin or train.model_name
         trains = purpose == "train" and not spec.frozen
         if trains and spec.model_path and config.policies:
             raise SystemError(
@@ -311,7 +312,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
                 if trains
                 else None
             ),
-            builtin=system.TINY_MODEL if model == tiny else None,
+            builtin=system.builtin_model_name(train.model_name),
             frozen=spec.frozen,
         )
     return out
@@ -564,15 +565,12 @@ def assemble(
     the training run's; `nats_url`, `worker_name` and `drain_timeout` a worker's; `gateway`
     (host, port, model_name, renderer_name) and `events_dir` a served gateway's."""
     directory = Path(run_dir) if run_dir is not None else None
-    if (
-        purpose in ("train", "worker")
-        and config.train is not None
-        and config.train.model_name == system.TINY_MODEL
-    ):
-        # A trainer (and its workers) name the built-in model by its directory, which is built
-        # when the run opens.
+    builtin = system.builtin_model_dir(config.train.model_name) if config.train is not None else None
+    if purpose in ("train", "worker") and config.train is not None and builtin is not None:
+        # A trainer (and its workers) name a built-in model by its directory, which is built
+        # (or pulled) when the run opens.
         config = msgspec.structs.replace(
-            config, train=msgspec.structs.replace(config.train, model_name=system.tiny_model_path())
+            config, train=msgspec.structs.replace(config.train, model_name=builtin)
         )
     settings = resolve(
         config,
