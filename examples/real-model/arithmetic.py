@@ -18,9 +18,19 @@ from pydantic import BaseModel
 
 import platoon as pt
 
-# Every pair (a, b) of 1..9 with a <= b: 45 problems; 15 of them, drawn once, are the test split.
-_PAIRS = [(a, b) for a in range(1, 10) for b in range(a, 10)]
-_TEST = set(random.Random(7).sample(_PAIRS, 15))
+
+def _splits(pairs: list[tuple[int, int]], held_out: int) -> dict[str, list[tuple[int, int]]]:
+    """The pairs split once, by a fixed draw: `held_out` of them are the test split."""
+    test = set(random.Random(7).sample(pairs, held_out))
+    return {"train": [p for p in pairs if p not in test], "test": [p for p in pairs if p in test]}
+
+
+# Every pair (a, b) of 1..9 with a <= b: 45 problems, 15 of them held out as the test split.
+_ONE_DIGIT = _splits([(a, b) for a in range(1, 10) for b in range(a, 10)], 15)
+# Two-digit sums (10..99): 120 problems drawn once, 30 held out. What the model cannot learn here.
+_TWO_DIGIT = _splits(
+    random.Random(11).sample([(a, b) for a in range(10, 100) for b in range(10, 100)], 120), 30
+)
 
 
 def last_number(text: str) -> int | None:
@@ -34,7 +44,9 @@ class Answer(BaseModel):
 
 
 class Sums(Environment):
-    """Add two numbers; the reward is 1 when the reply's last number is the sum."""
+    """Add two numbers from 1 to 9; the reward is 1 when the reply's last number is the sum."""
+
+    pairs = _ONE_DIGIT
 
     @classmethod
     def list_splits(cls) -> list[str]:
@@ -42,8 +54,7 @@ class Sums(Environment):
 
     @classmethod
     def list_tasks(cls, split: str) -> list[dict[str, Any]]:
-        pairs = [p for p in _PAIRS if (p in _TEST) == (split == "test")]
-        return [{"id": f"{a}+{b}", "a": a, "b": b} for a, b in pairs]
+        return [{"id": f"{a}+{b}", "a": a, "b": b} for a, b in cls.pairs[split]]
 
     def get_prompt(self) -> list[TextBlock]:
         a, b = self.task_spec["a"], self.task_spec["b"]
@@ -56,6 +67,12 @@ class Sums(Environment):
         return ToolOutput(
             blocks=[TextBlock(text="right" if right else "wrong")], reward=float(right), finished=True
         )
+
+
+class TwoDigitSums(Sums):
+    """The same with numbers from 10 to 99 (`service: python://arithmetic:TwoDigitSums`)."""
+
+    pairs = _TWO_DIGIT
 
 
 @pt.harness("example-answer")
