@@ -14,6 +14,7 @@ held-out split. A resume whose config changes any of them is refused.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,14 @@ class CheckpointNotFound(LookupError):
 _KINDS = ("sampler_weights", "weights")
 
 
+_PART = re.compile(r"^[A-Za-z0-9._:\-]+$")  # a run id or checkpoint name, as the embedded server makes them
+
+
 def _tinker_parts(path: str) -> tuple[str, str, str] | None:
     parts = path.removeprefix("tinker://").split("/")
-    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in _KINDS or not all(parts):
+    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in _KINDS:
         return None
-    if any(p in (".", "..") for p in parts):
+    if not all(_PART.match(p) and p not in (".", "..") for p in parts):
         return None
     return parts[0], parts[1], parts[2]
 
