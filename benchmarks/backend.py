@@ -8,7 +8,8 @@ Each round measures both sides back to back under the same machine load:
 - seeded: 8 concurrent requests each with its own seed, as a training run's calls come (each
   row then draws from its own generator);
 - training: one LoRA step (`forward_backward` + `optim_step` through the SDK) against a bare
-  peft + AdamW loop on the same batch, for equal lengths and for mixed lengths.
+  peft + AdamW loop on the same batch, for equal lengths and for mixed lengths, the two sides
+  taking turns step by step.
 The ratios of each round are printed, then their medians over the rounds, and the process's
 peak resident memory (both sides live in it).
 
@@ -45,13 +46,16 @@ def best(fn, repeats: int = 3) -> float:
     return min(times)
 
 
-def median_time(fn, repeats: int = 5) -> float:
-    times = []
+def median_times(a, b, repeats: int = 5) -> tuple[float, float]:
+    """The median times of `a` and `b`, run in turn (a, b, a, b, ...) so that a change of the
+    machine's load falls on both sides alike."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, out in ((a, times[0]), (b, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,10 +262,12 @@ def main(argv: list[str] | None = None) -> None:
             r["srv_eight"] = best(lambda: sample(8), repeats=2)
             r["srv_group"] = best(lambda: sample(8, shared=True), repeats=2)
             r["srv_seeded"] = best(lambda: sample(8, seeded=True), repeats=2)
-            r["torch_step"] = median_time(lambda: torch_step(rows))
-            r["srv_step"] = median_time(lambda: server_step(equal))
-            r["torch_mixed"] = median_time(lambda: torch_step(mixed))
-            r["srv_mixed"] = median_time(lambda: server_step(varied))
+            r["torch_step"], r["srv_step"] = median_times(
+                lambda: torch_step(rows), lambda: server_step(equal)
+            )
+            r["torch_mixed"], r["srv_mixed"] = median_times(
+                lambda: torch_step(mixed), lambda: server_step(varied)
+            )
             r["load"] = os.getloadavg()[0]
             results.append(r)
             print(
