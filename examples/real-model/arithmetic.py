@@ -27,7 +27,7 @@ def _splits(pairs: list[tuple[int, int]], held_out: int) -> dict[str, list[tuple
 
 # Every pair (a, b) of 1..9 with a <= b: 45 problems, 15 of them held out as the test split.
 _ONE_DIGIT = _splits([(a, b) for a in range(1, 10) for b in range(a, 10)], 15)
-# Two-digit sums (10..99): 120 problems drawn once, 30 held out. What the model cannot learn here.
+# Two-digit sums (10..99): 120 problems drawn once, 30 held out; 20 steps take it only to about 0.35.
 _TWO_DIGIT = _splits(
     random.Random(11).sample([(a, b) for a in range(10, 100) for b in range(10, 100)], 120), 30
 )
