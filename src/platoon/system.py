@@ -22,6 +22,8 @@ from platoon.policy.base import SamplerFactory
 
 __all__ = [
     "SystemError",
+    "builtin_model_dir",
+    "builtin_model_name",
     "check_training_service",
     "entry_names",
     "import_packages",
@@ -76,11 +78,61 @@ TINY_MODEL_SEED = 1
 
 
 def resolve_model(name: str) -> str:
-    """A model name as the loaders take it: a built-in model (`platoon-tiny-qwen3`, a tiny
-    random-init Qwen3 with a Qwen3 tokenizer) is built into the site cache on first use and
-    named by its directory; any other name is returned as it is."""
-    if name != TINY_MODEL:
+    """A model name as the loaders take it. A built-in name is made ready in the site cache on
+    first use and named by its directory: `platoon-tiny-qwen3` (a tiny random-init Qwen3 with a
+    Qwen3 tokenizer) is built, a catalogue model (`smollm2-135m`, `platoon models list`) is
+    pulled and converted; any other name is returned as it is."""
+    builtin = builtin_model_name(name)
+    if builtin is None:
         return name
+    if builtin == TINY_MODEL:
+        return _tiny_model()
+    from platoon import models
+
+    entry = models.find_model(builtin)
+    assert entry is not None
+    if not models.is_pulled(entry):
+        log.info("pulling a catalogue model into the site cache (once)", model=entry.name)
+    try:
+        return str(models.pull(entry, say=lambda line: log.info(line)))
+    except models.ModelError as exc:
+        raise SystemError(f"model {name!r}: {exc}") from None
+
+
+def builtin_model_name(name: str | None) -> str | None:
+    """The built-in model (the tiny one, or a catalogue model by its full name) that `name` or
+    its cache directory names; None for any other name."""
+    if not name:
+        return None
+    if name in (TINY_MODEL, tiny_model_path()):
+        return TINY_MODEL
+    from platoon import models
+
+    entry = models.find_model(name)
+    if entry is not None:
+        return entry.name
+    if "/" in name or os.sep in name:
+        path = os.path.abspath(os.path.expanduser(name))
+        for entry in models.catalogue():
+            if path == os.path.abspath(models.model_dir(entry)):
+                return entry.name
+    return None
+
+
+def builtin_model_dir(name: str | None) -> str | None:
+    """The cache directory a built-in model name (or that directory itself) stands for,
+    whether or not it is there yet; None for any other name."""
+    builtin = builtin_model_name(name)
+    if builtin is None:
+        return None
+    if builtin == TINY_MODEL:
+        return tiny_model_path()
+    from platoon import models
+
+    return str(models.model_dir(builtin))
+
+
+def _tiny_model() -> str:
     directory = Path(tiny_model_path())
     if not (directory / "config.json").exists():
         import shutil

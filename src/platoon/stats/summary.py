@@ -39,7 +39,8 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     rewards = _series(rows, "reward/mean")
     lines = []
     took = f" in {seconds:.0f} s" if seconds is not None else ""
-    lines.append(f"trained {len(rows)} step{'s' * (len(rows) != 1)}{took}")
+    steps = [r for r in rows if not _eval_only(r)]
+    lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
     if rewards:
         lines.append(f"reward  {_span(rewards)}")
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
@@ -54,10 +55,21 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
                 shown.append(shape.format(values[-1]))
         lines.append(f"policy  {policy}: {', '.join(shown)}")
     evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
+    reports = {path: _report(path) for path in evals}
+    curve = [
+        (path, r["reward_mean"])
+        for path, r in reports.items()
+        if isinstance(r.get("reward_mean"), int | float)
+    ]
+    if len(curve) > 1:  # the held-out curve, as the reward's above
+        (first, low), (last, high) = curve[0], curve[-1]
+        lines.append(
+            f"eval    {sparkline([v for _, v in curve])}  {low:.2f} at step {_step(first)} → {high:.2f} at step "
+            f"{_step(last)}  ({len(curve)} evaluations)"
+        )
     for path in evals[:1] + evals[-1:] if len(evals) > 1 else evals:
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
+        report = reports[path]
+        if not report:
             continue
         mean = report.get("reward_mean")
         passes = report.get("pass_at_k") or {}
@@ -72,13 +84,31 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         ]
         if own:
             shown += "; own reward " + ", ".join(own)
-        lines.append(f"eval    step {int(path.stem.removeprefix('step-'))}: {shown}")
+        lines.append(f"eval    step {_step(path)}: {shown}")
     lines.append(f"run     {run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:
         lines.append(f"view    platoon view {run_dir}")
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
+
+
+def _eval_only(row: dict) -> bool:
+    """A metrics row of an evaluation alone (one at the start, or between steps), not a step's."""
+    keys = [k for k in row if k not in ("step", "time")]
+    return bool(keys) and all(k.startswith("eval/") for k in keys)
+
+
+def _report(path: Path) -> dict:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _step(path: Path) -> int:
+    return int(path.stem.removeprefix("step-"))
 
 
 def _series(rows: list[dict], key: str) -> list[float]:

@@ -14,6 +14,8 @@ held-out split. A resume whose config changes any of them is refused.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,14 @@ from platoon.config.rundir import write_private
 
 log = structlog.get_logger("platoon.checkpoints")
 
-__all__ = ["Checkpoint", "CheckpointStore", "ResumeError", "run_identity"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointNotFound",
+    "CheckpointStore",
+    "ResumeError",
+    "locate_weights",
+    "run_identity",
+]
 
 
 class ResumeError(RuntimeError):
@@ -133,3 +142,64 @@ class CheckpointStore:
         ]
         if changed:
             raise ResumeError("a resume cannot change what the run trains; changed: " + "; ".join(changed))
+
+
+class CheckpointNotFound(LookupError):
+    """Sampler weights that no run directory on this machine holds."""
+
+
+_KINDS = ("sampler_weights", "weights")
+
+
+_PART = re.compile(r"^[A-Za-z0-9._:\-]+$")  # a run id or checkpoint name, as the embedded server makes them
+
+
+def _tinker_parts(path: str) -> tuple[str, str, str] | None:
+    parts = path.removeprefix("tinker://").split("/")
+    if not path.startswith("tinker://") or len(parts) != 3 or parts[1] not in _KINDS:
+        return None
+    if not all(_PART.match(p) and p not in (".", "..") for p in parts):
+        return None
+    return parts[0], parts[1], parts[2]
+
+
+def _checkpoint_files(directory: Path) -> bool:
+    return (directory / "adapter_model.safetensors").is_file()
+
+
+def locate_weights(ref: str, roots: Sequence[str | Path] = ()) -> tuple[Path, str]:
+    """Where the embedded backend finds a finished run's weights, for evaluating or exporting them.
+
+    `ref` is a `tinker://<session>/<sampler_weights|weights>/<name>` path that a run trained on
+    the embedded backend wrote (looked for in the run directories under each of `roots`), a
+    checkpoint's directory (`RUN_DIR/tinker/<session>/sampler_weights/ckpt-000010`), or a run
+    directory (its newest checkpoint's sampler weights). Returns (the checkpoint directory a
+    server loads them from, their tinker:// path there); raises `CheckpointNotFound` saying
+    what was looked for."""
+    parts = _tinker_parts(ref)
+    if parts is not None:
+        session, kind, name = parts
+        for root in roots:
+            root = Path(root).expanduser()
+            # <runs>/<experiment>/<trial>/tinker[-<policy>]/<session>/..., or a run directory itself
+            for pattern in (f"*/*/tinker*/{session}", f"tinker*/{session}", f"*/tinker*/{session}"):
+                for found in sorted(root.glob(pattern)):
+                    if _checkpoint_files(found / kind / name):
+                        return found.parent, ref
+        where = ", ".join(str(r) for r in roots) or "nowhere"
+        raise CheckpointNotFound(
+            f"no run directory under {where} holds {ref}; give the run directory or the checkpoint's "
+            "directory instead (RUN_DIR/tinker/<session>/sampler_weights/<name>)"
+        )
+    path = Path(ref).expanduser()
+    if _checkpoint_files(path) and path.parent.name in _KINDS:
+        session_dir = path.parent.parent
+        return session_dir.parent, f"tinker://{session_dir.name}/{path.parent.name}/{path.name}"
+    if (path / "checkpoints.jsonl").is_file():
+        latest = CheckpointStore(path).latest()
+        if latest is None:
+            raise CheckpointNotFound(f"{path}: the run saved no checkpoint")
+        return locate_weights(latest.sampler_path, [path])
+    raise CheckpointNotFound(
+        f"{ref!r} is neither a tinker:// path, a checkpoint directory nor a run directory with checkpoints"
+    )

@@ -35,6 +35,7 @@ __all__ = [
     "LoraSpec",
     "ModelNotFound",
     "WeightsRef",
+    "check_manifest",
     "pick_attention",
     "pick_device",
     "pick_dtype",
@@ -702,7 +703,7 @@ class Engine:
     def _load_into(self, adapter: str, directory: Path) -> None:
         from safetensors.torch import load_file
 
-        _check_manifest(directory)
+        check_manifest(directory)
         try:
             tensors = load_file(directory / "adapter_model.safetensors")
         except Exception as exc:
@@ -723,7 +724,7 @@ class Engine:
         """Load a `save_state` checkpoint into an existing training model."""
         model = self._trainable(model_id)
         directory = self.local_path(tinker_path)
-        _check_manifest(directory)
+        check_manifest(directory)
         spec = _read_spec(directory)
         if (spec.rank, spec.train_mlp, spec.train_attn, spec.train_unembed) != (
             model.spec.rank,
@@ -737,7 +738,7 @@ class Engine:
     def create_from_state(self, model_id: str, tinker_path: str, *, optimizer: bool) -> None:
         """A new training model whose LoRA config and weights (and optimizer) come from a checkpoint."""
         directory = self.local_path(tinker_path)
-        _check_manifest(directory)
+        check_manifest(directory)
         self.create_model(model_id, _read_spec(directory))
         try:
             self._restore(self._models[model_id], directory, tinker_path, optimizer=optimizer)
@@ -818,7 +819,7 @@ def _write_manifest(directory: Path) -> None:
     (directory / _MANIFEST).write_text(json.dumps(digests, indent=1))
 
 
-def _check_manifest(directory: Path) -> None:
+def check_manifest(directory: Path) -> None:
     """A damaged checkpoint is an EngineError naming the file, not a KeyError from deep inside torch."""
     manifest = directory / _MANIFEST
     if not manifest.is_file():

@@ -1,0 +1,1 @@
+from model_fixtures import smollm2_dir, smollm2_tokenizer  # noqa: F401
