@@ -4,7 +4,9 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import sys
 
+import coverage
 import pytest
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -14,8 +16,12 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 # tests start do not oversubscribe the cores, and a matrix product sums in the same order
 # whatever machine runs it (set before anything imports torch; children inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The suite starts hundreds of interpreters: let them (and pytest's rewritten test modules) keep
+# compiled bytecode, even where the machine's environment says not to (a fresh clone has none).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
-import anyio
+import anyio  # noqa: E402 - after the environment above, which torch reads on import
 
 # pytest rewrites the assertions of its plugins' packages (anyio, hypothesis) as they are first
 # imported, and anyio imports its submodules on first use, deep in a test. If a garbage collection
@@ -52,19 +58,55 @@ _BY_PATH = {
 }
 
 
+# The longest tests, which xdist should start first (longest-first scheduling): started last,
+# one of them runs alone on one core while the other cores have nothing left to do.
+_LONGEST = ("examples/", "docs/test_doc_blocks", "train/test_distributed", "train/test_resume")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly has shuffled
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `torch` need the local extra; without torch they skip, saying so."""
+    """Mark tests by path, start the longest first, and skip `torch` tests without torch."""
     root = config.rootpath / "tests"
+    where = {}
     for item in items:
-        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        where[item] = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         for marker, prefixes in _BY_PATH.items():
-            if where.startswith(prefixes):
+            if where[item].startswith(prefixes):
                 item.add_marker(marker)
+    # A stable sort keeps the shuffled order within each class.
+    items.sort(
+        key=lambda item: (
+            0
+            if where[item].startswith(_LONGEST) or "learning" in item.keywords
+            else 1
+            if "slow" in item.keywords
+            else 2
+        )
+    )
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("peft") is None:
         skip = pytest.mark.skip(reason="needs torch and peft (pip install 'platoon[local]')")
         for item in items:
             if "torch" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _untraced_when_learning(request):
+    """A learning test runs with line coverage paused.
+
+    What it proves is the rise of a reward, and its lines are the quick tests' lines too: traced,
+    the learning tests took about 40% longer (a minute of the suite) for a tenth of a percent
+    of coverage.
+    """
+    running = coverage.Coverage.current() if "learning" in request.keywords else None
+    if running is None:
+        yield
+        return
+    running.stop()
+    try:
+        yield
+    finally:
+        running.start()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import gc
 import io
 import json
 import os
@@ -88,6 +89,10 @@ def serve(path: str) -> None:
     """Import, listen on the unix socket `path`, and fork a child per request until stdin closes."""
     for module in PRELOAD:
         __import__(module)
+    # What was imported stays out of the collector's sight: a child's collections would otherwise
+    # walk (and so copy, page by page) the whole preloaded heap it shares with the server.
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)

@@ -1,3 +1,4 @@
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,9 @@ SAMPLE = Path(__file__).parent / "plugins" / "sample_plugin"
 def installed_plugin(tmp_path_factory):
     """Install the sample plugin distribution into a directory on sys.path, as pip would."""
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: setuptools writes build/ beside the sources, and another xdist worker
+    # may be building the same plugin at the same time.
+    source = shutil.copytree(SAMPLE, tmp_path_factory.mktemp("plugin") / SAMPLE.name)
     subprocess.run(
         [
             sys.executable,
@@ -28,7 +32,7 @@ def installed_plugin(tmp_path_factory):
             "--no-build-isolation",
             "--target",
             str(target),
-            str(SAMPLE),
+            str(source),
         ],
         check=True,
     )

@@ -18,6 +18,7 @@ EXAMPLE = ROOT / "examples" / "real-model"
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.torch
 @pytest.mark.usefixtures("smollm2_dir")
 def test_the_real_model_gets_better_at_held_out_sums(tmp_path, monkeypatch, capsys):
@@ -26,19 +27,21 @@ def test_the_real_model_gets_better_at_held_out_sums(tmp_path, monkeypatch, caps
     profile.write_text(yaml.safe_dump({"runs": str(tmp_path / "runs"), "cache": str(CACHE)}))
     monkeypatch.setenv("PLATOON_SITE", str(profile))
     monkeypatch.chdir(ROOT)
-    short = ["train.max_training_steps=6", "eval.every=6", "train.save_every=6"]
+    short = ["train.max_training_steps=4", "eval.every=4", "eval.group_size=1", "train.save_every=4"]
     assert main(["train", "examples/real-model/train.yaml", *short, "--quiet"]) == 0
 
     run_dir = tmp_path / "runs" / "real-model" / "sums"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/reward_mean"] for r in rows if "eval/reward_mean" in r}
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    assert sorted(evals) == [0, 6] and len(rewards) == 6
+    with open("/tmp/rm.txt", "a") as f:
+        f.write(f"{evals} {rewards}\n")
+    assert sorted(evals) == [0, 4] and len(rewards) == 4
     assert evals[0] <= 0.4, evals  # the base model: about one held-out sum in four
-    assert evals[6] - evals[0] >= 0.2, evals  # tasks it never trained on
-    assert sum(rewards[-3:]) / 3 - sum(rewards[:3]) / 3 >= 0.2, rewards
+    assert evals[4] - evals[0] >= 0.2, evals  # tasks it never trained on
+    assert sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2 >= 0.2, rewards
     # The alias named the catalogue model, converted once into the shared cache.
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["train"]["model_name"] == str(CACHE / "models" / "HuggingFaceTB--SmolLM2-135M-Instruct")
     out = capsys.readouterr().out
-    assert f"{evals[0]:.2f} at step 0 → {evals[6]:.2f} at step 6" in out  # both curves in the summary
+    assert f"{evals[0]:.2f} at step 0 → {evals[4]:.2f} at step 4" in out  # both curves in the summary

@@ -481,7 +481,9 @@ def test_a_worker_without_nats_says_so_in_one_line(site, tiny_model):
     from platoon.bus.nats_server import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
-    run = Cluster(site, make_config(tiny_model, url=url, run="nobody"), "nobody")
+    config = make_config(tiny_model, url=url, run="nobody")
+    config["nats"]["connect_timeout"] = 1.0
+    run = Cluster(site, config, "nobody")
     command = [sys.executable, "-m", "platoon.cli.worker", str(run.path), "--policy", "scripted:x:y"]
     result = forkserver.run(command, env=run.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
@@ -489,4 +491,4 @@ def test_a_worker_without_nats_says_so_in_one_line(site, tiny_model):
     command[-1] = "scripted:test_distributed:slow_bisect"
     result = forkserver.run(command, env=run.env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert f"could not connect to NATS at {url}" in result.stderr.strip().splitlines()[-1]
+    assert f"could not connect to NATS at {url} within 1.0 s" in result.stderr.strip().splitlines()[-1]

@@ -413,6 +413,7 @@ class NatsConfig(_Strict):
     credentials_file: FilePath | None = None  # from `platoon nats init` (or a NATS .creds file)
     tls: NatsTLS | None = None  # TLS files for tls:// URLs
     insecure: bool = False  # allow a server beyond loopback without credentials (isolated networks)
+    connect_timeout: PositiveFloat = 10.0  # s to reach the server at start before giving up
     # Failure handling (see platoon.train.distributed): an episode with no sign of life for
     # lease_timeout s is re-requested, at most max_attempts times in all.
     lease_timeout: PositiveFloat | None = None  # None: the rollout timeout + 30 s, else 600 s

