@@ -34,8 +34,7 @@ def test_the_real_model_gets_better_at_held_out_sums(tmp_path, monkeypatch, caps
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/reward_mean"] for r in rows if "eval/reward_mean" in r}
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    with open("/tmp/rm.txt", "a") as f:
-        f.write(f"{evals} {rewards}\n")
+    # Measured (seeded, so every run): eval 0.13 -> 0.87; train 0.16, 0.28, 0.34, 0.81.
     assert sorted(evals) == [0, 4] and len(rewards) == 4
     assert evals[0] <= 0.4, evals  # the base model: about one held-out sum in four
     assert evals[4] - evals[0] >= 0.2, evals  # tasks it never trained on
