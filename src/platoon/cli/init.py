@@ -126,13 +126,16 @@ from pathlib import Path
 import pytest
 
 from platoon.cli import main
+from platoon.config.site import load_site
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
 def project(tmp_path, monkeypatch):
-    (tmp_path / "site.yaml").write_text(f"runs: {{tmp_path / 'runs'}}\\ncache: {{tmp_path / 'cache'}}\\n")
+    # Runs of the test's own; the machine's cache, so the tiny model and tokenizers build once.
+    cache = load_site().cache
+    (tmp_path / "site.yaml").write_text(f"runs: {{tmp_path / 'runs'}}\\ncache: {{cache}}\\n")
     monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     monkeypatch.chdir(HERE)
     monkeypatch.syspath_prepend(str(HERE))
