@@ -52,13 +52,17 @@ class Guessing:
     bus: Bus
     seen: list[Event] = field(default_factory=list)
 
-    async def play(self, task_id: str = "train-42", harness: str | None = None) -> list[Event]:
+    async def play(
+        self, task_id: str = "train-42", harness: str | None = None, seed: int | None = None
+    ) -> list[Event]:
         episode_id = new_id()
         events: list[Event] = []
         async with self.bus.stream(Event, name="test:episode") as stream:
             task = TaskRef(env="guess", split="train", task_id=task_id)
             await self.bus.publish(
-                EpisodeRequested(episode_id=episode_id, group_id=new_id(), task=task, harness=harness)
+                EpisodeRequested(
+                    episode_id=episode_id, group_id=new_id(), task=task, harness=harness, seed=seed
+                )
             )
             async for event in stream:
                 if getattr(event, "episode_id", None) == episode_id:
