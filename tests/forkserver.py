@@ -89,6 +89,9 @@ def serve(path: str) -> None:
     """Import, listen on the unix socket `path`, and fork a child per request until stdin closes."""
     for module in PRELOAD:
         __import__(module)
+    from platoon.testing.tokenizers import toy_tokenizer
+
+    toy_tokenizer()  # what scripted policies render with: loaded once, not by every command
     # What was imported stays out of the collector's sight: a child's collections would otherwise
     # walk (and so copy, page by page) the whole preloaded heap it shares with the server.
     gc.collect()
