@@ -63,26 +63,27 @@ _BY_PATH = {
 _LONGEST = ("examples/", "docs/test_doc_blocks", "train/test_distributed", "train/test_resume")
 
 
+def pytest_itemcollected(item):
+    """Mark tests by where they are (before `-m` selects by marker)."""
+    root = item.config.rootpath / "tests"
+    where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+    for marker, prefixes in _BY_PATH.items():
+        if where.startswith(prefixes):
+            item.add_marker(marker)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-randomly has shuffled
 def pytest_collection_modifyitems(config, items):
-    """Mark tests by path, start the longest first, and skip `torch` tests without torch."""
+    """Start the longest tests first, and skip `torch` tests without torch."""
     root = config.rootpath / "tests"
-    where = {}
-    for item in items:
-        where[item] = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        for marker, prefixes in _BY_PATH.items():
-            if where[item].startswith(prefixes):
-                item.add_marker(marker)
-    # A stable sort keeps the shuffled order within each class.
-    items.sort(
-        key=lambda item: (
-            0
-            if where[item].startswith(_LONGEST) or "learning" in item.keywords
-            else 1
-            if "slow" in item.keywords
-            else 2
-        )
-    )
+
+    def order(item):
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if where.startswith(_LONGEST) or "learning" in item.keywords:
+            return 0
+        return 1 if "slow" in item.keywords else 2
+
+    items.sort(key=order)  # stable: the shuffled order stays within each class
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("peft") is None:
         skip = pytest.mark.skip(reason="needs torch and peft (pip install 'platoon[local]')")
         for item in items:
