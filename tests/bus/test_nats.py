@@ -314,12 +314,13 @@ async def test_unacknowledged_durable_publishes_are_sent_again_and_stored_once(j
             js_server.pause()  # publishes reach the socket, acknowledgements never come
             for i in range(50, 100):
                 await producer.publish(graded(i))
-            # No acknowledgement within ack_timeout (0.3 s): the bridge sends them again. Waited
-            # for, not slept: on a loaded machine the first re-send can come well after 1 s.
-            await until(lambda: sender.stats.republished > 0, timeout=60)
+            # No acknowledgement within ack_timeout (0.3 s): the bridge gives up waiting and sends
+            # again. Waited for, not slept: on a loaded machine that can come well after 1 s.
+            await until(lambda: sender.stats.ack_timeouts > 0, timeout=60)
             js_server.resume()  # the originals and the re-sends both arrive now
             await sender.flush()
             await until(lambda: len(got) == 100)
+            await until(lambda: sender.stats.republished > 0)  # a re-send acknowledged, at last
             await anyio.sleep(0.3)
     assert receiver.stats.duplicates == 0  # the stream itself dropped the re-sends (Nats-Msg-Id)
     assert [e.episode_id for e in got] == [f"ep{i}" for i in range(100)]

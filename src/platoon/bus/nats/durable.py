@@ -125,6 +125,7 @@ class Durable:
                 while (pending := await receive(inflight)) is not None:
                     assert js is not None
                     if not await self._acknowledged(pending):
+                        self.stats.ack_timeouts += 1
                         await self._republish(nc, js, pending)
                     sent()
 

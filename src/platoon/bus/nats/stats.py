@@ -13,6 +13,7 @@ class BridgeStats(msgspec.Struct):
     echoes: int = 0
     duplicates: int = 0
     republished: int = 0
+    ack_timeouts: int = 0  # durable publishes not acknowledged in time (each is sent again)
     undecodable: int = 0
     slow_consumer_drops: int = 0
     disconnects: int = 0
