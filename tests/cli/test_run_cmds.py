@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from platoon.cli import main
+from platoon.cli.run import suffix_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -69,14 +70,23 @@ def test_a_bad_task_is_a_one_line_error(site, capsys):
     )
     assert main(["rollout", "train.yaml", "--task", "train:nope", "--policy", POLICY]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("platoon: error: task 'nope' is not in split 'train' of 'guess' (100 tasks)")
-    # An index is never taken for an id: train:41 is not train-41 (nor the 41st task) ...
-    assert main(["rollout", "train.yaml", "--task", "train:41", "--policy", POLICY]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "did you mean train-41" in err and "#N for the N-th task" in err
+    assert err.startswith("platoon: error: task 'nope': not in split 'train' of 'guess' (100 tasks)")
+    assert "#N for the N-th task" in err
+    # An id's unambiguous ending names it, as the seed's README writes it: train:41 is train-41
+    # (not the 41st task) ...
+    assert main(["rollout", "train.yaml", "--task", "train:41", "--policy", POLICY]) == 0
+    assert "train-41" in capsys.readouterr().out
     # ... and #N is the N-th, from 0.
     assert main(["rollout", "train.yaml", "--task", "train:#41", "--policy", POLICY]) == 0
     assert "train-42" in capsys.readouterr().out
+
+
+def test_an_ending_names_a_task_only_when_one_id_has_it():
+    ids = ["train-1", "train-41", "easy_41", "train-141"]
+    assert suffix_matches("1", ids) == ["train-1"]
+    assert suffix_matches("41", ids) == ["train-41", "easy_41"]  # two: refused, both named
+    assert suffix_matches("141", ids) == ["train-141"]
+    assert suffix_matches("4", ids) == []
 
 
 @pytest.fixture(scope="module")

@@ -82,3 +82,43 @@ def test_a_rule_returning_the_wrong_shape_is_refused():
         group_advantages([1.0, 0.0], lambda rewards: [0.0])
     with pytest.raises(CreditError, match="non-finite"):
         group_advantages([1.0, 0.0], lambda rewards: [float("nan"), 0.0])
+
+
+def median(rewards):
+    """r - median(r), for the config tests below (`module:attr` and a registered name)."""
+    ordered = sorted(rewards)
+    mid = len(ordered) // 2
+    middle = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return [r - middle for r in rewards]
+
+
+def test_a_config_selects_a_registered_rule_or_one_by_module_and_attribute(tmp_path):
+    from platoon.config import validate_config
+
+    register_credit_rule("test-median")(median)
+    for baseline in ("test-median", "test_credit_baselines:median"):
+        config = validate_config(
+            {
+                "environments": [
+                    {"name": "e", "env": "platoon-number-search@1", "harness": "number-searcher"}
+                ],
+                "train": {
+                    "model_name": "m",
+                    "renderer_name": "qwen3_instruct",
+                    "workflow_config": {"baseline": baseline},
+                },
+            },
+            base_dir=tmp_path,
+        )
+        cfg = CreditConfig(baseline=config.train.workflow_config.baseline)
+        assert get_credit_rule(cfg.baseline)([1.0, 0.0, 0.0, 0.0, 5.0]) == [1.0, 0.0, 0.0, 0.0, 5.0]
+
+
+def test_an_unknown_rule_is_refused_when_the_credit_settings_are_made():
+    with pytest.raises(CreditError, match=r"unknown credit rule 'test-medain'.*'test-median'"):
+        register_credit_rule("test-median")(median)
+        CreditConfig(baseline="test-medain")
+    with pytest.raises(CreditError, match=r"credit rule 'test_credit_baselines:nope': .*'nope'"):
+        CreditConfig(baseline="test_credit_baselines:nope")
+    with pytest.raises(CreditError, match="not a function"):
+        CreditConfig(baseline="test_credit_baselines:pytest")

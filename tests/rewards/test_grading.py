@@ -64,6 +64,21 @@ async def test_rules_and_a_judge_grade_an_episode_with_every_part_kept(toy_token
     assert event.turn_rewards[root] == [0.0, 0.0, 0.0, 1.0]
 
 
+def secret_found(episode) -> float:
+    """A python rule that reads the task's spec (the toy env's secret) and the final answer."""
+    return float(episode.task_spec.get("secret") == 6 and episode.final_answer == "correct")
+
+
+async def test_a_python_rule_sees_the_tasks_spec(toy_tokenizer):
+    entry_rules = rules(
+        toy_tokenizer, {"rule": "python", "ref": "test_grading:secret_found", "name": "found"}
+    )
+    assert entry_rules.needs_task_spec  # no `match` rule names a field: the python rule alone asks
+    async with toy_system(toy_tokenizer, rules={"toy": entry_rules}) as toy:
+        event = graded(await toy.play("train-5"))  # secret 6
+    assert event.rewards == {"env": 1.0, "rule/found": 1.0}
+
+
 async def test_a_judge_alone_is_the_reward(toy_tokenizer):
     entry_rules = rules(toy_tokenizer, {"rule": "judge"}, judge_reply="Score: 3")
     async with toy_system(toy_tokenizer, rules={"toy": entry_rules}) as toy:

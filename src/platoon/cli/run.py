@@ -106,13 +106,21 @@ async def _find_task(bus: Bus, wanted: TaskRef) -> TaskRef:
             return tasks[int(index)]
         raise CommandError(f"--task {wanted.split}:#{index}: split {wanted.split!r} has {len(tasks)} tasks")
     ids = [t.task_id for t in tasks]
-    close = [i for i in ids if i.endswith(("-" + wanted.task_id, "_" + wanted.task_id))][:3]
-    close = close or difflib.get_close_matches(wanted.task_id, ids, n=3)
+    ending = suffix_matches(wanted.task_id, ids)
+    if len(ending) == 1:  # train:41 for train-41, as the seed's README writes it
+        return tasks[ids.index(ending[0])]
+    close = ending[:3] or difflib.get_close_matches(wanted.task_id, ids, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; its first are {', '.join(ids[:3])}"
+    where = f"split {wanted.split!r} of {wanted.env!r} ({len(tasks)} tasks)"
+    problem = f"{len(ending)} tasks of {where} end in it" if ending else f"not in {where}"
     raise CommandError(
-        f"task {wanted.task_id!r} is not in split {wanted.split!r} of {wanted.env!r} ({len(tasks)} tasks){hint} "
-        f"(give an id as listed, or #N for the N-th task)"
+        f"task {wanted.task_id!r}: {problem}{hint} (give an id as listed, or #N for the N-th task)"
     )
+
+
+def suffix_matches(wanted: str, ids: list[str]) -> list[str]:
+    """The ids that end in `wanted` after a separator: `41` names `train-41` (or `train_41`)."""
+    return [i for i in ids if i.endswith(("-" + wanted, "_" + wanted, ":" + wanted, "/" + wanted))]
 
 
 def rollout(args: Any) -> int:

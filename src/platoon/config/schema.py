@@ -94,8 +94,10 @@ class WorkflowConfig(_Strict):
     """How rollouts are grouped and turned into advantages."""
 
     group_size: PositiveInt = 8  # rollouts per task; rewards are centred within the group
-    # mean: r - mean(r) of the group; leave_one_out: r - mean of the others
-    baseline: Literal["mean", "leave_one_out"] = "mean"
+    # mean: r - mean(r) of the group; leave_one_out: r - mean of the others; or a rule of your
+    # own: a name registered with @platoon.credit.register_credit_rule (in a module of `package:`), or
+    # module:attr of a function rewards -> advantages
+    baseline: str = "mean"
     std_scaling: bool = False  # divide advantages by the group's reward std
     # drop groups whose rollouts all got the same reward (no signal)
     remove_constant_reward_groups: bool = True

@@ -60,6 +60,7 @@ class CreditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     turn_discount: float = 1.0
 
     def __post_init__(self) -> None:
+        get_credit_rule(self.baseline)  # an unknown rule is refused before any batch is formed
         _choice("credit", self.credit, ("outcome", "per_turn"))
         if not 0.0 <= self.turn_discount <= 1.0:
             raise CreditError(f"turn_discount must be in [0, 1], got {self.turn_discount}")

@@ -2,7 +2,8 @@
 
 A credit rule maps the rewards of one pool (the rollouts of one task, or the subagents at
 one depth of it) to advantages, one per reward. Rules live in a registry so a config can
-name one and a plugin can add its own with `@register_credit_rule("name")`.
+name one and a plugin can add its own with `@register_credit_rule("name")`; a config may also
+name a function by `module:attr`.
 """
 
 import math
@@ -30,11 +31,20 @@ def register_credit_rule(name: str) -> Callable[[CreditRule], CreditRule]:
 
 
 def get_credit_rule(name: str) -> CreditRule:
-    """The rule registered under `name`."""
-    try:
+    """The rule registered under `name`, or the function `module:attr` names."""
+    if name in _RULES:
         return _RULES[name]
-    except KeyError:
-        raise CreditError(unknown_name("credit rule", name, _RULES)) from None
+    if ":" in name:
+        from platoon.plugins import PluginError, import_ref
+
+        try:
+            rule = import_ref(name)
+        except PluginError as exc:
+            raise CreditError(f"credit rule {name!r}: {exc}") from None
+        if not callable(rule):
+            raise CreditError(f"credit rule {name!r} is {rule!r}, not a function rewards -> advantages")
+        return rule
+    raise CreditError(unknown_name("credit rule", name, _RULES))
 
 
 @register_credit_rule("mean")

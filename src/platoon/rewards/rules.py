@@ -119,7 +119,12 @@ class RewardRules:
 
     @property
     def needs_task_spec(self) -> bool:
-        return any(r.rule == "match" and r.expected and "{" in r.expected for r in self.config.rules)
+        """Whether a rule reads the task's spec: a `match` naming one of its fields, or any
+        `python` rule (its function is handed the episode, spec included)."""
+        return any(
+            r.rule == "python" or (r.rule == "match" and r.expected and "{" in r.expected)
+            for r in self.config.rules
+        )
 
     @property
     def files(self) -> list[str]:
