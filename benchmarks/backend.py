@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = pick_dtype(device, args.dtype)
     tmp = tempfile.mkdtemp(prefix="platoon-bench-")
     if real:
-        from platoon.system import resolve_model
+        from platoon.models.loading import resolve_model
 
         model_dir = resolve_model(args.model)  # a catalogue model is pulled into the cache once
     else:

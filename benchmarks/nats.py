@@ -122,9 +122,10 @@ EXAMPLE = _here.parent / "examples" / "number-search"
 
 async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> float:
     """Episodes/s through `workers` worker processes (start-up not counted)."""
+    from platoon.assembly.nats import trainer_components
     from platoon.bus import attach
     from platoon.config import validate_config
-    from platoon.train.distributed import EpisodeSealed, WorkerRegistry, trainer_components
+    from platoon.train.distributed import EpisodeSealed, WorkerRegistry
 
     run = f"bench-{workers}w"
     raw = {

@@ -21,7 +21,7 @@ environment answers higher or lower. Every call is recorded (`ModelCallFinished`
                                  [--episodes N] [--tokenizer qwen3|toy] [--client httpx|openai]
                                  [--event-log]
 
-The tokenizer is loaded from a saved directory through `platoon.system.load_tokenizer`, as a run
+The tokenizer is loaded from a saved directory through `platoon.load_tokenizer`, as a run
 loads its model's. Peak RSS is the whole process's: tokenizer, environment SDK and all.
 """
 
@@ -45,12 +45,12 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 import anyio
 
 import platoon as pt
-from platoon import system
-from platoon.bus import Bus, EventLog
+from platoon.bus import Bus, EventLog, running
 from platoon.bus.events import ToolReturned
 from platoon.envs import build_env_service
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
+from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing import tokenizers
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -236,7 +236,7 @@ def tokenizer_dir(name: str) -> str:
 async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: str, log: bool) -> dict:
     # Loaded as a run loads its model's tokenizer (building it from ranks would cost more memory
     # than any run spends).
-    tokenizer = system.load_tokenizer(tokenizer_dir(tokenizer_name))
+    tokenizer = load_tokenizer(tokenizer_dir(tokenizer_name))
     harness = "bench-http" if mode in ("http", "floor") else "bench-inproc"
     tools = ToolCounter()
     with tempfile.TemporaryDirectory() as run_dir:
@@ -256,7 +256,7 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
                 tools,
                 *([EventLog(run_dir)] if log else []),
             ]
-            async with Bus() as bus, system.running(bus, components):
+            async with Bus() as bus, running(bus, components):
                 tasks = await list_tasks(bus, "ns", "train")
                 warm = min(concurrency, 16)
                 await evaluate(bus, tasks[:warm], concurrency=concurrency, publish=False)

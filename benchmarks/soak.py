@@ -34,10 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import anyio
 from rollout import ToolCounter, binary_search, env_service, tokenizer_dir
 
-from platoon import system
-from platoon.bus import Bus, EventLog
+from platoon.bus import Bus, EventLog, running
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
+from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
 from platoon.train.evaluate import evaluate, list_tasks
@@ -60,7 +60,7 @@ def heap_mb() -> float:
 
 
 async def soak(minutes: float, every: float, concurrency: int, trace: bool, frames: int = 1) -> None:
-    tokenizer = system.load_tokenizer(tokenizer_dir("qwen3"))
+    tokenizer = load_tokenizer(tokenizer_dir("qwen3"))
     if trace:
         tracemalloc.start(frames)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -77,7 +77,7 @@ async def soak(minutes: float, every: float, concurrency: int, trace: bool, fram
                 ToolCounter(),
                 EventLog(run_dir),
             ]
-            async with Bus() as bus, system.running(bus, components):
+            async with Bus() as bus, running(bus, components):
                 tasks = await list_tasks(bus, "ns", "train")
                 started = time.perf_counter()
                 episodes, next_report, first = 0, 0.0, None

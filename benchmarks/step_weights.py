@@ -37,8 +37,8 @@ def run(steps: int, max_staleness: int) -> None:
     import anyio
     import structlog
 
+    from platoon.api import train
     from platoon.config import load_config
-    from platoon.train.loop import train
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     sys.path.insert(0, str(ROOT / "examples" / "quickstart"))

@@ -38,8 +38,8 @@ from openreward.environments import Environment, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
 import platoon as pt
+from platoon.api import train
 from platoon.config import validate_config
-from platoon.train.loop import train
 
 
 class Submission(BaseModel):

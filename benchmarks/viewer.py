@@ -314,11 +314,12 @@ def quickstart_sizes(steps: int = 5) -> None:
 
     import anyio
 
-    from platoon import system
+    from platoon.api import train
+    from platoon.assembly import import_packages
     from platoon.config import load_config
+    from platoon.models.loading import load_tokenizer
     from platoon.testing.models import save_tiny_model
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.loop import train
 
     quickstart = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
     sys.path.insert(0, str(quickstart))
@@ -332,8 +333,8 @@ def quickstart_sizes(steps: int = 5) -> None:
                 quickstart / "train-local.yaml",
                 [f"train.model_name={model}", f"train.max_training_steps={n}", "train.save_every=0"],
             )
-            system.import_packages(config, quickstart)
-            factory = ScriptedSamplerFactory(system.load_tokenizer(str(model)), binary_search)
+            import_packages(config, quickstart)
+            factory = ScriptedSamplerFactory(load_tokenizer(str(model)), binary_search)
             run_dir = Path(tmp) / f"run{n}"
             anyio.run(lambda: train(config, run_dir=run_dir, console=False, sampler_factory=factory))  # noqa: B023
             log = run_dir / EVENT_LOG_NAME

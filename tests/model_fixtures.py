@@ -34,6 +34,6 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_dir):
-    from platoon.system import load_tokenizer
+    from platoon.models.loading import load_tokenizer
 
     return load_tokenizer(str(smollm2_dir))

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import platoon
-from platoon.assembly import Part, assemble, resolve
+from platoon.assembly import Part, assemble, import_packages, resolve
 from platoon.bus import EventLog
-from platoon.config import validate_config
+from platoon.config import SystemError, validate_config
 from platoon.envs.service import EnvService
 from platoon.gateway import Gateway
 from platoon.programs import EpisodeRunner, Grader
-from platoon.system import SystemError
 from platoon.train.evaluate import Evaluator
 from platoon.train.loop import Scheduler
 from platoon.train.trainer import Trainer
@@ -177,7 +175,7 @@ async def test_an_evaluation_builds_exactly_its_parts(tmp_path, monkeypatch):
             "eval": {"group_size": 1, "concurrency": 2, "max_tasks": 2},
         }
     )
-    platoon.system.import_packages(config, QUICKSTART)
+    import_packages(config, QUICKSTART)
     run = assemble(config, "eval", run_dir=tmp_path / "run", policy="scripted:scripted:binary_search")
     async with run.running():
         built = run.components

@@ -37,7 +37,7 @@ _EXPORTS = {
     "register_event": "platoon.bus",
     "events": "platoon.bus",
     "load_config": "platoon.config",
-    "run": "platoon.train.loop",
+    "run": "platoon.api",
 }
 
 __all__ = [
@@ -58,11 +58,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from platoon.api import run
     from platoon.bus import Bus, Event, events, register_event
     from platoon.config import load_config
     from platoon.harness import AgentContext, AgentResult, BudgetExhausted, ChatReply, ToolResult, harness
     from platoon.programs import Episode, program
-    from platoon.train.loop import run
 
 
 def __getattr__(name: str) -> Any:

@@ -80,18 +80,12 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     from platoon.testing.policies import ScriptedSamplerFactory
     from platoon.train.batcher import CreditAssigner
     from platoon.train.checkpoints import CheckpointStore
-    from platoon.train.distributed import (
-        FollowingRunner,
-        LeaseKeeper,
-        PolicyAnnouncer,
-        PolicyFollower,
-        ResultSeal,
-        WorkerRegistry,
-    )
+    from platoon.train.distributed import LeaseKeeper, PolicyAnnouncer, WorkerRegistry
     from platoon.train.evaluate import Evaluator
     from platoon.train.loop import Scheduler, SchedulerSettings
     from platoon.train.policies import StepJoin
     from platoon.train.trainer import Trainer, TrainerSettings
+    from platoon.train.worker import FollowingRunner, PolicyFollower, ResultSeal
 
     async def sampler_for(policy: PolicyUpdated) -> None:
         return None

@@ -10,9 +10,10 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from platoon.cli.worker import _TinkerPolicies
+from platoon.assembly.nats import _bridge
 from platoon.config import validate_config
-from platoon.train.distributed import DistributedError, _bridge
+from platoon.train.distributed import DistributedError
+from platoon.train.worker import TinkerPolicies
 
 SECRET = "tml-worker-secret-key"
 CONFIG = {
@@ -56,7 +57,7 @@ def recorder():
     made.close()
 
 
-def _connect(policies: _TinkerPolicies, url: str) -> None:
+def _connect(policies: TinkerPolicies, url: str) -> None:
     import warnings
 
     try:
@@ -71,7 +72,7 @@ def _connect(policies: _TinkerPolicies, url: str) -> None:
 def test_an_unauthenticated_announcement_never_gets_the_key(recorder, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
     monkeypatch.delenv("TINKER_BASE_URL", raising=False)
-    _connect(_TinkerPolicies(validate_config(CONFIG)), recorder.url)
+    _connect(TinkerPolicies(base_url=None, model_name="m"), recorder.url)
     assert recorder.keys, "the worker did not try the announced URL at all"
     assert not any(SECRET in key for key in recorder.keys)
 
@@ -79,10 +80,8 @@ def test_an_unauthenticated_announcement_never_gets_the_key(recorder, monkeypatc
 def test_the_key_goes_to_the_workers_own_url_or_an_authenticated_announcement(recorder, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", SECRET)
     monkeypatch.delenv("TINKER_BASE_URL", raising=False)
-    _connect(
-        _TinkerPolicies(validate_config({**CONFIG, "tinker_base_url": recorder.url})), "http://evil.invalid"
-    )
-    _connect(_TinkerPolicies(validate_config(CONFIG), trust_announced=True), recorder.url)
+    _connect(TinkerPolicies(base_url=recorder.url, model_name="m"), "http://evil.invalid")
+    _connect(TinkerPolicies(base_url=None, model_name="m", trust_announced=True), recorder.url)
     assert recorder.keys and all(SECRET in key for key in recorder.keys)
 
 

@@ -17,10 +17,10 @@ def train_example(tmp_path, monkeypatch) -> Callable[..., tuple[Any, Path, list[
     the run's events."""
     import anyio
 
-    from platoon import system
+    from platoon.api import train
+    from platoon.assembly import import_packages
     from platoon.bus.eventlog import read_events
     from platoon.config import load_config
-    from platoon.train.loop import train
 
     pytest.importorskip("peft")
     site = tmp_path / "site.yaml"
@@ -29,7 +29,7 @@ def train_example(tmp_path, monkeypatch) -> Callable[..., tuple[Any, Path, list[
 
     def run(path: Path, overrides: Sequence[str] = ()) -> tuple[Any, Path, list[Any]]:
         config = load_config(path, list(overrides))
-        system.import_packages(config, path.parent)
+        import_packages(config, path.parent)
         run_dir = tmp_path / "run"
         anyio.run(lambda: train(config, run_dir=run_dir, console=False))
         return config, run_dir, list(read_events(run_dir))

@@ -10,9 +10,9 @@ import anyio
 import msgspec
 import pytest
 
+from platoon.api import train
 from platoon.config import load_config
 from platoon.config.policies import resolve_policies
-from platoon.train.loop import train
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "planner-executor"
 
@@ -83,7 +83,7 @@ def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_t
     tmp_path, monkeypatch
 ):
     pytest.importorskip("peft")
-    from platoon import system
+    from platoon.assembly import import_packages
     from platoon.train.checkpoints import ResumeError
 
     site = tmp_path / "site.yaml"
@@ -96,7 +96,7 @@ def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_t
         "train.workflow_config.remove_constant_reward_groups=false",  # every step trains both
     ]
     config = load_config(EXAMPLE / "cpu.yaml", [*small, "train.max_training_steps=2"])
-    system.import_packages(config, EXAMPLE)
+    import_packages(config, EXAMPLE)
     run_dir = tmp_path / "run"
     anyio.run(lambda: train(config, run_dir=run_dir, console=False))
 

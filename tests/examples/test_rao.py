@@ -10,8 +10,9 @@ import anyio
 import msgspec
 import pytest
 
+from platoon.api import train
+from platoon.assembly import credit_settings as _credit
 from platoon.config import load_config
-from platoon.train.loop import _credit, train
 
 RAO = Path(__file__).resolve().parents[2] / "examples" / "rao"
 RUNS = ["single", "recursive", "child-reward-own", "child-reward-mix", "depth-weighting"]

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from platoon.gateway.renderers import RendererError, get_renderer
-from platoon.system import make_renderer
+from platoon.models.loading import make_renderer
 
 pytestmark = pytest.mark.torch
 

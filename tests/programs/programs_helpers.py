@@ -14,8 +14,7 @@ import anyio.lowlevel
 import msgspec
 
 import platoon as pt
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, ToolSpec, new_id
 from platoon.envs import EnvError, EnvService, Grade, TaskInfo, ToolResult
 from platoon.gateway import Gateway
@@ -260,7 +259,7 @@ async def toy_system(
         EpisodeRunner(list(entries) or [entry("prog-guesser")], request_timeout=10, seed=seed),
         Grader(reward_processors=reward_processors, rules=rules),
     ]
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         yield Toy(bus, backend, service, gateway)
 
 

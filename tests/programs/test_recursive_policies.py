@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from tree_helpers import Notes, Tree
 
-from platoon import harness, system
-from platoon.bus import Bus
+from platoon import harness
+from platoon.bus import Bus, running
 from platoon.bus.events import AgentSpawned, EpisodeFinished, ModelCallFinished
 from platoon.config.schema import AgentsConfig, PolicyChoice
 from platoon.envs.ors import OrsBackend
@@ -72,7 +72,7 @@ async def play(tokenizer: Any, choice: PolicyChoice, *, default: str = "planner"
         EpisodeRunner([entry], request_timeout=30),
         Grader(),
     ]
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         return await Tree(bus).play()
 
 

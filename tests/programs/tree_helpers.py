@@ -14,8 +14,7 @@ from typing import Any, ClassVar
 from openreward.environments import Environment, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import BatchReady, EpisodeGraded, EpisodeRequested, Event, TaskRef, new_id
 from platoon.config.schema import AgentsConfig
 from platoon.credit import CreditConfig
@@ -223,7 +222,7 @@ async def tree_system(
     ]
     if credit is not None:
         components.append(CreditAssigner(group_size=group_size, batch_size=1, credit=credit))
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         tree = Tree(bus)
         bus.subscribe(BatchReady, tree.batches.append)
         yield tree

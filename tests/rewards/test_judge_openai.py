@@ -15,7 +15,7 @@ from test_gateway import running_gateway
 
 from platoon.bus import Bus
 from platoon.bus.events import ModelCallFinished, TaskRef
-from platoon.config import validate_config
+from platoon.config import entry_names, validate_config
 from platoon.rewards import Episode, RuleError, build_reward_rules
 
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -28,6 +28,10 @@ EPISODE = Episode(
     final_answer="The sea is wide and deep.",
     env_reward=None,
 )
+
+
+def _rules(c):
+    return build_reward_rules(dict(zip(entry_names(c), c.environments, strict=True)))
 
 
 def config(base_url: str, **judge):
@@ -57,7 +61,7 @@ async def test_a_judge_through_an_openai_compatible_endpoint(toy_tokenizer, monk
     async with running_gateway(toy_tokenizer, lambda m: next(replies), serve_http=True) as gw:
         opened = await gw.open("judge-session", "judge")
         monkeypatch.setenv("PLATOON_TEST_JUDGE_KEY", opened.key)
-        rules = build_reward_rules(config(opened.base_url, samples=2, max_concurrent=1))["essays"]
+        rules = _rules(config(opened.base_url, samples=2, max_concurrent=1))["essays"]
         try:
             async with Bus() as bus, bus.stream(ModelCallFinished) as recorded:
                 outcome = await rules.evaluate(EPISODE, bus)
@@ -81,7 +85,7 @@ async def test_a_wrong_key_fails_the_judge_and_never_scores_zero(toy_tokenizer, 
     async with running_gateway(toy_tokenizer, lambda m: "Score: 9", serve_http=True) as gw:
         opened = await gw.open("judge-session", "judge")
         monkeypatch.setenv("PLATOON_TEST_JUDGE_KEY", "pt-not-the-key")
-        rules = build_reward_rules(config(opened.base_url, retries=1))["essays"]
+        rules = _rules(config(opened.base_url, retries=1))["essays"]
         with pytest.raises(RuleError, match=r"judge 'judge' failed: .*2 tries.*AuthenticationError"):
             await rules.evaluate(EPISODE)
         await rules.aclose()
@@ -91,4 +95,4 @@ async def test_a_wrong_key_fails_the_judge_and_never_scores_zero(toy_tokenizer, 
 def test_a_missing_key_variable_is_an_error_at_start(monkeypatch):
     monkeypatch.delenv("PLATOON_TEST_JUDGE_KEY", raising=False)
     with pytest.raises(RuleError, match="PLATOON_TEST_JUDGE_KEY is not set"):
-        build_reward_rules(config("http://127.0.0.1:9/v1"))
+        _rules(config("http://127.0.0.1:9/v1"))

@@ -64,11 +64,12 @@ def _history(run_dir: Path) -> list[dict]:
 def test_offline_wandb_gets_every_metric_and_each_evals_episodes(tmp_path, monkeypatch):
     import anyio
 
-    from platoon import system
+    from platoon.api import train
+    from platoon.assembly import import_packages
     from platoon.config import load_config
+    from platoon.models.loading import load_tokenizer
     from platoon.testing.models import save_tiny_model
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.loop import train
 
     monkeypatch.syspath_prepend(str(QUICKSTART))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -89,8 +90,8 @@ def test_offline_wandb_gets_every_metric_and_each_evals_episodes(tmp_path, monke
             "stats.wandb.project=platoon-test",
         ],
     )
-    system.import_packages(config, QUICKSTART)
-    factory = ScriptedSamplerFactory(system.load_tokenizer(str(model)), binary_search)
+    import_packages(config, QUICKSTART)
+    factory = ScriptedSamplerFactory(load_tokenizer(str(model)), binary_search)
     run_dir = tmp_path / "run"
     try:
         anyio.run(lambda: train(config, run_dir=run_dir, console=False, sampler_factory=factory))

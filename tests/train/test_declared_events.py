@@ -10,11 +10,11 @@ import anyio
 import pytest
 from learnable import learn_config
 
+from platoon.api import train
 from platoon.bus import read_events
 from platoon.bus.graph import event_graph
 from platoon.cli.graph import run_components
 from platoon.config import validate_config
-from platoon.train.loop import train
 
 pytestmark = pytest.mark.torch
 

@@ -313,14 +313,15 @@ def test_two_workers_train_like_one_machine(site, tiny_model, cluster, monkeypat
     monkeypatch.syspath_prepend(str(EXAMPLE))
     from bisect_policy import bisect
 
-    from platoon import system
+    from platoon.api import train
+    from platoon.assembly import import_packages
     from platoon.config import validate_config
+    from platoon.models.loading import load_tokenizer
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.loop import train
 
     config = validate_config(make_config(tiny_model, url=None, run="one"))
-    system.import_packages(config, EXAMPLE)
-    factory = ScriptedSamplerFactory(system.load_tokenizer(tiny_model), bisect)
+    import_packages(config, EXAMPLE)
+    factory = ScriptedSamplerFactory(load_tokenizer(tiny_model), bisect)
     one_dir = site / "one"
     anyio.run(lambda: train(config, run_dir=one_dir, console=False, sampler_factory=factory))
     alone = check_batches(one_dir)

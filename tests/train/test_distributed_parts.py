@@ -7,6 +7,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from platoon.assembly.nats import lease_timeout, run_name, trainer_components
 from platoon.bus import Bus
 from platoon.bus.events import (
     AgentFinished,
@@ -31,12 +32,8 @@ from platoon.train.distributed import (
     LeaseKeeper,
     PolicyAnnounced,
     PolicyAnnouncer,
-    PolicyFollower,
-    ResultSeal,
-    lease_timeout,
-    run_name,
-    trainer_components,
 )
+from platoon.train.worker import PolicyFollower, ResultSeal
 
 pytestmark = pytest.mark.anyio
 
@@ -447,8 +444,9 @@ def _with(data: dict, dotted: str, value) -> dict:
     ],
 )
 def test_the_handshake_names_what_shapes_episodes_differently(change, named):
+    from platoon.assembly.nats import worker_identity
     from platoon.config import to_builtins
-    from platoon.train.distributed import identity_mismatch, worker_identity
+    from platoon.train.distributed import identity_mismatch
 
     base = to_builtins(config())
     trainer = worker_identity(validate_config(base))
@@ -461,17 +459,19 @@ def test_the_handshake_names_what_shapes_episodes_differently(change, named):
 
 
 def test_the_handshake_names_another_platoon_version(monkeypatch):
-    import platoon
-    from platoon.train.distributed import identity_mismatch, worker_identity
+    from platoon.assembly import nats
+    from platoon.assembly.nats import worker_identity
+    from platoon.train.distributed import identity_mismatch
 
     trainer = worker_identity(config())
-    monkeypatch.setattr(platoon, "__version__", "0.0.0-other")
+    monkeypatch.setattr(nats, "__version__", "0.0.0-other")
     assert identity_mismatch(trainer, worker_identity(config())).startswith("platoon: the trainer's '")
 
 
 def test_the_handshake_compares_how_the_policies_sample_but_not_how_they_train():
+    from platoon.assembly.nats import worker_identity
     from platoon.config import to_builtins
-    from platoon.train.distributed import identity_mismatch, worker_identity
+    from platoon.train.distributed import identity_mismatch
 
     base = to_builtins(config())
     base["policies"] = {"a": {}, "b": {"lora_rank": 4}}
@@ -491,8 +491,8 @@ REPLIES = ["done"]  # a scripted policy for the worker below
 def test_a_worker_states_the_tool_call_parser_it_chose_as_the_trainer_does(tmp_path, tiny_model):
     """`tool_call_parser: auto` is resolved by a probe of the tokenizer on each machine; the
     worker's identity states each policy's choice, which is the trainer's own."""
-    from platoon import system
     from platoon.assembly import assemble, load_policy, resolve
+    from platoon.models.loading import load_tokenizer, make_renderer
 
     raw = {
         "environments": [
@@ -515,7 +515,7 @@ def test_a_worker_states_the_tool_call_parser_it_chose_as_the_trainer_does(tmp_p
     }
     assert worker.identity["tool_call_parsers"] == f"a={trainer_side['a']}, b={trainer_side['b']}"
     chosen = {
-        n: system.make_renderer(r, system.load_tokenizer(tiny_model))[1]
+        n: make_renderer(r, load_tokenizer(tiny_model))[1]
         for n, r in (("a", "qwen3_instruct"), ("b", "qwen3"))
     }
     assert trainer_side == chosen and None not in chosen.values() and "auto" not in chosen.values()

@@ -43,9 +43,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "planner-executor" 
 def train_on_workers(site: Path, tmp_path: Path, *overrides: str, workers: int = 2) -> Path:
     """Run the example's trainer and `workers` worker processes over a fresh nats-server;
     the run directory once all of them exited cleanly."""
-    from platoon import system
+    from platoon.models.loading import TINY_MODEL, resolve_model
 
-    system.resolve_model(system.TINY_MODEL)  # built once, before the processes share it
+    resolve_model(TINY_MODEL)  # built once, before the processes share it
     with NatsServer(jetstream=True, store_dir=tmp_path / "jetstream") as server:
         overrides = (f"nats.url={server.url}", "nats.run=duet", "nats.announce_every=0.5", *overrides)
 

@@ -119,11 +119,9 @@ def test_the_exported_model_generates_what_the_trained_policy_samples(trained, s
     assert json.loads((merged / "config.json").read_text())["tie_word_embeddings"] is False
 
     # The adapter alone, on its base model, is the same policy.
-    from platoon import system
+    from platoon.models.loading import resolve_model
 
-    base = AutoModelForCausalLM.from_pretrained(
-        system.resolve_model("platoon-tiny-qwen3"), dtype=torch.float32
-    )
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("platoon-tiny-qwen3"), dtype=torch.float32)
     with torch.no_grad():
         plain = base(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
         adapted = PeftModel.from_pretrained(base, str(adapter)).eval()

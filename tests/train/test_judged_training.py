@@ -16,10 +16,10 @@ import anyio
 import pytest
 from learnable import learn_config
 
+from platoon.api import train
 from platoon.bus import read_events
 from platoon.bus.events import EpisodeGraded, ModelCallFinished
 from platoon.config import validate_config
-from platoon.train.loop import train
 
 pytestmark = pytest.mark.torch
 

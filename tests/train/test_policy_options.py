@@ -53,7 +53,7 @@ def home(tmp_path_factory):
 
 def duet(server: str, tiny_model: str, *overrides: str):
     """examples/planner-executor/cpu.yaml on the shared server, every step training both."""
-    from platoon import system
+    from platoon.assembly import import_packages
     from platoon.config import load_config
 
     config = load_config(
@@ -69,12 +69,12 @@ def duet(server: str, tiny_model: str, *overrides: str):
             *overrides,
         ],
     )
-    system.import_packages(config, EXAMPLE)
+    import_packages(config, EXAMPLE)
     return config
 
 
 def train(config, run_dir: Path) -> None:
-    from platoon.train.loop import train
+    from platoon.api import train
 
     anyio.run(lambda: train(config, run_dir=run_dir, console=False))
 

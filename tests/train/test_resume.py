@@ -66,9 +66,9 @@ def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
 def test_a_resume_that_changes_the_model_is_refused(site, tiny_model):
     import anyio
 
+    from platoon.api import train
     from platoon.config import validate_config
     from platoon.train.checkpoints import ResumeError
-    from platoon.train.loop import train
 
     run_dir = site / "run"
     anyio.run(
@@ -86,8 +86,8 @@ def test_a_resume_that_changes_the_model_is_refused(site, tiny_model):
 def _train(config, run_dir, *, resume=False):
     import anyio
 
+    from platoon.api import train
     from platoon.config import validate_config
-    from platoon.train.loop import train
 
     anyio.run(lambda: train(validate_config(config), run_dir=run_dir, resume=resume, console=False))
 

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from platoon.assembly import EvalSettings, SchedulerSettings
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import (
     EpisodeGraded,
     EpisodeRequested,
@@ -24,7 +24,6 @@ from platoon.bus.events import (
     TrainStepFinished,
     WorkerStatus,
 )
-from platoon.system import running
 from platoon.train.evaluate import Evaluator
 from platoon.train.loop import NothingGraded, Scheduler
 

@@ -62,8 +62,8 @@ def test_a_run_keeps_only_the_newest_step_weights_and_its_checkpoints_which_samp
 ):
     import anyio
 
+    from platoon.api import train
     from platoon.config import validate_config
-    from platoon.train.loop import train
 
     def run(steps, *, resume=False):
         config = validate_config(learn_config(tiny_model, steps=steps, save_every=2))

@@ -201,8 +201,8 @@ def test_training_grades_through_the_entry_reward_processor(site, tiny_model):
     """`reward_processor` applies in `platoon train` as it does in `platoon eval`."""
     import learnable
 
+    from platoon.api import train
     from platoon.config import validate_config
-    from platoon.train.loop import train
 
     config = learnable.learn_config(tiny_model, steps=1)
     config["environments"][0]["reward_processor"] = "test_trainer:fixed_reward"
@@ -229,10 +229,10 @@ def test_a_nan_reward_drops_its_episode_and_the_run_goes_on(site, tiny_model):
     """One NaN reward used to end the run at step 0; now that episode is counted, not trained."""
     import learnable
 
+    from platoon.api import train
     from platoon.bus import read_events
     from platoon.bus.events import EpisodeGraded
     from platoon.config import validate_config
-    from platoon.train.loop import train
 
     NAN_GRADES.clear()
     config = learnable.learn_config(tiny_model, steps=2)

@@ -15,8 +15,8 @@ import anyio
 import pytest
 from turns import turns_config
 
+from platoon.api import train
 from platoon.config import validate_config
-from platoon.train.loop import train
 
 pytestmark = pytest.mark.torch
 

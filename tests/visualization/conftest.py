@@ -27,11 +27,12 @@ def varied(messages: list[dict]) -> str:
 def quickstart_run(tmp_path_factory) -> Path:
     import anyio
 
-    from platoon import system
+    from platoon.api import train
+    from platoon.assembly import import_packages
     from platoon.config import load_config
+    from platoon.models.loading import load_tokenizer
     from platoon.testing.models import save_tiny_model
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.loop import train
 
     random.seed(5)
     model = save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=2, seed=0)
@@ -53,8 +54,8 @@ def quickstart_run(tmp_path_factory) -> Path:
                 "eval.every=0",
             ],
         )
-        system.import_packages(config, QUICKSTART)
-        factory = ScriptedSamplerFactory(system.load_tokenizer(str(model)), varied)
+        import_packages(config, QUICKSTART)
+        factory = ScriptedSamplerFactory(load_tokenizer(str(model)), varied)
         run_dir = tmp_path_factory.mktemp("runs") / "quickstart" / "guess"
         anyio.run(lambda: train(config, run_dir=run_dir, console=False, sampler_factory=factory))
     finally:

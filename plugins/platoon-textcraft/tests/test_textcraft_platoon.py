@@ -12,8 +12,7 @@ from platoon_textcraft.env import TextCraft
 from platoon_textcraft.recipes import solve
 from platoon_textcraft.tasks import TaskSpec, make_task
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import (
     AgentFinished,
     AgentSpawned,
@@ -89,7 +88,7 @@ async def play(agents: dict[str, Any], **service: Any) -> list[Event]:
     ]
     episode_id = new_id()
     events: list[Event] = []
-    async with Bus() as bus, system.running(bus, components), bus.stream(Event) as stream:
+    async with Bus() as bus, running(bus, components), bus.stream(Event) as stream:
         task = TaskRef(env="textcraft", split=SPLIT, task_id=spec["id"], index=INDEX)
         await bus.publish(EpisodeRequested(episode_id=episode_id, group_id=new_id(), task=task))
         async for event in stream:

@@ -2,7 +2,7 @@
 
 from platoon.bus import events
 from platoon.bus.codec import decode, encode, to_json
-from platoon.bus.components import Component, ComponentBase, attach, run_components
+from platoon.bus.components import Component, ComponentBase, attach, run_components, running
 from platoon.bus.core import Bus, BusClosed, NoResponder, RequestTimeout, Stream, Subscription
 from platoon.bus.eventlog import EventLog, LogDamage, read_events, read_records
 from platoon.bus.events import Event, Reply, Request, register_event
@@ -29,5 +29,6 @@ __all__ = [
     "read_records",
     "register_event",
     "run_components",
+    "running",
     "to_json",
 ]

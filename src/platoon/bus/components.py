@@ -18,9 +18,10 @@ to. An object with only `run(bus)` still runs; it is just not on the graph.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import traceback
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -139,3 +140,28 @@ def _takes_task_status(component: object) -> bool:
         return "task_status" in inspect.signature(component.run).parameters  # type: ignore[attr-defined]
     except (TypeError, ValueError):
         return False
+
+
+@contextlib.asynccontextmanager
+async def running(bus: Bus, components: Sequence[object]) -> AsyncIterator[None]:
+    """Run `components` on `bus` for the duration of the block, then cancel them.
+
+    Every component is attached (subscribed) before any of them runs, so a request published
+    inside the block always finds its responder. A block that ends normally first lets the
+    components handle what was published (up to the bus's `drain_timeout`): the last step's
+    metrics and events were often published a moment before the run ended.
+    """
+    attach(components, bus)
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_components, bus, components)
+        ended = False
+        try:
+            yield
+            ended = True
+        finally:
+            if ended:
+                with anyio.move_on_after(bus.drain_timeout) as waited:
+                    await bus.drained()
+                if waited.cancelled_caught:
+                    log.warning("components still busy when the run ended", busy=bus.busy())
+            tg.cancel_scope.cancel()

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument(
         "--overwrite", action="store_true", help="if the run directory is taken, delete that run first"
     )
-    p.set_defaults(handler="platoon.cli.run:train")
+    p.set_defaults(handler="platoon.cli.train:train_command")
 
     p = sub.add_parser("eval", help="evaluate the policy on a split and write a JSON report")
     _config_args(p)

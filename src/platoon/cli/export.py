@@ -10,7 +10,7 @@ __all__ = ["export"]
 
 
 def export(args: Any) -> int:
-    from platoon.system import SystemError
+    from platoon.config import SystemError
     from platoon.train.export import ExportError
     from platoon.train.export import export as run_export
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from platoon import system
+from platoon.assembly import import_packages
 from platoon.cli import CommandError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -29,7 +29,7 @@ def serve(args: Any) -> int:
 
         path = Path(args.config)
         config = load_config(path, args.overrides)
-        system.import_packages(config, path.resolve().parent)
+        import_packages(config, path.resolve().parent)
     elif args.overrides:
         raise CommandError("KEY=VALUE overrides need a CONFIG")
     if args.host not in _LOOPBACK:
@@ -40,7 +40,7 @@ def serve(args: Any) -> int:
         )
     if args.events_dir:
         Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    from platoon.cli.run import run_async
+    from platoon.cli.signals import run_async
 
     run_async(lambda: _serve(args, config), until_signal=True)
     return 0

@@ -30,14 +30,14 @@ def run_components(config: Config, purpose: str) -> list[tuple[str, Any]]:
 
 
 def graph(args: Any) -> int:
-    from platoon import system
+    from platoon.assembly import import_packages
     from platoon.cli import EXIT_CONFIG, CommandError
 
     path = Path(args.config)
     config = load_config(path, args.overrides)
     if args.purpose in ("train", "worker") and config.train is None:
         raise CommandError(f"{path} has no train: section, so it has no {args.purpose} run", EXIT_CONFIG)
-    system.import_packages(config, path.resolve().parent)
+    import_packages(config, path.resolve().parent)
     drawn = event_graph(run_components(config, args.purpose))
     if args.mermaid:
         print(drawn.mermaid(), end="")

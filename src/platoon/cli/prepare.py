@@ -24,10 +24,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from platoon import system
+from platoon.assembly import import_packages
 from platoon.cli import CommandError
-from platoon.config import load_config, load_site
+from platoon.config import SystemError, entry_names, load_config, load_site
 from platoon.config.schema import Config, EnvironmentConfig
+from platoon.models.loading import builtin_model_name, load_tokenizer
 
 __all__ = ["prepare"]
 
@@ -35,11 +36,11 @@ __all__ = ["prepare"]
 def prepare(args: Any) -> int:
     path = Path(args.config)
     config = load_config(path, args.overrides)
-    system.import_packages(config, path.resolve().parent)
+    import_packages(config, path.resolve().parent)
     site = load_site()
     entries = [
         (i, name, entry)
-        for i, (name, entry) in enumerate(zip(system.entry_names(config), config.environments, strict=True))
+        for i, (name, entry) in enumerate(zip(entry_names(config), config.environments, strict=True))
         if entry.service == "harbor"
     ]
     pulled = _pull_models(config)
@@ -284,7 +285,7 @@ def _pull_models(config: Config) -> bool:
     named += [config.eval.model_name] if config.eval and config.eval.model_name else []
     found = {}
     for name in named:
-        builtin = system.builtin_model_name(name)
+        builtin = builtin_model_name(name)
         entry = models.find_model(builtin) if builtin else None
         if entry is not None:
             found.setdefault(entry.name, (name, entry))
@@ -306,8 +307,8 @@ def _load_tokenizer(config: Config) -> None:
     if name is None:
         return
     try:
-        tokenizer = system.load_tokenizer(name)  # a built-in model is built into the cache here
-    except system.SystemError:
+        tokenizer = load_tokenizer(name)  # a built-in model is built into the cache here
+    except SystemError:
         print(
             f"tokenizer {name}: not in a local directory or the Hugging Face cache; put it in the "
             f"cache (`hf download {name}` on a machine with network) or set train.tokenizer to a "

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import difflib
 import json
-import signal
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.abc
 import structlog
 
-from platoon import system
+from platoon import api
+from platoon.assembly import import_packages
 from platoon.bus import Bus
 from platoon.bus.events import Event, TaskRef
 from platoon.cli import CommandError
-from platoon.config import Config, load_config, load_site, run_dir
+from platoon.cli.signals import run_async
+from platoon.cli.train import train_command
+from platoon.config import Config, entry_names, load_config, load_site, run_dir
+from platoon.train.evaluate import progress_printer
 
 log = structlog.get_logger("platoon.cli")
 
@@ -34,58 +34,16 @@ class Setup:
 def _setup(args: Any) -> Setup:
     path = Path(args.config)
     config = load_config(path, args.overrides)
-    system.import_packages(config, path.resolve().parent)
+    import_packages(config, path.resolve().parent)
     directory = run_dir(config, load_site())
     return Setup(config, path, directory)
-
-
-def run_async(main: Any, *, until_signal: bool = False) -> Any:
-    """`anyio.run(main)`, raising an error from inside the run's task groups as itself, so the
-    command line prints it as its one-line message rather than as an exception group.
-
-    Ctrl-C and SIGTERM cancel `main` from inside the loop, so every component and server closes
-    in order (event log flushed, hypercorn shut down), and then end it as a KeyboardInterrupt;
-    for a server that runs `until_signal`, a signal is the normal end (it returns None).
-    """
-
-    async def stoppable() -> Any:
-        result: list[Any] = []
-        signalled: list[int] = []
-        async with anyio.create_task_group() as tg:
-
-            async def watch(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    task_status.started()  # taken before main runs: no signal falls between
-                    async for number in signals:
-                        signalled.append(number)
-                        print("platoon: stopping ...", file=sys.stderr, flush=True)
-                        tg.cancel_scope.cancel()
-                        return
-
-            if threading.current_thread() is threading.main_thread():
-                await tg.start(watch)
-            result.append(await main())
-            tg.cancel_scope.cancel()
-        if signalled and not until_signal:
-            raise KeyboardInterrupt
-        return result[0] if result else None
-
-    try:
-        return anyio.run(stoppable)
-    except BaseExceptionGroup as group:
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-            error = error.exceptions[0]
-        if isinstance(error, BaseExceptionGroup):
-            raise
-        raise error from None
 
 
 def _task(args: Any, config: Config) -> TaskRef:
     split, sep, task_id = args.task.partition(":")
     if not sep or not task_id:
         raise CommandError(f"--task {args.task!r}: expected SPLIT:ID (e.g. train:train-41) or SPLIT:#N")
-    names = system.entry_names(config)
+    names = entry_names(config)
     env = args.env or names[0]
     if env not in names:
         raise CommandError(f"--env {env!r}: the config's environments are {', '.join(names)}")
@@ -160,9 +118,7 @@ def evaluate(args: Any) -> int:
     config = setup.config
 
     async def main() -> Any:
-        from platoon.train.evaluate import evaluate_config, progress_printer
-
-        return await evaluate_config(
+        return await api.evaluate(
             config,
             setup.run_dir,
             policy=getattr(args, "policy", None),
@@ -192,15 +148,9 @@ def evaluate(args: Any) -> int:
     return 0
 
 
-def train(args: Any) -> int:
-    from platoon.train.loop import train_command
-
-    return train_command(args)
-
-
 def run(args: Any) -> int:
     """Train with its evals when the config has `train:`, else evaluate."""
     config = load_config(Path(args.config), args.overrides)
     if config.train is not None:
-        return train(args)
+        return train_command(args)
     return evaluate(args)

@@ -9,7 +9,7 @@ from platoon.cli import CommandError
 
 def serve_tinker(args: Any) -> int:
     from platoon.backends.local import main
-    from platoon.system import resolve_model
+    from platoon.models.loading import resolve_model
 
     model = resolve_model(args.model)  # a built-in name (platoon-tiny-qwen3) is built on first use
     argv = ["--model", model, "--host", args.host, "--port", str(args.port), "--device", args.device]

@@ -22,10 +22,10 @@ from typing import Any
 import anyio
 import structlog
 
-from platoon import system
+from platoon.assembly import import_packages
 from platoon.cli import CommandError
-from platoon.config import load_config
-from platoon.train.distributed import TinkerPolicies
+from platoon.config import SystemError, load_config
+from platoon.train.distributed import DistributedError
 
 __all__ = ["add_arguments", "main", "worker"]
 
@@ -44,11 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def worker(args: Any) -> int:
     from platoon.assembly import assemble
-    from platoon.train.distributed import DistributedError
 
     path = Path(args.config)
     config = load_config(path, args.overrides)
-    system.import_packages(config, path.resolve().parent)
+    import_packages(config, path.resolve().parent)
     if config.train is None:
         raise CommandError("a worker needs the trainer's config, with its train: section")
     if config.nats is None and not args.nats:
@@ -64,7 +63,7 @@ def worker(args: Any) -> int:
         ).worker()
     except DistributedError as exc:
         raise CommandError(str(exc)) from None
-    except system.SystemError as exc:
+    except SystemError as exc:
         if str(exc).startswith("--policy"):
             raise CommandError(str(exc)) from None
         raise
@@ -110,9 +109,6 @@ async def _serve(node: Any) -> str:
     if error is not None:
         raise CommandError(error)
     return reason
-
-
-_TinkerPolicies = TinkerPolicies  # its old name here
 
 
 def main(argv: Sequence[str] | None = None) -> int:

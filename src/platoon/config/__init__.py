@@ -22,10 +22,11 @@ from .schema import (
     TrainConfig,
     WandbConfig,
     WorkflowConfig,
+    entry_names,
     workflow_for,
 )
 from .site import Site, load_site, site_path
-from .validate import ConfigError
+from .validate import ConfigError, SystemError
 
 __all__ = [
     "AdamParams",
@@ -44,11 +45,13 @@ __all__ = [
     "Site",
     "SplitsConfig",
     "StatsConfig",
+    "SystemError",
     "TrainConfig",
     "WandbConfig",
     "WorkflowConfig",
     "deep_merge",
     "dumps_yaml",
+    "entry_names",
     "load_config",
     "load_site",
     "make_private_dir",

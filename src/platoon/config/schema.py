@@ -473,3 +473,14 @@ def workflow_for(
     for overlay in overlays:
         merged = deep_merge(merged, overlay)
     return msgspec.convert(merged, WorkflowConfig)
+
+
+def entry_names(config: Config) -> list[str]:
+    """Each environment entry's name: its `name`, else its env or service, made unique."""
+    names: list[str] = []
+    for i, entry in enumerate(config.environments):
+        name = entry.name or (entry.env or entry.service or f"env{i}").split("@")[0]
+        if name in names:
+            name = f"{name}-{i}"
+        names.append(name)
+    return names

@@ -22,6 +22,11 @@ __all__ = ["ConfigError", "build", "check", "convert", "resolve_paths", "type_at
 T = TypeVar("T")
 
 
+class SystemError(RuntimeError):
+    """The config describes something that cannot be assembled here (a model, a service or a
+    package it names is not there)."""
+
+
 class ConfigError(Exception):
     """A config that cannot be used; ``problems`` holds one line per problem."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -21,9 +22,18 @@ import sniffio
 import structlog
 
 from platoon.bus.events import PolicyUpdated
+from platoon.config import SystemError
 from platoon.policy.base import SampledCompletion, SampleParams
 
-__all__ = ["TinkerSampler", "TinkerSamplerFactory", "closing", "sampling_client", "wait_future"]
+__all__ = [
+    "TinkerSampler",
+    "TinkerSamplerFactory",
+    "closing",
+    "sampling_client",
+    "tinker_endpoint",
+    "tinker_service_client",
+    "wait_future",
+]
 
 log = structlog.get_logger("platoon.policy")
 
@@ -142,3 +152,31 @@ async def closing(service_client: Any) -> AsyncIterator[Any]:
                 await anyio.to_thread.run_sync(lambda: service_client.close(status).result(timeout=10))
             except Exception as exc:  # the server may already be gone; nothing is lost
                 log.debug("closing the Tinker session failed", error=str(exc))
+
+
+_NO_SERVICE = (
+    "no training service: set TINKER_API_KEY for hosted Tinker, TINKER_BASE_URL or "
+    "tinker_base_url for a self-hosted one, or train.backend=local for the embedded one "
+    "(rollout and eval also take --policy scripted:MODULE:ATTR)"
+)
+
+
+def tinker_service_client(base_url: str | None) -> Any:
+    """A `tinker.ServiceClient` for `base_url`, else `$TINKER_BASE_URL`, else hosted Tinker."""
+    try:
+        import tinker
+    except ImportError:
+        raise SystemError(
+            "sampling a Tinker policy needs the tinker extra: pip install 'platoon[tinker]'"
+        ) from None
+    base_url, api_key = tinker_endpoint(base_url)
+    return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
+
+
+def tinker_endpoint(configured: str | None) -> tuple[str | None, str | None]:
+    """(base URL, API key) of the Tinker service; raises when none is named."""
+    base_url = configured or os.environ.get("TINKER_BASE_URL")
+    api_key = os.environ.get("TINKER_API_KEY")
+    if base_url is None and not api_key:
+        raise SystemError(_NO_SERVICE)
+    return base_url, api_key

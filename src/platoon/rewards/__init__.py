@@ -1,6 +1,6 @@
 """Rewards beyond the environment's grade: reward rules and judges.
 
-`build_reward_rules(config, ...)` turns each environment entry's `reward:` and `judge:` into a
+`build_reward_rules(entries, ...)` turns each environment entry's `reward:` and `judge:` into a
 `RewardRules` for the grader. An entry with a `judge:` and no `reward:` is graded by its judge
 alone; with both, `judge` rules that name no judge of their own use the entry's.
 """
@@ -8,10 +8,10 @@ alone; with both, `judge` rules that name no judge of their own use the entry's.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from platoon.config.schema import Config, JudgeConfig, RewardConfig, RewardRule
+from platoon.config.schema import EnvironmentConfig, JudgeConfig, RewardConfig, RewardRule
 from platoon.rewards.episode import Episode, EpisodeRecorder, Reply, ToolUse
 from platoon.rewards.judge import (
     Judge,
@@ -50,22 +50,21 @@ __all__ = [
 
 
 def build_reward_rules(
-    config: Config,
+    entries: Mapping[str, EnvironmentConfig],
     *,
     tinker_base_url: str | None = None,
     model_name: str | None = None,
+    renderer_name: str | None = None,
     judge_model: Callable[[JudgeConfig], JudgeModel] | None = None,
 ) -> dict[str, RewardRules]:
     """Each entry's rules, by entry name (entries with neither `reward:` nor `judge:` have none).
 
-    `tinker_base_url` and `model_name` are the run's training service and base model, which a
-    `tinker` judge uses where its config names none. `judge_model` replaces how a judge's model is
-    made (tests pass scripted ones)."""
-    from platoon.system import entry_names
-
-    make = judge_model or (lambda cfg: _judge_model(cfg, config, tinker_base_url, model_name))
+    `tinker_base_url`, `model_name` and `renderer_name` are the run's training service, base
+    model and renderer, which a `tinker` judge uses where its config names none. `judge_model`
+    replaces how a judge's model is made (tests pass scripted ones)."""
+    make = judge_model or (lambda cfg: _judge_model(cfg, tinker_base_url, model_name, renderer_name))
     out: dict[str, RewardRules] = {}
-    for name, entry in zip(entry_names(config), config.environments, strict=True):
+    for name, entry in entries.items():
         if entry.reward is None and entry.judge is None:
             continue
         entry_judge = build_judge(entry.judge, make) if entry.judge is not None else None
@@ -89,7 +88,7 @@ def build_judge(cfg: JudgeConfig, make: Callable[[JudgeConfig], JudgeModel]) -> 
 
 
 def _judge_model(
-    cfg: JudgeConfig, config: Config, tinker_base_url: str | None, model_name: str | None
+    cfg: JudgeConfig, tinker_base_url: str | None, model_name: str | None, renderer_name: str | None
 ) -> JudgeModel:
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     if cfg.api_key_env and api_key is None:
@@ -98,19 +97,19 @@ def _judge_model(
         if not cfg.base_url or not cfg.model:
             raise RuleError("an openai judge needs base_url (the endpoint's /v1 root) and model")
         return OpenAIJudgeModel(cfg.base_url, cfg.model, api_key=api_key, timeout=cfg.timeout)
-    from platoon import system
+    from platoon.models.loading import builtin_model_dir, load_tokenizer, make_renderer, resolve_model
 
-    model = cfg.model or model_name or (config.train.model_name if config.train else None)
-    renderer_name = cfg.renderer_name or (config.train.renderer_name if config.train else None)
+    model = cfg.model or model_name
+    renderer_name = cfg.renderer_name or renderer_name
     if model is None or renderer_name is None:
         raise RuleError(
             "a tinker judge needs model and renderer_name (or a train: section to take them from)"
         )
-    if system.builtin_model_dir(model) is not None:
-        model = system.resolve_model(model)
-    tokenizer = system.load_tokenizer(model)
-    renderer, _ = system.make_renderer(renderer_name, tokenizer)
-    base_url = cfg.base_url or tinker_base_url or config.tinker_base_url
+    if builtin_model_dir(model) is not None:
+        model = resolve_model(model)
+    tokenizer = load_tokenizer(model)
+    renderer, _ = make_renderer(renderer_name, tokenizer)
+    base_url = cfg.base_url or tinker_base_url
     model_path = cfg.model_path
 
     services: list[Any] = []

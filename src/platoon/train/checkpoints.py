@@ -32,7 +32,6 @@ __all__ = [
     "CheckpointStore",
     "ResumeError",
     "locate_weights",
-    "run_identity",
 ]
 
 
@@ -46,30 +45,6 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
     sampler_path: str
     policy_version: int
     task_cursor: int
-
-
-def run_identity(config: Any, holdout: Any = None) -> dict[str, Any]:
-    train = config.train
-    identity = {
-        "model_name": train.model_name,
-        "renderer_name": train.renderer_name,
-        "lora_rank": train.lora_rank,
-        "eval_splits": [e.splits.eval for e in config.environments],
-        "holdout": holdout,
-    }
-    if getattr(config, "policies", None):  # several policies: what each of them is, too
-        from platoon.config.policies import resolve_policies
-
-        identity["policies"] = {
-            name: {
-                "model_name": spec.train.model_name,
-                "renderer_name": spec.train.renderer_name,
-                "lora_rank": spec.train.lora_rank,
-                "frozen": spec.frozen,
-            }
-            for name, spec in resolve_policies(config).items()
-        }
-    return identity
 
 
 class CheckpointStore:

@@ -46,7 +46,6 @@ __all__ = [
     "Evaluator",
     "TaskResult",
     "evaluate",
-    "evaluate_config",
     "list_tasks",
     "pass_at_k",
 ]
@@ -459,24 +458,3 @@ class Evaluator(ComponentBase):
                 report_path=str(path) if path is not None else None,
             )
         )
-
-
-async def evaluate_config(
-    config: Any,
-    run_dir: Any,
-    *,
-    policy: str | None = None,
-    split: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> EvalReport:
-    """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`."""
-    from pathlib import Path
-
-    from platoon.assembly import assemble
-
-    run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
-    async with run.running() as bus:
-        done = await bus.request(EvalRequested(step=0), timeout=None)
-    assert isinstance(done, Evaluated) and done.report_path is not None
-    report = await anyio.Path(done.report_path).read_bytes()
-    return msgspec.json.decode(report, type=EvalReport)

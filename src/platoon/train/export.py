@@ -91,7 +91,7 @@ def export(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export a run's checkpoint to `out`; returns what was written (step, paths, base model)."""
-    from platoon import system
+    from platoon.models.loading import builtin_model_name, resolve_model
 
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     if out.exists() and not overwrite and any(out.iterdir() if out.is_dir() else [out]):
@@ -112,19 +112,19 @@ def export(
     except EngineError as exc:
         raise ExportError(str(exc)) from None
     model_name = _run_model(run_dir, policy)
-    base = system.resolve_model(model_name)
+    base = resolve_model(model_name)
     out.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         if adapter_only:
-            _write_adapter(weights, building, system.builtin_model_name(model_name) or model_name)
+            _write_adapter(weights, building, builtin_model_name(model_name) or model_name)
         else:
             _write_merged(weights, base, building)
         facts = {
             "run": str(run_dir),
             "step": checkpoint.step + 1,
             "sampler_path": checkpoint.sampler_path,
-            "base_model": system.builtin_model_name(model_name) or model_name,
+            "base_model": builtin_model_name(model_name) or model_name,
             "kind": "adapter" if adapter_only else "merged",
         }
         (building / "platoon_export.json").write_text(json.dumps(facts, indent=1) + "\n")

@@ -18,18 +18,13 @@ trained (strictly on-policy); with 1, the rollouts of step s run while step s-1 
 from __future__ import annotations
 
 import random
-import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 import structlog
 
-from platoon import system
 from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     EpisodeRequested,
@@ -46,24 +41,11 @@ from platoon.bus.events import (
     derive_seed,
     new_id,
 )
-from platoon.config import Config, load_config, load_site, run_dir
-from platoon.train.checkpoints import CheckpointStore, ResumeError
-from platoon.train.evaluate import evaluate_config, list_tasks
+from platoon.train.evaluate import list_tasks
 
-__all__ = ["Scheduler", "SchedulerSettings", "TaskOrder", "run", "train", "train_command"]
+__all__ = ["NothingGraded", "Scheduler", "SchedulerSettings", "TaskOrder"]
 
 log = structlog.get_logger("platoon.train")
-
-
-def __getattr__(name: str) -> Any:
-    if name == "_credit":  # its old name, for callers; imported late, as assembly imports this module
-        from platoon.assembly import credit_settings
-
-        return credit_settings
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-TINY_MODEL = system.TINY_MODEL
 
 
 class TaskOrder:
@@ -258,73 +240,6 @@ class Scheduler(ComponentBase):
         await bus.request(EvalRequested(step=step, policy_version=self.version), timeout=None)
 
 
-async def train(
-    config: Config,
-    *,
-    run_dir: Path,
-    resume: bool = False,
-    console: bool = True,
-    sampler_factory: Any = None,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Train as `config` says, writing into `run_dir`; returns the last step's metrics.
-
-    `sampler_factory` replaces the training service's sampler for rollouts (a scripted policy
-    in tests and demos). With `nats:` in the config the trainer plays no rollouts: workers
-    (`platoon worker`) do, see `platoon.train.distributed`."""
-    from platoon.assembly import assemble
-
-    if config.train is None:
-        raise ValueError("the config has no train: section")
-    run = assemble(
-        config,
-        "train",
-        run_dir=run_dir,
-        resume=resume,
-        console=console,
-        live=progress,
-        sampler_factory=sampler_factory,
-    )
-    async with run.running():
-        scheduler = run.component(Scheduler)
-        await scheduler.done.wait()
-    return scheduler.last
-
-
-class RunStopped(RuntimeError):
-    """A training run ended by an error it could not go on past; the message says how to resume."""
-
-
-def how_to_resume(args: Any, directory: Path) -> str:
-    """Where a stopped run stands and the command that goes on with it (secrets left out)."""
-    import shlex
-
-    from platoon.config.redact import redact_text
-
-    try:
-        stores = [CheckpointStore(d) for d in sorted((directory / "checkpoints").glob("*")) if d.is_dir()]
-        found = [store.latest() for store in stores or [CheckpointStore(directory)]]
-        # several policies: a resume starts from the newest step all of them saved
-        latest = None if None in found else min(found, key=lambda c: c.step)  # type: ignore[union-attr]
-    except ResumeError:
-        latest = None
-    command = " ".join(
-        [
-            "platoon train",
-            shlex.quote(str(args.config)),
-            *(shlex.quote(o) for o in getattr(args, "overrides", None) or ()),
-            "--resume",
-            shlex.quote(str(directory)),
-        ]
-    )
-    where = (
-        f"its last checkpoint is after step {latest.step + 1}, so a resume trains from step {latest.step + 2}"
-        if latest
-        else "it has no checkpoint yet, so a resume starts it again from step 1"
-    )
-    return f"the run stopped; {where}: {redact_text(command)}"
-
-
 class NothingGraded(RuntimeError):
     """The first step graded none of its episodes: training on would learn nothing."""
 
@@ -345,102 +260,3 @@ def _check_graded(metrics: dict[str, Any]) -> None:
         "class, or service_kwargs: {reward: sum}); `platoon events RUN_DIR --type EpisodeGraded` "
         "shows each episode's reason"
     )
-
-
-# What a training run leaves (a rollout or an eval of the same config shares the directory).
-_RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl")
-
-
-def _holds_run(directory: Path) -> bool:
-    return any((directory / name).exists() for name in _RUN_FILES)
-
-
-def _claimed(config: Config, directory: Path, *, new_trial: bool, overwrite: bool) -> tuple[Config, Path]:
-    """The config and directory a new run writes to, when its directory may hold a run already:
-    refused with the three ways on, or a numbered new trial beside it, or the old run deleted."""
-    if not _holds_run(directory):
-        return config, directory
-    n = 2
-    while _holds_run(directory.with_name(f"{directory.name}-{n}")):
-        n += 1
-    beside = directory.with_name(f"{directory.name}-{n}")
-    if new_trial:
-        stats = msgspec.structs.replace(config.stats, trial_name=beside.name)
-        return msgspec.structs.replace(config, stats=stats), beside
-    if overwrite:
-        import shutil
-
-        shutil.rmtree(directory)
-        return config, directory
-    from platoon.cli import CommandError
-
-    raise CommandError(
-        f"{directory} already holds a run: pass --resume {directory} to continue it, --new-trial to "
-        f"train as {beside.name} beside it, or --overwrite to delete it and start over"
-    )
-
-
-def train_command(args: Any) -> int:
-    """`platoon train CONFIG [KEY=VALUE ...] [--resume RUN_DIR]`."""
-    path = Path(args.config)
-    config = load_config(path, args.overrides)
-    system.import_packages(config, path.resolve().parent)
-    system.check_training_service(config)
-    if getattr(args, "resume", None):
-        directory = Path(args.resume)
-    else:
-        directory = run_dir(config, load_site())
-        config, directory = _claimed(
-            config,
-            directory,
-            new_trial=getattr(args, "new_trial", False),
-            overwrite=getattr(args, "overwrite", False),
-        )
-    started = time.monotonic()
-    live = sys.stderr.isatty() and not getattr(args, "quiet", False)
-    resume = bool(getattr(args, "resume", None))
-    from platoon.cli.run import run_async
-
-    try:
-        run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
-    except KeyboardInterrupt:
-        if (directory / "identity.json").exists():
-            print(f"platoon: {how_to_resume(args, directory)}", file=sys.stderr)
-        raise
-    except (ResumeError, NothingGraded):
-        raise  # their messages say what to do
-    except Exception as exc:
-        if not (directory / "identity.json").exists():
-            raise  # it failed before the run was set up: there is nothing to resume
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # type: ignore[assignment]
-        why = str(exc) or type(exc).__name__
-        raise RunStopped(f"{why}\n{how_to_resume(args, directory)}") from exc
-    from platoon.stats.summary import train_summary
-
-    print(train_summary(directory, time.monotonic() - started))
-    return 0
-
-
-async def run(
-    config: Config | str | Path,
-    *overrides: str,
-    run_dir_path: str | Path | None = None,
-    policy: str | None = None,
-) -> Any:
-    """Run what a config describes from your own async application: train (with its evals)
-    when it has `train:`, else evaluate (`policy="scripted:MODULE:ATTR"` evaluates a scripted
-    policy). Returns the last step's metrics, or the eval report."""
-    if not isinstance(config, Config):
-        path = anyio.Path(config)
-        config = load_config(Path(config), overrides)
-        system.import_packages(config, Path(await path.resolve()).parent)
-    directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
-    if config.train is not None:
-        if policy is not None:
-            raise ValueError(
-                "policy= plays a scripted policy in an evaluation; this config trains (it has "
-                "train:), and training samples the policy it trains"
-            )
-        return await train(config, run_dir=directory)
-    return await evaluate_config(config, directory, policy=policy)

@@ -16,8 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import (
     AgentProcessExited,
     EpisodeFinished,
@@ -71,7 +70,7 @@ async def harbor_system(tokenizer, dataset, script, tmp_path, harness) -> AsyncI
         EpisodeRunner([EntrySettings(name=ENV, harness=str(harness), max_steps=6)], request_timeout=60),
         Grader(),
     ]
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         yield bus
 
 

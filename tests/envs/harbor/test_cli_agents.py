@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import (
     AgentProcessExited,
     AgentSpawned,
@@ -127,7 +126,7 @@ async def play(
     episode_id = new_id()
     events: list[Event] = []
     batches: list[BatchReady] = []
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         bus.subscribe(BatchReady, batches.append)
         async with bus.stream(Event, name="test:episode") as stream:
             task_ref = TaskRef(env=ENV, split="train", task_id="sum")

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import (
     EpisodeFinished,
     EpisodeGraded,
@@ -80,7 +79,7 @@ async def harbor_system(
         ),
         grader or Grader(),
     ]
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         yield bus
 
 

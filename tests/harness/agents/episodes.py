@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from platoon import system
-from platoon.bus import Bus
+from platoon.bus import Bus, running
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, new_id
 from platoon.envs import build_env_service
 from platoon.gateway import Gateway
@@ -90,5 +89,5 @@ async def guessing(
         EpisodeRunner([settings], request_timeout=30),
         Grader(),
     ]
-    async with Bus() as bus, system.running(bus, components):
+    async with Bus() as bus, running(bus, components):
         yield Guessing(bus)

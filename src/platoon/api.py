@@ -1,0 +1,96 @@
+"""The Python API's entry points: `run`, `train` and `evaluate` a config from your own async
+application, as the `platoon` commands do.
+
+    import platoon as pt
+    metrics = await pt.run("config.yaml", "train.max_training_steps=3")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from platoon.assembly import assemble, import_packages
+from platoon.bus.events import EvalRequested, Evaluated
+from platoon.config import Config, load_config, load_site, run_dir
+from platoon.policy.base import SamplerFactory
+from platoon.train.evaluate import EvalReport
+from platoon.train.loop import Scheduler
+
+__all__ = ["evaluate", "run", "train"]
+
+
+async def run(
+    config: Config | str | Path,
+    *overrides: str,
+    run_dir_path: str | Path | None = None,
+    policy: str | None = None,
+) -> dict[str, Any] | EvalReport:
+    """Run what a config describes from your own async application: train (with its evals)
+    when it has `train:`, else evaluate (`policy="scripted:MODULE:ATTR"` evaluates a scripted
+    policy). Returns the last step's metrics, or the eval report."""
+    if not isinstance(config, Config):
+        path = anyio.Path(config)
+        config = load_config(Path(config), overrides)
+        import_packages(config, Path(await path.resolve()).parent)
+    directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
+    if config.train is not None:
+        if policy is not None:
+            raise ValueError(
+                "policy= plays a scripted policy in an evaluation; this config trains (it has "
+                "train:), and training samples the policy it trains"
+            )
+        return await train(config, run_dir=directory)
+    return await evaluate(config, directory, policy=policy)
+
+
+async def train(
+    config: Config,
+    *,
+    run_dir: Path,
+    resume: bool = False,
+    console: bool = True,
+    sampler_factory: SamplerFactory | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Train as `config` says, writing into `run_dir`; returns the last step's metrics.
+
+    `sampler_factory` replaces the training service's sampler for rollouts (a scripted policy
+    in tests and demos). With `nats:` in the config the trainer plays no rollouts: workers
+    (`platoon worker`) do, see `platoon.train.distributed`."""
+    if config.train is None:
+        raise ValueError("the config has no train: section")
+    run = assemble(
+        config,
+        "train",
+        run_dir=run_dir,
+        resume=resume,
+        console=console,
+        live=progress,
+        sampler_factory=sampler_factory,
+    )
+    async with run.running():
+        scheduler = run.component(Scheduler)
+        await scheduler.done.wait()
+    return scheduler.last
+
+
+async def evaluate(
+    config: Config,
+    run_dir: str | Path,
+    *,
+    policy: str | None = None,
+    split: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`."""
+    run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
+    async with run.running() as bus:
+        done = await bus.request(EvalRequested(step=0), timeout=None)
+    assert isinstance(done, Evaluated) and done.report_path is not None
+    report = await anyio.Path(done.report_path).read_bytes()
+    return msgspec.json.decode(report, type=EvalReport)

@@ -1,0 +1,81 @@
+"""Assembling a run: the one place where a config becomes components.
+
+    run = assemble(config, "train", run_dir=...)   # the config resolved once; nothing starts
+    run.parts                                       # what will run: each component's name and class
+    async with run.running() as bus:                # services opened, components built and started
+        ...
+
+What each purpose runs (`platoon graph CONFIG --purpose P` lists it from `run.parts`):
+
+    rollout   event log, env services, gateway, runner, grader, plugins
+    eval      the same and the evaluator
+    train     event log, env services, gateway, runner, grader (with `nats:` instead: the bridge,
+              lease keeper, policy announcer and worker registry), credit assigner, trainer,
+              scheduler, evaluator (with `eval:`), progress display, metrics, plugins
+    worker    env services, gateway, following runner, grader, result seal, policy follower,
+              plugins and the two NATS bridges, run by `Run.worker()` (a worker starts in stages)
+    gateway   the gateway alone, and an event log if asked for (`platoon gateway serve`)
+
+The config is read here and nowhere after: `resolve` turns it into one settings object per
+component (`Settings`), and a component gets its own, never the `Config`. A policy (its model,
+tokenizer, renderer, training service, training client and sampler factory) is opened by
+`open_policy`, once per policy; the training service is opened there and only there.
+
+The rooms: `settings` (the config, resolved), `parts` (what each purpose runs, and `assemble`),
+`policies` (opening a policy), `builders` (making the components), `run` (the run's
+lifecycle and resumption), `nats` and `worker` (a distributed run's trainer and worker sides).
+"""
+
+from __future__ import annotations
+
+from platoon.assembly.nats import trainer_components
+from platoon.assembly.parts import Part, assemble
+from platoon.assembly.policies import OpenPolicy, load_policy, open_policies, open_policy
+from platoon.assembly.run import Run
+from platoon.assembly.settings import (
+    PURPOSES,
+    CreditSettings,
+    GatewaySettings,
+    MetricsSettings,
+    NatsSettings,
+    PolicySettings,
+    Purpose,
+    RunnerSettings,
+    Settings,
+    check_training_service,
+    credit_settings,
+    entry_names,
+    entry_settings,
+    import_packages,
+    resolve,
+)
+from platoon.train.evaluate import EvalSettings
+from platoon.train.loop import SchedulerSettings
+
+__all__ = [
+    "PURPOSES",
+    "CreditSettings",
+    "EvalSettings",
+    "GatewaySettings",
+    "MetricsSettings",
+    "NatsSettings",
+    "OpenPolicy",
+    "Part",
+    "PolicySettings",
+    "Purpose",
+    "Run",
+    "RunnerSettings",
+    "SchedulerSettings",
+    "Settings",
+    "assemble",
+    "check_training_service",
+    "credit_settings",
+    "entry_names",
+    "entry_settings",
+    "import_packages",
+    "load_policy",
+    "open_policies",
+    "open_policy",
+    "resolve",
+    "trainer_components",
+]

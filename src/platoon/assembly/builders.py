@@ -1,0 +1,114 @@
+"""Building the components a run's settings name: env services, gateways, the grader, and what
+lock.json and the worker handshake record of the opened policies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from platoon.assembly.policies import OpenPolicy
+from platoon.assembly.settings import (
+    GatewaySettings,
+    Settings,
+)
+from platoon.bus.events import (
+    PolicyUpdated,
+)
+from platoon.config import Config, entry_names
+from platoon.envs import build_env_service
+from platoon.gateway import Gateway, GatewayPolicy
+from platoon.policy.base import SampleParams
+from platoon.programs import Grader
+from platoon.rewards import build_reward_rules
+from platoon.train.distributed import parsers_identity
+
+log = structlog.get_logger("platoon.assembly")
+
+
+def _env_services(config: Config) -> list[Any]:
+    """One env service per environment entry."""
+    return [
+        build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
+        for name, entry in zip(entry_names(config), config.environments, strict=True)
+    ]
+
+
+def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, Any]:
+    """What lock.json records of a run's several policies (the first's as the run's own)."""
+    first = next(iter(opened.values()))
+    return {
+        "renderer": first.settings.renderer_name,
+        "tool_call_parser": first.tool_call_parser,
+        "policies": {
+            name: {"renderer": p.settings.renderer_name, "tool_call_parser": p.tool_call_parser}
+            for name, p in opened.items()
+        },
+    }
+
+
+def _parsers_identity(opened: dict[str, OpenPolicy]) -> dict[str, str]:
+    return parsers_identity({name: p.tool_call_parser for name, p in opened.items()})
+
+
+def _announced(policy: OpenPolicy) -> PolicyUpdated:
+    """What the trainer announces of a policy at the start: the weights it resumed from (a
+    trained one), or those it samples all run long (a frozen one)."""
+    p = policy.settings
+    if p.trainer is not None:
+        version, path, model = policy.trainer.version, policy.start_path or "", p.model_name
+    else:
+        version, path = 0, p.model_path or ""
+        model = p.local_model() if p.backend == "local" else p.model_name
+    return PolicyUpdated(
+        version=version, sampler_path=path, base_model=model or "", base_url=policy.base_url, policy=p.name
+    )
+
+
+def _policies_gateway(g: GatewaySettings, opened: dict[str, OpenPolicy], factories: dict[str, Any]) -> Any:
+    """The gateway of a run with several policies (RFC 0001): it serves each of them, the
+    first as its own."""
+    first, *others = opened
+    served = {
+        name: GatewayPolicy(
+            opened[name].renderer,
+            factories[name],
+            frozen=opened[name].settings.frozen,
+            model_name=opened[name].settings.model_name,
+        )
+        for name in others
+    }
+    return _gateway(g, opened[first].renderer, factories[first], policy=first, policies=served)
+
+
+def _gateway(g: GatewaySettings, renderer: Any, factory: Any, **policies: Any) -> Any:
+
+    return Gateway(
+        renderer=renderer,
+        sampler_factory=factory,
+        defaults=SampleParams(),
+        context_window=g.context_window,
+        max_concurrent_samples=g.max_concurrent_samples,
+        host=g.host,
+        port=g.port,
+        model_name=g.model_name,
+        model_aliases=list(g.model_aliases),
+        **policies,
+    )
+
+
+def _grader(
+    config: Config, settings: Settings, *, tinker_base_url: str | None = None, model_name: str | None = None
+) -> Grader:
+    """Each entry's reward processor, reward rules and judges; a `tinker` judge that names no
+    service, model or renderer uses the run's (`tinker_base_url`, `model_name`: the service and
+    base model as the run opened them)."""
+    train = config.train
+    rules = build_reward_rules(
+        dict(zip(entry_names(config), config.environments, strict=True)),
+        tinker_base_url=tinker_base_url or config.tinker_base_url,
+        model_name=model_name or (train.model_name if train else None),
+        renderer_name=train.renderer_name if train else None,
+    )
+    return Grader(reward_processors=settings.reward_processors, rules=rules)

@@ -1,0 +1,234 @@
+"""A distributed run's wiring, from the config's `nats:` section: the bridges of the trainer and
+its workers, the lease, and the identity a worker must share with its trainer (see
+`platoon.train.distributed` for the components and why they work as they do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+import structlog
+
+from platoon import __version__
+from platoon.bus.events import (
+    EpisodeAbandoned,
+    EpisodeRequested,
+    Event,
+    PolicyAnnounced,
+    PolicyUpdated,
+    RunFinished,
+    WorkerStatus,
+    event_types,
+)
+from platoon.config import Config, redact, to_builtins
+from platoon.config.schema import NatsConfig
+from platoon.serving import is_loopback
+from platoon.train.distributed import (
+    FACTS,
+    LEASE_GRACE,
+    LEASE_WITHOUT_TIMEOUT,
+    RESULT_TYPES,
+    TRAINER_DURABLE,
+    DistributedError,
+    LeaseKeeper,
+    PolicyAnnouncer,
+    WorkerRegistry,
+)
+
+log = structlog.get_logger("platoon.assembly")
+
+
+@dataclass(frozen=True)
+class NatsSettings:
+    """The trainer's side of a distributed run (the bridges are made from the config's `nats:`)."""
+
+    lease: float
+    max_attempts: int
+    announce_every: float
+    identity: dict[str, str]
+
+
+def run_name(config: Config) -> str:
+    """The run's NATS subject token: `nats.run`, else the experiment (and trial) name.
+
+    A worker must compute the same name from the same config, so the trial's start time
+    (the default trial name) never takes part."""
+    if config.nats is not None and config.nats.run:
+        return config.nats.run
+    parts = [config.stats.experiment_name, config.stats.trial_name or ""]
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", "-".join(p for p in parts if p)).strip("-") or "platoon"
+
+
+def lease_timeout(config: Config) -> float:
+    """`nats.lease_timeout`, else the rollout timeout plus 30 s, else 10 minutes."""
+    if config.nats is not None and config.nats.lease_timeout is not None:
+        return config.nats.lease_timeout
+    if config.train is not None:
+        timeout = config.train.workflow_config.rollout_config.timeout
+        if timeout is not None:
+            return timeout + LEASE_GRACE
+    return LEASE_WITHOUT_TIMEOUT
+
+
+def _nats(config: Config, url: str | None) -> Any:
+    if config.nats is None and url is None:
+        raise DistributedError("no NATS server: add a nats: section to the config or pass --nats URL")
+
+    nats = config.nats or NatsConfig()
+    if nats.subject_prefix != "platoon":
+        raise DistributedError(
+            f"nats.subject_prefix: the bridge sends on platoon.<run>.<event>; {nats.subject_prefix!r} "
+            "is not supported (use nats.run to keep runs apart)"
+        )
+    return nats
+
+
+def _extra_types(nats: Any) -> list[type[Event]]:
+    by_name = {}
+    for event_type in event_types():
+        by_name[event_type.__name__] = event_type
+        by_name[str(msgspec.inspect.type_info(event_type).tag)] = event_type
+    extra = []
+    for i, name in enumerate(nats.subjects):
+        if name not in by_name:
+            raise DistributedError(f"nats.subjects.{i}: no event type {name!r} is registered")
+        extra.append(by_name[name])
+    return extra
+
+
+def _tls(nats: Any) -> ssl.SSLContext | None:
+    if nats.tls is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=nats.tls.ca_file)
+        if nats.tls.cert_file:
+            context.load_cert_chain(nats.tls.cert_file, nats.tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise DistributedError(f"nats.tls: {exc}") from None
+    return context
+
+
+def _bridge(config: Config, url: str | None, **options: Any) -> Any:
+    nats = _nats(config, url)
+    _check_authenticated(nats, url or nats.url)
+    from platoon.bus.nats import (  # the nats extra: imported only by a distributed run
+        NatsBridge,
+        NatsBridgeError,
+    )
+
+    try:
+        return NatsBridge(
+            url or nats.url,
+            run=run_name(config),
+            credentials=nats.credentials_file,
+            tls=_tls(nats),
+            offer_timeout=nats.offer_timeout,
+            connect_timeout=nats.connect_timeout,
+            **options,
+        )
+    except NatsBridgeError as exc:
+        raise DistributedError(str(exc)) from None
+
+
+def _check_authenticated(nats: Any, url: str) -> None:
+    """Beyond this machine, NATS without credentials lets anyone read the run and steer it."""
+
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    if nats.credentials_file or parts.password or nats.insecure or is_loopback(parts.hostname or ""):
+        return
+    raise DistributedError(
+        f"nats.url {parts.hostname}:{parts.port or 4222} is beyond this machine and no credentials are "
+        "given: anyone who reaches it could read every event and steer the run. Write a server config "
+        "and per-role credentials with `platoon nats init`, then set nats.credentials_file (or, on a "
+        "trusted isolated network only, nats.insecure: true)"
+    )
+
+
+def worker_identity(config: Config) -> dict[str, str]:
+    """What must be the same on the trainer and its workers, for episodes to be the ones the
+    trainer means: platoon's version, the environments (names, env versions, harnesses and their
+    options, service options without secrets), the rollout settings, the model and renderer."""
+
+    def digest(value: Any) -> str:
+        text = json.dumps(redact(value), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    train = config.train
+    assert train is not None
+    environments = []
+    for entry in to_builtins(config)["environments"]:
+        entry.pop("service", None)  # where the env server is may differ per machine
+        entry.get("service_kwargs", {}).pop("secrets", None)
+        environments.append(entry)
+    identity = {
+        "platoon": __version__,
+        "environments": digest(environments),
+        "rollout": digest(to_builtins(train.workflow_config)),
+        "renderer": f"{train.renderer_name} ({train.tool_call_parser})",
+        "lora_rank": str(train.lora_rank),
+    }
+    if config.policies:
+        # How a worker turns each policy's calls into tokens. What it samples is announced, and
+        # how a policy trains (its optimizer, load_path, kl) or where its service is are the
+        # trainer's alone, so a worker's config need not repeat them.
+        shaping = ("model_name", "tokenizer", "renderer_name", "tool_call_parser", "frozen")
+        policies = {
+            name: {k: v for k, v in policy.items() if k in shaping}
+            for name, policy in to_builtins(config)["policies"].items()
+        }
+        identity["policies"] = digest(policies)
+    return identity
+
+
+def authenticated(config: Config) -> bool:
+    """Whether the run's NATS connection is authenticated (steering events come from the trainer)."""
+    return config.nats is not None and bool(config.nats.credentials_file)
+
+
+def trainer_components(
+    config: Config,
+    policy: PolicyUpdated | Sequence[PolicyUpdated],
+    *,
+    url: str | None = None,
+    settings: NatsSettings | None = None,
+) -> list[Any]:
+    """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
+    the bridge, the lease keeper, the policy announcer (`policy`: the one it starts with, or
+    each of several) and the worker registry."""
+
+    nats = _nats(config, url)
+    if settings is None:
+        settings = NatsSettings(
+            lease=lease_timeout(config),
+            max_attempts=nats.max_attempts,
+            announce_every=nats.announce_every,
+            identity=worker_identity(config),
+        )
+    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
+    bridge = _bridge(
+        config,
+        url,
+        mirror=mirrored,
+        work=[EpisodeRequested],
+        durable=RESULT_TYPES,
+        consume_durable=True,
+        durable_name=TRAINER_DURABLE,
+        issue_leases=True,  # results count only from the worker that was given the episode
+        state=FACTS,
+        write_state=True,
+        withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
+    )
+    return [
+        bridge,
+        LeaseKeeper(lease=settings.lease, max_attempts=settings.max_attempts),
+        PolicyAnnouncer(policy, every=settings.announce_every, identity=settings.identity),
+        WorkerRegistry(every=settings.announce_every),
+    ]

@@ -1,0 +1,303 @@
+"""Opening a policy for a run: its tokenizer and renderer (`load_policy`), then its training
+service, training client (resumed from a checkpoint), trainer and sampler factory
+(`open_policy`, `open_policies`). A policy's training service is opened here and only here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+
+from platoon.assembly.settings import (
+    PolicySettings,
+)
+from platoon.config import SystemError
+from platoon.models import loading
+from platoon.policy.scripted import policy_from_ref
+from platoon.policy.tinker import (
+    TinkerSamplerFactory,
+    closing,
+    sampling_client,
+    tinker_endpoint,
+    tinker_service_client,
+    wait_future,
+)
+from platoon.train.checkpoints import (
+    CheckpointNotFound,
+    ResumeError,
+    locate_weights,
+)
+from platoon.train.trainer import Trainer, TrainerSettings
+
+log = structlog.get_logger("platoon.assembly")
+
+
+@dataclass
+class OpenPolicy:
+    """A policy while its run is open: what the gateway and the trainer take from it."""
+
+    settings: PolicySettings
+    tokenizer: Any
+    renderer: Any
+    tool_call_parser: str | None
+    sampler_factory: Any = None
+    base_url: str | None = None  # the training service, as samplers and judges reach it
+    trainer: Any = None  # the trainer component, when the policy trains here
+    checkpoint: Any = None  # the checkpoint it resumed from
+    start_path: str | None = None  # the sampler weights it trains from: its checkpoint's or load_path's
+
+
+def load_policy(policy: PolicySettings) -> OpenPolicy:
+    """A policy's tokenizer and renderer (a built-in model is built first); no service yet.
+
+    The tool-call parser `auto` is chosen by a probe of the tokenizer, the same on a trainer and
+    its workers (the identity handshake compares the choice)."""
+    if policy.builtin:
+        loading.resolve_model(policy.builtin)
+    if policy.trainer is not None:
+        tokenizer = loading.load_tokenizer(policy.tokenizer or policy.model_name or "")
+    else:
+        name = policy.tokenizer or policy.model_name
+        tokenizer = loading.tokenizer_named(name, scripted=bool(policy.scripted))
+    renderer, chosen = loading.make_renderer(policy.renderer_name, tokenizer, policy.tool_call_parser)
+    return OpenPolicy(policy, tokenizer, renderer, chosen)
+
+
+@contextlib.asynccontextmanager
+async def _service(
+    policy: PolicySettings, checkpoint_dir: Path | None
+) -> AsyncIterator[tuple[Any, str | None]]:
+    """The policy's Tinker service (a client, and the URL others reach it at): the embedded
+    server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run."""
+    if policy.backend == "local":
+        assert policy.model_name is not None
+        options = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir is not None else {}
+        from platoon.backends.local import running_server_in_thread  # the local extra: torch
+
+        async with running_server_in_thread(policy.local_model(), **options) as base_url:
+            import tinker  # the tinker extra, and it imports torch: only where a service opens
+
+            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
+                yield client, base_url
+        return
+    async with closing(tinker_service_client(policy.base_url)) as client:
+        yield client, policy.base_url
+
+
+@contextlib.asynccontextmanager
+async def open_policy(
+    loaded: OpenPolicy,
+    *,
+    run_dir: Path | None = None,
+    store: Any = None,
+    candidates: Sequence[Any] = (),
+    sampler_factory: Any = None,
+    service: tuple[Any, str | None] | None = None,
+    prefix: str = "",
+    reference: Any = None,
+) -> AsyncIterator[OpenPolicy]:
+    """Open a loaded policy for a run: its training service and, when it trains
+    (`settings.trainer`), its training client (resumed from the newest checkpoint of
+    `candidates` that loads) and trainer; and its sampler factory.
+
+    Call it once per policy of a run: everything a policy owns is made here. `service`: one
+    already open that the policy shares with others of the run (`open_policies`); `prefix`:
+    the policy's name on its trainer's metrics, when the run has several; `reference`: the
+    sampling client of its KL reference when another policy of the run is that (`open_policies`)."""
+    policy = loaded.settings
+    if policy.scripted:
+        loaded.sampler_factory = policy_from_ref(policy.scripted, loaded.tokenizer)
+        yield loaded
+        return
+    checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
+    if service is None and policy.trainer is None and policy.backend == "local" and policy.model_path:
+        # A finished run's weights: the embedded server opens on that run's checkpoints.
+        checkpoint_dir, path = _finished_weights(policy)
+        policy = loaded.settings = replace(policy, model_path=path)
+    shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
+    async with shared as (service, base_url):
+        loaded.base_url = base_url
+        if policy.trainer is None:
+            model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
+            loaded.sampler_factory = TinkerSamplerFactory(service, model, model_path=policy.model_path)
+            yield loaded
+            return
+        client, checkpoint = await _resumed_client(service, policy, store, list(candidates))
+        version = checkpoint.policy_version if checkpoint else 0
+        if policy.kl and reference is None:
+            reference = await _reference(service, policy)
+        settings = _with_base_url(policy.trainer, base_url)
+        loaded.trainer = Trainer(
+            client,
+            settings,
+            store,
+            version=version,
+            reference=reference,
+            policy=policy.name,
+            prefix=prefix,
+            delete=_deleter(base_url, local=policy.backend == "local"),
+        )
+        loaded.checkpoint = checkpoint
+        loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
+        loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
+            service, policy.model_name or "", model_path=loaded.start_path, version=version
+        )
+        yield loaded
+
+
+@contextlib.asynccontextmanager
+async def open_policies(
+    loaded: dict[str, OpenPolicy],
+    *,
+    run_dir: Path | None = None,
+    stores: dict[str, Any] | None = None,
+    candidates: dict[str, Sequence[Any]] | None = None,
+    sampler_factory: Any = None,
+) -> AsyncIterator[dict[str, OpenPolicy]]:
+    """Open the several policies of a run (RFC 0001), each with `open_policy`. Policies that
+    share a training service share one client: two policies on one base model of the embedded
+    backend are two LoRA adapters on one server; each other service is opened once (the
+    checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained policy
+    whose KL reference is a frozen one (`kl.reference_policy`) scores against the weights that
+    policy samples, on its service."""
+    keys = {name: _service_key(p.settings) for name, p in loaded.items()}
+    async with contextlib.AsyncExitStack() as stack:
+        services: dict[tuple[str, str], tuple[Any, str | None]] = {}
+        opened: dict[str, OpenPolicy] = {}
+        for name, policy in loaded.items():
+            key = keys[name]
+            if key not in services and not policy.settings.scripted:
+                trains = any(loaded[n].settings.trainer is not None for n in loaded if keys[n] == key)
+                where = None
+                if trains and run_dir is not None:
+                    where = run_dir / ("tinker" if not services else f"tinker-{name}")
+                services[key] = await stack.enter_async_context(_service(policy.settings, where))
+        for name, policy in loaded.items():
+            key, frozen = keys[name], policy.settings.kl_policy
+            reference = None
+            if frozen is not None and policy.settings.trainer is not None and keys[frozen] in services:
+                reference = await _frozen_reference(services[keys[frozen]][0], loaded[frozen].settings)
+            opened[name] = await stack.enter_async_context(
+                open_policy(
+                    policy,
+                    run_dir=run_dir,
+                    store=(stores or {}).get(name),
+                    candidates=(candidates or {}).get(name, ()),
+                    sampler_factory=sampler_factory,
+                    service=services.get(key),
+                    prefix=f"{name}/",
+                    reference=reference,
+                )
+            )
+        yield opened
+
+
+def _finished_weights(policy: PolicySettings) -> tuple[Path, str]:
+    """(checkpoint directory, tinker:// path) of the weights a policy on the embedded backend
+    samples: a finished run's checkpoint, named by its tinker:// path, its directory or the run's."""
+    assert policy.model_path is not None
+    try:
+        return locate_weights(policy.model_path, policy.runs)
+    except CheckpointNotFound as exc:
+        raise SystemError(f"model_path: {exc}") from None
+
+
+def _service_key(policy: PolicySettings) -> tuple[str, str]:
+    if policy.backend == "local":
+        return ("local", policy.model_name or "")
+    return ("tinker", policy.base_url or "")
+
+
+def _deleter(base_url: str | None, *, local: bool) -> Any:
+    """How a trainer deletes weights it no longer needs (old checkpoints, `checkpoint.keep`;
+    step sampler weights nothing samples any more): the Tinker REST API's DELETE, on the
+    policy's own service."""
+    url, key = (base_url, None) if local else tinker_endpoint(base_url)
+    rest: list[Any] = []  # made at the first delete: its connections stay open for the process
+
+    async def delete(path: str) -> None:
+        import tinker  # the tinker extra, and it imports torch: only where a service opens
+
+        if not rest:
+            rest.append(tinker.RestClient(base_url=url, api_key=key or "tml-local"))
+        await rest[0].delete_checkpoint_from_tinker_path(path)
+
+    return delete
+
+
+def _with_base_url(settings: TrainerSettings, base_url: str | None) -> TrainerSettings:
+
+    out = copy.copy(settings)
+    out.base_url = base_url
+    return out
+
+
+async def _resumed_client(
+    service: Any, policy: PolicySettings, store: Any, candidates: list[Any]
+) -> tuple[Any, Any]:
+    """The training client, from the newest checkpoint whose files load (older ones next)."""
+    failures = []
+    for checkpoint in candidates:
+        try:
+            client = await _training_client(service, policy, checkpoint)
+        except Exception as exc:
+            log.warning(
+                "checkpoint did not load; trying the one before", step=checkpoint.step, error=str(exc)
+            )
+            failures.append(f"step {checkpoint.step}: {exc}")
+            continue
+        if failures:
+            store.keep_through(checkpoint)
+        log.info("resuming", from_step=checkpoint.step, state=checkpoint.state_path)
+        return client, checkpoint
+    if failures:
+        raise ResumeError("no checkpoint of this run loads: " + "; ".join(failures))
+    return await _training_client(service, policy, None), None
+
+
+async def _training_client(service: Any, policy: PolicySettings, checkpoint: Any) -> Any:
+    def create() -> Any:
+        if checkpoint is not None:
+            return service.create_training_client_from_state_with_optimizer(checkpoint.state_path).result()
+        if policy.load_path:
+            return service.create_training_client_from_state(policy.load_path).result()
+        return service.create_lora_training_client(
+            base_model=policy.model_name, rank=policy.lora_rank, seed=policy.seed
+        ).result()
+
+    return await anyio.to_thread.run_sync(create)
+
+
+async def _loaded_sampler(client: Any, policy: PolicySettings) -> str | None:
+    """Sampler weights of a training client started from `load_path` (a training state is no
+    sampler path), so that the first rollouts sample the weights that train; else None."""
+    if not policy.load_path:
+        return None
+    saved = await wait_future(client.save_weights_for_sampler(name="loaded"))
+    return saved.path
+
+
+async def _reference(service: Any, policy: PolicySettings) -> Any:
+    """The sampling client of the KL reference: `train.kl.reference_path`, else the base model."""
+    path = policy.kl_reference
+    return await (
+        sampling_client(service, model_path=path)
+        if path
+        else sampling_client(service, base_model=policy.model_name)
+    )
+
+
+async def _frozen_reference(service: Any, frozen: PolicySettings) -> Any:
+    """The KL reference a trained policy names by `kl.reference_policy`: a sampling client on
+    the weights the frozen policy samples (its `model_path`, else its base model)."""
+    if frozen.model_path:
+        return await sampling_client(service, model_path=frozen.model_path)
+    model = frozen.local_model() if frozen.backend == "local" else frozen.model_name
+    return await sampling_client(service, base_model=model)

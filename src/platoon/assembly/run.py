@@ -1,0 +1,382 @@
+"""The run's lifecycle: `Run.running()` opens its policies and services, builds its components
+(checked against its parts) and runs them on a bus of their own; a training run resumes here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from platoon.assembly.builders import (
+    _announced,
+    _env_services,
+    _gateway,
+    _grader,
+    _parsers_identity,
+    _policies_gateway,
+    _policy_lock,
+)
+from platoon.assembly.nats import (
+    trainer_components,
+)
+from platoon.assembly.policies import OpenPolicy, load_policy, open_policies, open_policy
+from platoon.assembly.settings import Settings, check_training_service
+from platoon.assembly.worker import build_worker
+from platoon.bus import Bus, EventLog, running
+from platoon.config import Config, SystemError, write_run_files
+from platoon.config.policies import resolve_policies
+from platoon.models import loading
+from platoon.programs import EpisodeRunner
+from platoon.stats.metrics import MetricsSink
+from platoon.stats.progress import TrainProgress
+from platoon.train.batcher import CreditAssigner
+from platoon.train.checkpoints import (
+    CheckpointStore,
+    ResumeError,
+)
+from platoon.train.evaluate import Evaluator
+from platoon.train.loop import Scheduler
+from platoon.train.policies import StepJoin, policy_stores, resume_points
+from platoon.train.worker import Worker
+
+log = structlog.get_logger("platoon.assembly")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One component of a run, known before anything starts: its name and class, and the
+    component itself where it is made up front (a plugin, whose declarations may be its own)."""
+
+    name: str
+    kind: type
+    instance: Any = None
+
+    @property
+    def declares(self) -> Any:
+        """What holds the component's declarations (`subscribes`, `publishes`)."""
+        return self.instance if self.instance is not None else self.kind
+
+
+def run_identity(config: Config) -> dict[str, object]:
+    """What a resumed run must share with the run it resumes (checked against identity.json)."""
+    train = config.train
+    identity = {
+        "model_name": train.model_name,
+        "renderer_name": train.renderer_name,
+        "lora_rank": train.lora_rank,
+        "eval_splits": [e.splits.eval for e in config.environments],
+        "holdout": None,  # never set; kept so that identity.json files written before compare equal
+    }
+    if config.policies:  # several policies: what each of them is, too
+        identity["policies"] = {
+            name: {
+                "model_name": spec.train.model_name,
+                "renderer_name": spec.train.renderer_name,
+                "lora_rank": spec.train.lora_rank,
+                "frozen": spec.frozen,
+            }
+            for name, spec in resolve_policies(config).items()
+        }
+    return identity
+
+
+def _forget_metrics_from(run_dir: Path, step: int) -> None:
+    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if not isinstance(record, dict) or record.get("step", -1) < step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class Run:
+    """A run of one purpose: its settings and parts; `running()` opens and starts it."""
+
+    def __init__(
+        self,
+        config: Config,
+        settings: Settings,
+        parts: list[Part],
+        plugin_components: list[Any],
+        *,
+        sampler_factory: Any = None,
+        nats_url: str | None = None,
+        worker_name: str | None = None,
+        drain_timeout: float | None = None,
+    ) -> None:
+        self.config = config  # read only to build env services, rules and bridges (see _build)
+        self.settings = settings
+        self.parts = parts
+        self.purpose = settings.purpose
+        self._plugins = plugin_components
+        self._sampler_factory = sampler_factory
+        self._nats_url = nats_url
+        self._worker_name = worker_name
+        self._drain_timeout = drain_timeout
+        self.components: list[Any] | None = None  # once running, in the order of the parts
+
+    def component(self, kind: type) -> Any:
+        """The running component of class `kind` (the one there is)."""
+        assert self.components is not None, "the run is not running"
+        [found] = [c for c in self.components if isinstance(c, kind)]
+        return found
+
+    def declared(self) -> list[tuple[str, Any]]:
+        """(name, class or instance) of every component, in the order they are attached:
+        what `platoon graph` draws, known without opening anything."""
+        return [(p.name, p.declares) for p in self.parts]
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Any]:
+        """Open the run's services, build its components and run them on a bus of their own;
+        yields the bus. Leaving the block cancels the components and closes the services."""
+        if self.purpose == "worker":
+            raise SystemError("a worker runs in stages: use Run.worker()")
+        async with self._opened() as components:
+            self.components = components
+            async with Bus() as bus, running(bus, components):
+                yield bus
+
+    @contextlib.asynccontextmanager
+    async def _opened(self) -> AsyncIterator[list[Any]]:
+        s = self.settings
+        if s.purpose == "train":
+            async with self._opened_training() as components:
+                yield components
+            return
+        if s.policies:  # several policies: the gateway serves every one of them
+            loaded_all = {name: load_policy(p) for name, p in s.policies.items()}
+            if s.purpose in ("eval", "rollout"):
+                assert s.run_dir is not None
+                write_run_files(
+                    s.run_dir, self.config, {**_policy_lock(loaded_all), "policy": s.policy.scripted}
+                )
+            async with open_policies(loaded_all) as opened:
+                yield self._build(next(iter(opened.values())), several=opened)
+            return
+        loaded = load_policy(s.policy)
+        if s.purpose in ("eval", "rollout"):
+            assert s.run_dir is not None
+            lock = {"renderer": s.policy.renderer_name, "tool_call_parser": loaded.tool_call_parser}
+            write_run_files(s.run_dir, self.config, {**lock, "policy": s.policy.scripted})
+        async with open_policy(loaded) as policy:
+            yield self._build(policy)
+
+    @contextlib.asynccontextmanager
+    async def _opened_training(self) -> AsyncIterator[list[Any]]:
+        s = self.settings
+        run_dir = s.run_dir
+        assert run_dir is not None
+        if self._sampler_factory is None:
+            check_training_service(self.config)
+        if s.policy.builtin:
+            loading.resolve_model(s.policy.builtin)  # built here on first use
+        if s.policies:
+            async with self._opened_policies_training() as assembled:
+                yield assembled
+            return
+        store = CheckpointStore(run_dir)
+        identity = run_identity(self.config)
+        candidates = store.candidates() if s.resume else []
+        if s.resume:
+            store.check_identity(identity)
+            if not candidates:
+                log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+        else:
+            if store.path.exists():
+                raise ResumeError(
+                    f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
+                )
+            store.write_identity(identity)
+        loaded = load_policy(s.policy)
+        async with open_policy(
+            loaded, run_dir=run_dir, store=store, candidates=candidates, sampler_factory=self._sampler_factory
+        ) as policy:
+            checkpoint = policy.checkpoint
+            start_step = checkpoint.step + 1 if checkpoint else 0
+            if s.resume:
+                _forget_metrics_from(run_dir, start_step)
+            # Only now that the run could start: a failed resume leaves the run's files as they were.
+            lock = {
+                "renderer": s.policy.renderer_name,
+                "tool_call_parser": policy.tool_call_parser,
+                "resumed_from_step": start_step,
+            }
+            write_run_files(run_dir, self.config, lock)
+            yield self._build(policy, start_step=start_step)
+
+    @contextlib.asynccontextmanager
+    async def _opened_policies_training(self) -> AsyncIterator[list[Any]]:
+        """`_opened_training` for several policies (RFC 0001): a checkpoint store, a resume
+        point, a training client and a trainer per trained policy."""
+
+        s = self.settings
+        run_dir = s.run_dir
+        assert run_dir is not None
+        trained = s.trained()
+        run_store = CheckpointStore(run_dir)  # the run's identity.json
+        stores = policy_stores(run_dir, trained, several=True)
+        identity = run_identity(self.config)
+        if s.resume:
+            run_store.check_identity(identity)
+            candidates = resume_points(stores)
+            if not any(candidates.values()):
+                log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+        else:
+            candidates = {name: [] for name in trained}
+            if any(store.path.exists() for store in stores.values()):
+                raise ResumeError(
+                    f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
+                )
+            run_store.write_identity(identity)
+        loaded = {name: load_policy(p) for name, p in s.policies.items()}
+        async with open_policies(
+            loaded,
+            run_dir=run_dir,
+            stores=stores,
+            candidates=candidates,
+            sampler_factory=self._sampler_factory,
+        ) as opened:
+            resumed = [p.checkpoint.step for p in opened.values() if p.checkpoint is not None]
+            start_step = min(resumed) + 1 if resumed else 0
+            if s.resume:
+                _forget_metrics_from(run_dir, start_step)
+            lock = {**_policy_lock(opened), "resumed_from_step": start_step}
+            write_run_files(run_dir, self.config, lock)
+            yield self._build(next(iter(opened.values())), start_step=start_step, several=opened)
+
+    def _build(
+        self, policy: OpenPolicy, *, start_step: int = 0, several: dict[str, OpenPolicy] | None = None
+    ) -> list[Any]:
+        """The components, in the order of the parts. `several`: every policy of a run with
+        `policies:` (`policy` is the first of them)."""
+
+        s = self.settings
+        config = self.config
+        several = several or {}
+
+        def gateway() -> Any:
+            if not several:
+                return _gateway(s.gateway, policy.renderer, policy.sampler_factory)
+            return _policies_gateway(
+                s.gateway, several, {name: p.sampler_factory for name, p in several.items()}
+            )
+
+        if s.purpose == "gateway":
+            built: list[Any] = [gateway()]
+            if s.event_log:
+                assert s.run_dir is not None
+                built.append(EventLog(s.run_dir, flush_every=1))
+            return self._checked(built)
+
+        # `tinker` judges that name no service or model use the run's own.
+        def grader() -> Any:
+            return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
+
+        envs = _env_services(config)
+        assert s.runner is not None
+        runner = s.runner
+        if s.purpose in ("eval", "rollout"):
+            return self._checked(
+                [
+                    EventLog(s.run_dir),
+                    *envs,
+                    gateway(),
+                    EpisodeRunner(runner.entries, max_concurrent=runner.max_concurrent, seed=runner.seed),
+                    grader(),
+                    *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
+                    *self._plugins,
+                ]
+            )
+        assert s.credit is not None and s.scheduler is not None and s.metrics is not None
+        assert s.run_dir is not None
+        trainer, checkpoint = policy.trainer, policy.checkpoint
+        version = checkpoint.policy_version if checkpoint else 0
+        trainers = [p.trainer for p in several.values() if p.trainer is not None] or [trainer]
+        versions = {t.policy: t.version for t in trainers} if several else {}
+        if several:
+            trainers.append(StepJoin(list(versions)))
+            version = min(versions.values())
+        if s.nats is not None:
+            opened = several or {policy.settings.name: policy}
+            nats = replace(s.nats, identity=s.nats.identity | _parsers_identity(opened))
+            announced = [_announced(p) for p in opened.values()]
+            rollouts = trainer_components(config, announced, url=self._nats_url, settings=nats)
+        else:
+            rollouts = [
+                gateway(),
+                EpisodeRunner(runner.entries, seed=runner.seed),
+                grader(),
+            ]
+        c, m = s.credit, s.metrics
+        return self._checked(
+            [
+                EventLog(s.run_dir),
+                *envs,
+                *rollouts,
+                CreditAssigner(
+                    group_size=c.group_size,
+                    batch_size=c.batch_size,
+                    credit=c.credit,
+                    straggler_timeout=c.straggler_timeout,
+                    straggler_quorum=c.straggler_quorum,
+                    sealed=c.sealed,
+                    policies=c.policies,
+                ),
+                *trainers,
+                Scheduler(s.scheduler, start_step=start_step, version=version, versions=versions),
+                *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
+                *([TrainProgress(m.total_steps, start_step=start_step)] if m.progress else []),
+                MetricsSink(
+                    s.run_dir,
+                    wandb=m.wandb,
+                    experiment=m.experiment,
+                    trial=m.trial,
+                    console=m.console,
+                    total_steps=m.total_steps,
+                ),
+                *self._plugins,
+            ]
+        )
+
+    def _checked(self, components: list[Any]) -> list[Any]:
+        """The components, once checked against the parts the run said it would have."""
+        kinds = [p.kind for p in self.parts]
+        if len(components) != len(kinds) or not all(
+            isinstance(c, k) for c, k in zip(components, kinds, strict=True)
+        ):
+            raise AssertionError(
+                f"the {self.purpose} run built {[type(c).__name__ for c in components]}, "
+                f"not its parts {[k.__name__ for k in kinds]}"
+            )
+        return components
+
+    def worker(self, *, policy_wait: float = 30.0) -> Worker:
+        """The rollout worker of a `worker` run (see `platoon.train.distributed.Worker`): its
+        components built, nothing connected yet."""
+        if self.purpose != "worker":
+            raise SystemError(f"a {self.purpose} run is not a worker")
+        built = build_worker(
+            self.config,
+            self.settings,
+            self._plugins,
+            nats_url=self._nats_url,
+            name=self._worker_name,
+            drain_timeout=self._drain_timeout,
+            policy_wait=policy_wait,
+        )
+        self._checked([*built.components, built.results, built.work])
+        return built

@@ -1,0 +1,425 @@
+"""The config, resolved once: one settings object per component (`Settings`), read from the
+whole `Config` here and nowhere below. Also the names of the config's entries and the packages
+they import (so their harnesses register).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import structlog
+
+from platoon.assembly.nats import NatsSettings, lease_timeout, worker_identity
+from platoon.config import Config, SystemError, entry_names, load_site
+from platoon.config.policies import DEFAULT_POLICY, resolve_policies
+from platoon.config.schema import TrainConfig, policy_names, workflow_for
+from platoon.credit import CreditConfig
+from platoon.models import loading
+from platoon.policy.tinker import tinker_endpoint
+from platoon.programs import EntrySettings
+from platoon.train.evaluate import EvalSettings
+from platoon.train.loop import SchedulerSettings
+from platoon.train.trainer import TrainerSettings
+
+log = structlog.get_logger("platoon.assembly")
+
+PURPOSES: tuple[str, ...] = ("train", "eval", "rollout", "worker", "gateway")
+Purpose = Literal["train", "eval", "rollout", "worker", "gateway"]
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """One policy: the model it samples and trains, and the service it runs on."""
+
+    name: str = "default"
+    model_name: str | None = None  # a built-in model is named by its directory in the cache
+    tokenizer: str | None = None  # None: the model's
+    renderer_name: str = "qwen3_instruct"
+    tool_call_parser: str = "auto"
+    backend: str = "tinker"  # "local": the embedded Tinker-compatible server
+    base_url: str | None = None  # `tinker_base_url`; else $TINKER_BASE_URL, else hosted Tinker
+    seed: int = 0
+    lora_rank: int = 32
+    load_path: str | None = None  # a training state to start from (`checkpoint.load_path`)
+    model_path: str | None = None  # sampler weights to evaluate (`eval.model_path`)
+    scripted: str | None = None  # scripted:MODULE:ATTR plays instead of the model
+    kl_reference: str | None = None  # `train.kl.reference_path`
+    kl_policy: str | None = None  # `kl.reference_policy`: a frozen policy of the run is the reference
+    kl: bool = False
+    trainer: TrainerSettings | None = None  # None: the policy does not train here
+    builtin: str | None = None  # the built-in model `model_name` is the directory of
+    frozen: bool = False  # one of several policies that samples and never trains
+    # where a finished run's weights (`model_path` on the embedded backend) are looked for
+    runs: tuple[str, ...] = ()
+
+    def local_model(self) -> str:
+        """The model as the embedded server loads it (a built-in one built on first use)."""
+        return loading.resolve_model(self.model_name or "")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    context_window: int | None = None
+    max_concurrent_samples: int = 256
+    host: str = "127.0.0.1"
+    port: int = 0
+    model_name: str = "platoon-policy"
+    model_aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    entries: list[EntrySettings]
+    max_concurrent: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CreditSettings:
+    """The credit assigner's: how advantages are computed, and what makes a step's batch."""
+
+    credit: CreditConfig
+    group_size: int
+    batch_size: int
+    straggler_timeout: float | None = None
+    straggler_quorum: float = 1.0
+    sealed: bool = False  # results come from workers, each episode sealed
+    policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    wandb: Any = None
+    experiment: str = "platoon"
+    trial: str = ""
+    console: bool = True
+    progress: bool = False  # the live display (it prints the step lines then)
+    total_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a run's components need, resolved from one config."""
+
+    purpose: str
+    run_dir: Path | None
+    policy: PolicySettings
+    gateway: GatewaySettings
+    runner: RunnerSettings | None
+    reward_processors: dict[str, str]
+    credit: CreditSettings | None = None
+    scheduler: SchedulerSettings | None = None
+    eval: EvalSettings | None = None
+    metrics: MetricsSettings | None = None
+    nats: NatsSettings | None = None
+    resume: bool = False
+    event_log: bool = True
+    # `policies:` (RFC 0001): every policy by name, `policy` first; empty: `policy` is the one
+    policies: dict[str, PolicySettings] = field(default_factory=dict)
+
+    def all_policies(self) -> dict[str, PolicySettings]:
+        """Every policy of the run by name (the one policy, named "default", without `policies:`)."""
+        return self.policies or {self.policy.name: self.policy}
+
+    def trained(self) -> list[str]:
+        return [name for name, p in self.all_policies().items() if p.trainer is not None]
+
+
+def import_packages(config: Config, config_dir: Path | None = None) -> None:
+    """Import each entry's `package`, so the harnesses it defines register themselves."""
+    import sys
+
+    if config_dir is not None and str(config_dir) not in sys.path:
+        sys.path.insert(0, str(config_dir))
+    for entry in config.environments:
+        if entry.package:
+            try:
+                importlib.import_module(entry.package)
+            except ImportError as exc:
+                raise SystemError(f"cannot import package {entry.package!r}: {exc}") from exc
+
+
+def credit_settings(config: Config) -> CreditConfig:
+    """The credit assigner's advantages settings, from `train.workflow_config` and the agents."""
+    train = config.train
+    assert train is not None
+    workflow = train.workflow_config
+    agents = config.environments[0].agents if config.environments else None
+    return CreditConfig(
+        baseline=workflow.baseline,
+        std_scaling=workflow.std_scaling,
+        remove_constant_groups=workflow.remove_constant_reward_groups,
+        subagent_reward=agents.child_reward if agents else "root",
+        mix_alpha=agents.child_reward_mix if agents else 0.5,
+        depth_weighting=workflow.depth_weighting,
+        gamma=workflow.depth_discount,
+        normalization=train.loss_normalization,
+        credit=workflow.credit,
+        turn_discount=workflow.turn_discount,
+    )
+
+
+def _trainer_settings(train: TrainConfig, keep: int | None) -> TrainerSettings:
+    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
+    `keep`: `checkpoint.keep`."""
+    o = train.optimizer
+    return TrainerSettings(
+        base_model=train.model_name,
+        loss_fn=train.loss_fn,
+        loss_fn_config=dict(train.loss_fn_config),
+        learning_rate=o.learning_rate,
+        beta1=o.beta1,
+        beta2=o.beta2,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        grad_clip_norm=o.grad_clip_norm,
+        max_staleness=train.max_staleness,
+        save_every=train.save_every,
+        total_steps=train.max_training_steps,
+        kl_coefficient=train.kl.coefficient if train.kl else 0.0,
+        normalization=train.loss_normalization,
+        keep=keep,
+    )
+
+
+def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]:
+    """The runner's view of each environment entry."""
+    settings = []
+    for i, (name, entry) in enumerate(zip(entry_names(config), config.environments, strict=True)):
+        rollout = workflow_for(config, entry, eval=eval).rollout_config
+        inference = rollout.inference_params
+        params = {
+            "temperature": inference.temperature,
+            "top_p": inference.top_p,
+            "top_k": inference.top_k,
+            "max_tokens": inference.max_completion_tokens,
+            "stop": inference.stop,
+            "seed": inference.seed,
+        }
+        if entry.harness is None:
+            raise SystemError(f"environments.{i}.harness: an entry needs a harness to play it")
+        settings.append(
+            EntrySettings(
+                name=name,
+                harness=entry.harness if isinstance(entry.harness, str) else dict(entry.harness),
+                harness_options=dict(entry.harness_options),
+                program=entry.program,
+                program_options=dict(entry.program_options),
+                max_steps=rollout.max_steps,
+                max_tokens=rollout.max_tokens_per_episode,
+                timeout=rollout.timeout,
+                params={k: v for k, v in params.items() if v is not None},
+                agents=entry.agents,
+                path=f"environments.{i}",
+                default_policy=policy_names(config)[0],
+            )
+        )
+    return settings
+
+
+def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict[str, PolicySettings]:
+    """Each policy of the run by name: `train:`'s one, or each of `policies:` (RFC 0001) with its
+    own keys laid over `train:`. Without `train:` (an evaluation) the one policy is `eval:`'s."""
+    train, ev = config.train, config.eval
+    runs = _run_roots(config)
+    if train is None:
+        name = ev.model_name if ev else None
+        return {
+            DEFAULT_POLICY: PolicySettings(
+                model_name=loading.builtin_model_dir(name) or name,
+                builtin=loading.builtin_model_name(name),
+                runs=runs,
+                renderer_name=(ev.renderer_name if ev else None) or "qwen3_instruct",
+                base_url=config.tinker_base_url,
+                model_path=ev.model_path if ev else None,
+                scripted=scripted,
+            )
+        }
+    out = {}
+    for name, spec in resolve_policies(config).items():
+        train = spec.train
+        # A built-in model (the tiny one, a catalogue model) is named by its cache directory.
+        builtin = loading.builtin_model_dir(train.model_name)
+        model = builtin or train.model_name
+        trains = purpose == "train" and not spec.frozen
+        if trains and spec.model_path and config.policies:
+            raise SystemError(
+                f"policies.{name}.model_path: a policy that trains starts from its base model, or "
+                "from a training state named by load_path (model_path is what a frozen policy, or an "
+                "evaluation, samples)"
+            )
+        out[name] = PolicySettings(
+            name=name,
+            model_name=model,
+            tokenizer=train.tokenizer,
+            renderer_name=train.renderer_name,
+            tool_call_parser=train.tool_call_parser,
+            backend=train.backend,
+            base_url=spec.tinker_base_url,
+            seed=train.seed,
+            lora_rank=train.lora_rank,
+            load_path=spec.load_path if trains else None,
+            model_path=spec.model_path,
+            scripted=scripted,
+            kl=trains and train.kl is not None,
+            kl_reference=train.kl.reference_path if trains and train.kl else None,
+            kl_policy=train.kl.reference_policy if trains and train.kl else None,
+            trainer=(
+                _trainer_settings(msgspec.structs.replace(train, model_name=model), config.checkpoint.keep)
+                if trains
+                else None
+            ),
+            builtin=loading.builtin_model_name(train.model_name),
+            frozen=spec.frozen,
+            runs=runs,
+        )
+    return out
+
+
+def _run_roots(config: Config) -> tuple[str, ...]:
+    """Where runs are written on this machine: the config's `log_path`, then the site's runs."""
+
+    roots = [config.log_path] if config.log_path else []
+    return (*roots, str(Path(load_site().runs).expanduser()))
+
+
+def _eval_settings(config: Config, purpose: str, split: str | None, progress: Any) -> EvalSettings:
+    ev = config.eval
+    chosen = split or (ev.split if ev and ev.split else None)
+    names = entry_names(config)
+    return EvalSettings(
+        splits={n: chosen or e.splits.eval for n, e in zip(names, config.environments, strict=True)},
+        max_tasks=ev.max_tasks if ev else None,
+        group_size=workflow_for(config, None, eval=True).group_size,
+        concurrency=ev.concurrency if ev else 16,
+        report="evals/step-{step:06d}.json" if purpose == "train" else "eval.json",
+        optional=purpose == "train",
+        progress=progress,
+        seed=config.train.seed if config.train else 0,
+    )
+
+
+def resolve(
+    config: Config,
+    purpose: str,
+    *,
+    run_dir: Path | None = None,
+    policy: str | None = None,
+    split: str | None = None,
+    progress: Any = None,
+    resume: bool = False,
+    console: bool = True,
+    live: bool = False,
+) -> Settings:
+    """Each component's settings, read from `config` once. Raises on what cannot be assembled."""
+    if purpose not in PURPOSES:
+        raise SystemError(f"no such purpose {purpose!r}: one of {', '.join(PURPOSES)}")
+    train = config.train
+    if purpose in ("train", "worker") and train is None:
+        raise SystemError(
+            "the config has no train: section"
+            if purpose == "train"
+            else "a worker needs the trainer's config, with its train: section"
+        )
+    if purpose in ("eval", "rollout") and not config.environments:
+        raise SystemError("the config has no environments")
+    policies = _policy_settings(config, purpose, policy)
+    pol = next(iter(policies.values()))
+    several = policies if config.policies and train else {}
+    gateway = GatewaySettings(
+        context_window=train.context_window_length if train else None,
+        max_concurrent_samples=config.gateway.max_concurrent_samples,
+        host=config.gateway.host,
+        port=config.gateway.port,
+        model_name=pol.model_name if purpose in ("train", "worker") and pol.model_name else "platoon-policy",
+        model_aliases=tuple(config.gateway.model_aliases),
+    )
+    names = entry_names(config)
+    runner = None
+    if purpose != "gateway":
+        evaluating = purpose == "eval"
+        runner = RunnerSettings(
+            entries=entry_settings(config, eval=evaluating),
+            max_concurrent=config.eval.concurrency if (evaluating and config.eval) else 256,
+            seed=train.seed if train else 0,
+        )
+    settings = Settings(
+        purpose=purpose,
+        run_dir=run_dir,
+        policy=pol,
+        gateway=gateway,
+        runner=runner,
+        reward_processors={
+            n: e.reward_processor
+            for n, e in zip(names, config.environments, strict=True)
+            if e.reward_processor
+        },
+        resume=resume,
+        policies=several,
+    )
+    if purpose == "eval":
+        settings = replace(settings, eval=_eval_settings(config, purpose, split, progress))
+    if purpose != "train":
+        return settings
+    assert train is not None
+    workflow = train.workflow_config
+    ev = config.eval
+    nats = None
+    if config.nats is not None:
+        nats = NatsSettings(
+            lease=lease_timeout(config),
+            max_attempts=config.nats.max_attempts,
+            announce_every=config.nats.announce_every,
+            identity=worker_identity(config),
+        )
+    return replace(
+        settings,
+        credit=CreditSettings(
+            credit=credit_settings(config),
+            group_size=workflow.group_size,
+            batch_size=train.batch_size,
+            straggler_timeout=workflow.straggler_timeout_seconds,
+            straggler_quorum=workflow.straggler_quorum,
+            sealed=config.nats is not None,
+            policies=tuple(settings.trained()),
+        ),
+        scheduler=SchedulerSettings(
+            splits={n: e.splits.train for n, e in zip(names, config.environments, strict=True)},
+            weights={n: e.weight for n, e in zip(names, config.environments, strict=True)},
+            batch_size=train.batch_size,
+            group_size=workflow.group_size,
+            seed=train.seed,
+            total_steps=train.max_training_steps,
+            max_staleness=train.max_staleness,
+            eval_every=(ev.every or None) if ev else None,
+            eval_at_start=bool(ev and ev.at_start),
+            wait_for_workers=config.nats is not None,
+            policies=tuple(settings.trained()),
+            several=bool(several),
+        ),
+        eval=_eval_settings(config, purpose, None, None) if ev else None,
+        metrics=MetricsSettings(
+            wandb=config.stats.wandb,
+            experiment=config.stats.experiment_name,
+            trial=run_dir.name if run_dir else "",
+            console=console and not live,
+            progress=live,
+            total_steps=train.max_training_steps,
+        ),
+        nats=nats,
+    )
+
+
+def check_training_service(config: Config) -> None:
+    """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
+    none is named (the embedded backend needs none)."""
+    if config.train is None:
+        tinker_endpoint(config.tinker_base_url)
+        return
+    for spec in resolve_policies(config).values():  # `policies:` may put each on a service of its own
+        if spec.train.backend != "local":
+            tinker_endpoint(spec.tinker_base_url)

@@ -1,0 +1,122 @@
+"""`platoon train CONFIG [KEY=VALUE ...] [--resume RUN_DIR | --new-trial | --overwrite]`: a
+training run in its own folder, with a summary at the end and, when it stops, the command that
+goes on with it."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from platoon.api import train
+from platoon.assembly import check_training_service, import_packages
+from platoon.cli import CommandError
+from platoon.cli.signals import run_async
+from platoon.config import Config, load_config, load_site, run_dir
+from platoon.config.redact import redact_text
+from platoon.stats.summary import train_summary
+from platoon.train.checkpoints import CheckpointStore, ResumeError
+from platoon.train.loop import NothingGraded
+
+__all__ = ["RunStopped", "how_to_resume", "train_command"]
+
+# What a training run leaves (a rollout or an eval of the same config shares the directory).
+_RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl")
+
+
+class RunStopped(RuntimeError):
+    """A training run ended by an error it could not go on past; the message says how to resume."""
+
+
+def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
+    """Where a stopped run stands and the command that goes on with it (secrets left out)."""
+    try:
+        stores = [CheckpointStore(d) for d in sorted((directory / "checkpoints").glob("*")) if d.is_dir()]
+        found = [store.latest() for store in stores or [CheckpointStore(directory)]]
+        # several policies: a resume starts from the newest step all of them saved
+        latest = None if None in found else min(found, key=lambda c: c.step)  # type: ignore[union-attr]
+    except ResumeError:
+        latest = None
+    command = " ".join(
+        [
+            "platoon train",
+            shlex.quote(str(args.config)),
+            *(shlex.quote(o) for o in getattr(args, "overrides", None) or ()),
+            "--resume",
+            shlex.quote(str(directory)),
+        ]
+    )
+    where = (
+        f"its last checkpoint is after step {latest.step + 1}, so a resume trains from step {latest.step + 2}"
+        if latest
+        else "it has no checkpoint yet, so a resume starts it again from step 1"
+    )
+    return f"the run stopped; {where}: {redact_text(command)}"
+
+
+def _holds_run(directory: Path) -> bool:
+    return any((directory / name).exists() for name in _RUN_FILES)
+
+
+def _claimed(config: Config, directory: Path, *, new_trial: bool, overwrite: bool) -> tuple[Config, Path]:
+    """The config and directory a new run writes to, when its directory may hold a run already:
+    refused with the three ways on, or a numbered new trial beside it, or the old run deleted."""
+    if not _holds_run(directory):
+        return config, directory
+    n = 2
+    while _holds_run(directory.with_name(f"{directory.name}-{n}")):
+        n += 1
+    beside = directory.with_name(f"{directory.name}-{n}")
+    if new_trial:
+        stats = msgspec.structs.replace(config.stats, trial_name=beside.name)
+        return msgspec.structs.replace(config, stats=stats), beside
+    if overwrite:
+        shutil.rmtree(directory)
+        return config, directory
+    raise CommandError(
+        f"{directory} already holds a run: pass --resume {directory} to continue it, --new-trial to "
+        f"train as {beside.name} beside it, or --overwrite to delete it and start over"
+    )
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """`platoon train CONFIG [KEY=VALUE ...] [--resume RUN_DIR]`."""
+    path = Path(args.config)
+    config = load_config(path, args.overrides)
+    import_packages(config, path.resolve().parent)
+    check_training_service(config)
+    if getattr(args, "resume", None):
+        directory = Path(args.resume)
+    else:
+        directory = run_dir(config, load_site())
+        config, directory = _claimed(
+            config,
+            directory,
+            new_trial=getattr(args, "new_trial", False),
+            overwrite=getattr(args, "overwrite", False),
+        )
+    started = time.monotonic()
+    live = sys.stderr.isatty() and not getattr(args, "quiet", False)
+    resume = bool(getattr(args, "resume", None))
+    try:
+        run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
+    except KeyboardInterrupt:
+        if (directory / "identity.json").exists():
+            print(f"platoon: {how_to_resume(args, directory)}", file=sys.stderr)
+        raise
+    except (ResumeError, NothingGraded):
+        raise  # their messages say what to do
+    except Exception as exc:
+        if not (directory / "identity.json").exists():
+            raise  # it failed before the run was set up: there is nothing to resume
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # type: ignore[assignment]
+        why = str(exc) or type(exc).__name__
+        raise RunStopped(f"{why}\n{how_to_resume(args, directory)}") from exc
+    print(train_summary(directory, time.monotonic() - started))
+    return 0

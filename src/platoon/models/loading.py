@@ -1,0 +1,190 @@
+"""Loading a run's model and tokenizer by name: a local directory, the Hugging Face cache, or a
+built-in model made ready in the site cache on first use (the tiny demo model, a catalogue
+model). Nothing here downloads at run time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from platoon import models
+from platoon.config import SystemError, load_site
+from platoon.gateway.autoparser import AutoParserError, choose_tool_call_parser
+from platoon.gateway.renderers import get_renderer
+from platoon.models.tokenizers import tokenizer_class, toy_tokenizer
+
+__all__ = [
+    "TINY_MODEL",
+    "TINY_MODEL_SEED",
+    "TOY_TOKENIZER",
+    "builtin_model_dir",
+    "builtin_model_name",
+    "load_tokenizer",
+    "make_renderer",
+    "resolve_model",
+    "tiny_model_path",
+    "tokenizer_named",
+]
+
+log = structlog.get_logger("platoon.models")
+
+TOY_TOKENIZER = "platoon-toy-qwen3"
+TINY_MODEL = "platoon-tiny-qwen3"
+# The built-in model's weights: one model per name, whatever the seed of the run that builds it.
+TINY_MODEL_SEED = 1
+
+
+def resolve_model(name: str) -> str:
+    """A model name as the loaders take it. A built-in name is made ready in the site cache on
+    first use and named by its directory: `platoon-tiny-qwen3` (a tiny random-init Qwen3 with a
+    Qwen3 tokenizer) is built, a catalogue model (`smollm2-135m`, `platoon models list`) is
+    pulled and converted; any other name is returned as it is."""
+    builtin = builtin_model_name(name)
+    if builtin is None:
+        return name
+    if builtin == TINY_MODEL:
+        return _tiny_model()
+    entry = models.find_model(builtin)
+    assert entry is not None
+    if not models.is_pulled(entry):
+        log.info("pulling a catalogue model into the site cache (once)", model=entry.name)
+    try:
+        return str(models.pull(entry, say=lambda line: log.info(line)))
+    except models.ModelError as exc:
+        raise SystemError(f"model {name!r}: {exc}") from None
+
+
+def builtin_model_name(name: str | None) -> str | None:
+    """The built-in model (the tiny one, or a catalogue model by its full name) that `name` or
+    its cache directory names; None for any other name."""
+    if not name:
+        return None
+    if name in (TINY_MODEL, tiny_model_path()):
+        return TINY_MODEL
+    entry = models.find_model(name)
+    if entry is not None:
+        return entry.name
+    if "/" in name or os.sep in name:
+        path = os.path.abspath(os.path.expanduser(name))
+        for entry in models.catalogue():
+            if path == os.path.abspath(models.model_dir(entry)):
+                return entry.name
+    return None
+
+
+def builtin_model_dir(name: str | None) -> str | None:
+    """The cache directory a built-in model name (or that directory itself) stands for,
+    whether or not it is there yet; None for any other name."""
+    builtin = builtin_model_name(name)
+    if builtin is None:
+        return None
+    if builtin == TINY_MODEL:
+        return tiny_model_path()
+    return str(models.model_dir(builtin))
+
+
+def _tiny_model() -> str:
+    directory = Path(tiny_model_path())
+    if not (directory / "config.json").exists():
+        import shutil
+        import tempfile
+
+        from platoon.models.tiny import save_tiny_model
+
+        log.info("building the tiny demo model", path=str(directory))
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        # Built aside and renamed into place: a trainer and its worker started together on one
+        # machine share the cache, and neither may read a model the other is half-way writing.
+        building = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+        try:
+            save_tiny_model(building, hidden_size=64, num_layers=2, seed=TINY_MODEL_SEED)
+            if directory.exists() and not (directory / "config.json").exists():
+                shutil.rmtree(directory, ignore_errors=True)  # what a build cut short left
+            try:
+                building.rename(directory)
+            except OSError:
+                if not (directory / "config.json").exists():  # not another process's model
+                    raise
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return str(directory)
+
+
+def tiny_model_path() -> str:
+    """Where the built-in tiny model is (or will be) built: the site cache."""
+    return str(Path(load_site().cache).expanduser() / "models" / TINY_MODEL)
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A tokenizer from a local directory or the HF cache (or a built-in model's); never downloads."""
+    if name_or_path == TOY_TOKENIZER:
+        return toy_tokenizer()
+    name_or_path = resolve_model(name_or_path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not Path(name_or_path).is_dir() and not _in_hf_cache(name_or_path):
+        # Said at once: transformers would import torch (a second) only to fail the same way.
+        raise SystemError(
+            f"cannot load the tokenizer {name_or_path!r}: it is not a local directory and not in "
+            "the Hugging Face cache (platoon never downloads at run time)"
+        )
+    try:
+        return tokenizer_class(name_or_path).from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise SystemError(
+            f"cannot load the tokenizer {name_or_path!r} from a local directory or the HF cache "
+            f"(platoon never downloads at run time): {str(exc).splitlines()[0]}"
+        ) from None
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Whether the HF cache holds a tokenizer of `repo_id` (a cheap look, no import of torch)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True  # let transformers decide
+    try:
+        return any(
+            isinstance(try_to_load_from_cache(repo_id, name), str)
+            for name in ("tokenizer_config.json", "tokenizer.json")
+        )
+    except ValueError:  # not a repo id at all (a path that does not exist)
+        return False
+
+
+def tokenizer_named(name: str | None, *, scripted: bool = False) -> Any:
+    """The tokenizer `name`; a scripted policy falls back to the toy Qwen3 tokenizer."""
+    if name is None:
+        if scripted:
+            return load_tokenizer(TOY_TOKENIZER)
+        raise SystemError("the config names no model: set train.model_name (or eval.model_name)")
+    try:
+        return load_tokenizer(name)
+    except SystemError:
+        if not scripted:
+            raise
+        log.warning(
+            "tokenizer not available locally; the scripted policy uses platoon's toy Qwen3 tokenizer",
+            wanted=name,
+        )
+        return load_tokenizer(TOY_TOKENIZER)
+
+
+def make_renderer(
+    renderer_name: str, tokenizer: Any, tool_call_parser: str = "auto"
+) -> tuple[Any, str | None]:
+    """The renderer, and the tool-call parser in force (recorded in lock.json).
+
+    `auto` picks the first parser that reads a probe turn of this renderer back exactly; a
+    format with no tool calls (role_colon) has none.
+    """
+    parser: str | None = tool_call_parser
+    if tool_call_parser == "auto":
+        try:
+            parser = choose_tool_call_parser(renderer_name, tokenizer)
+        except AutoParserError:
+            parser = None
+    return get_renderer(renderer_name, tokenizer, tool_call_parser=parser), parser
