@@ -9,6 +9,7 @@ the reader. The layers are written down in `docs/architecture.md`.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -64,7 +65,7 @@ KNOWN_LONG: set[str] = {
 }
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
-ANY_BUDGET = 814
+ANY_BUDGET = 728
 
 
 def _modules() -> dict[str, Path]:
@@ -227,3 +228,14 @@ def test_any_annotations_stay_within_their_budget():
 def test_the_cycle_finder_finds_a_cycle_and_a_clean_graph_has_none():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_architecture_page_lists_the_layers_this_test_checks():
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    written: dict[str, int] = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and (number := cells[0].split(".")[0]).isdigit():
+            for module in re.findall(r"`(platoon[\w.]*)`", cells[1]):
+                written[module] = int(number)
+    assert written == LAYERS, "docs/architecture.md's layer table and LAYERS disagree"

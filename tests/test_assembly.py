@@ -182,3 +182,33 @@ async def test_an_evaluation_builds_exactly_its_parts(tmp_path, monkeypatch):
         assert [type(c) for c in built] == [p.kind for p in run.parts]
         assert isinstance(run.component(Evaluator), Evaluator)
     assert (tmp_path / "run" / "lock.json").exists()
+
+
+@pytest.mark.parametrize(
+    "purpose, nats",
+    [
+        ("train", False),
+        ("train", True),
+        ("eval", False),
+        ("rollout", False),
+        ("worker", True),
+        ("gateway", False),
+    ],
+)
+def test_every_part_of_every_purpose_declares_what_it_takes_and_publishes(site, purpose, nats):
+    """What `platoon graph` draws is the parts' declarations: a part that declared nothing
+    would be a component the map leaves out."""
+    from platoon.bus import ComponentBase
+    from platoon.bus.graph import event_graph
+
+    raw = {**RAW, "plugins": [{"handler": "test_assembly:note_grade", "events": ["EpisodeGraded"]}]}
+    config = validate_config({**raw, "nats": {"url": "nats://127.0.0.1:4222"}} if nats else raw)
+    run = assemble(config, purpose, run_dir=site / "run")
+    for part in run.parts:
+        assert issubclass(part.kind, ComponentBase), f"{part.name} ({part.kind.__name__}) is no ComponentBase"
+        declares = part.declares
+        assert declares.subscribes or declares.publishes, (
+            f"{part.name} declares neither what it takes nor publishes"
+        )
+    graph = event_graph(run.declared())
+    assert not graph.undeclared

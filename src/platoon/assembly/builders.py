@@ -4,8 +4,6 @@ lock.json and the worker handshake record of the opened policies.
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
 from platoon.assembly.policies import OpenPolicy
@@ -18,8 +16,10 @@ from platoon.bus.events import (
 )
 from platoon.config import Config, entry_names
 from platoon.envs import build_env_service
+from platoon.envs.service import EnvService
 from platoon.gateway import Gateway, GatewayPolicy
-from platoon.policy.base import SampleParams
+from platoon.gateway.renderers import Renderer
+from platoon.policy.base import SampleParams, SamplerFactory
 from platoon.programs import Grader
 from platoon.rewards import build_reward_rules
 from platoon.train.distributed import parsers_identity
@@ -27,7 +27,7 @@ from platoon.train.distributed import parsers_identity
 log = structlog.get_logger("platoon.assembly")
 
 
-def _env_services(config: Config) -> list[Any]:
+def _env_services(config: Config) -> list[EnvService]:
     """One env service per environment entry."""
     return [
         build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
@@ -35,7 +35,7 @@ def _env_services(config: Config) -> list[Any]:
     ]
 
 
-def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, Any]:
+def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, object]:
     """What lock.json records of a run's several policies (the first's as the run's own)."""
     first = next(iter(opened.values()))
     return {
@@ -57,6 +57,7 @@ def _announced(policy: OpenPolicy) -> PolicyUpdated:
     trained one), or those it samples all run long (a frozen one)."""
     p = policy.settings
     if p.trainer is not None:
+        assert policy.trainer is not None
         version, path, model = policy.trainer.version, policy.start_path or "", p.model_name
     else:
         version, path = 0, p.model_path or ""
@@ -66,7 +67,9 @@ def _announced(policy: OpenPolicy) -> PolicyUpdated:
     )
 
 
-def _policies_gateway(g: GatewaySettings, opened: dict[str, OpenPolicy], factories: dict[str, Any]) -> Any:
+def _policies_gateway(
+    g: GatewaySettings, opened: dict[str, OpenPolicy], factories: dict[str, SamplerFactory]
+) -> Gateway:
     """The gateway of a run with several policies (RFC 0001): it serves each of them, the
     first as its own."""
     first, *others = opened
@@ -82,7 +85,14 @@ def _policies_gateway(g: GatewaySettings, opened: dict[str, OpenPolicy], factori
     return _gateway(g, opened[first].renderer, factories[first], policy=first, policies=served)
 
 
-def _gateway(g: GatewaySettings, renderer: Any, factory: Any, **policies: Any) -> Any:
+def _gateway(
+    g: GatewaySettings,
+    renderer: Renderer,
+    factory: SamplerFactory,
+    *,
+    policy: str = "default",
+    policies: dict[str, GatewayPolicy] | None = None,
+) -> Gateway:
 
     return Gateway(
         renderer=renderer,
@@ -94,7 +104,8 @@ def _gateway(g: GatewaySettings, renderer: Any, factory: Any, **policies: Any) -
         port=g.port,
         model_name=g.model_name,
         model_aliases=list(g.model_aliases),
-        **policies,
+        policy=policy,
+        policies=policies,
     )
 
 

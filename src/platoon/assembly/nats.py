@@ -11,7 +11,7 @@ import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -42,6 +42,9 @@ from platoon.train.distributed import (
     PolicyAnnouncer,
     WorkerRegistry,
 )
+
+if TYPE_CHECKING:
+    from platoon.bus.nats import NatsBridge
 
 log = structlog.get_logger("platoon.assembly")
 
@@ -78,7 +81,7 @@ def lease_timeout(config: Config) -> float:
     return LEASE_WITHOUT_TIMEOUT
 
 
-def _nats(config: Config, url: str | None) -> Any:
+def _nats(config: Config, url: str | None) -> NatsConfig:
     if config.nats is None and url is None:
         raise DistributedError("no NATS server: add a nats: section to the config or pass --nats URL")
 
@@ -91,11 +94,13 @@ def _nats(config: Config, url: str | None) -> Any:
     return nats
 
 
-def _extra_types(nats: Any) -> list[type[Event]]:
+def _extra_types(nats: NatsConfig) -> list[type[Event]]:
     by_name = {}
     for event_type in event_types():
         by_name[event_type.__name__] = event_type
-        by_name[str(msgspec.inspect.type_info(event_type).tag)] = event_type
+        info = msgspec.inspect.type_info(event_type)
+        assert isinstance(info, msgspec.inspect.StructType)
+        by_name[str(info.tag)] = event_type
     extra = []
     for i, name in enumerate(nats.subjects):
         if name not in by_name:
@@ -104,7 +109,7 @@ def _extra_types(nats: Any) -> list[type[Event]]:
     return extra
 
 
-def _tls(nats: Any) -> ssl.SSLContext | None:
+def _tls(nats: NatsConfig) -> ssl.SSLContext | None:
     if nats.tls is None:
         return None
     try:
@@ -116,7 +121,7 @@ def _tls(nats: Any) -> ssl.SSLContext | None:
     return context
 
 
-def _bridge(config: Config, url: str | None, **options: Any) -> Any:
+def _bridge(config: Config, url: str | None, **options: Any) -> NatsBridge:
     nats = _nats(config, url)
     _check_authenticated(nats, url or nats.url)
     from platoon.bus.nats import (  # the nats extra: imported only by a distributed run
@@ -138,7 +143,7 @@ def _bridge(config: Config, url: str | None, **options: Any) -> Any:
         raise DistributedError(str(exc)) from None
 
 
-def _check_authenticated(nats: Any, url: str) -> None:
+def _check_authenticated(nats: NatsConfig, url: str) -> None:
     """Beyond this machine, NATS without credentials lets anyone read the run and steer it."""
 
     parts = urlsplit(url if "://" in url else f"nats://{url}")
@@ -157,7 +162,7 @@ def worker_identity(config: Config) -> dict[str, str]:
     trainer means: platoon's version, the environments (names, env versions, harnesses and their
     options, service options without secrets), the rollout settings, the model and renderer."""
 
-    def digest(value: Any) -> str:
+    def digest(value: object) -> str:
         text = json.dumps(redact(value), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -171,7 +176,7 @@ def worker_identity(config: Config) -> dict[str, str]:
     identity = {
         "platoon": __version__,
         "environments": digest(environments),
-        "rollout": digest(to_builtins(train.workflow_config)),
+        "rollout": digest(to_builtins(config)["train"]["workflow_config"]),
         "renderer": f"{train.renderer_name} ({train.tool_call_parser})",
         "lora_rank": str(train.lora_rank),
     }
@@ -199,7 +204,7 @@ def trainer_components(
     *,
     url: str | None = None,
     settings: NatsSettings | None = None,
-) -> list[Any]:
+) -> list[object]:
     """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
     the bridge, the lease keeper, the policy announcer (`policy`: the one it starts with, or
     each of several) and the worker registry."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import msgspec
 import structlog
@@ -23,6 +23,7 @@ from platoon.config import Config, entry_names
 from platoon.envs.service import EnvService
 from platoon.gateway import Gateway
 from platoon.models import loading
+from platoon.policy.base import SamplerFactory
 from platoon.programs import EpisodeRunner, Grader
 from platoon.stats.metrics import MetricsSink
 from platoon.stats.progress import TrainProgress
@@ -37,7 +38,16 @@ from platoon.train.worker import FollowingRunner, PolicyFollower, ResultSeal
 log = structlog.get_logger("platoon.assembly")
 
 
-def _parts(settings: Settings, config: Config, plugin_components: Sequence[Any]) -> list[Part]:
+class ServedGateway(TypedDict, total=False):
+    """What `platoon gateway serve` sets on a served gateway (the rest is the config's)."""
+
+    host: str
+    port: int
+    model_name: str
+    renderer_name: str
+
+
+def _parts(settings: Settings, config: Config, plugin_components: Sequence[object]) -> list[Part]:
 
     purpose = settings.purpose
     envs = [Part(f"env:{name}", EnvService) for name in entry_names(config)]
@@ -107,11 +117,11 @@ def assemble(
     resume: bool = False,
     console: bool = True,
     live: bool = False,
-    sampler_factory: Any = None,
+    sampler_factory: SamplerFactory | None = None,
     nats_url: str | None = None,
     worker_name: str | None = None,
     drain_timeout: float | None = None,
-    gateway: dict[str, Any] | None = None,
+    gateway: ServedGateway | None = None,
     events_dir: str | Path | None = None,
 ) -> Run:
     """The run `config` describes for `purpose`: its settings and parts, nothing started.
@@ -140,11 +150,16 @@ def assemble(
         live=live,
     )
     if purpose == "gateway":
-        overrides = dict(gateway or {})
-        renderer = overrides.pop("renderer_name", None)
+        served, g = gateway or ServedGateway(), settings.gateway
+        renderer = served.get("renderer_name")
         settings = replace(
             settings,
-            gateway=replace(settings.gateway, **overrides),
+            gateway=replace(
+                g,
+                host=served.get("host", g.host),
+                port=served.get("port", g.port),
+                model_name=served.get("model_name", g.model_name),
+            ),
             policy=replace(settings.policy, renderer_name=renderer or settings.policy.renderer_name),
             event_log=events_dir is not None,
             run_dir=Path(events_dir) if events_dir is not None else None,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
@@ -19,7 +19,9 @@ from platoon.assembly.settings import (
     PolicySettings,
 )
 from platoon.config import SystemError
+from platoon.gateway.renderers import Renderer
 from platoon.models import loading
+from platoon.policy.base import SamplerFactory
 from platoon.policy.scripted import policy_from_ref
 from platoon.policy.tinker import (
     TinkerSamplerFactory,
@@ -30,11 +32,18 @@ from platoon.policy.tinker import (
     wait_future,
 )
 from platoon.train.checkpoints import (
+    Checkpoint,
     CheckpointNotFound,
+    CheckpointStore,
     ResumeError,
     locate_weights,
 )
 from platoon.train.trainer import Trainer, TrainerSettings
+
+if TYPE_CHECKING:
+    import tinker
+    from transformers import PreTrainedTokenizerBase
+
 
 log = structlog.get_logger("platoon.assembly")
 
@@ -44,14 +53,19 @@ class OpenPolicy:
     """A policy while its run is open: what the gateway and the trainer take from it."""
 
     settings: PolicySettings
-    tokenizer: Any
-    renderer: Any
+    tokenizer: PreTrainedTokenizerBase
+    renderer: Renderer
     tool_call_parser: str | None
-    sampler_factory: Any = None
+    sampler_factory: SamplerFactory | None = None
     base_url: str | None = None  # the training service, as samplers and judges reach it
-    trainer: Any = None  # the trainer component, when the policy trains here
-    checkpoint: Any = None  # the checkpoint it resumed from
+    trainer: Trainer | None = None  # the trainer component, when the policy trains here
+    checkpoint: Checkpoint | None = None  # the checkpoint it resumed from
     start_path: str | None = None  # the sampler weights it trains from: its checkpoint's or load_path's
+
+    def factory(self) -> SamplerFactory:
+        """Its sampler factory, which an opened policy always has."""
+        assert self.sampler_factory is not None, f"policy {self.settings.name!r} is not open"
+        return self.sampler_factory
 
 
 def load_policy(policy: PolicySettings) -> OpenPolicy:
@@ -73,7 +87,7 @@ def load_policy(policy: PolicySettings) -> OpenPolicy:
 @contextlib.asynccontextmanager
 async def _service(
     policy: PolicySettings, checkpoint_dir: Path | None
-) -> AsyncIterator[tuple[Any, str | None]]:
+) -> AsyncIterator[tuple[tinker.ServiceClient, str | None]]:
     """The policy's Tinker service (a client, and the URL others reach it at): the embedded
     server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run."""
     if policy.backend == "local":
@@ -96,12 +110,12 @@ async def open_policy(
     loaded: OpenPolicy,
     *,
     run_dir: Path | None = None,
-    store: Any = None,
-    candidates: Sequence[Any] = (),
-    sampler_factory: Any = None,
-    service: tuple[Any, str | None] | None = None,
+    store: CheckpointStore | None = None,
+    candidates: Sequence[Checkpoint] = (),
+    sampler_factory: SamplerFactory | None = None,
+    service: tuple[tinker.ServiceClient, str | None] | None = None,
     prefix: str = "",
-    reference: Any = None,
+    reference: tinker.SamplingClient | None = None,
 ) -> AsyncIterator[OpenPolicy]:
     """Open a loaded policy for a run: its training service and, when it trains
     (`settings.trainer`), its training client (resumed from the newest checkpoint of
@@ -122,17 +136,18 @@ async def open_policy(
         checkpoint_dir, path = _finished_weights(policy)
         policy = loaded.settings = replace(policy, model_path=path)
     shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
-    async with shared as (service, base_url):
+    async with shared as (opened, base_url):
         loaded.base_url = base_url
         if policy.trainer is None:
             model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
-            loaded.sampler_factory = TinkerSamplerFactory(service, model, model_path=policy.model_path)
+            loaded.sampler_factory = TinkerSamplerFactory(opened, model, model_path=policy.model_path)
             yield loaded
             return
-        client, checkpoint = await _resumed_client(service, policy, store, list(candidates))
+        assert store is not None, "a policy that trains here needs its checkpoint store"
+        client, checkpoint = await _resumed_client(opened, policy, store, list(candidates))
         version = checkpoint.policy_version if checkpoint else 0
         if policy.kl and reference is None:
-            reference = await _reference(service, policy)
+            reference = await _reference(opened, policy)
         settings = _with_base_url(policy.trainer, base_url)
         loaded.trainer = Trainer(
             client,
@@ -147,7 +162,7 @@ async def open_policy(
         loaded.checkpoint = checkpoint
         loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
         loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
-            service, policy.model_name or "", model_path=loaded.start_path, version=version
+            opened, policy.model_name or "", model_path=loaded.start_path, version=version
         )
         yield loaded
 
@@ -157,9 +172,9 @@ async def open_policies(
     loaded: dict[str, OpenPolicy],
     *,
     run_dir: Path | None = None,
-    stores: dict[str, Any] | None = None,
-    candidates: dict[str, Sequence[Any]] | None = None,
-    sampler_factory: Any = None,
+    stores: dict[str, CheckpointStore] | None = None,
+    candidates: Mapping[str, Sequence[Checkpoint]] | None = None,
+    sampler_factory: SamplerFactory | None = None,
 ) -> AsyncIterator[dict[str, OpenPolicy]]:
     """Open the several policies of a run (RFC 0001), each with `open_policy`. Policies that
     share a training service share one client: two policies on one base model of the embedded
@@ -169,7 +184,7 @@ async def open_policies(
     policy samples, on its service."""
     keys = {name: _service_key(p.settings) for name, p in loaded.items()}
     async with contextlib.AsyncExitStack() as stack:
-        services: dict[tuple[str, str], tuple[Any, str | None]] = {}
+        services: dict[tuple[str, str], tuple[tinker.ServiceClient, str | None]] = {}
         opened: dict[str, OpenPolicy] = {}
         for name, policy in loaded.items():
             key = keys[name]
@@ -215,12 +230,12 @@ def _service_key(policy: PolicySettings) -> tuple[str, str]:
     return ("tinker", policy.base_url or "")
 
 
-def _deleter(base_url: str | None, *, local: bool) -> Any:
+def _deleter(base_url: str | None, *, local: bool) -> Callable[[str], Awaitable[None]]:
     """How a trainer deletes weights it no longer needs (old checkpoints, `checkpoint.keep`;
     step sampler weights nothing samples any more): the Tinker REST API's DELETE, on the
     policy's own service."""
     url, key = (base_url, None) if local else tinker_endpoint(base_url)
-    rest: list[Any] = []  # made at the first delete: its connections stay open for the process
+    rest: list[tinker.RestClient] = []  # made at the first delete: its connections stay open for the process
 
     async def delete(path: str) -> None:
         import tinker  # the tinker extra, and it imports torch: only where a service opens
@@ -240,8 +255,11 @@ def _with_base_url(settings: TrainerSettings, base_url: str | None) -> TrainerSe
 
 
 async def _resumed_client(
-    service: Any, policy: PolicySettings, store: Any, candidates: list[Any]
-) -> tuple[Any, Any]:
+    service: tinker.ServiceClient,
+    policy: PolicySettings,
+    store: CheckpointStore,
+    candidates: list[Checkpoint],
+) -> tuple[tinker.TrainingClient, Checkpoint | None]:
     """The training client, from the newest checkpoint whose files load (older ones next)."""
     failures = []
     for checkpoint in candidates:
@@ -262,20 +280,22 @@ async def _resumed_client(
     return await _training_client(service, policy, None), None
 
 
-async def _training_client(service: Any, policy: PolicySettings, checkpoint: Any) -> Any:
-    def create() -> Any:
+async def _training_client(
+    service: tinker.ServiceClient, policy: PolicySettings, checkpoint: Checkpoint | None
+) -> tinker.TrainingClient:
+    def create() -> tinker.TrainingClient:
         if checkpoint is not None:
             return service.create_training_client_from_state_with_optimizer(checkpoint.state_path).result()
         if policy.load_path:
             return service.create_training_client_from_state(policy.load_path).result()
         return service.create_lora_training_client(
-            base_model=policy.model_name, rank=policy.lora_rank, seed=policy.seed
+            base_model=policy.model_name or "", rank=policy.lora_rank, seed=policy.seed
         ).result()
 
     return await anyio.to_thread.run_sync(create)
 
 
-async def _loaded_sampler(client: Any, policy: PolicySettings) -> str | None:
+async def _loaded_sampler(client: tinker.TrainingClient, policy: PolicySettings) -> str | None:
     """Sampler weights of a training client started from `load_path` (a training state is no
     sampler path), so that the first rollouts sample the weights that train; else None."""
     if not policy.load_path:
@@ -284,7 +304,7 @@ async def _loaded_sampler(client: Any, policy: PolicySettings) -> str | None:
     return saved.path
 
 
-async def _reference(service: Any, policy: PolicySettings) -> Any:
+async def _reference(service: tinker.ServiceClient, policy: PolicySettings) -> tinker.SamplingClient:
     """The sampling client of the KL reference: `train.kl.reference_path`, else the base model."""
     path = policy.kl_reference
     return await (
@@ -294,7 +314,7 @@ async def _reference(service: Any, policy: PolicySettings) -> Any:
     )
 
 
-async def _frozen_reference(service: Any, frozen: PolicySettings) -> Any:
+async def _frozen_reference(service: tinker.ServiceClient, frozen: PolicySettings) -> tinker.SamplingClient:
     """The KL reference a trained policy names by `kl.reference_policy`: a sampling client on
     the weights the frozen policy samples (its `model_path`, else its base model)."""
     if frozen.model_path:

@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import structlog
 
@@ -31,8 +31,10 @@ from platoon.assembly.worker import build_worker
 from platoon.bus import Bus, EventLog, running
 from platoon.config import Config, SystemError, write_run_files
 from platoon.config.policies import resolve_policies
+from platoon.gateway import Gateway
 from platoon.models import loading
-from platoon.programs import EpisodeRunner
+from platoon.policy.base import SamplerFactory
+from platoon.programs import EpisodeRunner, Grader
 from platoon.stats.metrics import MetricsSink
 from platoon.stats.progress import TrainProgress
 from platoon.train.batcher import CreditAssigner
@@ -43,7 +45,10 @@ from platoon.train.checkpoints import (
 from platoon.train.evaluate import Evaluator
 from platoon.train.loop import Scheduler
 from platoon.train.policies import StepJoin, policy_stores, resume_points
+from platoon.train.trainer import Trainer
 from platoon.train.worker import Worker
+
+C = TypeVar("C")
 
 log = structlog.get_logger("platoon.assembly")
 
@@ -55,10 +60,10 @@ class Part:
 
     name: str
     kind: type
-    instance: Any = None
+    instance: object = None
 
     @property
-    def declares(self) -> Any:
+    def declares(self) -> object:
         """What holds the component's declarations (`subscribes`, `publishes`)."""
         return self.instance if self.instance is not None else self.kind
 
@@ -66,7 +71,8 @@ class Part:
 def run_identity(config: Config) -> dict[str, object]:
     """What a resumed run must share with the run it resumes (checked against identity.json)."""
     train = config.train
-    identity = {
+    assert train is not None
+    identity: dict[str, object] = {
         "model_name": train.model_name,
         "renderer_name": train.renderer_name,
         "lora_rank": train.lora_rank,
@@ -110,9 +116,9 @@ class Run:
         config: Config,
         settings: Settings,
         parts: list[Part],
-        plugin_components: list[Any],
+        plugin_components: list[object],
         *,
-        sampler_factory: Any = None,
+        sampler_factory: SamplerFactory | None = None,
         nats_url: str | None = None,
         worker_name: str | None = None,
         drain_timeout: float | None = None,
@@ -126,21 +132,21 @@ class Run:
         self._nats_url = nats_url
         self._worker_name = worker_name
         self._drain_timeout = drain_timeout
-        self.components: list[Any] | None = None  # once running, in the order of the parts
+        self.components: list[object] | None = None  # once running, in the order of the parts
 
-    def component(self, kind: type) -> Any:
+    def component(self, kind: type[C]) -> C:
         """The running component of class `kind` (the one there is)."""
         assert self.components is not None, "the run is not running"
         [found] = [c for c in self.components if isinstance(c, kind)]
         return found
 
-    def declared(self) -> list[tuple[str, Any]]:
+    def declared(self) -> list[tuple[str, object]]:
         """(name, class or instance) of every component, in the order they are attached:
         what `platoon graph` draws, known without opening anything."""
         return [(p.name, p.declares) for p in self.parts]
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Any]:
+    async def running(self) -> AsyncIterator[Bus]:
         """Open the run's services, build its components and run them on a bus of their own;
         yields the bus. Leaving the block cancels the components and closes the services."""
         if self.purpose == "worker":
@@ -151,7 +157,7 @@ class Run:
                 yield bus
 
     @contextlib.asynccontextmanager
-    async def _opened(self) -> AsyncIterator[list[Any]]:
+    async def _opened(self) -> AsyncIterator[list[object]]:
         s = self.settings
         if s.purpose == "train":
             async with self._opened_training() as components:
@@ -176,7 +182,7 @@ class Run:
             yield self._build(policy)
 
     @contextlib.asynccontextmanager
-    async def _opened_training(self) -> AsyncIterator[list[Any]]:
+    async def _opened_training(self) -> AsyncIterator[list[object]]:
         s = self.settings
         run_dir = s.run_dir
         assert run_dir is not None
@@ -219,7 +225,7 @@ class Run:
             yield self._build(policy, start_step=start_step)
 
     @contextlib.asynccontextmanager
-    async def _opened_policies_training(self) -> AsyncIterator[list[Any]]:
+    async def _opened_policies_training(self) -> AsyncIterator[list[object]]:
         """`_opened_training` for several policies (RFC 0001): a checkpoint store, a resume
         point, a training client and a trainer per trained policy."""
 
@@ -260,7 +266,7 @@ class Run:
 
     def _build(
         self, policy: OpenPolicy, *, start_step: int = 0, several: dict[str, OpenPolicy] | None = None
-    ) -> list[Any]:
+    ) -> list[object]:
         """The components, in the order of the parts. `several`: every policy of a run with
         `policies:` (`policy` is the first of them)."""
 
@@ -268,28 +274,27 @@ class Run:
         config = self.config
         several = several or {}
 
-        def gateway() -> Any:
+        def gateway() -> Gateway:
             if not several:
-                return _gateway(s.gateway, policy.renderer, policy.sampler_factory)
-            return _policies_gateway(
-                s.gateway, several, {name: p.sampler_factory for name, p in several.items()}
-            )
+                return _gateway(s.gateway, policy.renderer, policy.factory())
+            return _policies_gateway(s.gateway, several, {name: p.factory() for name, p in several.items()})
 
         if s.purpose == "gateway":
-            built: list[Any] = [gateway()]
+            built: list[object] = [gateway()]
             if s.event_log:
                 assert s.run_dir is not None
                 built.append(EventLog(s.run_dir, flush_every=1))
             return self._checked(built)
 
         # `tinker` judges that name no service or model use the run's own.
-        def grader() -> Any:
+        def grader() -> Grader:
             return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
 
         envs = _env_services(config)
         assert s.runner is not None
         runner = s.runner
         if s.purpose in ("eval", "rollout"):
+            assert s.run_dir is not None
             return self._checked(
                 [
                     EventLog(s.run_dir),
@@ -303,10 +308,11 @@ class Run:
             )
         assert s.credit is not None and s.scheduler is not None and s.metrics is not None
         assert s.run_dir is not None
-        trainer, checkpoint = policy.trainer, policy.checkpoint
+        checkpoint = policy.checkpoint
         version = checkpoint.policy_version if checkpoint else 0
-        trainers = [p.trainer for p in several.values() if p.trainer is not None] or [trainer]
-        versions = {t.policy: t.version for t in trainers} if several else {}
+        trained = [p.trainer for p in (several or {"": policy}).values() if p.trainer is not None]
+        trainers: list[Trainer | StepJoin] = [*trained]
+        versions = {t.policy: t.version for t in trained} if several else {}
         if several:
             trainers.append(StepJoin(list(versions)))
             version = min(versions.values())
@@ -339,7 +345,7 @@ class Run:
                 *trainers,
                 Scheduler(s.scheduler, start_step=start_step, version=version, versions=versions),
                 *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
-                *([TrainProgress(m.total_steps, start_step=start_step)] if m.progress else []),
+                *([TrainProgress(m.total_steps or 0, start_step=start_step)] if m.progress else []),
                 MetricsSink(
                     s.run_dir,
                     wandb=m.wandb,
@@ -352,7 +358,7 @@ class Run:
             ]
         )
 
-    def _checked(self, components: list[Any]) -> list[Any]:
+    def _checked(self, components: list[object]) -> list[object]:
         """The components, once checked against the parts the run said it would have."""
         kinds = [p.kind for p in self.parts]
         if len(components) != len(kinds) or not all(

@@ -6,9 +6,10 @@ they import (so their harnesses register).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 import structlog
@@ -16,7 +17,7 @@ import structlog
 from platoon.assembly.nats import NatsSettings, lease_timeout, worker_identity
 from platoon.config import Config, SystemError, entry_names, load_site
 from platoon.config.policies import DEFAULT_POLICY, resolve_policies
-from platoon.config.schema import TrainConfig, policy_names, workflow_for
+from platoon.config.schema import TrainConfig, WandbConfig, policy_names, workflow_for
 from platoon.credit import CreditConfig
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
@@ -93,7 +94,7 @@ class CreditSettings:
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    wandb: Any = None
+    wandb: WandbConfig | None = None
     experiment: str = "platoon"
     trial: str = ""
     console: bool = True
@@ -287,7 +288,9 @@ def _run_roots(config: Config) -> tuple[str, ...]:
     return (*roots, str(Path(load_site().runs).expanduser()))
 
 
-def _eval_settings(config: Config, purpose: str, split: str | None, progress: Any) -> EvalSettings:
+def _eval_settings(
+    config: Config, purpose: str, split: str | None, progress: Callable[[int, int], None] | None
+) -> EvalSettings:
     ev = config.eval
     chosen = split or (ev.split if ev and ev.split else None)
     names = entry_names(config)
@@ -310,7 +313,7 @@ def resolve(
     run_dir: Path | None = None,
     policy: str | None = None,
     split: str | None = None,
-    progress: Any = None,
+    progress: Callable[[int, int], None] | None = None,
     resume: bool = False,
     console: bool = True,
     live: bool = False,
