@@ -84,3 +84,50 @@ def test_llama3_tokenizer_agrees_with_quicktok(llama3_tokenizer):
     assert llama3_tokenizer.convert_tokens_to_ids(["<|eot_id|>", "<|python_tag|>"]) == [128009, 128010]
     for text in TEXTS:
         assert llama3_tokenizer.encode(text, add_special_tokens=False) == reference.encode(text), text
+
+
+def test_processes_building_one_tokenizer_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two builders of one tokenizer on one machine (two test workers, a trainer and its worker):
+    the second waits on the first's lock and loads what it built."""
+    import fcntl
+    import threading
+
+    from platoon.models import tokenizers
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    building, release, waiting = threading.Event(), threading.Event(), threading.Event()
+    builds = []
+    locks = []
+    real_flock = fcntl.flock
+
+    def flock(file, operation):
+        locks.append(operation)
+        if len(locks) == 2:
+            waiting.set()  # the second builder has passed its own look and waits for the lock
+        return real_flock(file, operation)
+
+    def save(directory):
+        builds.append(directory)
+        building.set()
+        assert release.wait(60)
+        return save_toy_tokenizer(directory)
+
+    monkeypatch.setattr(tokenizers.fcntl, "flock", flock)
+    loaded = []
+
+    def build():
+        loaded.append(tokenizers._built_once("locked-toy", None, save))
+
+    first = threading.Thread(target=build)
+    first.start()
+    assert building.wait(60)
+    second = threading.Thread(target=build)
+    second.start()
+    assert waiting.wait(60)
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert len(builds) == 1
+    assert [t.eos_token for t in loaded] == ["<|im_end|>", "<|im_end|>"]

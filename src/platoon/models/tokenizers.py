@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import fcntl
 import functools
 import hashlib
 import importlib.resources
@@ -602,7 +603,8 @@ def _built_once(name: str, package: str | None, save: Any) -> Any:
 
     The directory is keyed by this module's source and the vocabulary package's version, so
     a change to either builds afresh; a build lands under its final name in one rename, so
-    processes building at once never load a half-written directory. Where the cache cannot
+    processes never load a half-written directory, and a file lock lets one process per machine
+    build it while the others wait for it. Where the cache cannot
     be written, the tokenizer is built into a temporary directory instead.
     """
     from platoon.config.site import load_site
@@ -613,21 +615,22 @@ def _built_once(name: str, package: str | None, save: Any) -> Any:
     if not (directory / "tokenizer_config.json").exists():
         try:
             cache.mkdir(parents=True, exist_ok=True)
-            building = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+            lock = open(cache / f".{name}.lock", "a")  # held until the build is in place
         except OSError:
             directory = Path(tempfile.mkdtemp(prefix="platoon-tokenizer-"))
             atexit.register(shutil.rmtree, directory, ignore_errors=True)
             save(directory)
             return _load(directory)
-        try:
-            save(building)
-            try:
-                building.rename(directory)
-            except OSError:  # another process's build got there first: the same files
-                if not (directory / "tokenizer_config.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(building, ignore_errors=True)
+        with lock:
+            # One builder per machine: the others wait here and then load what it built.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (directory / "tokenizer_config.json").exists():
+                building = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+                try:
+                    save(building)
+                    building.rename(directory)
+                finally:
+                    shutil.rmtree(building, ignore_errors=True)
     return _load(directory)
 
 
