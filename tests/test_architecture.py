@@ -53,7 +53,6 @@ MAX_LINES = 800
 KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("platoon.system", "platoon.testing.models", "platoon.testing.tokenizers"),
     ("platoon.backends.local.rest", "platoon.backends.local.server"),
-    ("platoon.gateway.core", "platoon.gateway.http"),
     (
         "platoon.assembly",
         "platoon.cli.run",

@@ -7,7 +7,8 @@ tokens and logprobs, so that what trains is exactly what was sampled.
 Harnesses reach it two ways, which share `Gateway.complete`:
 
 * in process, `ctx.chat(...)` publishes `ChatRequested` and awaits `ChatReplied`;
-* over HTTP (`platoon.gateway.http`), with the agent's own key as the bearer token.
+* over HTTP (`platoon.gateway.http`), with the agent's own key as the bearer token. The HTTP
+  app imports this module, never the reverse: the package hands `Gateway` its `HttpFront`.
 
 Token-exact history: when a request carries an assistant message that this agent was sampled
 before, the prompt reuses the sampled tokens for that turn instead of re-rendering its text,
@@ -26,9 +27,10 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import anyio
+import anyio.abc
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
@@ -54,7 +56,7 @@ from platoon.policy.base import (
     StopReason,
 )
 
-__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy"]
+__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
 
 log = structlog.get_logger("platoon.gateway")
 
@@ -163,6 +165,20 @@ class _Controls:
     after_first_call: str | None = None
 
 
+class HttpFront(Protocol):
+    """Serves a gateway's HTTP app until cancelled and reports its `/v1` base URL through
+    `task_status` (`platoon.gateway.http.serve_gateway`)."""
+
+    async def __call__(
+        self,
+        gateway: Gateway,
+        host: str,
+        port: int,
+        *,
+        task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+    ) -> None: ...
+
+
 class Gateway(ComponentBase):
     """The gateway component. See the module docstring.
 
@@ -181,6 +197,8 @@ class Gateway(ComponentBase):
     name = "gateway"
     subscribes = (AgentOpenRequested, ChatRequested, PolicyUpdated, EpisodeFinished)
     publishes = (AgentOpened, ChatReplied, ModelCallFinished)
+    # What `serve_http` serves: set by `platoon.gateway` (the HTTP app imports this module).
+    http_front: ClassVar[HttpFront | None] = None
 
     def __init__(
         self,
@@ -246,9 +264,10 @@ class Gateway(ComponentBase):
         self.sampler = self.policies[self.default_policy].sampler
         async with anyio.create_task_group() as tg:
             if self.serve_http:
-                from platoon.gateway.http import serve_gateway
-
-                self.base_url = await tg.start(serve_gateway, self, self.host, self.port)
+                front = type(self).http_front
+                if front is None:
+                    raise RuntimeError("the gateway has no HTTP front: import platoon.gateway")
+                self.base_url = await tg.start(front, self, self.host, self.port)
             self._ready.set()
             with self._chats as chats:
                 async for request in chats:

@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -28,11 +28,8 @@ from starlette.routing import Route
 
 from platoon.bus.events import new_id
 from platoon.gateway import dialects
-from platoon.gateway.core import AgentSession, Completion, GatewayError
-from platoon.serving import Guard, presented_key
-
-if TYPE_CHECKING:
-    from platoon.gateway.core import Gateway
+from platoon.gateway.core import AgentSession, Completion, Gateway, GatewayError
+from platoon.serving import Guard, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
 
@@ -441,8 +438,6 @@ async def serve_gateway(
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's HTTP app; `task_status` gets its `/v1` base URL."""
-    from platoon.serving import serve_asgi
-
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_asgi, build_app(gateway), host, port)
         task_status.started(f"{url}/v1")
