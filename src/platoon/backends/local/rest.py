@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -18,9 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from platoon.backends.local.engine import CheckpointInfo, EngineError, LoraSpec
-
-if TYPE_CHECKING:
-    from platoon.backends.local.server import TinkerService
+from platoon.backends.local.service import TinkerService
 
 __all__ = ["rest_routes"]
 
