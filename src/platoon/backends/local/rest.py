@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from platoon.backends.local.engine import CheckpointInfo, EngineError, LoraSpec
+from platoon.backends.local.checkpoints import CheckpointInfo
 from platoon.backends.local.service import TinkerService
+from platoon.backends.local.specs import EngineError, LoraSpec
 
 __all__ = ["rest_routes"]
 

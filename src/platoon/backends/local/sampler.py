@@ -28,8 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from platoon.backends.local.engine import Engine, EngineError, WeightsRef
+from platoon.backends.local.engine import Engine
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
+from platoon.backends.local.specs import EngineError, WeightsRef
 
 __all__ = ["SampleParams", "SampleRequest", "SampleResult", "Sampler"]
 

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from platoon.backends.local.engine import EngineError
 from platoon.backends.local.proto import ProtoError, peek_seq
 from platoon.backends.local.rest import rest_routes
 from platoon.backends.local.service import TinkerService, UserError, error_response
+from platoon.backends.local.specs import EngineError
 from platoon.serving import BodyTooLarge, Guard, read_body_limited
 
 __all__ = ["TinkerService", "create_app"]

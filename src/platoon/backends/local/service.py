@@ -36,7 +36,7 @@ from platoon.backends.local.bodies import (
     SaveWeights,
     SessionRef,
 )
-from platoon.backends.local.engine import AdamParams, Engine, EngineError, LoraSpec, WeightsRef
+from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import (
     FutureStore,
     Outcome,
@@ -53,6 +53,7 @@ from platoon.backends.local.proto import (
     encode_sample_response,
 )
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef
 
 __all__ = ["TinkerService", "UserError", "error_response"]
 
