@@ -75,7 +75,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
 }
 KNOWN_LONG: set[str] = {
     "platoon/assembly.py",
-    "platoon/gateway/core.py",
     "platoon/train/distributed.py",
 }
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.

@@ -28,7 +28,9 @@ from starlette.routing import Route
 
 from platoon.bus.events import new_id
 from platoon.gateway import dialects
-from platoon.gateway.core import AgentSession, Completion, Gateway, GatewayError
+from platoon.gateway.core import Gateway
+from platoon.gateway.errors import GatewayError
+from platoon.gateway.sessions import AgentSession, Completion
 from platoon.serving import Guard, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
