@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -48,6 +48,7 @@ from platoon.gateway.params import as_dict, call_params, longest_token, text_siz
 from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
+from platoon.gateway.shapes import Message, Params, Tool
 from platoon.gateway.streaming import TextStream
 from platoon.policy.base import (
     SampledCompletion,
@@ -323,9 +324,9 @@ class Gateway(ComponentBase):
     async def complete(
         self,
         session: AgentSession,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        params: Mapping[str, Any],
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
         kind: CallKind = "policy",
         *,
         wait: bool = True,
@@ -341,9 +342,9 @@ class Gateway(ComponentBase):
     async def complete_stream(
         self,
         session: AgentSession,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        params: Mapping[str, Any],
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
         kind: CallKind = "policy",
         *,
         wait: bool = True,
@@ -527,5 +528,7 @@ def _streams(sampler: Sampler) -> bool:
     return callable(getattr(sampler, "sample_stream", None))
 
 
-def _kind(exc: GatewayError) -> Any:
+def _kind(
+    exc: GatewayError,
+) -> Literal["budget", "context_length", "bad_request", "auth", "sampler", "not_found"]:
     return "bad_request" if exc.kind == "overloaded" else exc.kind

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from platoon.bus.events import derive_seed
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession
+from platoon.gateway.shapes import Params, Tokenizer
 from platoon.policy.base import SampleParams
 
 __all__ = ["as_dict", "call_params", "checked_params", "longest_token", "text_size"]
@@ -31,12 +31,12 @@ _PARAM_RANGES: dict[str, tuple[type, float, float]] = {
 def call_params(
     defaults: SampleParams,
     session: AgentSession,
-    request: Mapping[str, Any],
+    request: Params,
     prompt_len: int,
     context_window: int | None,
 ) -> SampleParams:
     """Request values first, then the agent's defaults, then the gateway's."""
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     for source in (as_dict(defaults), session.params, request):
         for key, value in source.items():
             if value is not None:
@@ -62,7 +62,7 @@ def call_params(
     return params
 
 
-def checked_params(values: dict[str, Any]) -> SampleParams:
+def checked_params(values: dict[str, object]) -> SampleParams:
     """SampleParams from request values, each a finite number in range, or a 400 naming it."""
     for name, (kind, low, high) in _PARAM_RANGES.items():
         value = values.get(name)
@@ -94,7 +94,7 @@ def checked_params(values: dict[str, Any]) -> SampleParams:
     return SampleParams(**values)
 
 
-def text_size(value: Any) -> int:
+def text_size(value: object) -> int:
     """Characters of all the strings in a JSON-like value (a cheap bound on its tokens)."""
     total = 0
     pending = [value]
@@ -111,7 +111,7 @@ def text_size(value: Any) -> int:
     return total
 
 
-def longest_token(tokenizer: Any) -> int:
+def longest_token(tokenizer: Tokenizer) -> int:
     """The most characters one token can stand for (vocabulary strings are at least as long)."""
     try:
         vocab = tokenizer.get_vocab()
@@ -123,5 +123,5 @@ def longest_token(tokenizer: Any) -> int:
 _PARAM_FIELDS = set(SampleParams.__struct_fields__)
 
 
-def as_dict(params: SampleParams) -> dict[str, Any]:
+def as_dict(params: SampleParams) -> dict[str, object]:
     return {f: getattr(params, f) for f in SampleParams.__struct_fields__}

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.renderers import ParsedMessage, Renderer
+from platoon.gateway.shapes import Tool
 from platoon.gateway.streaming import find_stop, tokens_through
 from platoon.policy.base import SampledCompletion
 
@@ -30,8 +30,8 @@ class Controls:
 
 
 def take_controls(
-    params: dict[str, Any],
-    tools: Sequence[Mapping[str, Any]] | None,
+    params: dict[str, object],
+    tools: Sequence[Tool] | None,
     renderer: Renderer,
     stream_markers: tuple[list[str], bool],
 ) -> Controls:
@@ -92,7 +92,7 @@ def take_controls(
 
 def read_reply(
     sampled: SampledCompletion,
-    tools: Sequence[Mapping[str, Any]] | None,
+    tools: Sequence[Tool] | None,
     controls: Controls,
     renderer: Renderer,
 ) -> tuple[SampledCompletion, ParsedMessage, str | None]:
@@ -130,7 +130,7 @@ def read_reply(
     return sampled, parsed, stop.sequence
 
 
-def _tool_name(tool: Mapping[str, Any]) -> Any:
+def _tool_name(tool: Tool) -> object:
     function = tool.get("function", tool) if isinstance(tool, Mapping) else None
     return function.get("name") if isinstance(function, Mapping) else None
 

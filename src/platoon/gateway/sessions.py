@@ -12,9 +12,9 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from platoon.gateway.errors import GatewayError
+from platoon.gateway.shapes import AssistantMessage, JsonObject, Message
 
 __all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "sampled_turns", "turn_key"]
 
@@ -49,7 +49,7 @@ class AgentSession:
     key: str
     budget: Budget
     depth: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     min_version: int = 0
     sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
@@ -63,16 +63,14 @@ class AgentSession:
     policy: str = "default"  # the policy sampled for this agent
     # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
     # conversation without instructions, reply included; the response object). Bounded.
-    responses: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(
-        default_factory=OrderedDict
-    )
+    responses: OrderedDict[str, tuple[list[Message], JsonObject]] = field(default_factory=OrderedDict)
 
 
 @dataclass
 class Completion:
     """One answered call: the assistant message and what was recorded."""
 
-    message: dict[str, Any]
+    message: AssistantMessage
     call_id: str
     finish_reason: str
     prompt_tokens: int
@@ -85,7 +83,7 @@ class Completion:
     streamed: str = ""  # the content sent as deltas while sampling
 
 
-def sampled_turns(session: AgentSession, messages: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
+def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[int, list[int]]:
     """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
 
     A text sampled twice (two identical tool calls, say) may have been sampled as different
@@ -106,7 +104,7 @@ def sampled_turns(session: AgentSession, messages: Sequence[Mapping[str, Any]]) 
     return completions
 
 
-def turn_key(message: Mapping[str, Any]) -> TurnKey | None:
+def turn_key(message: Message) -> TurnKey | None:
     """What identifies an assistant turn across requests: its text and its calls.
 
     Harnesses echo replies back in different shapes (None or "" content, arguments as a JSON
@@ -131,7 +129,7 @@ def turn_key(message: Mapping[str, Any]) -> TurnKey | None:
     return (content or "").strip(), tuple(calls)
 
 
-def _arguments_key(arguments: Any) -> str:
+def _arguments_key(arguments: object) -> str:
     """Tool call arguments as canonical JSON, whether sent as a JSON string or an object."""
     if not isinstance(arguments, str):
         try:
