@@ -5,8 +5,6 @@ Forward/backward requests are protobuf (`proto`); everything else the SDK posts 
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 
@@ -24,7 +22,7 @@ class OptimizerConfig(msgspec.Struct):
 
 class CreateSession(msgspec.Struct):
     tags: list[str] | None = None
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: dict[str, object] | None = None
     display_name: str | None = None
 
 
@@ -38,7 +36,7 @@ class CreateModel(msgspec.Struct):
     base_model: str
     lora_config: LoraConfig | None = None
     optimizer_config: OptimizerConfig | None = None
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: dict[str, object] | None = None
 
 
 class ModelRef(msgspec.Struct):
@@ -48,8 +46,8 @@ class ModelRef(msgspec.Struct):
 class OptimStep(msgspec.Struct):
     model_id: str
     seq_id: int
-    adam_params: dict[str, Any] | None = None
-    optimizer_params: dict[str, Any] | None = None
+    adam_params: dict[str, object] | None = None
+    optimizer_params: dict[str, object] | None = None
 
 
 class SaveWeights(msgspec.Struct):
@@ -88,7 +86,7 @@ class CreateSamplingSession(msgspec.Struct):
 
 
 class _Prompt(msgspec.Struct):
-    chunks: list[dict[str, Any]]
+    chunks: list[dict[str, object]]
 
 
 class SamplingParams(msgspec.Struct):
@@ -111,7 +109,7 @@ class Asample(msgspec.Struct):
     prompt_logprobs: bool | None = None
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
-    target_prompt_logprobs: Any = None
+    target_prompt_logprobs: object = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
 

@@ -137,9 +137,9 @@ class Engine:
 
     # ---- model facts ----------------------------------------------------------------
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, object]:
         """Where and how the model runs, for `get_server_capabilities` and the start-up line."""
-        facts: dict[str, Any] = {
+        facts: dict[str, object] = {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention": self.attention,
@@ -212,7 +212,7 @@ class Engine:
             name.replace(marker, "."): param for name, param in self.peft.named_parameters() if marker in name
         }
 
-    def _use(self, adapter: str | None) -> Any:
+    def _use(self, adapter: str | None) -> torch.nn.Module:
         """The model to call with `adapter` active (None: the base weights).
 
         peft walks every module to switch adapters, which costs more than a decoding step of a
@@ -588,7 +588,7 @@ class Engine:
     # ---- sampling ----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def weights(self, ref: WeightsRef) -> Iterator[Any]:
+    def weights(self, ref: WeightsRef) -> Iterator[torch.nn.Module]:
         """The model to call with `ref`'s weights active (call under torch.no_grad)."""
         if ref.model_id is not None:
             yield self._use(self._trainable(ref.model_id).adapter)

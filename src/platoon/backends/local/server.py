@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 import structlog
@@ -22,7 +21,7 @@ from starlette.routing import Route
 
 from platoon.backends.local.proto import ProtoError, peek_seq
 from platoon.backends.local.rest import rest_routes
-from platoon.backends.local.service import TinkerService, UserError, error_response
+from platoon.backends.local.service import Answer, TinkerService, UserError, error_response
 from platoon.backends.local.specs import EngineError
 from platoon.serving import BodyTooLarge, Guard, read_body_limited
 
@@ -60,7 +59,7 @@ _REFUSED = (UserError, EngineError, ProtoError, msgspec.DecodeError, ValueError,
 
 def _route(
     service: TinkerService,
-    handler: Callable[[bytes], Awaitable[Any]],
+    handler: Callable[[bytes], Awaitable[Answer]],
     max_decoded: int,
     *,
     ordered: bool = False,
@@ -105,7 +104,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
 
     ordered_paths: set[str] = set()
 
-    def post(path: str, handler: Callable[[bytes], Awaitable[Any]], *, ordered: bool = False) -> Route:
+    def post(path: str, handler: Callable[[bytes], Awaitable[Answer]], *, ordered: bool = False) -> Route:
         endpoint = _route(service, handler, max_body * DECODED_FACTOR, ordered=ordered)
         if ordered:
             ordered_paths.add(f"/api/v1{path}")
@@ -114,7 +113,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     async def not_found(body: bytes) -> Response:
         return error_response("not supported by this server", 404)
 
-    async def ok(body: bytes) -> Any:
+    async def ok(body: bytes) -> Answer:
         return {"status": "accepted"}
 
     async def healthz(request: Request) -> Response:
@@ -155,7 +154,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan)
 
-    def oversized(scope: Any, head: bytes) -> None:
+    def oversized(scope: Mapping[str, object], head: bytes) -> None:
         """A training request refused for its size still gives up its seq_id, when its first
         bytes name it."""
         if scope.get("path") not in ordered_paths:

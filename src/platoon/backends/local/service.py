@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -39,6 +39,7 @@ from platoon.backends.local.bodies import (
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import (
     FutureStore,
+    Job,
     Outcome,
     SeqError,
     SeqQueue,
@@ -55,7 +56,10 @@ from platoon.backends.local.proto import (
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef
 
-__all__ = ["TinkerService", "UserError", "error_response"]
+__all__ = ["Answer", "TinkerService", "UserError", "error_response"]
+
+T = TypeVar("T")
+Answer = dict[str, object] | Response  # a handler's answer: JSON to encode, or a response as is
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +80,7 @@ class _Session:
 
 class _Model:
     def __init__(
-        self, session: _Session, queue: SeqQueue, rank: int, user_metadata: dict[str, Any] | None = None
+        self, session: _Session, queue: SeqQueue, rank: int, user_metadata: Mapping[str, object] | None = None
     ) -> None:
         self.session = session
         self.queue = queue
@@ -86,7 +90,7 @@ class _Model:
         self.last_request = time.time()
 
 
-def _strings(metadata: dict[str, Any] | None) -> dict[str, str] | None:
+def _strings(metadata: Mapping[str, object] | None) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in metadata.items()} if metadata else None
 
 
@@ -122,19 +126,19 @@ class TinkerService:
         self._tg: anyio.abc.TaskGroup | None = None
         self._names = {model_name, str(engine.model_dir)}
 
-    async def run_sync(self, fn: Callable[[], Any]) -> Any:
+    async def run_sync(self, fn: Callable[[], T]) -> T:
         """Run torch work in the single worker thread."""
         return await anyio.to_thread.run_sync(fn, limiter=self._lane)
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self.sampler.run)
             yield
             tg.cancel_scope.cancel()
 
-    def _spawn(self, fn: Callable[[], Awaitable[Any]]) -> None:
+    def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
         assert self._tg is not None, "the service runs inside its lifespan"
         self._tg.start_soon(fn)
 
@@ -183,7 +187,7 @@ class TinkerService:
 
     # ---- running work ----
 
-    def _future(self, key: Any, work: Callable[[], Awaitable[Outcome]]) -> tuple[str, bool]:
+    def _future(self, key: Hashable | None, work: Callable[[], Awaitable[Outcome]]) -> tuple[str, bool]:
         request_id, new = self.futures.create(key)
         if new:
             self._spawn(lambda: self._settle(request_id, work))
@@ -218,7 +222,7 @@ class TinkerService:
         try:
             model = self._model(model_id)
             if compute is not None:
-                job: Any = SyncJob(
+                job: Job = SyncJob(
                     _guarded(request_id, compute), lambda outcome: self.futures.resolve(request_id, outcome)
                 )
             else:
@@ -251,16 +255,16 @@ class TinkerService:
 
     # ---- handlers ----
 
-    async def client_config(self, body: bytes) -> Any:
+    async def client_config(self, body: bytes) -> Answer:
         return {"pjwt_auth_enabled": False}
 
-    async def create_session(self, body: bytes) -> Any:
+    async def create_session(self, body: bytes) -> Answer:
         request = msgspec.json.decode(body, type=CreateSession)
         session_id = f"local-{uuid.uuid4().hex[:12]}"
         self.sessions[session_id] = _Session(session_id, request)
         return {"session_id": session_id, "type": "create_session"}
 
-    async def heartbeat(self, body: bytes) -> Any:
+    async def heartbeat(self, body: bytes) -> Answer:
         ref = msgspec.json.decode(body, type=SessionRef)
         session = self.sessions.get(ref.session_id)
         if session is None:
@@ -269,7 +273,7 @@ class TinkerService:
             return error_response(f"session {ref.session_id} has finished", 410)
         return {"type": "session_heartbeat"}
 
-    async def finish_session(self, session_id: str) -> Any:
+    async def finish_session(self, session_id: str) -> Answer:
         session = self.sessions.get(session_id)
         if session is None:
             return error_response(f"unknown session_id {session_id!r}", 404)
@@ -286,7 +290,7 @@ class TinkerService:
                     await self.run_sync(lambda w=weights: self.engine.drop_weights(w))
         return {}
 
-    async def create_model(self, body: bytes) -> Any:
+    async def create_model(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=CreateModel)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
 
@@ -308,7 +312,7 @@ class TinkerService:
         request_id, _ = self._future(("model", req.session_id, req.model_seq_id), work)
         return {"request_id": request_id, "model_id": model_id}
 
-    async def get_info(self, body: bytes) -> Any:
+    async def get_info(self, body: bytes) -> Answer:
         ref = msgspec.json.decode(body, type=ModelRef)
         model = self._model(ref.model_id)
         return {
@@ -323,7 +327,7 @@ class TinkerService:
             "type": "get_info",
         }
 
-    async def forward_backward(self, body: bytes) -> Any:
+    async def forward_backward(self, body: bytes) -> Answer:
         call = decode_forward_backward(body)
 
         def compute() -> Outcome:
@@ -335,7 +339,7 @@ class TinkerService:
         request_id = self._queued(call.model_id, call.seq_id, compute=compute)
         return {"request_id": request_id, "model_id": call.model_id}
 
-    async def optim_step(self, body: bytes) -> Any:
+    async def optim_step(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=OptimStep)
 
         def compute() -> Outcome:
@@ -354,7 +358,7 @@ class TinkerService:
             "model_id": req.model_id,
         }
 
-    async def save_weights(self, body: bytes) -> Any:
+    async def save_weights(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=SaveWeights)
 
         async def work() -> Outcome:
@@ -367,7 +371,7 @@ class TinkerService:
 
         return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
 
-    async def save_weights_for_sampler(self, body: bytes) -> Any:
+    async def save_weights_for_sampler(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=SaveForSampler)
 
         async def work() -> Outcome:
@@ -389,7 +393,7 @@ class TinkerService:
 
         return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
 
-    async def load_weights(self, body: bytes) -> Any:
+    async def load_weights(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=LoadWeights)
         if req.model_id is not None:
 
@@ -439,7 +443,7 @@ class TinkerService:
         session.samplers.append(sampler_id)
         return sampler_id
 
-    async def create_sampling_session(self, body: bytes) -> Any:
+    async def create_sampling_session(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=CreateSamplingSession)
         session = self._session(req.session_id)
         sampler_id = f"{session.id}:sample:{req.sampling_session_seq_id}"
@@ -456,13 +460,13 @@ class TinkerService:
         self._add_sampler(session, req.sampling_session_seq_id, weights, req.model_path)
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
-    async def get_sampler(self, sampler_id: str) -> Any:
+    async def get_sampler(self, sampler_id: str) -> Answer:
         sampler = self.samplers.get(sampler_id)
         if sampler is None:
             return error_response(f"unknown sampler {sampler_id!r}", 404)
         return {"sampler_id": sampler_id, "base_model": self.model_name, "model_path": sampler.model_path}
 
-    async def asample(self, body: bytes) -> Any:
+    async def asample(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=Asample)
         key = ("sample", req.sampling_session_id, req.seq_id) if req.seq_id is not None else None
         num = max(req.num_samples, 0)
@@ -541,7 +545,7 @@ class TinkerService:
             stop_strings=strings,
         )
 
-    async def retrieve_future(self, body: bytes) -> Any:
+    async def retrieve_future(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=RetrieveFuture)
         if not self.futures.known(req.request_id):
             return error_response(f"unknown request_id {req.request_id!r}", 404)
@@ -552,7 +556,7 @@ class TinkerService:
             )
         return Response(outcome.body, media_type=outcome.content_type)
 
-    def capabilities(self) -> Any:
+    def capabilities(self) -> dict[str, object]:
         return {
             "supported_models": [
                 {
