@@ -51,21 +51,14 @@ MAX_LINES = 800
 
 # What #29 is taking apart: each entry goes when its step lands, and the tests below fail on an
 # entry that no longer holds, so these lists only shrink.
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    ("platoon.backends.local.rest", "platoon.backends.local.server"),
-    ("platoon.gateway.core", "platoon.gateway.http"),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("platoon.config.site", "platoon.sandbox.registry"),
 }
-KNOWN_LONG: set[str] = {
-    "platoon/gateway/core.py",
-    "platoon/backends/local/engine.py",
-    "platoon/backends/local/server.py",
-}
+KNOWN_LONG: set[str] = set()
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
-ANY_BUDGET = 728
+ANY_BUDGET = 512
 
 
 def _modules() -> dict[str, Path]:

@@ -11,9 +11,9 @@ name. A format that renders one call per turn (Llama 3) is probed with one call.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from platoon.gateway.renderers import Renderer, RendererError, get_renderer
+from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer
 from platoon.gateway.toolcalls import tool_call_parser_names
 
 __all__ = ["AutoParserError", "choose_tool_call_parser", "probe_turn"]
@@ -23,7 +23,7 @@ class AutoParserError(ValueError):
     """No registered tool-call parser reads the renderer's tool calls back exactly."""
 
 
-PROBE_TOOLS: list[dict[str, Any]] = [
+PROBE_TOOLS: list[dict[str, object]] = [
     {
         "type": "function",
         "function": {
@@ -66,14 +66,14 @@ PROBE_TOOLS: list[dict[str, Any]] = [
     },
 ]
 
-_PROBE_CALLS: list[tuple[str, dict[str, Any]]] = [
+_PROBE_CALLS: list[tuple[str, dict[str, object]]] = [
     ("search_files", {"pattern": "def main(", "max_results": 3, "case_sensitive": False}),
     ("write_file", {"path": "notes/résumé.txt", "text": 'line one\nline "two"\t{braces}'}),
     ("submit", {"answer": 42.5, "notes": ["ok", {"nested": None}]}),
 ]
 
 
-def probe_turn(calls: int = 3) -> dict[str, Any]:
+def probe_turn(calls: int = 3) -> AssistantMessage:
     """The assistant turn the probe renders: `calls` tool calls and no text."""
     return {
         "role": "assistant",
@@ -89,7 +89,7 @@ def probe_turn(calls: int = 3) -> dict[str, Any]:
     }
 
 
-def choose_tool_call_parser(renderer_name: str, tokenizer: Any) -> str:
+def choose_tool_call_parser(renderer_name: str, tokenizer: Tokenizer) -> str:
     """The name of the first parser for which parse(render(probe)) == probe.
 
     Raises `AutoParserError` (naming what each parser did) when none does.
@@ -117,9 +117,9 @@ def choose_tool_call_parser(renderer_name: str, tokenizer: Any) -> str:
     )
 
 
-def _probe_completion(renderer: Renderer, renderer_name: str) -> tuple[dict[str, Any], list[int]]:
+def _probe_completion(renderer: Renderer, renderer_name: str) -> tuple[AssistantMessage, list[int]]:
     """The probe turn, and the tokens a model would sample to write it."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Use the tools."}]
+    messages: list[Message] = [{"role": "user", "content": "Use the tools."}]
     for calls in (3, 1):
         turn = probe_turn(calls)
         try:

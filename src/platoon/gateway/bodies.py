@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 from functools import cache
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -73,7 +73,7 @@ class _Hints(Struct, kw_only=True):
 
     model: str | None = None
     user: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
@@ -88,16 +88,16 @@ class _Common(_Hints, kw_only=True):
     top_logprobs: Literal[0] | None = None
     frequency_penalty: Zero | None = None
     presence_penalty: Zero | None = None
-    logit_bias: Empty[dict[str, Any]] | None = None
+    logit_bias: Empty[dict[str, object]] | None = None
     response_format: _TextFormat | None = None
     text: _TextOptions | None = None
     modalities: tuple[Literal["text"]] | None = None
-    functions: Empty[list[Any]] | None = None
+    functions: Empty[list[object]] | None = None
     function_call: Literal["auto", "none"] | None = None
     truncation: Literal["disabled"] | None = None
     background: bool | None = None  # false only (msgspec < 0.21 has no Literal[False]): see `read`
     output_config: _OutputConfig | None = None
-    mcp_servers: Empty[list[Any]] | None = None
+    mcp_servers: Empty[list[object]] | None = None
     prediction: None = None
     audio: None = None
     web_search_options: None = None
@@ -126,7 +126,7 @@ class ChatPart(Struct):
 
 class ChatFunctionCall(Struct):
     name: str
-    arguments: str | dict[str, Any] | None = None  # a JSON string; some harnesses echo the object
+    arguments: str | dict[str, object] | None = None  # a JSON string; some harnesses echo the object
 
 
 class ChatToolCall(Struct):
@@ -152,7 +152,7 @@ class ChatMessage(Struct):
 class ChatFunction(Struct):
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, object] | None = None
     strict: bool | None = None
 
 
@@ -267,7 +267,7 @@ class ResponsesTool(Struct):
     type: str
     name: str | None = None
     description: str | None = ""
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, object] | None = None
     strict: bool | None = None
 
 
@@ -296,7 +296,7 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     previous_response_id: str | None = None
     include: list[str] | None = None
     reasoning: ReasoningOptions | None = None
-    client_metadata: dict[str, Any] | None = None
+    client_metadata: dict[str, object] | None = None
     prompt_cache_retention: str | None = None
 
 
@@ -313,7 +313,7 @@ class ThinkingBlock(_Tagged, tag="thinking"):
 class ToolUseBlock(_Tagged, tag="tool_use"):
     id: str
     name: str
-    input: dict[str, Any] | None = None
+    input: dict[str, object] | None = None
 
 
 class ToolResultBlock(_Tagged, tag="tool_result"):
@@ -341,7 +341,7 @@ class AnthropicTool(Struct):
 
     name: str
     description: str | None = ""
-    input_schema: dict[str, Any] | None = None
+    input_schema: dict[str, object] | None = None
 
 
 class _Choice(_Tagged, kw_only=True):
@@ -381,7 +381,7 @@ class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     top_k: int | None = None
     stream: bool | None = None
     thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
-    context_management: dict[str, Any] | None = None
+    context_management: dict[str, object] | None = None
 
 
 class CountTokensRequest(MessagesRequest, kw_only=True, forbid_unknown_fields=True):
@@ -393,12 +393,12 @@ class CountTokensRequest(MessagesRequest, kw_only=True, forbid_unknown_fields=Tr
 S = TypeVar("S", bound=Struct)
 
 
-def tag(value: Struct) -> Any:
+def tag(value: Struct) -> str:
     """The tag of a tagged struct (its `type` or `role` on the wire)."""
-    return value.__struct_config__.tag
+    return str(value.__struct_config__.tag)
 
 
-def read(body: Any, kind: type[S], api: str, whole: Mapping[str, str] | None = None) -> S:
+def read(body: object, kind: type[S], api: str, whole: Mapping[str, str] | None = None) -> S:
     """`body` (parsed JSON) as a `kind`, or a `DialectError` naming the field.
 
     Errors inside a field of `whole` name the field itself, with the given message (a tool
@@ -428,7 +428,7 @@ _NAMES = {
 
 
 def _error(
-    message: str, kind: type, body: Mapping[str, Any], api: str, whole: Mapping[str, str]
+    message: str, kind: type, body: Mapping[str, object], api: str, whole: Mapping[str, str]
 ) -> DialectError:
     match = _AT.fullmatch(message)
     assert match is not None
@@ -459,7 +459,7 @@ def _error(
     return DialectError(f"{param}: {text}" if param else f"the body: {text}", param)
 
 
-def _cannot_honour(field: str, body: Mapping[str, Any]) -> DialectError:
+def _cannot_honour(field: str, body: Mapping[str, object]) -> DialectError:
     shown = json.dumps(body.get(field))
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     return DialectError(f"{field}: the gateway cannot honour {shown} (it samples the policy as is)", field)
@@ -487,7 +487,7 @@ def _info(kind: type) -> mi.Type:
     return mi.type_info(kind)
 
 
-def _allowed(kind: type, segments: list[str], body: Any) -> list[str] | None:
+def _allowed(kind: type, segments: list[str], body: object) -> list[str] | None:
     """The values a tag or a literal field at `segments` may take, read from the type (the body
     says which variant of a tagged union each step is)."""
     info, value = _info(kind), body
@@ -523,7 +523,7 @@ def _options(info: mi.Type) -> list[mi.Type]:
     )
 
 
-def _variant(info: mi.Type, value: Any) -> mi.Type:
+def _variant(info: mi.Type, value: object) -> mi.Type:
     """The member of a union that `value` was read as (a union left as is when unclear)."""
     options = _options(info)
     if len(options) == 1:

@@ -7,7 +7,8 @@ tokens and logprobs, so that what trains is exactly what was sampled.
 Harnesses reach it two ways, which share `Gateway.complete`:
 
 * in process, `ctx.chat(...)` publishes `ChatRequested` and awaits `ChatReplied`;
-* over HTTP (`platoon.gateway.http`), with the agent's own key as the bearer token.
+* over HTTP (`platoon.gateway.http`), with the agent's own key as the bearer token. The HTTP
+  app imports this module, never the reverse: the package hands `Gateway` its `HttpFront`.
 
 Token-exact history: when a request carries an assistant message that this agent was sampled
 before, the prompt reuses the sampled tokens for that turn instead of re-rendering its text,
@@ -19,16 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import math
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Protocol
 
 import anyio
+import anyio.abc
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
@@ -44,8 +43,13 @@ from platoon.bus.events import (
     derive_seed,
     new_id,
 )
-from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
-from platoon.gateway.streaming import TextStream, find_stop, tokens_through
+from platoon.gateway.errors import GatewayError, sampler_error
+from platoon.gateway.params import as_dict, call_params, longest_token, text_size
+from platoon.gateway.renderers import Renderer, RendererError
+from platoon.gateway.replies import read_reply, take_controls
+from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
+from platoon.gateway.shapes import Message, Params, Tool
+from platoon.gateway.streaming import TextStream
 from platoon.policy.base import (
     SampledCompletion,
     SampleParams,
@@ -54,40 +58,9 @@ from platoon.policy.base import (
     StopReason,
 )
 
-__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy"]
+__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
 
 log = structlog.get_logger("platoon.gateway")
-
-ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler", "overloaded", "not_found"]
-TurnKey = tuple[str, tuple[tuple[str, str], ...]]  # an assistant turn's text and (name, arguments) calls
-
-
-class GatewayError(Exception):
-    """A call the gateway will not or cannot answer; `kind` picks the HTTP status and dialect."""
-
-    def __init__(self, kind: ErrorKind, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.param = param
-
-
-@dataclass
-class Budget:
-    """Model calls and completion tokens shared by the agents with one `budget_id`."""
-
-    max_calls: int | None
-    max_tokens: int | None
-    calls: int = 0
-    tokens: int = 0
-
-    def check(self) -> None:
-        if self.max_calls is not None and self.calls >= self.max_calls:
-            raise GatewayError("budget", f"budget exhausted: all {self.max_calls} model calls are used")
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            raise GatewayError("budget", f"budget exhausted: all {self.max_tokens} tokens are used")
-
-    def remaining(self) -> int | None:
-        return None if self.max_calls is None else max(self.max_calls - self.calls, 0)
 
 
 @dataclass
@@ -106,61 +79,18 @@ class GatewayPolicy:
     longest_token: int | None = None
 
 
-@dataclass
-class AgentSession:
-    """One agent as the gateway knows it: its key, budget and the turns sampled for it."""
+class HttpFront(Protocol):
+    """Serves a gateway's HTTP app until cancelled and reports its `/v1` base URL through
+    `task_status` (`platoon.gateway.http.serve_gateway`)."""
 
-    episode_id: str
-    agent_id: str
-    key: str
-    budget: Budget
-    depth: int = 0
-    params: dict[str, Any] = field(default_factory=dict)
-    min_version: int = 0
-    sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
-    calls: int = 0
-    # Its calls' sampling seeds derive from `seed` and a count of its draws (None: unseeded);
-    # its subagents' seeds from `seed` and a count of its children.
-    seed: int | None = None
-    draws: int = 0
-    children: int = 0
-    closed: bool = False
-    in_flight: int = 0  # HTTP calls being answered
-    policy: str = "default"  # the policy sampled for this agent
-    # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
-    # conversation without instructions, reply included; the response object). Bounded.
-    responses: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(
-        default_factory=OrderedDict
-    )
-
-
-@dataclass
-class Completion:
-    """One answered call: the assistant message and what was recorded."""
-
-    message: dict[str, Any]
-    call_id: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    parse_errors: list[str]
-    budget_remaining: int | None
-    tokens: list[int]
-    logprobs: list[float]
-    stop_sequence: str | None = None  # the client's stop sequence that ended the reply
-    streamed: str = ""  # the content sent as deltas while sampling
-
-
-@dataclass
-class _Controls:
-    """How one call's reply is steered and cut (see `Gateway.complete_stream`)."""
-
-    stops: list[str]
-    markers: list[str]
-    plain: bool
-    prefill: str = ""
-    parse_tools: bool = True
-    after_first_call: str | None = None
+    async def __call__(
+        self,
+        gateway: Gateway,
+        host: str,
+        port: int,
+        *,
+        task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+    ) -> None: ...
 
 
 class Gateway(ComponentBase):
@@ -181,6 +111,8 @@ class Gateway(ComponentBase):
     name = "gateway"
     subscribes = (AgentOpenRequested, ChatRequested, PolicyUpdated, EpisodeFinished)
     publishes = (AgentOpened, ChatReplied, ModelCallFinished)
+    # What `serve_http` serves: set by `platoon.gateway` (the HTTP app imports this module).
+    http_front: ClassVar[HttpFront | None] = None
 
     def __init__(
         self,
@@ -246,9 +178,10 @@ class Gateway(ComponentBase):
         self.sampler = self.policies[self.default_policy].sampler
         async with anyio.create_task_group() as tg:
             if self.serve_http:
-                from platoon.gateway.http import serve_gateway
-
-                self.base_url = await tg.start(serve_gateway, self, self.host, self.port)
+                front = type(self).http_front
+                if front is None:
+                    raise RuntimeError("the gateway has no HTTP front: import platoon.gateway")
+                self.base_url = await tg.start(front, self, self.host, self.port)
             self._ready.set()
             with self._chats as chats:
                 async for request in chats:
@@ -391,9 +324,9 @@ class Gateway(ComponentBase):
     async def complete(
         self,
         session: AgentSession,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        params: Mapping[str, Any],
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
         kind: CallKind = "policy",
         *,
         wait: bool = True,
@@ -409,9 +342,9 @@ class Gateway(ComponentBase):
     async def complete_stream(
         self,
         session: AgentSession,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        params: Mapping[str, Any],
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
         kind: CallKind = "policy",
         *,
         wait: bool = True,
@@ -436,9 +369,11 @@ class Gateway(ComponentBase):
         if not messages:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
         params = dict(params)
-        controls = self._controls(params, tools, state)
-        completions = self._sampled_turns(session, messages)
-        chars = _text_size(messages) + _text_size(tools or ())
+        if state.stream_markers is None:  # fixed for a renderer: read once
+            state.stream_markers = renderer.stream_markers()
+        controls = take_controls(params, tools, renderer, state.stream_markers)
+        completions = sampled_turns(session, messages)
+        chars = text_size(messages) + text_size(tools or ())
         self._check_size(chars, state)
         render = functools.partial(renderer.render, messages, tools or None, completions=completions)
         try:
@@ -452,13 +387,13 @@ class Gateway(ComponentBase):
         if controls.prefill:
             prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
             prompt += prefill
-        sample_params = self._params(session, params, len(prompt))
+        sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:
             # A call may not sample past the episode's token budget.
             room = max(budget.max_tokens - budget.tokens, 1)
             if sample_params.max_tokens is None or sample_params.max_tokens > room:
-                sample_params = SampleParams(**{**_asdict(sample_params), "max_tokens": room})
+                sample_params = SampleParams(**{**as_dict(sample_params), "max_tokens": room})
         sampler = await self._sampler_for(session)
 
         # The limiter is held on behalf of this call, not of a task: a stream is answered by
@@ -513,7 +448,7 @@ class Gateway(ComponentBase):
                     sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
             except Exception as exc:
                 log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                raise _sampler_error(exc) from exc
+                raise sampler_error(exc) from exc
         except BaseException:
             if reserved:
                 budget.calls -= 1
@@ -522,10 +457,10 @@ class Gateway(ComponentBase):
             self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        sampled, parsed, stop_sequence = self._read(sampled, tools, controls, renderer)
+        sampled, parsed, stop_sequence = read_reply(sampled, tools, controls, renderer)
         message = parsed.to_openai()
         call_id = new_id()
-        key = _turn_key(message)
+        key = turn_key(message)
         if key is not None:
             session.sampled.setdefault(key, []).append(prefill + list(sampled.tokens))
         session.calls += 1
@@ -568,139 +503,13 @@ class Gateway(ComponentBase):
             streamed=text.sent if stream else "",
         )
 
-    def _controls(
-        self, params: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None, state: GatewayPolicy
-    ) -> _Controls:
-        """Take the reply controls (stop sequences, tool choice, parallel calls) out of `params`."""
-        renderer = state.renderer
-        stop = params.pop("stop", None)
-        if isinstance(stop, str):
-            stop = [stop]
-        stops: list[str] = []
-        if (
-            isinstance(stop, list)
-            and stop
-            and all(isinstance(s, int) and not isinstance(s, bool) for s in stop)
-        ):
-            params["stop"] = stop  # token ids replace the renderer's stop tokens at the sampler
-        elif stop is not None:
-            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-                raise GatewayError(
-                    "bad_request", "stop must be a non-empty string or a list of them", param="stop"
-                )
-            stops = list(stop)
-        choice = params.pop("tool_choice", None) or "auto"
-        parallel = params.pop("parallel_tool_calls", None)
-        if state.stream_markers is None:  # fixed for a renderer: read once
-            state.stream_markers = renderer.stream_markers()
-        markers, plain = state.stream_markers
-        controls = _Controls(stops=stops, markers=markers, plain=plain)
-        names = [_tool_name(t) for t in tools or ()]
-        if choice == "none":
-            controls.parse_tools = False
-            controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
-        elif choice == "required" or isinstance(choice, Mapping):
-            name = choice.get("name") if isinstance(choice, Mapping) else None
-            if not names:
-                raise GatewayError(
-                    "bad_request",
-                    "tool_choice asks for a tool call but no tools are given",
-                    param="tool_choice",
-                )
-            if name is not None and name not in names:
-                raise GatewayError(
-                    "bad_request",
-                    f"tool_choice names {name!r}, which is not among the tools",
-                    param="tool_choice",
-                )
-            prefill = renderer.tool_call_prefill(name)
-            if prefill is None:
-                raise GatewayError(
-                    "bad_request",
-                    f"tool_choice {choice!r} cannot be enforced with this renderer's tool call format",
-                    param="tool_choice",
-                )
-            controls.prefill = prefill
-            controls.plain = False  # the reply is a tool call from its first token
-        elif choice != "auto":
-            raise GatewayError(
-                "bad_request",
-                f"tool_choice {choice!r} is not auto, none, required or a tool",
-                param="tool_choice",
-            )
-        if parallel is False and controls.parse_tools:
-            controls.after_first_call = renderer.tool_call_end()
-        return controls
-
-    def _read(
-        self,
-        sampled: SampledCompletion,
-        tools: Sequence[Mapping[str, Any]] | None,
-        controls: _Controls,
-        renderer: Renderer,
-    ) -> tuple[SampledCompletion, ParsedMessage, str | None]:
-        """Parse a completion, cut at the first stop (what is after it was never the reply)."""
-        tokens = list(sampled.tokens)
-        stop_ids = set(renderer.stop_token_ids)
-        stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
-        body = tokens if stop_at is None else tokens[:stop_at]
-        tokenizer = renderer.tokenizer
-        text = tokenizer.decode(body, skip_special_tokens=False)
-        stop = (
-            find_stop(text, controls.stops, controls.after_first_call)
-            if controls.stops or controls.after_first_call
-            else None
-        )
-        if stop is None:
-            parsed = renderer.parse_text(
-                controls.prefill + text,
-                tools or None,
-                stopped=stop_at is not None,
-                tool_calls=controls.parse_tools,
-            )
-            if sampled.stop_reason == "length":
-                parsed.finish_reason = "length"
-            return sampled, parsed, None
-        keep = tokens_through(tokenizer, body, stop.end)
-        sampled = SampledCompletion(
-            tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
-        )
-        parsed = renderer.parse_text(
-            controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
-        )
-        if stop.sequence is not None:
-            parsed.finish_reason = "stop"
-        return sampled, parsed, stop.sequence
-
-    def _sampled_turns(
-        self, session: AgentSession, messages: Sequence[Mapping[str, Any]]
-    ) -> dict[int, list[int]]:
-        """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
-
-        A text sampled twice (two identical tool calls, say) may have been sampled as different
-        tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
-        """
-        if not session.sampled:
-            return {}
-        completions: dict[int, list[int]] = {}
-        seen: dict[TurnKey, int] = {}
-        for i, message in enumerate(messages):
-            if not isinstance(message, Mapping) or message.get("role") != "assistant":
-                continue
-            key = _turn_key(message)
-            samplings = session.sampled.get(key)
-            if samplings:
-                n = seen[key] = seen.get(key, -1) + 1
-                completions[i] = samplings[min(n, len(samplings) - 1)]
-        return completions
-
     def _check_size(self, chars: int, state: GatewayPolicy) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit: no token spans more than
         `longest_token` characters, so `chars / longest_token` tokens at least."""
         if self.context_window is None:
             return
         if state.longest_token is None:
-            state.longest_token = _longest_token(state.renderer.tokenizer)
+            state.longest_token = longest_token(state.renderer.tokenizer)
         if chars > self.context_window * state.longest_token:
             raise GatewayError(
                 "context_length",
@@ -709,113 +518,8 @@ class Gateway(ComponentBase):
                 param="messages",
             )
 
-    def _params(self, session: AgentSession, request: Mapping[str, Any], prompt_len: int) -> SampleParams:
-        """Request values first, then the agent's defaults, then the gateway's."""
-        merged: dict[str, Any] = {}
-        for source in (self.defaults_dict(), session.params, request):
-            for key, value in source.items():
-                if value is not None:
-                    merged[_PARAM_ALIASES.get(key, key)] = value
-        unknown = set(merged) - _PARAM_FIELDS
-        for key in unknown:
-            merged.pop(key)
-        if "seed" not in merged and session.seed is not None:
-            merged["seed"] = derive_seed(session.seed, session.draws)
-            session.draws += 1
-        params = _checked_params(merged)
-        if self.context_window is not None:
-            room = self.context_window - prompt_len
-            if room <= 0:
-                raise GatewayError(
-                    "context_length",
-                    f"This model's maximum context length is {self.context_window} tokens; the prompt "
-                    f"has {prompt_len} tokens",
-                    param="messages",
-                )
-            if params.max_tokens is None or params.max_tokens > room:
-                params = SampleParams(**{**_asdict(params), "max_tokens": room})
-        return params
 
-    def defaults_dict(self) -> dict[str, Any]:
-        return _asdict(self.defaults)
-
-
-_PARAM_ALIASES = {"max_completion_tokens": "max_tokens"}
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
-_MAX_TOKENS = 10_000_000  # no model samples more; a larger max_tokens is a mistake
-# What each sampling parameter may be: (type, lowest, highest).
-_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
-    "max_tokens": (int, 1, _MAX_TOKENS),
-    "temperature": (float, 0.0, 100.0),
-    "top_p": (float, 0.0, 1.0),
-    "top_k": (int, -1, 2**31 - 1),
-    "seed": (int, -(2**63), 2**63 - 1),
-}
-
-
-def _checked_params(values: dict[str, Any]) -> SampleParams:
-    """SampleParams from request values, each a finite number in range, or a 400 naming it."""
-    for name, (kind, low, high) in _PARAM_RANGES.items():
-        value = values.get(name)
-        if value is None:
-            continue
-        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind is int and ok_type and isinstance(value, float) and value.is_integer():
-            value = values[name] = int(value)
-        if (
-            not ok_type
-            or (kind is int and not isinstance(value, int))
-            or not math.isfinite(value)
-            or not low <= value <= high
-        ):
-            raise GatewayError(
-                "bad_request",
-                f"{name} must be {'an integer' if kind is int else 'a number'} from {low} to {high}, "
-                f"got {value!r}",
-                param=name,
-            )
-    stop = values.get("stop")
-    if isinstance(stop, str):
-        values["stop"] = [stop]
-    elif stop is not None and (
-        not isinstance(stop, list)
-        or not all(isinstance(s, (str, int)) and not isinstance(s, bool) for s in stop)
-    ):
-        raise GatewayError("bad_request", "stop must be a string or a list of strings", param="stop")
-    return SampleParams(**values)
-
-
-def _text_size(value: Any) -> int:
-    """Characters of all the strings in a JSON-like value (a cheap bound on its tokens)."""
-    total = 0
-    pending = [value]
-    while pending:  # a loop, not recursion: it runs on every call's whole history
-        item = pending.pop()
-        if isinstance(item, str):
-            total += len(item)
-        elif isinstance(item, dict):  # JSON is dicts and lists; an ABC check costs 10x more
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-        elif isinstance(item, Mapping):
-            pending.extend(item.values())
-    return total
-
-
-def _longest_token(tokenizer: Any) -> int:
-    """The most characters one token can stand for (vocabulary strings are at least as long)."""
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # a tokenizer without a vocabulary table: no bound known
-        return 1 << 30
-    return max((len(token) for token in vocab), default=1 << 30) or 1
-
-
-_PARAM_FIELDS = set(SampleParams.__struct_fields__)
-
-
-def _asdict(params: SampleParams) -> dict[str, Any]:
-    return {f: getattr(params, f) for f in SampleParams.__struct_fields__}
 
 
 def _streams(sampler: Sampler) -> bool:
@@ -824,76 +528,7 @@ def _streams(sampler: Sampler) -> bool:
     return callable(getattr(sampler, "sample_stream", None))
 
 
-def _tool_name(tool: Mapping[str, Any]) -> Any:
-    function = tool.get("function", tool) if isinstance(tool, Mapping) else None
-    return function.get("name") if isinstance(function, Mapping) else None
-
-
-def _tool_markers(renderer: Renderer) -> set[str]:
-    parser = renderer.tool_call_parser
-    return {getattr(parser, "start", None) or ""} if parser is not None else set()
-
-
-_CONTEXT_WORDS = ("context length", "context window", "too long", "maximum context", "exceeds the context")
-
-
-def _sampler_error(exc: Exception) -> GatewayError:
-    """A sampler's failure as the gateway answers it: a prompt the model cannot take is the
-    client's error (400 context_length_exceeded, at once), anything else a 502."""
-    message = f"{type(exc).__name__}: {exc}"
-    if any(word in str(exc).lower() for word in _CONTEXT_WORDS):
-        return GatewayError(
-            "context_length",
-            f"This model's maximum context length is exceeded: the model refused the prompt ({message})",
-            param="messages",
-        )
-    return GatewayError("sampler", f"sampling failed: {message}")
-
-
-def _kind(exc: GatewayError) -> Any:
+def _kind(
+    exc: GatewayError,
+) -> Literal["budget", "context_length", "bad_request", "auth", "sampler", "not_found"]:
     return "bad_request" if exc.kind == "overloaded" else exc.kind
-
-
-def _turn_key(message: Mapping[str, Any]) -> TurnKey | None:
-    """What identifies an assistant turn across requests: its text and its calls.
-
-    Harnesses echo replies back in different shapes (None or "" content, arguments as a JSON
-    string or an object, their own call ids), so the key ignores those differences. A
-    malformed turn has no key (the renderer then says what is wrong with it).
-    """
-    content = message.get("content")
-    if isinstance(content, list):
-        texts = [p.get("text", "") if isinstance(p, Mapping) else p for p in content]
-        content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
-    elif content is not None and not isinstance(content, str):
-        return None
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        return None
-    calls = []
-    for call in raw_calls:
-        function = call.get("function", call) if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-            return None
-        calls.append((function["name"], _arguments_key(function.get("arguments"))))
-    return (content or "").strip(), tuple(calls)
-
-
-def _arguments_key(arguments: Any) -> str:
-    """Tool call arguments as canonical JSON, whether sent as a JSON string or an object."""
-    if not isinstance(arguments, str):
-        try:
-            return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
-        except (TypeError, ValueError):
-            return repr(arguments)
-    # An agent's history repeats its calls on every request, so short ones are memoized.
-    return _canonical_json(arguments) if len(arguments) <= 4096 else _canonical_json.__wrapped__(arguments)
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical_json(text: str) -> str:
-    try:
-        value = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError:
-        value = text
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)

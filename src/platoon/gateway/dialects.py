@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
 
 from platoon.gateway import bodies
 from platoon.gateway.bodies import (
@@ -34,6 +34,7 @@ from platoon.gateway.bodies import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from platoon.gateway.shapes import AssistantMessage, JsonObject, Message, Tool, ToolCall
 
 __all__ = [
     "DialectError",
@@ -56,13 +57,30 @@ _OPENAI_WHOLE = {
 _ROLE = re.compile(r"messages\.\d+\.role")
 
 
+class Call(NamedTuple):
+    """What a request asks the gateway: one call of `Gateway.complete`."""
+
+    messages: list[Message]
+    tools: list[Tool] | None
+    params: dict[str, object]
+    stream: bool
+
+
+class ChatCall(NamedTuple):
+    """What a chat completions request asks: `n` calls of `Gateway.complete`."""
+
+    messages: list[Message]
+    tools: list[Tool] | None
+    params: dict[str, object]
+    n: int
+    stream: bool
+
+
 # --- OpenAI Chat Completions -----------------------------------------------------------------
 
 
-def chat_request(
-    body: Any,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], int, bool]:
-    """(messages, tools, params, n, stream) of a chat completions body.
+def chat_request(body: Mapping[str, object]) -> ChatCall:
+    """The call a chat completions body asks for.
 
     The messages and tools are the body's own (developer read as system): the renderer reads
     their fields as the client sent them, and a tool's JSON is part of the prompt.
@@ -86,11 +104,21 @@ def chat_request(
         "tool_choice": {"name": choice.function.name} if isinstance(choice, ChatToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
-    messages = [{**m, "role": "system"} if m["role"] == "developer" else dict(m) for m in body["messages"]]
-    return messages, body.get("tools"), params, request.n or 1, bool(request.stream)
+    messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
+    tools = _objects(body.get("tools")) if request.tools is not None else None
+    return ChatCall(messages, tools, params, request.n or 1, bool(request.stream))
 
 
-def _logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+def _objects(value: object) -> list[Mapping[str, object]]:
+    """A list the body's struct has shown to hold only objects."""
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _read_as_system(message: Mapping[str, object]) -> Message:
+    return {**message, "role": "system"} if message["role"] == "developer" else dict(message)
+
+
+def _logprobs_content(tokens: list[str], logprobs: list[float]) -> JsonObject:
     return {
         "content": [
             {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
@@ -101,10 +129,10 @@ def _logprobs_content(tokens: list[str], logprobs: list[float]) -> dict[str, Any
 
 def chat_response(
     model: str,
-    choices: list[tuple[dict[str, Any], str, tuple[list[str], list[float]] | None]],
+    choices: list[tuple[AssistantMessage, str, tuple[list[str], list[float]] | None]],
     usage: tuple[int, int],
     response_id: str,
-) -> dict[str, Any]:
+) -> JsonObject:
     """A chat.completion object; each choice is (message, finish_reason, logprobs or None)."""
     return {
         "id": f"chatcmpl-{response_id}",
@@ -124,7 +152,7 @@ def chat_response(
     }
 
 
-def chat_stream(response: dict[str, Any], include_usage: bool) -> Iterator[str]:
+def chat_stream(response: JsonObject, include_usage: bool) -> Iterator[str]:
     """The SSE `data:` payloads of a finished chat completion, as a stream would carry them."""
     stream = ChatStream(response["id"], response["model"], response["created"], include_usage)
     for choice in response["choices"]:
@@ -142,7 +170,7 @@ class ChatStream:
         self.include_usage = include_usage
         self.sent = ""
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+    def _chunk(self, choices: list[JsonObject], **extra: object) -> str:
         return json.dumps(self.base | {"choices": choices} | extra)
 
     def start(self, index: int = 0) -> Iterator[str]:
@@ -155,11 +183,11 @@ class ChatStream:
         self.sent += text
         yield self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None}])
 
-    def end(self, response: dict[str, Any]) -> Iterator[str]:
+    def end(self, response: JsonObject) -> Iterator[str]:
         yield from self.choice_end(response["choices"][0])
         yield from self.finish(response)
 
-    def choice_end(self, choice: dict[str, Any]) -> Iterator[str]:
+    def choice_end(self, choice: JsonObject) -> Iterator[str]:
         index, message = choice["index"], choice["message"]
         if message.get("reasoning_content"):
             delta = {"reasoning_content": message["reasoning_content"]}
@@ -178,7 +206,7 @@ class ChatStream:
         last = {"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}
         yield self._chunk([last])
 
-    def finish(self, response: dict[str, Any]) -> Iterator[str]:
+    def finish(self, response: JsonObject) -> Iterator[str]:
         if self.include_usage:
             yield self._chunk([], usage=response["usage"])
         yield "[DONE]"
@@ -190,7 +218,7 @@ class ChatStream:
 # --- OpenAI Responses ------------------------------------------------------------------------
 
 
-def _text(content: str | list[Any], where: str, *at: int, what: str = "content part") -> str:
+def _text(content: str | list[object], where: str, *at: int, what: str = "content part") -> str:
     """A string, or the text of an array of text parts joined by newlines; `where.format(*at)`
     names the content in an error."""
     if isinstance(content, str):
@@ -204,17 +232,15 @@ def _text(content: str | list[Any], where: str, *at: int, what: str = "content p
     return "\n".join(texts)
 
 
-def responses_request(
-    body: Any,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
-    """(messages, tools, params, stream) of a Responses API body."""
+def responses_request(body: Mapping[str, object]) -> Call:
+    """The call a Responses API body asks for."""
     items = body.get("input") if isinstance(body, dict) else None
     if isinstance(items, list) and any(isinstance(i, dict) and "type" not in i for i in items):
         # A message item may leave out its type, which is the struct's tag.
         items = [i if not isinstance(i, dict) or "type" in i else {**i, "type": "message"} for i in items]
         body = {**body, "input": items}
     request = bodies.read(body, bodies.ResponsesRequest, "Responses", _OPENAI_WHOLE)
-    messages: list[dict[str, Any]] = []
+    messages: list[Message] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
     items = (
@@ -264,13 +290,13 @@ def responses_request(
         "tool_choice": {"name": choice.name} if isinstance(choice, ResponsesToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
-    return messages, tools, params, bool(request.stream)
+    return Call(messages, tools, params, bool(request.stream))
 
 
 def responses_response(
-    model: str, message: dict[str, Any], finish: str, usage: tuple[int, int], rid: str
-) -> dict[str, Any]:
-    output: list[dict[str, Any]] = []
+    model: str, message: AssistantMessage, finish: str, usage: tuple[int, int], rid: str
+) -> JsonObject:
+    output: list[JsonObject] = []
     if message.get("reasoning_content"):
         output.append(
             {
@@ -323,7 +349,7 @@ def responses_response(
     }
 
 
-def responses_stream(response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def responses_stream(response: JsonObject) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of the Responses streaming protocol for a finished response."""
     stream = ResponsesStream(response["id"], response["model"], response["created_at"])
     yield from stream.start()
@@ -347,7 +373,7 @@ class ResponsesStream:
         self.sent = ""
         self.message_id: str | None = None
 
-    def _event(self, kind: str, **data: Any) -> tuple[str, str]:
+    def _event(self, kind: str, **data: object) -> tuple[str, str]:
         self.seq += 1
         return kind, json.dumps({"type": kind, "sequence_number": self.seq} | data)
 
@@ -378,7 +404,7 @@ class ResponsesStream:
         common = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         yield self._event("response.output_text.delta", delta=text, logprobs=[], **common)
 
-    def end(self, response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    def end(self, response: JsonObject) -> Iterator[tuple[str, str]]:
         output = list(response["output"])
         if self.message_id is not None:
             # The streamed message went out first: it keeps index 0 and its id.
@@ -404,7 +430,7 @@ class ResponsesStream:
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         yield self._event(kind, response=response)
 
-    def _item(self, index: int, item: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    def _item(self, index: int, item: JsonObject) -> Iterator[tuple[str, str]]:
         if item["type"] == "message":
             empty = item | {"status": "in_progress", "content": []}
             yield self._event("response.output_item.added", output_index=index, item=empty)
@@ -441,25 +467,19 @@ _MESSAGES_WHOLE = {"stop_sequences": "expected an array of non-empty strings"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def anthropic_request(
-    body: Any,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
-    """(messages, tools, params, stream) of an Anthropic Messages body."""
+def anthropic_request(body: Mapping[str, object]) -> Call:
+    """The call an Anthropic Messages body asks for."""
     return _messages(bodies.read(body, bodies.MessagesRequest, "Messages", _MESSAGES_WHOLE))
 
 
-def count_tokens_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def count_tokens_request(body: Mapping[str, object]) -> tuple[list[Message], list[Tool] | None]:
     """(messages, tools) of an Anthropic count_tokens body: a Messages body without max_tokens."""
-    messages, tools, _, _ = _messages(
-        bodies.read(body, bodies.CountTokensRequest, "Messages", _MESSAGES_WHOLE)
-    )
-    return messages, tools
+    call = _messages(bodies.read(body, bodies.CountTokensRequest, "Messages", _MESSAGES_WHOLE))
+    return call.messages, call.tools
 
 
-def _messages(
-    request: bodies.MessagesRequest,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any], bool]:
-    messages: list[dict[str, Any]] = []
+def _messages(request: bodies.MessagesRequest) -> Call:
+    messages: list[Message] = []
     if request.system is not None:
         messages.append({"role": "system", "content": _text(request.system, "system", what="block")})
     for i, message in enumerate(request.messages):
@@ -473,7 +493,7 @@ def _messages(
             messages.append({"role": role, "content": content})
             continue
         texts: list[str] = []
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCall] = []
         for n, block in enumerate(content):
             if isinstance(block, Text):
                 texts.append(block.text)
@@ -498,7 +518,7 @@ def _messages(
                 )
             # Thinking blocks: the thinking of earlier turns is not sent back to the model.
         if role == "assistant":
-            entry: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
+            entry: AssistantMessage = {"role": "assistant", "content": "\n".join(texts) or None}
             if calls:
                 entry["tool_calls"] = calls
             messages.append(entry)
@@ -531,7 +551,7 @@ def _messages(
         else _CHOICES[bodies.tag(choice)],
         "parallel_tool_calls": False if choice is not None and choice.disable_parallel_tool_use else None,
     }
-    return messages, tools, params, bool(request.stream)
+    return Call(messages, tools, params, bool(request.stream))
 
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -539,13 +559,13 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 
 def anthropic_response(
     model: str,
-    message: dict[str, Any],
+    message: AssistantMessage,
     finish: str,
     usage: tuple[int, int],
     rid: str,
     stop_sequence: str | None = None,
-) -> dict[str, Any]:
-    content: list[dict[str, Any]] = []
+) -> JsonObject:
+    content: list[JsonObject] = []
     if message.get("reasoning_content"):
         content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
@@ -572,7 +592,7 @@ def anthropic_response(
     }
 
 
-def anthropic_stream(response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+def anthropic_stream(response: JsonObject) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of Anthropic's streaming protocol for a finished message."""
     stream = MessagesStream(response["id"], response["model"], response["usage"]["input_tokens"])
     yield from stream.start()
@@ -598,7 +618,7 @@ class MessagesStream:
         self.text_open = False
 
     @staticmethod
-    def _event(kind: str, **data: Any) -> tuple[str, str]:
+    def _event(kind: str, **data: object) -> tuple[str, str]:
         return kind, json.dumps({"type": kind} | data)
 
     def start(self) -> Iterator[tuple[str, str]]:
@@ -611,7 +631,7 @@ class MessagesStream:
         self.sent += text
         yield self._event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
 
-    def end(self, response: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    def end(self, response: JsonObject) -> Iterator[tuple[str, str]]:
         blocks = list(response["content"])
         index = 0
         if self.text_open:
@@ -631,7 +651,7 @@ class MessagesStream:
         yield self._event("message_delta", delta=delta, usage=dict(response["usage"]))
         yield self._event("message_stop")
 
-    def _block(self, index: int, block: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    def _block(self, index: int, block: JsonObject) -> Iterator[tuple[str, str]]:
         if block["type"] == "text":
             yield self._event("content_block_start", index=index, content_block={"type": "text", "text": ""})
             delta = {"type": "text_delta", "text": block["text"]}

@@ -14,8 +14,8 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import NoReturn, Protocol
 
 import anyio
 import anyio.abc
@@ -26,13 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from platoon.bus.events import new_id
+from platoon.bus.events import CallKind, new_id
 from platoon.gateway import dialects
-from platoon.gateway.core import AgentSession, Completion, GatewayError
-from platoon.serving import Guard, presented_key
-
-if TYPE_CHECKING:
-    from platoon.gateway.core import Gateway
+from platoon.gateway.core import Gateway
+from platoon.gateway.errors import GatewayError
+from platoon.gateway.sessions import AgentSession, Completion
+from platoon.gateway.shapes import JsonObject, Message, Params, Tool
+from platoon.serving import Guard, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
 
@@ -72,10 +72,26 @@ _ANTHROPIC_TYPE = {
 }
 
 
+Event = str | tuple[str, str]  # an SSE `data:` payload, or an (event, data) pair
+Body = Mapping[str, object]  # a request's parsed JSON object
+
+
+class _Format(Protocol):
+    """A dialect's stream (`dialects.ChatStream`, `ResponsesStream`, `MessagesStream`)."""
+
+    def start(self) -> Iterator[Event]: ...
+
+    def delta(self, text: str) -> Iterator[Event]: ...
+
+    def end(self, response: JsonObject) -> Iterator[Event]: ...
+
+    def error(self, kind: str, message: str) -> Iterator[Event]: ...
+
+
 class _JSON(JSONResponse):
     """A JSON response encoded by msgspec (several times faster than `json.dumps`)."""
 
-    def render(self, content: Any) -> bytes:
+    def render(self, content: object) -> bytes:
         return msgspec.json.encode(content)
 
 
@@ -125,11 +141,11 @@ def _finite(text: str) -> float:
     return value
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _parse(body: bytes) -> Any:
+def _parse(body: bytes) -> object:
     try:
         return _DECODER.decode(body)  # refuses NaN, infinities, lone surrogates; not UTF-16
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -144,19 +160,22 @@ def _parse(body: bytes) -> Any:
 _DECODER = msgspec.json.Decoder()
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request) -> Body:
     body = await request.body()
     try:
-        return await anyio.to_thread.run_sync(_parse, body) if len(body) > _INLINE_BODY else _parse(body)
+        value = await anyio.to_thread.run_sync(_parse, body) if len(body) > _INLINE_BODY else _parse(body)
     except RecursionError:
         raise dialects.DialectError("the body is nested too deeply") from None
     except UnicodeError:
         raise dialects.DialectError("the body holds a string that is not valid Unicode") from None
     except ValueError as exc:  # JSONDecodeError included
         raise dialects.DialectError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(value, Mapping):
+        raise dialects.DialectError("the body must be a JSON object")
+    return value
 
 
-def _sse(events: AsyncIterator[str | tuple[str, str]]) -> StreamingResponse:
+def _sse(events: AsyncIterator[Event]) -> StreamingResponse:
     async def lines() -> AsyncIterator[str]:
         async for item in events:
             if isinstance(item, tuple):
@@ -168,7 +187,7 @@ def _sse(events: AsyncIterator[str | tuple[str, str]]) -> StreamingResponse:
 
 
 async def _streamed(
-    replies: AsyncIterator[Any], format: Any, finish: Callable[[Completion], Any]
+    replies: AsyncIterator[str | Completion], format: _Format, finish: Callable[[Completion], JsonObject]
 ) -> Response:
     """An SSE response that sends each content delta of `replies` as it is sampled.
 
@@ -178,7 +197,7 @@ async def _streamed(
     """
     first = await anext(replies)
 
-    async def events() -> AsyncIterator[Any]:
+    async def events() -> AsyncIterator[Event]:
         try:
             for event in format.start():
                 yield event
@@ -198,15 +217,15 @@ async def _streamed(
     return _sse(events())
 
 
-def _whole(events: Iterable[Any]) -> AsyncIterator[Any]:
-    async def each() -> AsyncIterator[Any]:
+def _whole(events: Iterable[Event]) -> AsyncIterator[Event]:
+    async def each() -> AsyncIterator[Event]:
         for event in events:
             yield event
 
     return each()
 
 
-async def _last(replies: AsyncIterator[Any]) -> Completion:
+async def _last(replies: AsyncIterator[str | Completion]) -> Completion:
     async with contextlib.aclosing(replies):  # type: ignore[type-var]
         async for item in replies:
             if isinstance(item, Completion):
@@ -224,7 +243,13 @@ def build_app(gateway: Gateway) -> Guard:
         return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
 
     def sample(
-        session: AgentSession, messages: Any, tools: Any, params: Any, kind: Any, *, stream: bool = True
+        session: AgentSession,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
+        kind: CallKind,
+        *,
+        stream: bool = True,
     ) -> AsyncIterator[str | Completion]:
         """One call over HTTP: refused at once when the gateway is full (a client retries), and
         its messages recorded, since no `ChatRequested` holds them."""
@@ -232,12 +257,12 @@ def build_app(gateway: Gateway) -> Guard:
             session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
         )
 
-    def model_of(body: Any) -> str:
+    def model_of(body: Body) -> str:
         """The model a body asks for: one the gateway serves, or a 404."""
-        model = body.get("model") if isinstance(body, dict) else None
+        model = body.get("model")
         if model in (None, ""):
             return gateway.model_name
-        if model not in gateway.model_names:
+        if not isinstance(model, str) or model not in gateway.model_names:
             raise GatewayError(
                 "not_found",
                 f"the model {model!r} does not exist here; this gateway serves {sorted(gateway.model_names)} "
@@ -247,7 +272,9 @@ def build_app(gateway: Gateway) -> Guard:
         return model
 
     async def answer(
-        request: Request, call: Callable[[AgentSession, Any], Any], error: Callable[..., JSONResponse]
+        request: Request,
+        call: Callable[[AgentSession, Body], Awaitable[Response]],
+        error: Callable[..., JSONResponse],
     ) -> Response:
         try:
             session = gateway.authenticate(_key(request))
@@ -273,14 +300,14 @@ def build_app(gateway: Gateway) -> Guard:
             )
 
     async def chat_completions(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
+        async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, n, stream = dialects.chat_request(body)
             model = model_of(body)
             kind = _kind(request)
             want_logprobs = bool(body.get("logprobs"))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-            def shape(done: list[Completion], rid: str) -> dict[str, Any]:
+            def shape(done: list[Completion], rid: str) -> JsonObject:
                 choices = [
                     (
                         c.message,
@@ -308,7 +335,7 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _openai_error)
 
     async def responses(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
+        async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, stream = dialects.responses_request(body)
             model = model_of(body)
             previous = body.get("previous_response_id")
@@ -326,7 +353,7 @@ def build_app(gateway: Gateway) -> Guard:
                 messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
             rid = new_id()
 
-            def finish(c: Completion) -> dict[str, Any]:
+            def finish(c: Completion) -> JsonObject:
                 response = dialects.responses_response(
                     model, c.message, c.finish_reason, (c.prompt_tokens, c.completion_tokens), rid
                 )
@@ -346,12 +373,12 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _openai_error)
 
     async def messages_endpoint(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
+        async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, stream = dialects.anthropic_request(body)
             model = model_of(body)
             rid = new_id()
 
-            def finish(c: Completion) -> dict[str, Any]:
+            def finish(c: Completion) -> JsonObject:
                 usage = (c.prompt_tokens, c.completion_tokens)
                 return dialects.anthropic_response(
                     model, c.message, c.finish_reason, usage, rid, c.stop_sequence
@@ -366,7 +393,7 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _anthropic_error)
 
     async def count_tokens(request: Request) -> Response:
-        async def call(session: AgentSession, body: Any) -> Response:
+        async def call(session: AgentSession, body: Body) -> Response:
             messages, tools = dialects.count_tokens_request(body)
             try:
                 tokens = gateway.renderer.render(messages, tools)
@@ -376,7 +403,7 @@ def build_app(gateway: Gateway) -> Guard:
 
         return await answer(request, call, _anthropic_error)
 
-    def model_object(name: str) -> dict[str, Any]:
+    def model_object(name: str) -> JsonObject:
         return {"id": name, "object": "model", "created": 0, "owned_by": "platoon"}
 
     async def models(request: Request) -> Response:
@@ -441,8 +468,6 @@ async def serve_gateway(
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway's HTTP app; `task_status` gets its `/v1` base URL."""
-    from platoon.serving import serve_asgi
-
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_asgi, build_app(gateway), host, port)
         task_status.started(f"{url}/v1")

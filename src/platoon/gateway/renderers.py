@@ -28,10 +28,11 @@ import json
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import msgspec
 
+from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
 
@@ -50,9 +51,6 @@ __all__ = [
     "register_renderer",
     "renderer_names",
 ]
-
-Message = Mapping[str, Any]
-Tool = Mapping[str, Any]
 
 
 class RendererError(ValueError):
@@ -88,13 +86,13 @@ class ParsedMessage(msgspec.Struct):
 
     content: str
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = []
+    tool_calls: list[ToolCall] = []
     errors: list[str] = []
     finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> AssistantMessage:
         """The reply as an OpenAI chat message (content None when there is only tool calls)."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        message: AssistantMessage = {"role": "assistant", "content": self.content}
         if self.tool_calls:
             message["tool_calls"] = self.tool_calls
             if not self.content:
@@ -108,7 +106,7 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     """Flatten message content to text."""
     if content is None:
         return ""
@@ -134,11 +132,11 @@ def _text(content: Any, where: str) -> str:
     )
 
 
-def _reasoning(message: Message) -> Any:
+def _reasoning(message: Message) -> object:
     return next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
 
 
-def _function(call: Any, where: str) -> tuple[str, Any]:
+def _function(call: object, where: str) -> tuple[str, object]:
     """(name, arguments) of a tool call in OpenAI (`{"function": {...}}`) or flat form."""
     function = call.get("function", call) if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
@@ -146,7 +144,7 @@ def _function(call: Any, where: str) -> tuple[str, Any]:
     return function["name"], function.get("arguments", {})
 
 
-def _arguments_object(arguments: Any, where: str) -> Any:
+def _arguments_object(arguments: object, where: str) -> object:
     if isinstance(arguments, str):
         try:
             return json.loads(arguments) if arguments.strip() else {}
@@ -175,7 +173,7 @@ _CACHE_ENTRIES = 1024
 _CACHE_MAX_CHARS = 100_000
 
 
-def _dumps(value: Any, indent: int | None = None) -> str:
+def _dumps(value: object, indent: int | None = None) -> str:
     # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators.
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
@@ -188,7 +186,7 @@ class Renderer(ABC):
     default_tool_call_parser: ClassVar[str | None] = None
     stop_token_names: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, tokenizer: Any, *, tool_call_parser: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, tool_call_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
         parser_name = tool_call_parser or self.default_tool_call_parser
         self.tool_call_parser: ToolCallParser | None = (
@@ -298,7 +296,7 @@ class Renderer(ABC):
         """`parse` on the decoded text of a completion (its stop token left out)."""
         text, stopped = self._cut_at_stop_string(text, stopped=stopped)
         reasoning, content = self._split(text)
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCall] = []
         errors: list[str] = []
         if self.tool_call_parser is not None and tool_calls:
             result = self.tool_call_parser.parse(content, tools)
@@ -656,7 +654,7 @@ class RoleColonRenderer(Renderer):
 
     name = "role_colon"
 
-    def __init__(self, tokenizer: Any, *, tool_call_parser: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, tool_call_parser: str | None = None) -> None:
         super().__init__(tokenizer, tool_call_parser=tool_call_parser)
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_token_ids = [eos] if isinstance(eos, int) else []
@@ -709,7 +707,7 @@ def register_renderer(name: str, factory: Callable[..., Renderer]) -> None:
     _RENDERERS[name] = factory
 
 
-def get_renderer(name: str, tokenizer: Any, *, tool_call_parser: str | None = None) -> Renderer:
+def get_renderer(name: str, tokenizer: Tokenizer, *, tool_call_parser: str | None = None) -> Renderer:
     """A renderer for the named chat format over `tokenizer` (a transformers tokenizer).
 
     `tool_call_parser` overrides the format's own parser (see `platoon.gateway.toolcalls`).

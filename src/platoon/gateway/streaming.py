@@ -11,7 +11,8 @@ end. A stop sequence ends the completion where it appears: `find_stop` says wher
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from platoon.gateway.shapes import Tokenizer
 
 __all__ = ["Stop", "TextStream", "find_stop", "tokens_through"]
 
@@ -49,7 +50,7 @@ def find_stop(text: str, stops: Sequence[str], after_first_call: str | None) -> 
     return best
 
 
-def tokens_through(tokenizer: Any, tokens: Sequence[int], chars: int) -> int:
+def tokens_through(tokenizer: Tokenizer, tokens: Sequence[int], chars: int) -> int:
     """The fewest leading tokens whose text reaches `chars` characters (binary search)."""
     low, high = 0, len(tokens)
     while low < high:
@@ -71,7 +72,7 @@ class TextStream:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         *,
         markers: Sequence[str],
         stops: Sequence[str],

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar, Protocol
 
 import msgspec
 
+from platoon.gateway.shapes import Tool, ToolCall
 from platoon.naming import unknown_name
 
 __all__ = [
@@ -45,7 +46,7 @@ class ToolParseResult(msgspec.Struct):
     """What a parser read: the text that is not a call, the calls, and one line per rejected call."""
 
     content: str
-    tool_calls: list[dict[str, Any]] = []
+    tool_calls: list[ToolCall] = []
     errors: list[str] = []
 
 
@@ -54,7 +55,7 @@ def new_tool_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def make_tool_call(name: str, arguments: dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
+def make_tool_call(name: str, arguments: object, call_id: str | None = None) -> ToolCall:
     """An OpenAI tool call dict with JSON-string arguments."""
     return {
         "id": call_id or new_tool_call_id(),
@@ -63,7 +64,7 @@ def make_tool_call(name: str, arguments: dict[str, Any], call_id: str | None = N
     }
 
 
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+_JSON_TYPES: dict[str, Callable[[object], bool]] = {
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
@@ -74,14 +75,14 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _json_type_name(value: Any) -> str:
+def _json_type_name(value: object) -> str:
     for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
         if _JSON_TYPES[name](value):
             return name
     return type(value).__name__
 
 
-def _tool_schemas(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+def _tool_schemas(tools: Sequence[Tool] | None) -> dict[str, Mapping[str, object]] | None:
     """Map tool name -> parameters schema; None when no tools were given (accept any call)."""
     if not tools:
         return None
@@ -93,7 +94,7 @@ def _tool_schemas(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str,
     return schemas
 
 
-def _check_arguments(name: str, arguments: Any, schema: dict[str, Any]) -> str | None:
+def _check_arguments(name: str, arguments: object, schema: Mapping[str, object]) -> str | None:
     """Check arguments against the basic JSON-schema facts: types, required and extra keys."""
     if not isinstance(arguments, dict):
         return f"arguments of '{name}' must be a JSON object, got {_json_type_name(arguments)}"
@@ -119,13 +120,13 @@ def _check_arguments(name: str, arguments: Any, schema: dict[str, Any]) -> str |
 
 
 def _accept_call(
-    obj: Any, schemas: dict[str, dict[str, Any]] | None, *, arguments_keys: tuple[str, ...]
-) -> tuple[dict[str, Any] | None, str | None]:
+    obj: object, schemas: Mapping[str, Mapping[str, object]] | None, *, arguments_keys: tuple[str, ...]
+) -> tuple[ToolCall | None, str | None]:
     """Turn one decoded call object into an OpenAI tool call, or say why not."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, 'a tool call must be a JSON object with a string "name"'
     name = obj["name"]
-    arguments: Any = {}
+    arguments: object = {}
     for key in arguments_keys:
         if key in obj:
             arguments = obj[key]
@@ -156,7 +157,7 @@ class ToolCallParser(Protocol):
 
     name: ClassVar[str]
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ToolParseResult: ...
+    def parse(self, text: str, tools: Sequence[Tool] | None = None) -> ToolParseResult: ...
 
     def has_tool_call(self, text: str) -> bool:
         """Cheap check streaming code can use to decide whether to hold text back."""
@@ -173,10 +174,10 @@ class HermesToolParser:
     def has_tool_call(self, text: str) -> bool:
         return self.start in text
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ToolParseResult:
+    def parse(self, text: str, tools: Sequence[Tool] | None = None) -> ToolParseResult:
         schemas = _tool_schemas(tools)
         kept: list[str] = []
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCall] = []
         errors: list[str] = []
         pos = 0
         while (begin := text.find(self.start, pos)) != -1:
@@ -216,7 +217,7 @@ class Llama3ToolParser:
     def has_tool_call(self, text: str) -> bool:
         return self.tag in text or text.lstrip().startswith("{")
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ToolParseResult:
+    def parse(self, text: str, tools: Sequence[Tool] | None = None) -> ToolParseResult:
         if self.tag in text:
             before, action = text.split(self.tag, 1)
         elif text.lstrip().startswith("{"):
@@ -225,7 +226,7 @@ class Llama3ToolParser:
             return ToolParseResult(content=text.strip())
         schemas = _tool_schemas(tools)
         decoder = json.JSONDecoder()
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCall] = []
         errors: list[str] = []
         kept = [before]
         pos = 0
@@ -266,7 +267,7 @@ class JsonToolParser:
         stripped = text.lstrip()
         return stripped.startswith(("{", "[", "```"))
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> ToolParseResult:
+    def parse(self, text: str, tools: Sequence[Tool] | None = None) -> ToolParseResult:
         stripped = text.strip()
         fenced = self._fence.match(stripped)
         body = fenced.group(1) if fenced else stripped
@@ -282,7 +283,7 @@ class JsonToolParser:
         if not objects or not all(isinstance(o, dict) and "name" in o for o in objects):
             return ToolParseResult(content=stripped)
         schemas = _tool_schemas(tools)
-        calls: list[dict[str, Any]] = []
+        calls: list[ToolCall] = []
         errors: list[str] = []
         for number, obj in enumerate(objects, 1):
             call, problem = _accept_call(obj, schemas, arguments_keys=("arguments", "parameters"))

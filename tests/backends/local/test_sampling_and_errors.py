@@ -7,15 +7,10 @@ import tinker
 import torch
 from tinker import types
 
-from platoon.backends.local.engine import (
-    Engine,
-    EngineError,
-    WeightsRef,
-    pick_attention,
-    pick_device,
-    pick_dtype,
-)
+from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype
+from platoon.backends.local.engine import Engine
 from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+from platoon.backends.local.specs import EngineError, WeightsRef
 
 GREEDY = dict(temperature=0.0)
 PROMPT = types.ModelInput.from_ints([21, 22, 23, 24])

@@ -25,8 +25,11 @@ import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
-from platoon.backends.local.engine import Engine, EngineError, resolve_model_dir
-from platoon.backends.local.server import TinkerService, create_app
+from platoon.backends.local.devices import resolve_model_dir
+from platoon.backends.local.engine import Engine
+from platoon.backends.local.server import create_app
+from platoon.backends.local.service import TinkerService
+from platoon.backends.local.specs import EngineError
 from platoon.serving import ServingError, require_key, serve_asgi
 
 __all__ = ["EngineError", "main", "running_server", "running_server_in_thread", "serve"]

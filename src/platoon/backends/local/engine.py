@@ -1,5 +1,5 @@
 """The training engine: one base causal LM, a LoRA adapter (peft) per training client, AdamW,
-the Tinker losses, and checkpoints on local disk.
+the Tinker losses, and the adapters sampled with (live, snapshots, saved checkpoints).
 
 Every method here is synchronous and touches torch; the server calls them from one worker
 thread at a time, so no two of them ever run at once.
@@ -8,24 +8,30 @@ thread at a time, so no two of them ever run at once.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import re
 import shutil
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import msgspec
 import numpy as np
 import torch
 
 from platoon.backends.local import losses
+from platoon.backends.local.checkpoints import (
+    CheckpointInfo,
+    CheckpointStore,
+    Mark,
+    check_manifest,
+    read_spec,
+)
+from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype, resolve_model_dir
 from platoon.backends.local.proto import Datum
+from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, ModelNotFound, WeightsRef
 
 __all__ = [
     "AdamParams",
@@ -39,43 +45,8 @@ __all__ = [
     "pick_attention",
     "pick_device",
     "pick_dtype",
+    "resolve_model_dir",
 ]
-
-
-class EngineError(ValueError):
-    """Bad input from a client (wrong ids, lengths, names, paths): a user error."""
-
-
-class ModelNotFound(EngineError):
-    """A model id or checkpoint path this server does not know."""
-
-
-class LoraSpec(msgspec.Struct, frozen=True):
-    rank: int = 32
-    seed: int | None = None
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = True
-    alpha: float = 32.0
-
-
-class AdamParams(msgspec.Struct, frozen=True):
-    """Tinker's AdamParams: torch AdamW with decoupled weight decay; grad_clip_norm 0 = no clipping."""
-
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-
-class WeightsRef(msgspec.Struct, frozen=True):
-    """Which weights a sampler uses: the base model, a training model's live adapter
-    (`model_id`), or a fixed snapshot (`key`, held in memory or on disk)."""
-
-    model_id: str | None = None
-    key: str | None = None
 
 
 class _Trainable:
@@ -95,20 +66,6 @@ class _Snapshot(msgspec.Struct):
 
 _ATTN = re.compile(r"(attn|attention)", re.I)
 _MLP = re.compile(r"(mlp|ffn|feed_forward|feedforward)", re.I)
-_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
-_KINDS = ("weights", "sampler_weights")
-_RUN = re.compile(r"^[A-Za-z0-9._:\-]+$")
-_MARKS = "_checkpoints.json"  # per run: checkpoint id -> {"public", "expires_at"}
-
-
-class CheckpointInfo(msgspec.Struct, frozen=True):
-    checkpoint_id: str  # "weights/NAME" or "sampler_weights/NAME"
-    kind: str
-    tinker_path: str
-    time: float
-    size_bytes: int
-    public: bool = False
-    expires_at: float | None = None
 
 
 @contextlib.contextmanager
@@ -120,55 +77,6 @@ def _quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*save_embedding_layers.*")
         warnings.filterwarnings("ignore", message="Adapter .* was active which is now deleted.*")
         yield
-
-
-def resolve_model_dir(model: str) -> Path:
-    """A local directory for `model`: the path itself, or its snapshot in the HF cache (never downloads)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception:
-        raise ModelNotFound(
-            f"model {model!r} is neither a directory nor in the local Hugging Face cache"
-        ) from None
-
-
-def pick_device(device: str | None) -> torch.device:
-    """`auto` (or None): the first CUDA device when there is one, else the CPU."""
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except RuntimeError:
-        raise EngineError(f"unknown device {device!r} (auto, cpu, cuda, cuda:1, ...)") from None
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise EngineError(f"device {device!r} asked for, but torch sees no CUDA device")
-    return chosen
-
-
-def pick_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
-    """`auto` (or None): bfloat16 on a GPU that has it (float16 otherwise), float32 on the CPU."""
-    if dtype not in (None, "", "auto"):
-        value = getattr(torch, str(dtype), None)
-        if not isinstance(value, torch.dtype) or not value.is_floating_point:
-            raise EngineError(f"unknown dtype {dtype!r} (auto, float32, bfloat16, float16)")
-        return value
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def pick_attention(device: torch.device) -> str:
-    """flash attention 2 on CUDA when the `flash_attn` package is installed, else torch SDPA."""
-    import importlib.util
-
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
 
 
 class Engine:
@@ -215,6 +123,7 @@ class Engine:
         self.max_context = int(getattr(self.base.config, "max_position_embeddings", 0) or 32768)
         self.eos_ids = self._eos_ids()
         self.checkpoint_dir = Path(checkpoint_dir)
+        self.store = CheckpointStore(self.checkpoint_dir)
         self.peft: Any = None
         self._models: dict[str, _Trainable] = {}
         self._snapshots: dict[str, _Snapshot] = {}
@@ -228,9 +137,9 @@ class Engine:
 
     # ---- model facts ----------------------------------------------------------------
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, object]:
         """Where and how the model runs, for `get_server_capabilities` and the start-up line."""
-        facts: dict[str, Any] = {
+        facts: dict[str, object] = {
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "attention": self.attention,
@@ -303,7 +212,7 @@ class Engine:
             name.replace(marker, "."): param for name, param in self.peft.named_parameters() if marker in name
         }
 
-    def _use(self, adapter: str | None) -> Any:
+    def _use(self, adapter: str | None) -> torch.nn.Module:
         """The model to call with `adapter` active (None: the base weights).
 
         peft walks every module to switch adapters, which costs more than a decoding step of a
@@ -501,148 +410,60 @@ class Engine:
 
     # ---- checkpoints ---------------------------------------------------------------
 
-    def _checkpoint_path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
-        if not name or not _NAME.match(name) or name in {".", ".."}:
-            raise EngineError(f"checkpoint name {name!r} must be non-empty letters, digits, '.', '_' or '-'")
-        return f"tinker://{model_id}/{kind}/{name}", self.checkpoint_dir / model_id / kind / name
-
     def local_path(self, tinker_path: str) -> Path:
         """The directory behind a `tinker://<run>/<weights|sampler_weights>/<name>` path."""
-        if not tinker_path.startswith("tinker://"):
-            raise EngineError(f"path {tinker_path!r} must start with tinker://")
-        parts = tinker_path[len("tinker://") :].split("/")
-        if len(parts) != 3 or parts[1] not in _KINDS or not all(parts):
-            raise EngineError(f"path {tinker_path!r} is not tinker://<run>/<weights|sampler_weights>/<name>")
-        run, kind, name = parts
-        if run in {".", ".."} or name in {".", ".."}:
-            raise EngineError(f"path {tinker_path!r} is not a checkpoint path")
-        directory = self.checkpoint_dir / run / kind / name
-        if not (directory / "adapter_model.safetensors").is_file():
-            raise ModelNotFound(f"no checkpoint at {tinker_path}")
-        return directory
-
-    # ---- the checkpoint catalogue (the REST routes) ---------------------------------
+        return self.store.local_path(tinker_path)
 
     def runs_on_disk(self) -> list[str]:
         """Training run ids (model ids) with a checkpoint directory, newest first."""
-        if not self.checkpoint_dir.is_dir():
-            return []
-        runs = [
-            d for d in self.checkpoint_dir.iterdir() if d.is_dir() and not d.name.startswith("_") and d.name
-        ]
-        return [d.name for d in sorted(runs, key=lambda d: d.stat().st_mtime, reverse=True)]
+        return self.store.runs()
 
     def checkpoints(self, run_id: str, *, prune: bool = True) -> list[CheckpointInfo]:
         """The saved checkpoints of a run, oldest first; expired ones are left out, and removed
         with `prune` (which touches the adapters, so only from the worker thread)."""
-        run = self._run_dir(run_id)
-        found: list[CheckpointInfo] = []
-        marks = self._marks(run_id)
-        now = time.time()
-        for kind in _KINDS:
-            folder = run / kind
-            if not folder.is_dir():
-                continue
-            for directory in folder.iterdir():
-                if (
-                    directory.name.endswith(".partial")
-                    or not (directory / "adapter_model.safetensors").is_file()
-                ):
-                    continue
-                checkpoint_id = f"{kind}/{directory.name}"
-                mark = marks.get(checkpoint_id, {})
-                expires = mark.get("expires_at")
-                if expires is not None and expires <= now:
-                    if prune:
-                        self.delete_checkpoint(run_id, checkpoint_id)
-                    continue
-                found.append(
-                    CheckpointInfo(
-                        checkpoint_id=checkpoint_id,
-                        kind=kind,
-                        tinker_path=f"tinker://{run_id}/{checkpoint_id}",
-                        time=(directory / "adapter_model.safetensors").stat().st_mtime,
-                        size_bytes=sum(f.stat().st_size for f in directory.iterdir() if f.is_file()),
-                        public=bool(mark.get("public", False)),
-                        expires_at=expires,
-                    )
-                )
-        return sorted(found, key=lambda c: (c.time, c.checkpoint_id))
+        found, expired = self.store.listing(run_id)
+        if prune:
+            for checkpoint_id in expired:
+                self.delete_checkpoint(run_id, checkpoint_id)
+        return found
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
-        directory = self._checkpoint_dir_of(run_id, checkpoint_id)
         path = f"tinker://{run_id}/{checkpoint_id}"
-        if not directory.is_dir():
+        if not self.store.directory_of(run_id, checkpoint_id).is_dir():
             raise ModelNotFound(f"no checkpoint at {path}")
         self._forget_snapshot(path)
-        shutil.rmtree(directory)
-        self._mark(run_id, checkpoint_id, None)
+        self.store.remove(run_id, checkpoint_id)
 
-    def mark_checkpoint(self, run_id: str, checkpoint_id: str, **fields: Any) -> None:
+    def mark_checkpoint(self, run_id: str, checkpoint_id: str, **fields: Unpack[Mark]) -> None:
         """Set `public` or `expires_at` (unix time, None = never) on a saved checkpoint."""
-        if not self._checkpoint_dir_of(run_id, checkpoint_id).is_dir():
-            raise ModelNotFound(f"no checkpoint at tinker://{run_id}/{checkpoint_id}")
-        mark = self._marks(run_id).get(checkpoint_id, {}) | fields
-        self._mark(run_id, checkpoint_id, mark)
+        self.store.mark(run_id, checkpoint_id, fields)
 
     def weights_info(self, tinker_path: str) -> LoraSpec:
-        return _read_spec(self.local_path(tinker_path))
-
-    def _run_dir(self, run_id: str) -> Path:
-        if not run_id or not _RUN.match(run_id) or run_id in {".", ".."}:
-            raise ModelNotFound(f"unknown training run {run_id!r}")
-        return self.checkpoint_dir / run_id
-
-    def _checkpoint_dir_of(self, run_id: str, checkpoint_id: str) -> Path:
-        kind, _, name = checkpoint_id.partition("/")
-        if kind not in _KINDS or not _NAME.match(name) or name in {".", ".."}:
-            raise ModelNotFound(
-                f"unknown checkpoint {checkpoint_id!r} (want weights/NAME or sampler_weights/NAME)"
-            )
-        return self._run_dir(run_id) / kind / name
-
-    def _marks(self, run_id: str) -> dict[str, dict[str, Any]]:
-        try:
-            return json.loads((self._run_dir(run_id) / _MARKS).read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _mark(self, run_id: str, checkpoint_id: str, mark: dict[str, Any] | None) -> None:
-        marks = self._marks(run_id)
-        if mark is None:
-            if marks.pop(checkpoint_id, None) is None:
-                return
-        else:
-            marks[checkpoint_id] = mark
-        target = self._run_dir(run_id) / _MARKS
-        staging = target.with_suffix(".partial")
-        staging.write_text(json.dumps(marks))
-        staging.replace(target)
+        return read_spec(self.local_path(tinker_path))
 
     def _write_adapter(self, model: _Trainable, directory: Path, *, optimizer: bool) -> None:
         from safetensors.torch import save_file
 
-        staging = directory.with_name(directory.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self._adapter_params(model.adapter).items()}
-        save_file(tensors, staging / "adapter_model.safetensors")
-        self.peft.peft_config[model.adapter].save_pretrained(staging)
-        meta = {
-            "lora": msgspec.to_builtins(model.spec),
-            "base_model": str(self.model_dir),
-            "steps": model.steps,
-        }
-        (staging / "platoon_lora.json").write_text(json.dumps(meta))
-        if optimizer:
-            torch.save(model.optimizer.state_dict(), staging / "optimizer.pt")
-        _write_manifest(staging)
-        shutil.rmtree(directory, ignore_errors=True)
-        staging.rename(directory)
+        def fill(staging: Path) -> None:
+            tensors = {
+                k: v.detach().cpu().contiguous() for k, v in self._adapter_params(model.adapter).items()
+            }
+            save_file(tensors, staging / "adapter_model.safetensors")
+            self.peft.peft_config[model.adapter].save_pretrained(staging)
+            meta = {
+                "lora": msgspec.to_builtins(model.spec),
+                "base_model": str(self.model_dir),
+                "steps": model.steps,
+            }
+            (staging / "platoon_lora.json").write_text(json.dumps(meta))
+            if optimizer:
+                torch.save(model.optimizer.state_dict(), staging / "optimizer.pt")
+
+        self.store.write(directory, fill)
 
     def save_state(self, model_id: str, name: str, *, overwrite: bool = False) -> str:
         model = self._trainable(model_id)
-        path, directory = self._checkpoint_path(model_id, "weights", name)
+        path, directory = self.store.path(model_id, "weights", name)
         if directory.exists() and not overwrite:
             raise EngineError(f"checkpoint {path} already exists (pass overwrite=True to replace it)")
         self._write_adapter(model, directory, optimizer=True)
@@ -650,7 +471,7 @@ class Engine:
 
     def save_for_sampler(self, model_id: str, name: str) -> str:
         model = self._trainable(model_id)
-        path, directory = self._checkpoint_path(model_id, "sampler_weights", name)
+        path, directory = self.store.path(model_id, "sampler_weights", name)
         self._write_adapter(model, directory, optimizer=False)
         self._forget_snapshot(path)
         return path
@@ -685,7 +506,7 @@ class Engine:
         """Weights for a sampler created from a saved checkpoint path."""
         directory = self.local_path(tinker_path)
         if tinker_path not in self._snapshots:
-            self._snapshots[tinker_path] = _Snapshot(spec=_read_spec(directory), path=directory)
+            self._snapshots[tinker_path] = _Snapshot(spec=read_spec(directory), path=directory)
         return WeightsRef(key=tinker_path)
 
     def _forget_snapshot(self, key: str) -> None:
@@ -725,7 +546,7 @@ class Engine:
         model = self._trainable(model_id)
         directory = self.local_path(tinker_path)
         check_manifest(directory)
-        spec = _read_spec(directory)
+        spec = read_spec(directory)
         if (spec.rank, spec.train_mlp, spec.train_attn, spec.train_unembed) != (
             model.spec.rank,
             model.spec.train_mlp,
@@ -739,7 +560,7 @@ class Engine:
         """A new training model whose LoRA config and weights (and optimizer) come from a checkpoint."""
         directory = self.local_path(tinker_path)
         check_manifest(directory)
-        self.create_model(model_id, _read_spec(directory))
+        self.create_model(model_id, read_spec(directory))
         try:
             self._restore(self._models[model_id], directory, tinker_path, optimizer=optimizer)
         except Exception:
@@ -767,7 +588,7 @@ class Engine:
     # ---- sampling ----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def weights(self, ref: WeightsRef) -> Iterator[Any]:
+    def weights(self, ref: WeightsRef) -> Iterator[torch.nn.Module]:
         """The model to call with `ref`'s weights active (call under torch.no_grad)."""
         if ref.model_id is not None:
             yield self._use(self._trainable(ref.model_id).adapter)
@@ -804,42 +625,7 @@ class Engine:
             self._forget_snapshot(ref.key)
 
 
-_MANIFEST = "platoon_manifest.json"
 _UNSET = object()
-
-
-def _write_manifest(directory: Path) -> None:
-    """sha256 of every file of a checkpoint, each synced to disk before the directory is renamed."""
-    digests = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-            with path.open("rb") as file:
-                os.fsync(file.fileno())
-    (directory / _MANIFEST).write_text(json.dumps(digests, indent=1))
-
-
-def check_manifest(directory: Path) -> None:
-    """A damaged checkpoint is an EngineError naming the file, not a KeyError from deep inside torch."""
-    manifest = directory / _MANIFEST
-    if not manifest.is_file():
-        return  # written before checksums
-    try:
-        digests = json.loads(manifest.read_text())
-    except ValueError:
-        raise EngineError(f"checkpoint {directory}: its manifest is damaged") from None
-    for name, digest in digests.items():
-        path = directory / name
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            raise EngineError(f"checkpoint {directory}: {name} is missing or damaged (checksum mismatch)")
-
-
-def _read_spec(directory: Path) -> LoraSpec:
-    try:
-        meta = json.loads((directory / "platoon_lora.json").read_text())
-        return msgspec.convert(meta["lora"], LoraSpec)
-    except Exception:
-        raise EngineError(f"{directory.name}: not a checkpoint written by this server") from None
 
 
 def _batches(lengths: list[int], budget: int) -> Iterator[list[list[int]]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any
+from typing import Protocol, TypeVar
 
 import anyio
 import msgspec
@@ -37,7 +37,7 @@ class Outcome(msgspec.Struct, frozen=True):
     content_type: str = "application/json"
 
 
-def json_outcome(value: Any) -> Outcome:
+def json_outcome(value: object) -> Outcome:
     return Outcome(msgspec.json.encode(value))
 
 
@@ -137,17 +137,23 @@ class SyncJob:
 
     __slots__ = ("compute", "finish")
 
-    def __init__(self, compute: Callable[[], Any], finish: Callable[[Any], None]) -> None:
+    def __init__(self, compute: Callable[[], Outcome], finish: Callable[[Outcome], None]) -> None:
         self.compute = compute
         self.finish = finish
 
 
 Job = Callable[[], Awaitable[None]] | SyncJob
 CHAIN_SECONDS = 1.0  # how long one hand-off may go on computing jobs that arrive behind it
-RunGroup = Callable[[Callable[[], Any]], Awaitable[Any]]
+T = TypeVar("T")
 
 
-async def _inline(fn: Callable[[], Any]) -> Any:
+class RunSync(Protocol):
+    """Runs a synchronous function somewhere (the server's worker thread) and awaits it."""
+
+    def __call__(self, fn: Callable[[], T], /) -> Awaitable[T]: ...
+
+
+async def _inline(fn: Callable[[], T]) -> T:
     return fn()
 
 
@@ -158,7 +164,7 @@ class SeqQueue:
     by default it runs inline.
     """
 
-    def __init__(self, first: int = 1, run_group: RunGroup = _inline) -> None:
+    def __init__(self, first: int = 1, run_group: RunSync = _inline) -> None:
         self.next = first
         self._jobs: dict[int, tuple[str, Job]] = {}
         self._wakeup = anyio.Event()
@@ -194,11 +200,11 @@ class SeqQueue:
             for done, result in results:
                 done.finish(result)
 
-    def _chain(self, job: SyncJob) -> list[tuple[SyncJob, Any]]:
+    def _chain(self, job: SyncJob) -> list[tuple[SyncJob, Outcome]]:
         """Compute `job`, then each `SyncJob` that has arrived for the next seq_id meanwhile
         (for up to `CHAIN_SECONDS`). Runs in the worker thread while `run` waits for it, so only
         `submit` (which adds, never removes) touches the jobs at the same time."""
-        done: list[tuple[SyncJob, Any]] = []
+        done: list[tuple[SyncJob, Outcome]] = []
         deadline = time.monotonic() + CHAIN_SECONDS
         while True:
             done.append((job, job.compute()))

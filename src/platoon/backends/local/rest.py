@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from platoon.backends.local.engine import CheckpointInfo, EngineError, LoraSpec
-
-if TYPE_CHECKING:
-    from platoon.backends.local.server import TinkerService
+from platoon.backends.local.checkpoints import CheckpointInfo
+from platoon.backends.local.service import Answer, TinkerService
+from platoon.backends.local.specs import EngineError, LoraSpec
 
 __all__ = ["rest_routes"]
 
@@ -31,7 +30,7 @@ def _when(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
 
 
-def _checkpoint(c: CheckpointInfo) -> dict[str, Any]:
+def _checkpoint(c: CheckpointInfo) -> dict[str, object]:
     return {
         "checkpoint_id": c.checkpoint_id,
         "checkpoint_type": "training" if c.kind == "weights" else "sampler",
@@ -68,7 +67,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
     """The routes, under /api/v1, that answer the SDK's RestClient."""
     engine = service.engine
 
-    def training_run(run_id: str) -> dict[str, Any] | None:
+    def training_run(run_id: str) -> dict[str, object] | None:
         model = service.models.get(run_id)
         checkpoints = engine.checkpoints(run_id)
         if model is None and not checkpoints:
@@ -97,7 +96,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
         live = sorted(service.models, key=lambda m: service.models[m].last_request, reverse=True)
         return live + [r for r in engine.runs_on_disk() if r not in service.models]
 
-    async def list_runs(request: Request) -> Any:
+    async def list_runs(request: Request) -> Answer:
         ids = run_ids()
         limit, offset = _page(request)
         runs = [
@@ -107,19 +106,19 @@ def rest_routes(service: TinkerService) -> list[Route]:
         ]
         return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
-    async def get_run(request: Request) -> Any:
+    async def get_run(request: Request) -> Answer:
         run_id = request.path_params["run_id"]
         run = await service.run_sync(lambda: training_run(run_id))
         return run if run is not None else _error(f"unknown training run {run_id!r}", 404)
 
-    async def list_checkpoints(request: Request) -> Any:
+    async def list_checkpoints(request: Request) -> Answer:
         run_id = request.path_params["run_id"]
         checkpoints = await service.run_sync(lambda: engine.checkpoints(run_id))
         if not checkpoints and run_id not in service.models:
             return _error(f"unknown training run {run_id!r}", 404)
         return {"checkpoints": [_checkpoint(c) for c in checkpoints], "cursor": None}
 
-    async def user_checkpoints(request: Request) -> Any:
+    async def user_checkpoints(request: Request) -> Answer:
         def every() -> list[CheckpointInfo]:
             found = [c for run in engine.runs_on_disk() for c in engine.checkpoints(run)]
             return sorted(found, key=lambda c: c.time, reverse=True)
@@ -131,7 +130,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "cursor": {"offset": offset, "limit": limit, "total_count": len(checkpoints)},
         }
 
-    async def checkpoint(request: Request) -> Any:
+    async def checkpoint(request: Request) -> Answer:
         """DELETE a checkpoint; POST/DELETE `.../publish`; PUT `.../ttl`."""
         run_id, rest = request.path_params["run_id"], request.path_params["rest"]
         checkpoint_id, _, action = rest.rpartition("/") if rest.count("/") >= 2 else (rest, "", "")
@@ -156,12 +155,12 @@ def rest_routes(service: TinkerService) -> list[Route]:
             return _error(f"{method} {request.url.path} is not supported by this server", 404)
         return Response(status_code=204)
 
-    async def list_sessions(request: Request) -> Any:
+    async def list_sessions(request: Request) -> Answer:
         ids = list(reversed(service.sessions))
         limit, offset = _page(request)
         return {"sessions": ids[offset : offset + limit]}
 
-    async def get_session(request: Request) -> Any:
+    async def get_session(request: Request) -> Answer:
         session = service.sessions.get(request.path_params["session_id"])
         if session is None:
             return _error(f"unknown session {request.path_params['session_id']!r}", 404)
@@ -172,7 +171,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "display_name": session.display_name,
         }
 
-    async def weights_info(request: Request) -> Any:
+    async def weights_info(request: Request) -> Answer:
         path = msgspec.json.decode(await request.body(), type=_WeightsInfo).tinker_path
         spec = await service.run_sync(lambda: engine.weights_info(path))
         return {
@@ -185,7 +184,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "train_attn": spec.train_attn,
         }
 
-    def endpoint(handler: Any) -> Any:
+    def endpoint(handler: Callable[[Request], Awaitable[Answer]]) -> Callable[[Request], Awaitable[Response]]:
         async def answer(request: Request) -> Response:
             try:
                 result = await handler(request)

@@ -19,8 +19,7 @@ import inspect
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -28,8 +27,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from platoon.backends.local.engine import Engine, EngineError, WeightsRef
+from platoon.backends.local.engine import Engine
+from platoon.backends.local.futures import RunSync
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
+from platoon.backends.local.specs import EngineError, WeightsRef
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+    from transformers.utils import ModelOutput
 
 __all__ = ["SampleParams", "SampleRequest", "SampleResult", "Sampler"]
 
@@ -97,7 +102,7 @@ class _Batch:
 
     def __init__(self) -> None:
         self.rows: list[_Row] = []
-        self.cache: Any = None
+        self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [rows, cache length], 0 on left padding
         self.logits: torch.Tensor | None = None  # [rows, vocab], next-token logits
         self.next_tokens: list[int] = []  # the tokens just sampled, fed to the next decode
@@ -118,7 +123,7 @@ class _Prefix(msgspec.Struct):
         return head + sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
-Space = tuple[Any, ...]  # one set of fixed weights: (weights key, generation)
+Space = tuple[object, ...]  # one set of fixed weights: (weights key, generation)
 
 
 class PrefixCache:
@@ -191,7 +196,7 @@ class Sampler:
     def __init__(
         self,
         engine: Engine,
-        run_sync: Callable[[Callable[[], Any]], Awaitable[Any]],
+        run_sync: RunSync,
         *,
         max_batch: int = 64,
         prefix_cache_bytes: int = 2**30,
@@ -336,7 +341,7 @@ class Sampler:
             return None  # live training weights change under the cache
         return (ref.key, self.engine.generations.get(ref.key or "", 0))
 
-    def _prefill(self, model: Any, batch: _Batch, ref: WeightsRef, jobs: list[_Job]) -> None:
+    def _prefill(self, model: torch.nn.Module, batch: _Batch, ref: WeightsRef, jobs: list[_Job]) -> None:
         """Each distinct prompt once (from the prefix cache when it holds it), then every job's
         rows merged into the running batch."""
         device = self.engine.device
@@ -403,7 +408,9 @@ class Sampler:
             batch.logits = torch.cat([batch.logits, new_logits])
         batch.rows.extend(new_rows)
 
-    def _extend(self, model: Any, space: Space, prompt: tuple[int, ...], entry: _Prefix, hit: int) -> _Prefix:
+    def _extend(
+        self, model: torch.nn.Module, space: Space, prompt: tuple[int, ...], entry: _Prefix, hit: int
+    ) -> _Prefix:
         """Prefill the rest of `prompt` on top of the first `hit` tokens of a cached sequence."""
         from transformers import DynamicCache
 
@@ -429,7 +436,7 @@ class Sampler:
 
     def _run_prompts(
         self,
-        model: Any,
+        model: torch.nn.Module,
         space: Space | None,
         prompts: list[tuple[int, ...]],
         jobs: dict[tuple[int, ...], list[_Job]],
@@ -561,7 +568,7 @@ class Sampler:
         draws from its own generator, so its token does not depend on the other rows."""
         assert batch.logits is not None
         logits = batch.logits
-        groups: dict[Any, list[int]] = {}
+        groups: dict[tuple[float, int, float], list[int]] = {}
         for i, row in enumerate(batch.rows):
             params = row.job.request.params
             groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(i)
@@ -587,7 +594,7 @@ class Sampler:
             return "length"
         return None
 
-    def _decode(self, model: Any, batch: _Batch) -> None:
+    def _decode(self, model: torch.nn.Module, batch: _Batch) -> None:
         assert batch.mask is not None
         device = self.engine.device
         ids = torch.tensor(batch.next_tokens, dtype=torch.long, device=device)[:, None]
@@ -637,7 +644,7 @@ def _draw(
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
-def _cache_of(out: Any) -> Any:
+def _cache_of(out: ModelOutput) -> DynamicCache:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 

@@ -1,0 +1,595 @@
+"""The Tinker API's service: sessions, training models, samplers and futures, and the handler
+of each JSON endpoint.
+
+Work is answered with a future at once and runs later: training requests per model in seq_id
+order, sampling in the batched `Sampler`. All torch work goes through one worker thread
+(`run_sync`), so HTTP stays responsive while a step computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from typing import TypeVar
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+from starlette.responses import JSONResponse, Response
+
+from platoon.backends.local.bodies import (
+    Asample,
+    CreateModel,
+    CreateSamplingSession,
+    CreateSession,
+    LoadWeights,
+    LoraConfig,
+    ModelRef,
+    OptimizerConfig,
+    OptimStep,
+    RetrieveFuture,
+    SamplingParams,
+    SaveForSampler,
+    SaveWeights,
+    SessionRef,
+)
+from platoon.backends.local.engine import Engine
+from platoon.backends.local.futures import (
+    FutureStore,
+    Job,
+    Outcome,
+    SeqError,
+    SeqQueue,
+    SyncJob,
+    failure,
+    json_outcome,
+    proto_outcome,
+)
+from platoon.backends.local.proto import (
+    decode_forward_backward,
+    encode_forward_backward_output,
+    encode_sample_response,
+)
+from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef
+
+__all__ = ["Answer", "TinkerService", "UserError", "error_response"]
+
+T = TypeVar("T")
+Answer = dict[str, object] | Response  # a handler's answer: JSON to encode, or a response as is
+
+log = structlog.get_logger(__name__)
+
+
+class UserError(ValueError):
+    """A request the server refuses; answered as `{"error", "category": "user"}`."""
+
+
+class _Session:
+    def __init__(self, session_id: str, request: CreateSession | None = None) -> None:
+        self.id = session_id
+        self.finished = False
+        self.models: list[str] = []
+        self.samplers: list[str] = []
+        self.user_metadata = _strings(request.user_metadata if request else None)
+        self.display_name = request.display_name if request else None
+
+
+class _Model:
+    def __init__(
+        self, session: _Session, queue: SeqQueue, rank: int, user_metadata: Mapping[str, object] | None = None
+    ) -> None:
+        self.session = session
+        self.queue = queue
+        self.rank = rank
+        self.ready = False
+        self.user_metadata = _strings(user_metadata)
+        self.last_request = time.time()
+
+
+def _strings(metadata: Mapping[str, object] | None) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in metadata.items()} if metadata else None
+
+
+class _SamplerSession:
+    def __init__(self, session: _Session, weights: WeightsRef, model_path: str | None) -> None:
+        self.session = session
+        self.weights = weights
+        self.model_path = model_path
+
+
+class TinkerService:
+    """Sessions, models, samplers and futures; the HTTP handlers live on it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        api_key: str | None = None,
+        poll_timeout: float = 25.0,
+        max_batch: int = 64,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key
+        self.poll_timeout = poll_timeout
+        self.futures = FutureStore()
+        self.sessions: dict[str, _Session] = {}
+        self.models: dict[str, _Model] = {}
+        self.samplers: dict[str, _SamplerSession] = {}
+        self._lane = anyio.CapacityLimiter(1)
+        self.sampler = Sampler(engine, self.run_sync, max_batch=max_batch)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._names = {model_name, str(engine.model_dir)}
+
+    async def run_sync(self, fn: Callable[[], T]) -> T:
+        """Run torch work in the single worker thread."""
+        return await anyio.to_thread.run_sync(fn, limiter=self._lane)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: object = None) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self.sampler.run)
+            yield
+            tg.cancel_scope.cancel()
+
+    def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        assert self._tg is not None, "the service runs inside its lifespan"
+        self._tg.start_soon(fn)
+
+    # ---- lookups ----
+
+    def _session(self, session_id: str) -> _Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UserError(f"unknown session_id {session_id!r}")
+        if session.finished:
+            raise UserError(f"session {session_id} has finished")
+        return session
+
+    def _model(self, model_id: str) -> _Model:
+        model = self.models.get(model_id)
+        if model is None or not model.ready:
+            raise UserError(self._unknown_model(model_id))
+        if model.session.finished:
+            raise UserError(f"session {model.session.id} of model {model_id} has finished")
+        model.last_request = time.time()
+        return model
+
+    def _unknown_model(self, model_id: str) -> str:
+        """Why a model id is unknown and what to do: after a restart, which checkpoint to resume from."""
+        message = f"unknown model_id {model_id!r}: this server holds training models in memory and does not hold this one"
+        try:
+            saved = [c for c in self.engine.checkpoints(model_id, prune=False) if c.kind == "weights"]
+        except EngineError:
+            saved = []
+        if not saved:
+            return (
+                f"{message} (was the server restarted?). Nothing of it was saved here, so its training "
+                "state is lost: start the run again, or `platoon train --resume RUN_DIR` to go on from "
+                "the run's last checkpoint"
+            )
+        return (
+            f"{message}, but its checkpoints survive: the server was restarted. The training client "
+            f"cannot go on; its last saved state is {saved[-1].tinker_path}. Resume with `platoon train "
+            "--resume RUN_DIR` (it loads the last checkpoint into a new model), or load that path with "
+            "ServiceClient.create_training_client_from_state_with_optimizer"
+        )
+
+    def _check_base_model(self, base_model: str | None) -> None:
+        if base_model is not None and base_model not in self._names:
+            raise UserError(f"unknown base_model {base_model!r}; this server serves {self.model_name!r}")
+
+    # ---- running work ----
+
+    def _future(self, key: Hashable | None, work: Callable[[], Awaitable[Outcome]]) -> tuple[str, bool]:
+        request_id, new = self.futures.create(key)
+        if new:
+            self._spawn(lambda: self._settle(request_id, work))
+        return request_id, new
+
+    async def _settle(self, request_id: str, work: Callable[[], Awaitable[Outcome]]) -> None:
+        try:
+            outcome = await work()
+        except (EngineError, UserError, SeqError) as exc:
+            outcome = failure(str(exc))
+        except Exception as exc:
+            log.exception("request failed", request_id=request_id)
+            outcome = failure(f"internal error: {exc!r}", "server")
+        self.futures.resolve(request_id, outcome)
+
+    def _queued(
+        self,
+        model_id: str,
+        seq_id: int,
+        work: Callable[[], Awaitable[Outcome]] | None = None,
+        *,
+        compute: Callable[[], Outcome] | None = None,
+    ) -> str:
+        """A training request: deduplicated on (model_id, seq_id), run in seq_id order.
+
+        `work` runs on the event loop; `compute` (torch work with no server state to touch) runs
+        in the worker thread, together with the compute of the requests queued right behind it.
+        """
+        request_id, new = self.futures.create(("train", model_id, seq_id))
+        if not new:
+            return request_id
+        try:
+            model = self._model(model_id)
+            if compute is not None:
+                job: Job = SyncJob(
+                    _guarded(request_id, compute), lambda outcome: self.futures.resolve(request_id, outcome)
+                )
+            else:
+                assert work is not None
+                job = lambda: self._settle(request_id, work)  # noqa: E731
+            model.queue.submit(seq_id, request_id, job)
+        except (UserError, SeqError) as exc:
+            self.futures.resolve(request_id, failure(str(exc)))
+        return request_id
+
+    def skip(self, model_id: str, seq_id: int, message: str) -> None:
+        """Use up `seq_id` of a model with a failed request (its body was refused)."""
+
+        async def refused() -> Outcome:
+            raise UserError(message)
+
+        if model_id in self.models:
+            self._queued(model_id, seq_id, refused)
+
+    async def _start_model(self, model_id: str, model: _Model) -> None:
+        model.ready = True
+        self._spawn(lambda: self._drive(model_id, model))
+
+    async def _drive(self, model_id: str, model: _Model) -> None:
+        left = await model.queue.run()
+        for request_id in left:
+            self.futures.resolve(request_id, failure(f"session {model.session.id} finished first"))
+        # The entry stays (a few bytes) so later requests learn that the session finished.
+        await self.run_sync(lambda: self.engine.release_model(model_id))
+
+    # ---- handlers ----
+
+    async def client_config(self, body: bytes) -> Answer:
+        return {"pjwt_auth_enabled": False}
+
+    async def create_session(self, body: bytes) -> Answer:
+        request = msgspec.json.decode(body, type=CreateSession)
+        session_id = f"local-{uuid.uuid4().hex[:12]}"
+        self.sessions[session_id] = _Session(session_id, request)
+        return {"session_id": session_id, "type": "create_session"}
+
+    async def heartbeat(self, body: bytes) -> Answer:
+        ref = msgspec.json.decode(body, type=SessionRef)
+        session = self.sessions.get(ref.session_id)
+        if session is None:
+            return error_response(f"unknown session_id {ref.session_id!r}", 404)
+        if session.finished:
+            return error_response(f"session {ref.session_id} has finished", 410)
+        return {"type": "session_heartbeat"}
+
+    async def finish_session(self, session_id: str) -> Answer:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return error_response(f"unknown session_id {session_id!r}", 404)
+        if not session.finished:
+            session.finished = True
+            for model_id in session.models:
+                model = self.models.get(model_id)
+                if model is not None:
+                    model.queue.close()
+            for sampler_id in session.samplers:
+                sampler = self.samplers.get(sampler_id)
+                if sampler is not None and sampler.weights.key is not None:
+                    weights = sampler.weights
+                    await self.run_sync(lambda w=weights: self.engine.drop_weights(w))
+        return {}
+
+    async def create_model(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=CreateModel)
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+
+        async def work() -> Outcome:
+            session = self._session(req.session_id)
+            self._check_base_model(req.base_model)
+            _check_optimizer(req.optimizer_config)
+            lora = req.lora_config or LoraConfig()
+            spec = LoraSpec(lora.rank, lora.seed, lora.train_mlp, lora.train_attn, lora.train_unembed)
+            if model_id in self.models:
+                raise UserError(f"model {model_id} already exists")
+            await self.run_sync(lambda: self.engine.create_model(model_id, spec))
+            model = _Model(session, SeqQueue(first=1, run_group=self.run_sync), spec.rank, req.user_metadata)
+            self.models[model_id] = model
+            session.models.append(model_id)
+            await self._start_model(model_id, model)
+            return json_outcome({"model_id": model_id, "type": "create_model"})
+
+        request_id, _ = self._future(("model", req.session_id, req.model_seq_id), work)
+        return {"request_id": request_id, "model_id": model_id}
+
+    async def get_info(self, body: bytes) -> Answer:
+        ref = msgspec.json.decode(body, type=ModelRef)
+        model = self._model(ref.model_id)
+        return {
+            "model_id": ref.model_id,
+            "model_data": {
+                "arch": getattr(self.engine.base.config, "model_type", None),
+                "model_name": self.model_name,
+                "tokenizer_id": str(self.engine.model_dir),
+            },
+            "is_lora": True,
+            "lora_rank": model.rank,
+            "type": "get_info",
+        }
+
+    async def forward_backward(self, body: bytes) -> Answer:
+        call = decode_forward_backward(body)
+
+        def compute() -> Outcome:
+            logprobs, metrics = self.engine.forward_backward(
+                call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
+            )
+            return proto_outcome(encode_forward_backward_output(logprobs, metrics))
+
+        request_id = self._queued(call.model_id, call.seq_id, compute=compute)
+        return {"request_id": request_id, "model_id": call.model_id}
+
+    async def optim_step(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=OptimStep)
+
+        def compute() -> Outcome:
+            if req.adam_params is None:
+                kind = (req.optimizer_params or {}).get("type", "unknown")
+                raise UserError(f"optimizer {kind!r} is not supported; use AdamParams")
+            try:
+                params = msgspec.convert(req.adam_params, AdamParams)
+            except msgspec.ValidationError as exc:
+                raise UserError(f"adam_params: {exc}") from None
+            metrics = self.engine.optim_step(req.model_id, params)
+            return json_outcome({"metrics": metrics, "type": "optim_step"})
+
+        return {
+            "request_id": self._queued(req.model_id, req.seq_id, compute=compute),
+            "model_id": req.model_id,
+        }
+
+    async def save_weights(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=SaveWeights)
+
+        async def work() -> Outcome:
+            name = req.path or f"state-{uuid.uuid4().hex[:8]}"
+            path = await self.run_sync(
+                lambda: self.engine.save_state(req.model_id, name, overwrite=req.overwrite)
+            )
+            await self._expire(path, req.ttl_seconds)
+            return json_outcome({"path": path, "type": "save_weights"})
+
+        return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
+
+    async def save_weights_for_sampler(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=SaveForSampler)
+
+        async def work() -> Outcome:
+            if req.path is not None:
+                path = await self.run_sync(lambda: self.engine.save_for_sampler(req.model_id, req.path or ""))
+                await self._expire(path, req.ttl_seconds)
+                return json_outcome({"path": path, "type": "save_weights_for_sampler"})
+            if req.sampling_session_seq_id is None:
+                raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
+            model = self._model(req.model_id)
+            if req.kind == "inflight":
+                weights = WeightsRef(model_id=req.model_id)
+            elif req.kind == "snapshot":
+                weights = await self.run_sync(lambda: self.engine.snapshot(req.model_id))
+            else:
+                raise UserError(f"unknown sampling client kind {req.kind!r}")
+            sampler_id = self._add_sampler(model.session, req.sampling_session_seq_id, weights, None)
+            return json_outcome({"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"})
+
+        return {"request_id": self._queued(req.model_id, req.seq_id, work), "model_id": req.model_id}
+
+    async def load_weights(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=LoadWeights)
+        if req.model_id is not None:
+
+            async def load() -> Outcome:
+                await self.run_sync(
+                    lambda: self.engine.load_state(req.model_id or "", req.path, optimizer=req.optimizer)
+                )
+                return json_outcome({"path": req.path, "type": "load_weights"})
+
+            return {"request_id": self._queued(req.model_id, req.seq_id or 0, load), "model_id": req.model_id}
+        if req.session_id is None or req.model_seq_id is None:
+            raise UserError("load_weights needs model_id and seq_id, or session_id and model_seq_id")
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+
+        async def create() -> Outcome:
+            session = self._session(req.session_id or "")
+            self._check_base_model(req.base_model)
+            if not req.optimizer:
+                _check_optimizer(req.optimizer_config)
+            if model_id in self.models:
+                raise UserError(f"model {model_id} already exists")
+            await self.run_sync(
+                lambda: self.engine.create_from_state(model_id, req.path, optimizer=req.optimizer)
+            )
+            model = _Model(
+                session, SeqQueue(first=1, run_group=self.run_sync), self.engine.lora_rank(model_id)
+            )
+            self.models[model_id] = model
+            session.models.append(model_id)
+            await self._start_model(model_id, model)
+            return json_outcome({"path": req.path, "model_id": model_id, "type": "load_weights"})
+
+        request_id, _ = self._future(("model", req.session_id, req.model_seq_id), create)
+        return {"request_id": request_id, "model_id": model_id}
+
+    async def _expire(self, tinker_path: str, ttl_seconds: int | None) -> None:
+        if ttl_seconds:
+            run, _, checkpoint_id = tinker_path.removeprefix("tinker://").partition("/")
+            when = time.time() + ttl_seconds
+            await self.run_sync(lambda: self.engine.mark_checkpoint(run, checkpoint_id, expires_at=when))
+
+    def _add_sampler(
+        self, session: _Session, seq_id: int, weights: WeightsRef, model_path: str | None
+    ) -> str:
+        sampler_id = f"{session.id}:sample:{seq_id}"
+        self.samplers[sampler_id] = _SamplerSession(session, weights, model_path)
+        session.samplers.append(sampler_id)
+        return sampler_id
+
+    async def create_sampling_session(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=CreateSamplingSession)
+        session = self._session(req.session_id)
+        sampler_id = f"{session.id}:sample:{req.sampling_session_seq_id}"
+        if sampler_id in self.samplers:
+            return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
+        if req.model_path is not None:
+            path = req.model_path
+            weights = await self.run_sync(lambda: self.engine.sampler_weights(path))
+        else:
+            if req.base_model is None:
+                raise UserError("create_sampling_session needs model_path or base_model")
+            self._check_base_model(req.base_model)
+            weights = WeightsRef()
+        self._add_sampler(session, req.sampling_session_seq_id, weights, req.model_path)
+        return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
+
+    async def get_sampler(self, sampler_id: str) -> Answer:
+        sampler = self.samplers.get(sampler_id)
+        if sampler is None:
+            return error_response(f"unknown sampler {sampler_id!r}", 404)
+        return {"sampler_id": sampler_id, "base_model": self.model_name, "model_path": sampler.model_path}
+
+    async def asample(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=Asample)
+        key = ("sample", req.sampling_session_id, req.seq_id) if req.seq_id is not None else None
+        num = max(req.num_samples, 0)
+
+        async def work() -> Outcome:
+            request = self._sample_request(req)
+            result = await self.sampler.sample(request)
+            return proto_outcome(
+                encode_sample_response(
+                    result.sequences, result.prompt_logprobs, result.topk_prompt, result.cache_hit_tokens
+                )
+            )
+
+        request_id, _ = self._future(key, work)
+        return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num)]}
+
+    def _sample_request(self, req: Asample) -> SampleRequest:
+        if req.sampling_session_id is not None:
+            sampler = self.samplers.get(req.sampling_session_id)
+            if sampler is None:
+                raise UserError(f"unknown sampling_session_id {req.sampling_session_id!r}")
+            if sampler.session.finished:
+                raise UserError(f"session {sampler.session.id} has finished")
+            weights = sampler.weights
+        elif req.model_path is not None:
+            raise UserError("sampling by model_path needs a sampling session; create one first")
+        else:
+            self._check_base_model(req.base_model)
+            weights = WeightsRef()
+        unsupported = [
+            name
+            for name, value in (
+                ("target_prompt_logprobs", req.target_prompt_logprobs),
+                ("prompt_alt_tokens_k", req.prompt_alt_tokens_k),
+                ("prompt_logprobs_last_n", req.prompt_logprobs_last_n),
+            )
+            if value
+        ]
+        if unsupported:
+            raise UserError(f"this server does not support {', '.join(unsupported)}")
+        prompt: list[int] = []
+        for chunk in req.prompt.chunks:
+            if chunk.get("type", "encoded_text") != "encoded_text":
+                raise UserError(f"prompt chunk type {chunk.get('type')!r} is not supported (text only)")
+            tokens = chunk.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise UserError("prompt chunk tokens must be a list of integers")
+            prompt.extend(tokens)
+        return SampleRequest(
+            prompt=prompt,
+            num_samples=req.num_samples,
+            params=self._sample_params(req.sampling_params),
+            prompt_logprobs=bool(req.prompt_logprobs),
+            weights=weights,
+            topk_prompt=req.topk_prompt_logprobs,
+            topk_sample=req.topk_sample_logprobs,
+        )
+
+    def _sample_params(self, p: SamplingParams) -> SampleParams:
+        stop = p.stop
+        if stop is None:
+            tokens, strings = self.engine.eos_ids, ()
+        elif isinstance(stop, str):
+            tokens, strings = frozenset(), (stop,) if stop else ()
+        elif all(isinstance(s, int) for s in stop):
+            tokens, strings = frozenset(int(s) for s in stop), ()
+        else:
+            tokens, strings = frozenset(), tuple(str(s) for s in stop if s)
+        return SampleParams(
+            max_tokens=p.max_tokens,
+            seed=p.seed,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            stop_tokens=tokens,
+            stop_strings=strings,
+        )
+
+    async def retrieve_future(self, body: bytes) -> Answer:
+        req = msgspec.json.decode(body, type=RetrieveFuture)
+        if not self.futures.known(req.request_id):
+            return error_response(f"unknown request_id {req.request_id!r}", 404)
+        outcome = await self.futures.wait(req.request_id, self.poll_timeout)
+        if outcome is None:
+            return JSONResponse(
+                {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}, status_code=408
+            )
+        return Response(outcome.body, media_type=outcome.content_type)
+
+    def capabilities(self) -> dict[str, object]:
+        return {
+            "supported_models": [
+                {
+                    "model_name": self.model_name,
+                    "max_context_length": self.engine.max_context,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ],
+            # Not read by the SDK (it ignores unknown fields); for people and tools asking the server.
+            "platoon": self.engine.facts(),
+        }
+
+
+def _guarded(request_id: str, compute: Callable[[], Outcome]) -> Callable[[], Outcome]:
+    """`compute`, with its errors turned into the failure the SDK reads."""
+
+    def run() -> Outcome:
+        try:
+            return compute()
+        except (EngineError, UserError, SeqError) as exc:
+            return failure(str(exc))
+        except Exception as exc:
+            log.exception("request failed", request_id=request_id)
+            return failure(f"internal error: {exc!r}", "server")
+
+    return run
+
+
+def _check_optimizer(config: OptimizerConfig | None) -> None:
+    if config is not None and config.type != "adamw":
+        raise UserError(f"optimizer {config.type!r} is not supported; this server trains with adamw")
+
+
+def error_response(message: str, status: int = 400, category: str = "user") -> Response:
+    return JSONResponse({"error": message, "category": category}, status_code=status)

@@ -1,0 +1,127 @@
+"""The sampling parameters of one call: the request's values first, then the agent's, then the
+gateway's defaults, each checked (a finite number in range, or a 400 naming it), `max_tokens`
+clamped to the context left; and the cheap bounds that refuse a prompt before tokenizing it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from platoon.bus.events import derive_seed
+from platoon.gateway.errors import GatewayError
+from platoon.gateway.sessions import AgentSession
+from platoon.gateway.shapes import Params, Tokenizer
+from platoon.policy.base import SampleParams
+
+__all__ = ["as_dict", "call_params", "checked_params", "longest_token", "text_size"]
+
+_PARAM_ALIASES = {"max_completion_tokens": "max_tokens"}
+_MAX_TOKENS = 10_000_000  # no model samples more; a larger max_tokens is a mistake
+# What each sampling parameter may be: (type, lowest, highest).
+_PARAM_RANGES: dict[str, tuple[type, float, float]] = {
+    "max_tokens": (int, 1, _MAX_TOKENS),
+    "temperature": (float, 0.0, 100.0),
+    "top_p": (float, 0.0, 1.0),
+    "top_k": (int, -1, 2**31 - 1),
+    "seed": (int, -(2**63), 2**63 - 1),
+}
+
+
+def call_params(
+    defaults: SampleParams,
+    session: AgentSession,
+    request: Params,
+    prompt_len: int,
+    context_window: int | None,
+) -> SampleParams:
+    """Request values first, then the agent's defaults, then the gateway's."""
+    merged: dict[str, object] = {}
+    for source in (as_dict(defaults), session.params, request):
+        for key, value in source.items():
+            if value is not None:
+                merged[_PARAM_ALIASES.get(key, key)] = value
+    unknown = set(merged) - _PARAM_FIELDS
+    for key in unknown:
+        merged.pop(key)
+    if "seed" not in merged and session.seed is not None:
+        merged["seed"] = derive_seed(session.seed, session.draws)
+        session.draws += 1
+    params = checked_params(merged)
+    if context_window is not None:
+        room = context_window - prompt_len
+        if room <= 0:
+            raise GatewayError(
+                "context_length",
+                f"This model's maximum context length is {context_window} tokens; the prompt "
+                f"has {prompt_len} tokens",
+                param="messages",
+            )
+        if params.max_tokens is None or params.max_tokens > room:
+            params = SampleParams(**{**as_dict(params), "max_tokens": room})
+    return params
+
+
+def checked_params(values: dict[str, object]) -> SampleParams:
+    """SampleParams from request values, each a finite number in range, or a 400 naming it."""
+    for name, (kind, low, high) in _PARAM_RANGES.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is int and ok_type and isinstance(value, float) and value.is_integer():
+            value = values[name] = int(value)
+        if (
+            not ok_type
+            or (kind is int and not isinstance(value, int))
+            or not math.isfinite(value)
+            or not low <= value <= high
+        ):
+            raise GatewayError(
+                "bad_request",
+                f"{name} must be {'an integer' if kind is int else 'a number'} from {low} to {high}, "
+                f"got {value!r}",
+                param=name,
+            )
+    stop = values.get("stop")
+    if isinstance(stop, str):
+        values["stop"] = [stop]
+    elif stop is not None and (
+        not isinstance(stop, list)
+        or not all(isinstance(s, (str, int)) and not isinstance(s, bool) for s in stop)
+    ):
+        raise GatewayError("bad_request", "stop must be a string or a list of strings", param="stop")
+    return SampleParams(**values)
+
+
+def text_size(value: object) -> int:
+    """Characters of all the strings in a JSON-like value (a cheap bound on its tokens)."""
+    total = 0
+    pending = [value]
+    while pending:  # a loop, not recursion: it runs on every call's whole history
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):  # JSON is dicts and lists; an ABC check costs 10x more
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+    return total
+
+
+def longest_token(tokenizer: Tokenizer) -> int:
+    """The most characters one token can stand for (vocabulary strings are at least as long)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary table: no bound known
+        return 1 << 30
+    return max((len(token) for token in vocab), default=1 << 30) or 1
+
+
+_PARAM_FIELDS = set(SampleParams.__struct_fields__)
+
+
+def as_dict(params: SampleParams) -> dict[str, object]:
+    return {f: getattr(params, f) for f in SampleParams.__struct_fields__}

@@ -1,0 +1,140 @@
+"""How one call's reply is steered and read back: the client's stop sequences, tool choice and
+parallel calls taken out of its parameters (`take_controls`), and the sampled tokens parsed into an
+assistant message, cut at the first stop (`read_reply`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from platoon.gateway.errors import GatewayError
+from platoon.gateway.renderers import ParsedMessage, Renderer
+from platoon.gateway.shapes import Tool
+from platoon.gateway.streaming import find_stop, tokens_through
+from platoon.policy.base import SampledCompletion
+
+__all__ = ["Controls", "read_reply", "take_controls"]
+
+
+@dataclass
+class Controls:
+    """How one call's reply is steered and cut (see `Gateway.complete_stream`)."""
+
+    stops: list[str]
+    markers: list[str]
+    plain: bool
+    prefill: str = ""
+    parse_tools: bool = True
+    after_first_call: str | None = None
+
+
+def take_controls(
+    params: dict[str, object],
+    tools: Sequence[Tool] | None,
+    renderer: Renderer,
+    stream_markers: tuple[list[str], bool],
+) -> Controls:
+    """Take the reply controls (stop sequences, tool choice, parallel calls) out of `params`."""
+    stop = params.pop("stop", None)
+    if isinstance(stop, str):
+        stop = [stop]
+    stops: list[str] = []
+    if isinstance(stop, list) and stop and all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        params["stop"] = stop  # token ids replace the renderer's stop tokens at the sampler
+    elif stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise GatewayError(
+                "bad_request", "stop must be a non-empty string or a list of them", param="stop"
+            )
+        stops = list(stop)
+    choice = params.pop("tool_choice", None) or "auto"
+    parallel = params.pop("parallel_tool_calls", None)
+    markers, plain = stream_markers
+    controls = Controls(stops=stops, markers=markers, plain=plain)
+    names = [_tool_name(t) for t in tools or ()]
+    if choice == "none":
+        controls.parse_tools = False
+        controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
+    elif choice == "required" or isinstance(choice, Mapping):
+        name = choice.get("name") if isinstance(choice, Mapping) else None
+        if not names:
+            raise GatewayError(
+                "bad_request",
+                "tool_choice asks for a tool call but no tools are given",
+                param="tool_choice",
+            )
+        if name is not None and name not in names:
+            raise GatewayError(
+                "bad_request",
+                f"tool_choice names {name!r}, which is not among the tools",
+                param="tool_choice",
+            )
+        prefill = renderer.tool_call_prefill(name)
+        if prefill is None:
+            raise GatewayError(
+                "bad_request",
+                f"tool_choice {choice!r} cannot be enforced with this renderer's tool call format",
+                param="tool_choice",
+            )
+        controls.prefill = prefill
+        controls.plain = False  # the reply is a tool call from its first token
+    elif choice != "auto":
+        raise GatewayError(
+            "bad_request",
+            f"tool_choice {choice!r} is not auto, none, required or a tool",
+            param="tool_choice",
+        )
+    if parallel is False and controls.parse_tools:
+        controls.after_first_call = renderer.tool_call_end()
+    return controls
+
+
+def read_reply(
+    sampled: SampledCompletion,
+    tools: Sequence[Tool] | None,
+    controls: Controls,
+    renderer: Renderer,
+) -> tuple[SampledCompletion, ParsedMessage, str | None]:
+    """Parse a completion, cut at the first stop (what is after it was never the reply)."""
+    tokens = list(sampled.tokens)
+    stop_ids = set(renderer.stop_token_ids)
+    stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+    body = tokens if stop_at is None else tokens[:stop_at]
+    tokenizer = renderer.tokenizer
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    stop = (
+        find_stop(text, controls.stops, controls.after_first_call)
+        if controls.stops or controls.after_first_call
+        else None
+    )
+    if stop is None:
+        parsed = renderer.parse_text(
+            controls.prefill + text,
+            tools or None,
+            stopped=stop_at is not None,
+            tool_calls=controls.parse_tools,
+        )
+        if sampled.stop_reason == "length":
+            parsed.finish_reason = "length"
+        return sampled, parsed, None
+    keep = tokens_through(tokenizer, body, stop.end)
+    sampled = SampledCompletion(
+        tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
+    )
+    parsed = renderer.parse_text(
+        controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
+    )
+    if stop.sequence is not None:
+        parsed.finish_reason = "stop"
+    return sampled, parsed, stop.sequence
+
+
+def _tool_name(tool: Tool) -> object:
+    function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    return function.get("name") if isinstance(function, Mapping) else None
+
+
+def _tool_markers(renderer: Renderer) -> set[str]:
+    parser = renderer.tool_call_parser
+    return {getattr(parser, "start", None) or ""} if parser is not None else set()

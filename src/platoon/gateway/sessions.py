@@ -1,0 +1,149 @@
+"""What the gateway knows of each agent: its key, its budget, and the turns sampled for it.
+
+Token-exact history rests on `turn_key`: an assistant turn a harness sends back is known by its
+text and calls whatever shape the harness echoes them in, so the tokens sampled for it can
+stand in for its re-rendered text.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from platoon.gateway.errors import GatewayError
+from platoon.gateway.shapes import AssistantMessage, JsonObject, Message
+
+__all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "sampled_turns", "turn_key"]
+
+TurnKey = tuple[str, tuple[tuple[str, str], ...]]  # an assistant turn's text and (name, arguments) calls
+
+
+@dataclass
+class Budget:
+    """Model calls and completion tokens shared by the agents with one `budget_id`."""
+
+    max_calls: int | None
+    max_tokens: int | None
+    calls: int = 0
+    tokens: int = 0
+
+    def check(self) -> None:
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            raise GatewayError("budget", f"budget exhausted: all {self.max_calls} model calls are used")
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            raise GatewayError("budget", f"budget exhausted: all {self.max_tokens} tokens are used")
+
+    def remaining(self) -> int | None:
+        return None if self.max_calls is None else max(self.max_calls - self.calls, 0)
+
+
+@dataclass
+class AgentSession:
+    """One agent as the gateway knows it: its key, budget and the turns sampled for it."""
+
+    episode_id: str
+    agent_id: str
+    key: str
+    budget: Budget
+    depth: int = 0
+    params: dict[str, object] = field(default_factory=dict)
+    min_version: int = 0
+    sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
+    calls: int = 0
+    # Its calls' sampling seeds derive from `seed` and a count of its draws (None: unseeded);
+    # its subagents' seeds from `seed` and a count of its children.
+    seed: int | None = None
+    draws: int = 0
+    children: int = 0
+    closed: bool = False
+    in_flight: int = 0  # HTTP calls being answered
+    policy: str = "default"  # the policy sampled for this agent
+    # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
+    # conversation without instructions, reply included; the response object). Bounded.
+    responses: OrderedDict[str, tuple[list[Message], JsonObject]] = field(default_factory=OrderedDict)
+
+
+@dataclass
+class Completion:
+    """One answered call: the assistant message and what was recorded."""
+
+    message: AssistantMessage
+    call_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    parse_errors: list[str]
+    budget_remaining: int | None
+    tokens: list[int]
+    logprobs: list[float]
+    stop_sequence: str | None = None  # the client's stop sequence that ended the reply
+    streamed: str = ""  # the content sent as deltas while sampling
+
+
+def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[int, list[int]]:
+    """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
+
+    A text sampled twice (two identical tool calls, say) may have been sampled as different
+    tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
+    """
+    if not session.sampled:
+        return {}
+    completions: dict[int, list[int]] = {}
+    seen: dict[TurnKey, int] = {}
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        key = turn_key(message)
+        samplings = session.sampled.get(key)
+        if samplings:
+            n = seen[key] = seen.get(key, -1) + 1
+            completions[i] = samplings[min(n, len(samplings) - 1)]
+    return completions
+
+
+def turn_key(message: Message) -> TurnKey | None:
+    """What identifies an assistant turn across requests: its text and its calls.
+
+    Harnesses echo replies back in different shapes (None or "" content, arguments as a JSON
+    string or an object, their own call ids), so the key ignores those differences. A
+    malformed turn has no key (the renderer then says what is wrong with it).
+    """
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [p.get("text", "") if isinstance(p, Mapping) else p for p in content]
+        content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
+    elif content is not None and not isinstance(content, str):
+        return None
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        return None
+    calls = []
+    for call in raw_calls:
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            return None
+        calls.append((function["name"], _arguments_key(function.get("arguments"))))
+    return (content or "").strip(), tuple(calls)
+
+
+def _arguments_key(arguments: object) -> str:
+    """Tool call arguments as canonical JSON, whether sent as a JSON string or an object."""
+    if not isinstance(arguments, str):
+        try:
+            return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return repr(arguments)
+    # An agent's history repeats its calls on every request, so short ones are memoized.
+    return _canonical_json(arguments) if len(arguments) <= 4096 else _canonical_json.__wrapped__(arguments)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_json(text: str) -> str:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        value = text
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
