@@ -56,7 +56,7 @@ def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, mon
     """A trainer and its worker started together on one machine share the site cache: the
     built-in model is built aside and renamed into place, so a process that finds it there
     finds it whole; a build cut short earlier is replaced."""
-    from platoon.models import tiny as models
+    from platoon.models import loading as models
 
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
@@ -85,7 +85,7 @@ def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_build
     """`train.seed` seeds a run's LoRA and samples, never the built-in model's weights: a
     site's `platoon-tiny-qwen3` is the same model whichever config used it first."""
     from platoon.assembly import PolicySettings
-    from platoon.models import tiny as models
+    from platoon.models import loading as models
 
     site = tmp_path / "site.yaml"
     site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")

@@ -249,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_CONFIG
+    # start-up time: --help and a bad argument never load structlog's setup
     from platoon.stats.logging import configure_logging
 
     previous = None

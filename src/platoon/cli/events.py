@@ -14,6 +14,7 @@ import msgspec
 
 from platoon.bus import LogDamage, read_records, to_json
 from platoon.bus.events import event_types
+from platoon.cli import CommandError
 
 
 def events(args) -> int:
@@ -29,8 +30,6 @@ def _print(args) -> int:
     known = sorted(t.__name__ for t in event_types())
     unknown = sorted(wanted - set(known))
     if unknown:
-        from platoon.cli import CommandError
-
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise CommandError(f"--type {unknown[0]}: no such event type{hint}")

@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from platoon.cli import CommandError
+from platoon.config import SystemError
+from platoon.train.export import ExportError
+from platoon.train.export import export as run_export
 
 __all__ = ["export"]
 
 
 def export(args: Any) -> int:
-    from platoon.config import SystemError
-    from platoon.train.export import ExportError
-    from platoon.train.export import export as run_export
 
     try:
         done = run_export(

@@ -14,8 +14,11 @@ from typing import Any
 
 import anyio
 
-from platoon.assembly import import_packages
+from platoon.assembly import assemble, import_packages
+from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
 from platoon.cli import CommandError
+from platoon.cli.signals import run_async
+from platoon.config import Config, load_config
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -25,8 +28,6 @@ def serve(args: Any) -> int:
         raise CommandError("give a CONFIG (its policy) or --policy scripted:MODULE:ATTR")
     config = None
     if args.config is not None:
-        from platoon.config import load_config
-
         path = Path(args.config)
         config = load_config(path, args.overrides)
         import_packages(config, path.resolve().parent)
@@ -40,16 +41,12 @@ def serve(args: Any) -> int:
         )
     if args.events_dir:
         Path(args.events_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    from platoon.cli.signals import run_async
 
     run_async(lambda: _serve(args, config), until_signal=True)
     return 0
 
 
 async def _serve(args: Any, config: Any) -> None:
-    from platoon.assembly import assemble
-    from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
-    from platoon.config import Config
 
     run = assemble(
         config or Config(),

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from platoon.assembly import assemble, import_packages
 from platoon.bus.graph import event_graph
+from platoon.cli import EXIT_CONFIG, CommandError
 from platoon.config import Config, load_config
 
 __all__ = ["PURPOSES", "graph", "run_components"]
@@ -22,7 +24,6 @@ PURPOSES = ("train", "eval", "rollout", "worker")
 def run_components(config: Config, purpose: str) -> list[tuple[str, Any]]:
     """(name, class or instance) of each component a run of `purpose` builds from `config`:
     the parts of the run `platoon.assembly` assembles, which opens nothing to say them."""
-    from platoon.assembly import assemble
 
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {', '.join(PURPOSES)}, not {purpose!r}")
@@ -30,8 +31,6 @@ def run_components(config: Config, purpose: str) -> list[tuple[str, Any]]:
 
 
 def graph(args: Any) -> int:
-    from platoon.assembly import import_packages
-    from platoon.cli import EXIT_CONFIG, CommandError
 
     path = Path(args.config)
     config = load_config(path, args.overrides)

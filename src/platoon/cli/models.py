@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from platoon import models
 from platoon.cli import CommandError
 
 __all__ = ["list_models", "pull_model"]
 
 
 def list_models(args: Any) -> int:
-    from platoon import models
 
     for entry in models.catalogue():
         where = models.model_dir(entry)
@@ -24,7 +24,6 @@ def list_models(args: Any) -> int:
 
 
 def pull_model(args: Any) -> int:
-    from platoon import models
 
     entry = models.find_model(args.name)
     try:

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from platoon.cli import CommandError
+from platoon.serving import is_loopback
+from platoon.train.nats_auth import write_nats_setup
 
 
 def nats_init(args: Any) -> int:
-    from platoon.serving import is_loopback
-    from platoon.train.nats_auth import write_nats_setup
 
     try:
         setup = write_nats_setup(

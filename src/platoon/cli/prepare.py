@@ -24,11 +24,25 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from platoon import models
 from platoon.assembly import import_packages
 from platoon.cli import CommandError
 from platoon.config import SystemError, entry_names, load_config, load_site
+from platoon.config.policies import resolve_policies
 from platoon.config.schema import Config, EnvironmentConfig
+from platoon.envs.harbor import HarborError, load_dataset
+from platoon.envs.harbor.prepare import (
+    HF_SCHEME,
+    build_image,
+    build_layer,
+    environment_key,
+    fetch_hf_dataset,
+    plan_dockerfile,
+    resolve_dataset,
+)
+from platoon.harness import HarnessError, get_harness
 from platoon.models.loading import builtin_model_name, load_tokenizer
+from platoon.sandbox import SandboxError, default_provider, engine_answers, engine_url
 
 __all__ = ["prepare"]
 
@@ -59,9 +73,6 @@ def prepare(args: Any) -> int:
 async def _prepare_entry(
     i: int, name: str, entry: EnvironmentConfig, cache: Path, site_provider: str
 ) -> None:
-    from platoon.envs.harbor import HarborError, load_dataset
-    from platoon.envs.harbor.prepare import HF_SCHEME, fetch_hf_dataset, resolve_dataset
-    from platoon.sandbox import default_provider
 
     kwargs = dict(entry.service_kwargs)
     where = f"environments.{i}.service_kwargs"
@@ -120,7 +131,6 @@ async def _prepare_entry(
 
 async def _build(dataset: Any, provider: str, cache: Path, options: dict[str, Any]) -> dict[str, Any]:
     """Build each task's artefact for `provider`; returns the lock's record of each task."""
-    from platoon.envs.harbor.prepare import environment_key
 
     records: dict[str, Any] = {}
     if provider == "bwrap":
@@ -142,9 +152,6 @@ async def _build(dataset: Any, provider: str, cache: Path, options: dict[str, An
 
 
 async def _build_layer(task: Any, cache: Path, options: dict[str, Any]) -> dict[str, Any]:
-    from platoon.envs.harbor import HarborError
-    from platoon.envs.harbor.prepare import build_layer, plan_dockerfile
-    from platoon.sandbox import SandboxError
 
     if task.dockerfile is None:
         image = task.config.environment.docker_image
@@ -159,9 +166,6 @@ async def _build_layer(task: Any, cache: Path, options: dict[str, Any]) -> dict[
 
 
 async def _docker_builder(options: dict[str, Any]) -> Any:
-    from platoon.envs.harbor import HarborError
-    from platoon.envs.harbor.prepare import build_image
-    from platoon.sandbox import engine_answers, engine_url
 
     url = options.get("url") or engine_url()
     answers = url is not None and await anyio.to_thread.run_sync(engine_answers, url)
@@ -242,7 +246,6 @@ def _harness_names(entry: EnvironmentConfig) -> list[str]:
 
 async def _install_harness(name: str) -> str:
     """Run the harness's toolchain install (command-line harnesses; cached in the site cache)."""
-    from platoon.harness import HarnessError, get_harness
 
     try:
         harness = get_harness(name)
@@ -278,8 +281,6 @@ def _print_holdout(dataset: Any, holdout: Any) -> None:
 
 def _pull_models(config: Config) -> bool:
     """Pull each catalogue model the config names into the site cache (once); whether there was one."""
-    from platoon import models
-    from platoon.config.policies import resolve_policies
 
     named = [spec.train.model_name for spec in resolve_policies(config).values()]
     named += [config.eval.model_name] if config.eval and config.eval.model_name else []

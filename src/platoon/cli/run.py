@@ -12,14 +12,15 @@ from typing import Any
 import structlog
 
 from platoon import api
-from platoon.assembly import import_packages
+from platoon.assembly import assemble, import_packages
 from platoon.bus import Bus
-from platoon.bus.events import Event, TaskRef
+from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, new_id
 from platoon.cli import CommandError
 from platoon.cli.signals import run_async
 from platoon.cli.train import train_command
+from platoon.cli.tree import render_tree
 from platoon.config import Config, entry_names, load_config, load_site, run_dir
-from platoon.train.evaluate import progress_printer
+from platoon.train.evaluate import list_tasks, progress_printer
 
 log = structlog.get_logger("platoon.cli")
 
@@ -52,7 +53,6 @@ def _task(args: Any, config: Config) -> TaskRef:
 
 async def _find_task(bus: Bus, wanted: TaskRef) -> TaskRef:
     """The task whose id is exactly `wanted.task_id`, or the `#N`-th of the split (from 0)."""
-    from platoon.train.evaluate import list_tasks
 
     tasks = await list_tasks(bus, wanted.env, wanted.split)
     for task in tasks:
@@ -86,8 +86,6 @@ def rollout(args: Any) -> int:
     wanted = _task(args, setup.config)
 
     async def main() -> list[Event]:
-        from platoon.assembly import assemble
-        from platoon.bus.events import EpisodeGraded, EpisodeRequested, new_id
 
         run = assemble(setup.config, "rollout", run_dir=setup.run_dir, policy=getattr(args, "policy", None))
         async with run.running() as bus:
@@ -104,8 +102,6 @@ def rollout(args: Any) -> int:
                     if isinstance(event, EpisodeGraded) and event.episode_id == episode_id:
                         break
             return seen
-
-    from platoon.cli.tree import render_tree
 
     events = run_async(main)
     sys.stdout.write(render_tree(events))

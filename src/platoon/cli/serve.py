@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from platoon.cli import CommandError
+from platoon.models.loading import resolve_model
 
 
 def serve_tinker(args: Any) -> int:
-    from platoon.backends.local import main
-    from platoon.models.loading import resolve_model
+    from platoon.backends.local import main  # the local extra (torch): only `serve tinker` loads it
 
     model = resolve_model(args.model)  # a built-in name (platoon-tiny-qwen3) is built on first use
     argv = ["--model", model, "--host", args.host, "--port", str(args.port), "--device", args.device]
@@ -28,7 +28,7 @@ def serve_tinker(args: Any) -> int:
 
 
 def serve_env(args: Any) -> int:
-    from platoon.envs.server import main
+    from platoon.envs.server import main  # `env serve` loads only its own server
 
     argv = [args.target, "--host", args.host, "--port", str(args.port)]
     if args.api_key is not None:

@@ -16,25 +16,20 @@ from typing import Any
 import anyio
 
 from platoon.cli import CommandError
+from platoon.config import load_site
+from platoon.serving import is_loopback, serve_asgi
+from platoon.visualization.app import make_app
+from platoon.visualization.export import export
+from platoon.visualization.runs import RunSet
 
 
 def view(args: Any) -> int:
-    try:
-        from platoon.visualization.app import make_app
-        from platoon.visualization.runs import RunSet
-    except ImportError as exc:  # starlette and hypercorn are core, tokenizers too: a broken install
-        raise CommandError(f"the viewer cannot load: {exc}") from None
-
     if args.run_dirs:
         runs = RunSet(args.run_dirs)
     else:
-        from platoon.config import load_site
-
         runs = RunSet(root=load_site().runs)
     _index(runs)
     if args.export:
-        from platoon.visualization.export import export
-
         if not len(runs):
             raise CommandError("nothing to export: no run directories found")
         counts = export(runs, args.export)
@@ -44,8 +39,6 @@ def view(args: Any) -> int:
             file=sys.stderr,
         )
         return 0
-
-    from platoon.serving import is_loopback, serve_asgi
 
     if not is_loopback(args.host):
         print(

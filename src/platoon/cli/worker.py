@@ -22,9 +22,10 @@ from typing import Any
 import anyio
 import structlog
 
-from platoon.assembly import import_packages
+from platoon.assembly import assemble, import_packages
 from platoon.cli import CommandError
 from platoon.config import SystemError, load_config
+from platoon.stats.logging import configure_logging
 from platoon.train.distributed import DistributedError
 
 __all__ = ["add_arguments", "main", "worker"]
@@ -43,7 +44,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def worker(args: Any) -> int:
-    from platoon.assembly import assemble
 
     path = Path(args.config)
     config = load_config(path, args.overrides)
@@ -76,7 +76,7 @@ def worker(args: Any) -> int:
 
 async def _serve(node: Any) -> str:
     """Run the worker; the first SIGTERM/SIGINT stops it gracefully, a second one at once."""
-    from platoon.bus.nats import NatsBridgeError
+    from platoon.bus.nats import NatsBridgeError  # the nats extra: a worker has it, the command line may not
 
     stop = anyio.Event()
     reason = "signal"
@@ -116,7 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from platoon.stats.logging import configure_logging
 
     configure_logging("console", "info")
     try:

@@ -30,6 +30,9 @@ from pathlib import Path
 
 import msgspec
 
+from platoon.config import load_site
+from platoon.naming import unknown_name
+
 __all__ = [
     "ModelEntry",
     "ModelError",
@@ -88,8 +91,6 @@ def _entry(name: str | ModelEntry) -> ModelEntry:
         return name
     entry = find_model(name)
     if entry is None:
-        from platoon.naming import unknown_name
-
         known = [n for e in catalogue() for n in e.names()]
         raise ModelError(unknown_name("catalogue model", name, known) + " (see `platoon models list`)")
     return entry
@@ -98,8 +99,6 @@ def _entry(name: str | ModelEntry) -> ModelEntry:
 def models_cache(cache: str | Path | None = None) -> Path:
     """Where pulled models live: `<site cache>/models`, or `<cache>/models` when given."""
     if cache is None:
-        from platoon.config import load_site
-
         cache = load_site().cache
     return Path(cache).expanduser() / "models"
 

@@ -15,6 +15,7 @@ from platoon import models
 from platoon.config import SystemError, load_site
 from platoon.gateway.autoparser import AutoParserError, choose_tool_call_parser
 from platoon.gateway.renderers import get_renderer
+from platoon.models.tiny import save_tiny_model
 from platoon.models.tokenizers import tokenizer_class, toy_tokenizer
 
 __all__ = [
@@ -92,8 +93,6 @@ def _tiny_model() -> str:
     if not (directory / "config.json").exists():
         import shutil
         import tempfile
-
-        from platoon.models.tiny import save_tiny_model
 
         log.info("building the tiny demo model", path=str(directory))
         directory.parent.mkdir(parents=True, exist_ok=True)

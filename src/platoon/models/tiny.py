@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from platoon.models.tokenizers import save_toy_tokenizer
+
 __all__ = ["save_tiny_model"]
 
 
@@ -40,8 +42,6 @@ def save_tiny_model(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
-        from platoon.models.tokenizers import save_toy_tokenizer
-
         save_toy_tokenizer(directory)
         tokenizer = AutoTokenizer.from_pretrained(directory)
     else:

@@ -22,6 +22,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from platoon.config.site import load_site
+
 __all__ = [
     "LLAMA3_CHAT_TEMPLATE",
     "QWEN3_CHAT_TEMPLATE",
@@ -607,7 +609,6 @@ def _built_once(name: str, package: str | None, save: Any) -> Any:
     build it while the others wait for it. Where the cache cannot
     be written, the tokenizer is built into a temporary directory instead.
     """
-    from platoon.config.site import load_site
 
     source = Path(__file__).read_bytes() + (version(package).encode() if package else b"")
     cache = Path(load_site().cache) / "tokenizers"

@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from platoon.config.load import read_file
+from platoon.models.loading import builtin_model_name, resolve_model
 from platoon.train.checkpoints import Checkpoint, CheckpointNotFound, CheckpointStore, locate_weights
 
 __all__ = ["ExportError", "export", "run_checkpoint"]
@@ -66,7 +68,6 @@ def run_checkpoint(run_dir: Path, step: int | None, policy: str | None) -> Check
 def _run_model(run_dir: Path, policy: str | None) -> str:
     """The base model the run trained: its resolved config's model name (a built-in model is
     built or pulled again if the cache lost it)."""
-    from platoon.config.load import read_file
 
     try:
         config = read_file(run_dir / "config.yaml")
@@ -91,7 +92,6 @@ def export(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export a run's checkpoint to `out`; returns what was written (step, paths, base model)."""
-    from platoon.models.loading import builtin_model_name, resolve_model
 
     run_dir, out = Path(run_dir).expanduser(), Path(out).expanduser()
     if out.exists() and not overwrite and any(out.iterdir() if out.is_dir() else [out]):
@@ -105,7 +105,7 @@ def export(
         ) from None
     session, kind, name = path.removeprefix("tinker://").split("/")
     weights = checkpoint_dir / session / kind / name
-    from platoon.backends.local.engine import EngineError, check_manifest
+    from platoon.backends.local.engine import EngineError, check_manifest  # the local extra: torch
 
     try:
         check_manifest(weights)

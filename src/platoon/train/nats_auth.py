@@ -26,6 +26,7 @@ from pathlib import Path
 from platoon.bus.events import EpisodeRequested, PolicyAnnounced, RunFinished, WorkerStatus
 from platoon.bus.nats import WORK_QUEUE, subject_for
 from platoon.config.rundir import write_private
+from platoon.train.distributed import RESULT_TYPES
 
 __all__ = ["WORK_QUEUE", "NatsSetup", "write_nats_setup"]
 
@@ -41,7 +42,6 @@ class NatsSetup:
 
 
 def _subjects(run: str) -> dict[str, list[str]]:
-    from platoon.train.distributed import RESULT_TYPES
 
     def subject(event_type: type) -> str:
         return subject_for(run, event_type)
