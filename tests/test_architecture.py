@@ -64,7 +64,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
 }
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("platoon.assembly", "platoon.system"),
-    ("platoon.config.site", "platoon.sandbox.registry"),
     ("platoon.rewards", "platoon.system"),
     ("platoon.train.distributed", "platoon.assembly"),
     ("platoon.train.distributed", "platoon.system"),
