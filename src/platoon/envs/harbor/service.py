@@ -223,7 +223,7 @@ class HarborSession:
         cut = left is not None and left < timeout
         try:
             result = await self.sandbox.exec(
-                command, timeout=min(timeout, left) if cut else timeout, user=self.user
+                command, timeout=left if left is not None and cut else timeout, user=self.user
             )
         except SandboxError as exc:
             raise EnvError(f"the sandbox failed: {exc}") from None
