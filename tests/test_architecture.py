@@ -50,13 +50,6 @@ LAYERS: dict[str, int] = {
 
 MAX_LINES = 800
 
-# What #29 is taking apart: each entry goes when its step lands, and the tests below fail on an
-# entry that no longer holds, so these lists only shrink.
-KNOWN_CYCLES: set[tuple[str, ...]] = set()
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("platoon.config.site", "platoon.sandbox.registry"),
-}
-KNOWN_LONG: set[str] = set()
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
 ANY_BUDGET = 512
@@ -194,11 +187,8 @@ def _any_annotations(path: Path) -> int:
 
 
 def test_there_are_no_import_cycles_not_even_inside_functions():
-    cycles = {tuple(c) for c in _cycles(_imports())}
-    assert not cycles - KNOWN_CYCLES, "import cycles:\n" + "\n".join(
-        " <-> ".join(c) for c in cycles - KNOWN_CYCLES
-    )
-    assert not KNOWN_CYCLES - cycles, f"gone, so take them out of KNOWN_CYCLES: {KNOWN_CYCLES - cycles}"
+    cycles = _cycles(_imports())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
 def test_every_import_points_down_the_layers():
@@ -208,9 +198,8 @@ def test_every_import_points_down_the_layers():
         for target in targets
         if layer(target) < layer(module)
     }
-    new = sorted(f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)})" for m, t in upward - KNOWN_UPWARD)
-    assert not new, "imports that climb a layer:\n" + "\n".join(new)
-    assert not KNOWN_UPWARD - upward, f"gone, so take them out of KNOWN_UPWARD: {KNOWN_UPWARD - upward}"
+    climbing = sorted(f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)})" for m, t in upward)
+    assert not climbing, "imports that climb a layer:\n" + "\n".join(climbing)
 
 
 def test_no_module_is_over_800_lines():
@@ -219,8 +208,7 @@ def test_no_module_is_over_800_lines():
         for path in PACKAGE.rglob("*.py")
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
-    assert not long.keys() - KNOWN_LONG, f"modules over {MAX_LINES} lines (two concerns at least): {long}"
-    assert not KNOWN_LONG - long.keys(), f"gone, so take them out of KNOWN_LONG: {KNOWN_LONG - long.keys()}"
+    assert not long, f"modules over {MAX_LINES} lines (two concerns at least): {long}"
 
 
 def test_any_annotations_stay_within_their_budget():

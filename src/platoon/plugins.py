@@ -88,9 +88,11 @@ class EventHandlerPlugin(ComponentBase):
     Its declarations are its instance's: the event types the config named (`Event`, any
     event, when it named none); a handler gets events only, so it publishes nothing."""
 
-    subscribes = (Event,)  # the class: any event a config may name
+    subscribes: tuple[type[Event], ...] = (Event,)  # the class: any event a config may name
 
-    def __init__(self, name: str, handler: Callable[[Event], Awaitable[None] | None], types: Sequence[type]):
+    def __init__(
+        self, name: str, handler: Callable[[Event], Awaitable[None] | None], types: Sequence[type[Event]]
+    ):
         self.name = name
         self.handler = handler
         self.types = tuple(types)

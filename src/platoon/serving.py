@@ -299,10 +299,13 @@ async def serve_asgi(
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://[{bound_host}]:{bound_port}" if ":" in bound_host else f"http://{bound_host}:{bound_port}"
     if sniffio.current_async_library() == "trio":
-        from hypercorn.trio import serve
-    else:
-        from hypercorn.asyncio import serve
+        from hypercorn.trio import serve as trio_serve
 
+        serve: Callable[..., Awaitable[None]] = trio_serve
+    else:
+        from hypercorn.asyncio import serve as asyncio_serve
+
+        serve = asyncio_serve
         _quiet_cancelled_connections(asyncio.get_running_loop())
     shutdown = anyio.Event()
 

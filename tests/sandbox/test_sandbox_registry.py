@@ -14,6 +14,7 @@ from platoon.sandbox import (
     get_provider,
     provider_names,
     register_provider,
+    resolve_provider,
 )
 from platoon.sandbox import registry as registry_module
 from platoon.sandbox.apptainer import ApptainerSandbox, SingularitySandbox
@@ -36,6 +37,15 @@ def test_builtin_providers_by_name():
 def test_unknown_provider_names_the_known_ones():
     with pytest.raises(SandboxError, match=r"unknown sandbox provider 'nope' \(known: .*bwrap"):
         get_provider("nope")
+
+
+def test_a_configured_provider_resolves_auto_and_names_a_typo(monkeypatch):
+    """The site profile keeps what was written; the registry checks it when a service resolves it."""
+    monkeypatch.setattr(registry_module, "default_provider", lambda: "bwrap")
+    assert resolve_provider("auto") == "bwrap"
+    assert resolve_provider("docker") == "docker"
+    with pytest.raises(SandboxError, match="unknown sandbox provider 'dockr'; did you mean 'docker'"):
+        resolve_provider("dockr")
 
 
 def test_registered_provider(monkeypatch):

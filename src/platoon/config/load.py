@@ -324,13 +324,13 @@ def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -
     """`kl.reference_policy` names a frozen policy whose logprobs are comparable with those of
     each trained policy that takes it (one tokenizer, one renderer)."""
     problems: list[str] = []
-    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    train = given if isinstance(given := data.get("train"), dict) else {}
     entries = {name: p for name, p in policies.items() if isinstance(p, dict)}
     frozen = {name for name, p in entries.items() if p.get("frozen") is True}
     places = [("train.kl", train.get("kl")), *((f"policies.{n}.kl", p.get("kl")) for n, p in entries.items())]
     for where, kl in places:
         reference = kl.get("reference_policy") if isinstance(kl, dict) else None
-        if not isinstance(reference, str):
+        if not isinstance(kl, dict) or not isinstance(reference, str):
             continue  # none, or of the wrong type (which the schema check reports)
         if kl.get("reference_path") is not None:
             problems.append(f"{where}: set reference_path or reference_policy, not both")

@@ -67,7 +67,7 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
 # --- train.workflow_config: groups, credit and rollouts ------------------------------------------
 
 
-class InferenceParams(_Strict):
+class InferenceParams(_Strict, frozen=True):
     """Sampling parameters a harness gets unless its request names its own."""
 
     temperature: NonNegativeFloat = 1.0  # sampling temperature; 0 is greedy
@@ -80,7 +80,7 @@ class InferenceParams(_Strict):
     seed: int | None = None
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(_Strict, frozen=True):
     """Limits of one episode."""
 
     max_steps: PositiveInt = 20  # model calls of the root agent
@@ -90,7 +90,7 @@ class RolloutConfig(_Strict):
     max_tokens_per_episode: PositiveInt | None = None
 
 
-class WorkflowConfig(_Strict):
+class WorkflowConfig(_Strict, frozen=True):
     """How rollouts are grouped and turned into advantages."""
 
     group_size: PositiveInt = 8  # rollouts per task; rewards are centred within the group
@@ -123,7 +123,7 @@ WorkflowOverlay = Annotated[dict[str, Any], Meta(extra={"platoon_overlay": Workf
 # --- rewards: judges and rules --------------------------------------------------------------------
 
 
-class JudgeScore(_Strict):
+class JudgeScore(_Strict, frozen=True):
     """How a judge's reply becomes a score: one of `number`, `labels`, `json_schema`."""
 
     # [low, high]: the judge answers a number in this range, mapped to 0..1
@@ -133,7 +133,7 @@ class JudgeScore(_Strict):
     field: str = "score"  # json_schema: the key holding the score (a number, or a label of `labels`)
 
 
-class JudgeConfig(_Strict):
+class JudgeConfig(_Strict, frozen=True):
     """A model that scores an episode from a rubric (see docs: Judges)."""
 
     backend: Literal["openai", "tinker"] = "openai"  # an OpenAI-compatible endpoint, or a Tinker sampler
@@ -166,7 +166,7 @@ class JudgeConfig(_Strict):
     per_turn: bool = False
 
 
-class RewardRule(_Strict):
+class RewardRule(_Strict, frozen=True):
     """One part of an episode's reward; the parts are combined with their weights."""
 
     # env: the environment's grade; judge: a judge's score; format: 1 when the text matches `pattern`
@@ -190,7 +190,7 @@ class RewardRule(_Strict):
     judge: JudgeConfig | None = None  # judge: this rule's own judge; None: the entry's
 
 
-class RewardConfig(_Strict):
+class RewardConfig(_Strict, frozen=True):
     """An entry's reward: its rules and how they combine."""
 
     rules: list[RewardRule] = []
@@ -201,7 +201,7 @@ class RewardConfig(_Strict):
 # --- environments ---------------------------------------------------------------------------------
 
 
-class PolicyChoice(_Strict):
+class PolicyChoice(_Strict, frozen=True):
     """Which of the config's `policies:` plays an agent: looked up by the agent's depth in the
     tree (keys "0", "1", ...), its harness's name, or the role its program gave it (the root's
     role is "root"). An agent the map does not name is an error, never a fallback."""
@@ -210,7 +210,7 @@ class PolicyChoice(_Strict):
     map: Annotated[dict[str, str], Meta(min_length=1)]  # depth, harness or role -> policy name
 
 
-class AgentsConfig(_Strict):
+class AgentsConfig(_Strict, frozen=True):
     """The agent tree an episode may grow: subagents, their budgets and their rewards."""
 
     max_depth: NonNegativeInt = 0  # 0: no subagents
@@ -228,14 +228,14 @@ class AgentsConfig(_Strict):
     policy: PolicyChoice | None = None
 
 
-class SplitsConfig(_Strict):
+class SplitsConfig(_Strict, frozen=True):
     """Which of the environment's splits train and evaluation draw tasks from."""
 
     train: str = "train"  # the split training draws tasks from
     eval: str = "test"  # the split evaluation draws tasks from
 
 
-class EnvironmentConfig(_Strict):
+class EnvironmentConfig(_Strict, frozen=True):
     """One environment entry: a service paired with the harness that plays it."""
 
     # the entry's name in events, metrics and --env; None: derived from env or service
@@ -263,7 +263,7 @@ class EnvironmentConfig(_Strict):
 # --- train ----------------------------------------------------------------------------------------
 
 
-class AdamParams(_Strict):
+class AdamParams(_Strict, frozen=True):
     """AdamW settings, as Tinker's ``AdamParams`` takes them."""
 
     learning_rate: PositiveFloat = 4e-5  # AdamW step size
@@ -274,7 +274,7 @@ class AdamParams(_Strict):
     grad_clip_norm: NonNegativeFloat = 0.0  # 0: no clipping
 
 
-class KLConfig(_Strict):
+class KLConfig(_Strict, frozen=True):
     """A KL penalty against a reference policy, folded into the advantages."""
 
     coefficient: NonNegativeFloat = 0.01  # weight of the penalty; 0 only reports the KL
@@ -284,7 +284,7 @@ class KLConfig(_Strict):
     reference_policy: str | None = None
 
 
-class TrainConfig(_Strict):
+class TrainConfig(_Strict, frozen=True):
     """The policy, the training service and the schedule."""
 
     model_name: PathOrName  # the base model: a name the training service knows, or a local directory
@@ -312,7 +312,7 @@ class TrainConfig(_Strict):
     kl: KLConfig | None = None  # a KL penalty against a reference policy; None: none
 
 
-class PolicyConfig(_Strict):
+class PolicyConfig(_Strict, frozen=True):
     """One of several policies trained (or only sampled) in one run. A key left out is taken
     from `train:`, which also keeps the schedule (batch size, steps, workflow) for all of them."""
 
@@ -335,7 +335,7 @@ class PolicyConfig(_Strict):
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 
-class EvalConfig(_Strict):
+class EvalConfig(_Strict, frozen=True):
     """Evaluation on held-out tasks, during training or alone."""
 
     every: NonNegativeInt = 0  # steps between evaluations while training; 0: none
@@ -352,7 +352,7 @@ class EvalConfig(_Strict):
     workflow_config: WorkflowOverlay = {}  # overrides of the workflow settings for evaluation
 
 
-class CheckpointConfig(_Strict):
+class CheckpointConfig(_Strict, frozen=True):
     """Where training starts from and what it keeps."""
 
     # start from this training state with a fresh optimizer; with `policies:`, each policy's own
@@ -364,7 +364,7 @@ class CheckpointConfig(_Strict):
 # --- stats, plugins, gateway, nats ----------------------------------------------------------------
 
 
-class WandbConfig(_Strict):
+class WandbConfig(_Strict, frozen=True):
     # disabled, online (needs WANDB_API_KEY and the wandb package) or offline
     mode: Literal["disabled", "online", "offline"] = "disabled"
     project: str | None = None  # the W&B project; None: stats.experiment_name
@@ -372,7 +372,7 @@ class WandbConfig(_Strict):
     tags: list[str] = []  # tags of the W&B run
 
 
-class StatsConfig(_Strict):
+class StatsConfig(_Strict, frozen=True):
     """Names of the run (its directory) and where metrics go."""
 
     experiment_name: str = "platoon"  # the run directory is <runs>/<experiment_name>/<trial_name>
@@ -380,7 +380,7 @@ class StatsConfig(_Strict):
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging
 
 
-class PluginConfig(_Strict):
+class PluginConfig(_Strict, frozen=True):
     """An event-handler plugin: a handler with the events it takes, or a whole component."""
 
     handler: str | None = None  # module:attr or an entry-point name
@@ -389,7 +389,7 @@ class PluginConfig(_Strict):
     options: dict[str, Any] = {}  # keyword arguments for a component's constructor
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(_Strict, frozen=True):
     """The model gateway's HTTP listener; loopback unless asked otherwise."""
 
     host: str = "127.0.0.1"  # where the gateway listens; beyond loopback, agents on other hosts can reach it
@@ -399,13 +399,13 @@ class GatewayConfig(_Strict):
     model_aliases: list[str] = []
 
 
-class NatsTLS(_Strict):
+class NatsTLS(_Strict, frozen=True):
     ca_file: FilePath | None = None  # the CA that signed the server's certificate
     cert_file: FilePath | None = None  # a client certificate, for servers that ask for one
     key_file: FilePath | None = None  # the client certificate's private key
 
 
-class NatsConfig(_Strict):
+class NatsConfig(_Strict, frozen=True):
     """The NATS bridge that spreads the bus over machines."""
 
     url: str = "nats://127.0.0.1:4222"  # the NATS server, or a list of servers; tls://... for TLS
@@ -433,7 +433,7 @@ class NatsConfig(_Strict):
 # --- the whole file -------------------------------------------------------------------------------
 
 
-class Config(_Strict):
+class Config(_Strict, frozen=True):
     """A platoon config file, after ``extends:`` and overrides are applied."""
 
     extends: str | list[str] | None = None  # consumed by the loader; None once loaded

@@ -19,7 +19,7 @@ import msgspec.inspect as mi
 
 __all__ = ["ConfigError", "build", "check", "convert", "resolve_paths", "type_at"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class SystemError(RuntimeError):
@@ -221,7 +221,10 @@ def _struct_in(info: mi.Type) -> mi.StructType | None:
     """The Struct a field holds, if it holds one (possibly optional, or as an overlay)."""
     if isinstance(info, mi.Metadata):
         overlay = (info.extra or {}).get("platoon_overlay")
-        return info_of(overlay) if overlay is not None else _struct_in(info.type)
+        if overlay is None:
+            return _struct_in(info.type)
+        overlaid = info_of(overlay)
+        return overlaid if isinstance(overlaid, mi.StructType) else None
     if isinstance(info, mi.UnionType):
         return next(filter(None, map(_struct_in, info.types)), None)
     return info if isinstance(info, mi.StructType) else None
@@ -279,16 +282,17 @@ def _absolute(text: str, base_dir: Path) -> str:
 def type_at(info: mi.Type, parts: list[str]) -> mi.Type | None:
     """The schema type at a dotted path (list indices included), or None where it is free-form."""
     for part in parts:
-        info = _container_in(info)
-        if isinstance(info, mi.StructType):
-            info = next((f.type for f in info.fields if f.name == part), None)
-        elif isinstance(info, mi.ListType):
-            info = info.item_type
-        elif isinstance(info, mi.DictType):
-            info = info.value_type
+        container = _container_in(info)
+        if isinstance(container, mi.StructType):
+            found = next((f.type for f in container.fields if f.name == part), None)
+            if found is None:
+                return None
+            info = found
+        elif isinstance(container, mi.ListType):
+            info = container.item_type
+        elif isinstance(container, mi.DictType):
+            info = container.value_type
         else:
-            return None
-        if info is None:
             return None
     return info
 

@@ -9,13 +9,16 @@ starts a new one.
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
 from platoon.bus.events import Datum
 from platoon.credit.exceptions import CreditError
 from platoon.credit.traces import Call
+
+if TYPE_CHECKING:
+    import tinker
 
 
 class _Sequence:
@@ -136,7 +139,7 @@ _LOSS_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def to_tinker(datum: Datum, loss_fn: str) -> Any:
+def to_tinker(datum: Datum, loss_fn: str) -> "tinker.Datum":
     """The `tinker.Datum` for `loss_fn`, carrying only the inputs that loss reads.
 
     The hosted service rejects unexpected input keys, so provenance and the other losses'
@@ -147,7 +150,7 @@ def to_tinker(datum: Datum, loss_fn: str) -> Any:
         raise CreditError(f"unsupported loss_fn {loss_fn!r} (expected one of {', '.join(_LOSS_KEYS)})")
     import tinker
 
-    values = {
+    values: dict[str, list[int] | list[float]] = {
         "target_tokens": datum.target_tokens,
         "logprobs": datum.logprobs,
         "advantages": datum.advantages,
@@ -156,5 +159,6 @@ def to_tinker(datum: Datum, loss_fn: str) -> Any:
     }
     return tinker.Datum(
         model_input=tinker.ModelInput.from_ints(datum.model_input),
-        loss_fn_inputs={key: values[key] for key in keys},
+        # The Datum's validator turns each list into the TensorData its type names.
+        loss_fn_inputs=cast("tinker.types.LossFnInputs", {key: values[key] for key in keys}),
     )

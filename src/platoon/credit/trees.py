@@ -95,13 +95,14 @@ def tree_advantages(
     With `policy`, only that policy's agents, their own-reward baselines pooled among them."""
     if mode not in ("root", "own", "mix"):
         raise CreditError(f"unknown subagent_reward {mode!r} (expected root, own or mix)")
-    scaling = {"std_scaling": std_scaling, "eps": eps}
-    root_adv = group_advantages([r.reward for r in rollouts], rule, **scaling)
+    root_adv = group_advantages([r.reward for r in rollouts], rule, std_scaling=std_scaling, eps=eps)
     uses_own = _uses_own(mode, alpha)
     own_adv: dict[tuple[int, str], float] = {}
     if uses_own:
         for pool in _own_pools(rollouts, policy).values():
-            advantages = group_advantages([reward for _, _, reward in pool], rule, **scaling)
+            advantages = group_advantages(
+                [reward for _, _, reward in pool], rule, std_scaling=std_scaling, eps=eps
+            )
             for (i, agent_id, _), advantage in zip(pool, advantages, strict=True):
                 own_adv[i, agent_id] = advantage
     result: list[dict[str, float]] = []

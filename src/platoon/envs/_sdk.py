@@ -80,8 +80,9 @@ def task_infos(split: str, specs: Sequence[Any]) -> list[TaskInfo]:
     for spec in specs:
         if not isinstance(spec, Mapping):
             raise EnvError(f"tasks of split {split!r} must be JSON objects, got {type(spec).__name__}")
-    ids = [_spec_id(spec) for spec in specs]
-    if None in ids or len(set(ids)) != len(ids):
+    found = [_spec_id(spec) for spec in specs]
+    ids = [i for i in found if i is not None]
+    if len(ids) != len(specs) or len(set(ids)) != len(ids):
         ids = [str(index) for index in range(len(specs))]
     return [
         TaskInfo(split=split, task_id=task_id, index=index, spec=dict(spec))

@@ -61,7 +61,7 @@ class OrsBackend:
         if options:
             env_cls = _configure(env_cls, options)
         self.env_cls = env_cls
-        self.reward = reward or getattr(env_cls, "platoon_reward", "final")
+        self.reward: str = reward or str(getattr(env_cls, "platoon_reward", "final"))
         RewardTracker(self.reward)  # validates the mode now rather than at the first grade
         _check_surface(env_cls)
 

@@ -56,7 +56,7 @@ class RemoteBackend:
             raise EnvError("ORS servers are reached with the openreward client, which needs asyncio")
         if self._env is None:
             # Built lazily: the client's aiohttp sessions belong to the running event loop.
-            self._api = AsyncEnvironmentsAPI(base_url=self.base_url, api_key=self.api_key)  # type: ignore[arg-type]
+            self._api = AsyncEnvironmentsAPI(base_url=self.base_url, api_key=self.api_key)
             self._env = self._api.get(self.variant or "default", variant=self.variant, base_url=self.base_url)
         return self._env
 

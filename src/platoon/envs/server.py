@@ -28,12 +28,13 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import hypercorn.config
 import structlog
 from openreward.environments import CreateSession, Split, ToolCall
 from openreward.environments.session import list_session_tools
@@ -50,6 +51,10 @@ from platoon.serving import Guard, ServingError, bind_socket, hypercorn_config, 
 __all__ = ["EnvServer", "main", "running_env_server", "serve_env"]
 
 log = structlog.get_logger("platoon.envs.server")
+
+T = TypeVar("T")
+# What a route answers: a response of its own, or a JSON value sent as one.
+Reply = Response | Mapping[str, object] | Sequence[object]
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _CHUNK = 4096
@@ -116,9 +121,9 @@ class EnvServer:
         self.reap_every = reap_every
         self.sessions: dict[str, _Served] = {}
         self._calls: dict[str, _Call] = {}
-        self._tasks: dict[tuple[str, str], list[Any]] = {}
+        self._tasks: dict[tuple[str, str], list[Mapping[str, object]]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self._root: dict[tuple[str, str], Callable[[Request], Awaitable[Any]]] = {
+        self._root: dict[tuple[str, str], Callable[[Request], Awaitable[Reply]]] = {
             ("GET", "health"): self._health,
             ("GET", "version"): self._version,
             ("GET", "list_environments"): self._list_environments,
@@ -128,7 +133,7 @@ class EnvServer:
             ("POST", "delete"): self._delete,
             ("POST", "delete_session"): self._delete_session,
         }
-        self._per_env: dict[tuple[str, str], Callable[[Request, str], Awaitable[Any]]] = {
+        self._per_env: dict[tuple[str, str], Callable[[Request, str], Awaitable[Reply]]] = {
             ("GET", "splits"): self._splits,
             ("GET", "tools"): self._tools,
             ("POST", "tasks"): self._list_tasks,
@@ -189,17 +194,17 @@ class EnvServer:
 
     # --- the server ---------------------------------------------------------------------------
 
-    async def _health(self, request: Request) -> Any:
+    async def _health(self, request: Request) -> Reply:
         return {"status": "ok"}
 
-    async def _version(self, request: Request) -> Any:
+    async def _version(self, request: Request) -> Reply:
         try:
             platoon_version = version("platoon")
         except PackageNotFoundError:
             platoon_version = "unknown"
         return {"version": f"platoon {platoon_version}", "build_sha": None}
 
-    async def _list_environments(self, request: Request) -> Any:
+    async def _list_environments(self, request: Request) -> Reply:
         return list(self.envs)
 
     async def _create_session(self, request: Request) -> Response:
@@ -207,7 +212,7 @@ class EnvServer:
         events = _sse("task_id", sid) + _sse("end", "")
         return Response(events, media_type="text/event-stream", headers=_SSE_HEADERS)
 
-    async def _create(self, request: Request) -> Any:
+    async def _create(self, request: Request) -> Reply:
         sid = _sid(request)
         if sid in self.sessions:
             raise HTTPError(400, "Session already exists")
@@ -245,19 +250,19 @@ class EnvServer:
                 served.error = exc
         served.ready.set()
 
-    async def _ping(self, request: Request) -> Any:
+    async def _ping(self, request: Request) -> Reply:
         served = self.sessions.get(_sid(request))
         if served is None:
             raise HTTPError(404, "Active environment not found")
         served.last_ping = time.monotonic()
         return {"status": "ok"}
 
-    async def _delete(self, request: Request) -> Any:
+    async def _delete(self, request: Request) -> Reply:
         sid = _sid(request)
         await self._end(sid)
         return {"sid": sid}
 
-    async def _delete_session(self, request: Request) -> Any:
+    async def _delete_session(self, request: Request) -> Reply:
         return {"sid": _sid(request)}
 
     async def _end(self, sid: str) -> None:
@@ -288,13 +293,13 @@ class EnvServer:
 
     # --- classes and tasks --------------------------------------------------------------------
 
-    async def _splits(self, request: Request, env_name: str) -> Any:
+    async def _splits(self, request: Request, env_name: str) -> Reply:
         return [_split(s).model_dump() for s in await call_user(self.envs[env_name].list_splits)]
 
-    async def _tools(self, request: Request, env_name: str) -> Any:
+    async def _tools(self, request: Request, env_name: str) -> Reply:
         return self.envs[env_name].list_tools().model_dump()
 
-    async def _split_tasks(self, env_name: str, split: str) -> list[Any]:
+    async def _split_tasks(self, env_name: str, split: str) -> list[Mapping[str, object]]:
         env_cls = self.envs[env_name]
         if (env_name, split) not in self._tasks:
             names = [_split(s).name for s in await call_user(env_cls.list_splits)]
@@ -303,24 +308,23 @@ class EnvServer:
             self._tasks[env_name, split] = list(await call_user(env_cls.list_tasks, split))
         return self._tasks[env_name, split]
 
-    async def _list_tasks(self, request: Request, env_name: str) -> Any:
+    async def _list_tasks(self, request: Request, env_name: str) -> Reply:
         split = _field(await _json(request), "split", str)
         return {"tasks": await self._split_tasks(env_name, split), "env_name": env_name}
 
-    async def _num_tasks(self, request: Request, env_name: str) -> Any:
+    async def _num_tasks(self, request: Request, env_name: str) -> Reply:
         split = _field(await _json(request), "split", str)
         return {"num_tasks": len(await self._split_tasks(env_name, split))}
 
-    async def _task(self, request: Request, env_name: str) -> Any:
+    async def _task(self, request: Request, env_name: str) -> Reply:
         body = await _json(request)
         tasks = await self._split_tasks(env_name, _field(body, "split", str))
         return {"task": _index(tasks, _field(body, "index", int)), "env_name": env_name}
 
-    async def _task_range(self, request: Request, env_name: str) -> Any:
+    async def _task_range(self, request: Request, env_name: str) -> Reply:
         body = await _json(request)
         tasks = await self._split_tasks(env_name, _field(body, "split", str))
-        start, stop = body.get("start"), body.get("stop")
-        return {"tasks": tasks[slice(start, stop)], "env_name": env_name}
+        return {"tasks": tasks[_bound(body, "start") : _bound(body, "stop")], "env_name": env_name}
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -345,15 +349,15 @@ class EnvServer:
             raise served.error
         return served
 
-    async def _prompt(self, request: Request, env_name: str) -> Any:
+    async def _prompt(self, request: Request, env_name: str) -> Reply:
         served = await self._ready(request)
         return [block.model_dump() for block in await call_user(served.env.get_prompt)]
 
-    async def _messages(self, request: Request, env_name: str) -> Any:
+    async def _messages(self, request: Request, env_name: str) -> Reply:
         served = await self._ready(request)
         return [message.model_dump() for message in await call_user(served.env.get_messages)]
 
-    async def _task_tools(self, request: Request, env_name: str) -> Any:
+    async def _task_tools(self, request: Request, env_name: str) -> Reply:
         served = self._existing(request)
         return (await list_session_tools(served.env, None)).model_dump()
 
@@ -449,7 +453,7 @@ def _secrets(request: Request) -> dict[str, str]:
         raise HTTPError(400, f"malformed X-Secrets header: {exc}") from exc
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def _json(request: Request) -> dict[str, object]:
     try:
         body = await request.json()
     except ValueError as exc:
@@ -459,20 +463,26 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-def _field(body: dict[str, Any], name: str, kind: type) -> Any:
+def _field(body: Mapping[str, object], name: str, kind: type[T]) -> T:
     value = body.get(name)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise HTTPError(400, f"{name!r} must be a {kind.__name__}")
     return value
 
 
-def _index(tasks: list[Any], index: int) -> Any:
+def _bound(body: Mapping[str, object], name: str) -> int | None:
+    """A slice bound of the body: an integer, or absent."""
+    value = body.get(name)
+    return None if value is None else _field(body, name, int)
+
+
+def _index(tasks: list[Mapping[str, object]], index: int) -> Mapping[str, object]:
     if not 0 <= index < len(tasks):
         raise HTTPError(400, "Invalid index")
     return tasks[index]
 
 
-def _split(split: Any) -> Split:
+def _split(split: object) -> Split:
     if isinstance(split, Split):
         return split
     return Split(name=split, type=split if split in ("train", "validation", "test") else "validation")
@@ -502,7 +512,7 @@ def load_env_classes(targets: str | type | Sequence[str | type]) -> list[type[En
     return classes
 
 
-def _hypercorn_config(bind: str) -> Any:
+def _hypercorn_config(bind: str) -> hypercorn.config.Config:
     config = hypercorn_config(bind)
     config.loglevel = "WARNING"
     config.graceful_timeout = 2.0
@@ -514,7 +524,7 @@ async def serve_env(
     host: str = "127.0.0.1",
     port: int = 8080,
     *,
-    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
     sock: socket.socket | None = None,
     **server_options: Any,
 ) -> None:

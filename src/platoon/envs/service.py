@@ -120,6 +120,17 @@ class EnvSession(Protocol):
 
 
 @runtime_checkable
+class SubtaskSession(EnvSession, Protocol):
+    """A session whose environment can give a subagent a subtask of its own (ORS's
+    `child_task_spec`): `has_subtasks` says whether this one can."""
+
+    @property
+    def has_subtasks(self) -> bool: ...
+
+    async def subtask(self, instruction: str, mode: str) -> EnvSession: ...
+
+
+@runtime_checkable
 class EnvBackend(Protocol):
     """Where an env service's tasks and sessions come from."""
 
@@ -391,7 +402,9 @@ class EnvService(ComponentBase):
                 await previous.wait()
             if parent.closed:
                 error = f"cannot fork: the session of agent {req.fork_of} has closed"
-            elif req.instruction and getattr(parent.session, "has_subtasks", False):
+            elif (
+                req.instruction and isinstance(parent.session, SubtaskSession) and parent.session.has_subtasks
+            ):
                 with anyio.fail_after(self.open_timeout):
                     session = await parent.session.subtask(req.instruction, req.fork)
                 self._live.add(session)
@@ -430,7 +443,7 @@ class EnvService(ComponentBase):
         self._slots[key] = slot
         self._by_episode.setdefault(req.episode_id, set()).add(req.agent_id)
         use_own = slot.subtask or req.instruction is None
-        instruction = slot.session.instruction if use_own else req.instruction
+        instruction = slot.session.instruction if use_own or req.instruction is None else req.instruction
         await self._reply(
             SessionOpened(reply_to=req.request_id, instruction=instruction, tools=list(slot.session.tools))
         )

@@ -283,7 +283,7 @@ def _fill(template: str, values: Mapping[str, str]) -> str:
 def _option_type(option: OptionSpec) -> Any:
     base: Any = _TYPES[option.type]
     if option.choices:
-        base = Literal[tuple(option.choices)]  # type: ignore[valid-type]
+        base = Literal[tuple(option.choices)]
     meta: dict[str, Any] = {}
     if option.min is not None:
         meta["ge"] = option.min

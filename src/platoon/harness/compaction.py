@@ -100,12 +100,9 @@ class CompactingContext(AgentContext):
             *history,
             {"role": "user", "content": self.compaction.summary_prompt},
         ]
-        params = (
-            {}
-            if self.compaction.summary_max_tokens is None
-            else {"max_tokens": self.compaction.summary_max_tokens}
-        )
-        reply = await super().chat(request, kind="aux", **params)
+        limit = self.compaction.summary_max_tokens
+        params = {} if limit is None else {"max_tokens": limit}
+        reply = await super().chat(request, None, kind="aux", **params)
         self.summary = reply.text.strip() or "(the summary came back empty)"
         self._cut = len(messages)
         self._last_prompt_tokens = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -131,7 +131,7 @@ class AgentContext:
         api_key: str = "",
         params: dict[str, Any] | None = None,
         request_timeout: float | None = None,
-        spawner: Callable[..., Awaitable[Any]] | None = None,
+        spawner: Callable[..., Awaitable[AgentResult]] | None = None,
         env_faults: list[str] | None = None,
     ) -> None:
         self.bus = bus
@@ -202,7 +202,7 @@ class AgentContext:
             name=name, output=reply.output, reward=reply.reward, finished=reply.finished, error=reply.error
         )
 
-    async def call_tool_call(self, call: dict[str, Any], **defaults: Any) -> ToolResult:
+    async def call_tool_call(self, call: Mapping[str, Any], **defaults: object) -> ToolResult:
         """Run a tool call as a chat reply carries it (`{"function": {"name", "arguments"}}`).
 
         Arguments that are not a JSON object come back as an error result the model can read,
@@ -260,7 +260,7 @@ class AgentContext:
             parse_errors=reply.parse_errors,
         )
 
-    async def spawn(self, instruction: str, **options: Any) -> Any:
+    async def spawn(self, instruction: str, **options: object) -> AgentResult:
         """Run a subagent on `instruction` and return its result (recursive programs only)."""
         if self._spawner is None:
             return AgentResult("error", reason="this episode's program does not spawn subagents")

@@ -144,9 +144,9 @@ def get_harness(name: str) -> Harness:
         _registry[name] = obj
         return obj
     if inspect.iscoroutinefunction(obj):
-        h = FunctionHarness(name, obj, None)
-        _registry[name] = h
-        return h
+        made = FunctionHarness(name, obj, None)
+        _registry[name] = made
+        return made
     raise HarnessError(f"{name!r} resolved to {obj!r}, which is not a harness")
 
 
@@ -191,8 +191,9 @@ def _options_error(message: str, path: str, h: Harness) -> str:
     if text.startswith("Invalid enum value") and h.options_type is not None:
         # Say which values the option takes, not just that this one is not among them.
         info = msgspec.inspect.type_info(h.options_type)
-        field = next((f for f in getattr(info, "fields", ()) if f".{f.name}" == where), None)
-        kind = field.type if field is not None else None
+        fields: tuple[msgspec.inspect.Field, ...] = getattr(info, "fields", ())
+        found = next((f for f in fields if f".{f.name}" == where), None)
+        kind = found.type if found is not None else None
         kind = kind.type if isinstance(kind, msgspec.inspect.Metadata) else kind
         if isinstance(kind, msgspec.inspect.LiteralType):
             allowed = ", ".join(repr(v) for v in kind.values)

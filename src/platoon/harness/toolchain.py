@@ -84,8 +84,12 @@ def _build(toolchain: Toolchain, cache: Path) -> Path:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        info = {"pip": toolchain.pip, "npm": toolchain.npm, "python": toolchain.python}
-        info["build_s"] = round(time.monotonic() - started, 1)
+        info = {
+            "pip": toolchain.pip,
+            "npm": toolchain.npm,
+            "python": toolchain.python,
+            "build_s": round(time.monotonic() - started, 1),
+        }
         (work / _MARKER).write_text(json.dumps(info) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         os.rename(work, target)

@@ -17,6 +17,7 @@ __all__ = [
     "SamplerFactory",
     "StopReason",
     "StreamingSampler",
+    "Tokenizer",
 ]
 
 StopReason = Literal["stop", "length"]
@@ -42,6 +43,14 @@ class SampledCompletion(msgspec.Struct, frozen=True, kw_only=True):
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+
+
+class Tokenizer(Protocol):
+    """What platoon asks of a tokenizer (a `transformers` one, or a test's toy): ids to text and back."""
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
 
 
 @runtime_checkable

@@ -46,6 +46,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.config.policies import DEFAULT_POLICY, PolicyChoiceError, choose_policy
+from platoon.config.schema import AgentsConfig
 from platoon.harness import (
     AgentContext,
     AgentResult,
@@ -86,15 +87,9 @@ class RecursiveOptions(msgspec.Struct, forbid_unknown_fields=True, frozen=True, 
     compaction: CompactionOptions | None = None
 
 
-class _Defaults:
-    max_depth = 1
-    budget = "shared"
-    fork = "shared"
-    child_max_steps = 15
-    child_timeout = None
-    max_concurrent_children = 4
-    max_children = 64
-    child_reward = "root"
+# The tree of an entry without `agents:`: the schema's defaults, but one level of children, since
+# the program was chosen to have them.
+_DEFAULT_AGENTS = AgentsConfig(max_depth=1)
 
 
 class _ChildBudget(Budget):
@@ -111,9 +106,9 @@ class AgentTree:
 
     def __init__(self, episode: Episode, compaction: CompactionOptions | None = None) -> None:
         self.episode = episode
-        agents = episode.entry.agents if episode.entry.agents is not None else _Defaults()
+        agents = episode.entry.agents if episode.entry.agents is not None else _DEFAULT_AGENTS
         self.settings = agents
-        self.max_depth = agents.max_depth if agents.max_depth > 0 else _Defaults.max_depth
+        self.max_depth = agents.max_depth if agents.max_depth > 0 else _DEFAULT_AGENTS.max_depth
         self.compaction = compaction
         self.running: dict[str, anyio.Semaphore] = {}  # per parent: its children running now
         self.spawned = 0
@@ -234,7 +229,7 @@ class AgentTree:
         depth = parent.depth + 1
         try:
             policy = choose_policy(
-                getattr(self.settings, "policy", None),
+                self.settings.policy,
                 depth=depth,
                 harness=chosen.name,
                 role=role,

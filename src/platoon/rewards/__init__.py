@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING
 
 from platoon.config.schema import EnvironmentConfig, JudgeConfig, RewardConfig, RewardRule
 from platoon.rewards.episode import Episode, EpisodeRecorder, Reply, ToolUse
@@ -25,6 +26,11 @@ from platoon.rewards.judge import (
     render_rubric,
 )
 from platoon.rewards.rules import RewardOutcome, RewardRules, RuleError, rule_names
+
+if TYPE_CHECKING:
+    import tinker
+
+    from platoon.policy.tinker import TinkerSampler
 
 __all__ = [
     "Episode",
@@ -112,9 +118,9 @@ def _judge_model(
     base_url = cfg.base_url or tinker_base_url
     model_path = cfg.model_path
 
-    services: list[Any] = []
+    services: list[tinker.ServiceClient] = []
 
-    async def sampler() -> Any:
+    async def sampler() -> TinkerSampler:
         import tinker
 
         from platoon.policy.tinker import TinkerSampler, sampling_client
@@ -130,8 +136,12 @@ def _judge_model(
         for service in services:
             with anyio.move_on_after(10):
                 try:
-                    await anyio.to_thread.run_sync(lambda s=service: s.close("success").result(timeout=10))
+                    await anyio.to_thread.run_sync(partial(_close_service, service))
                 except Exception:  # the service may be gone already; nothing is lost
                     pass
 
     return SamplerJudgeModel(sampler, renderer, name=f"tinker:{base_url}:{model_path or model}", close=close)
+
+
+def _close_service(service: tinker.ServiceClient) -> None:
+    service.close("success").result(timeout=10)

@@ -25,9 +25,9 @@ import re
 import statistics
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
 import structlog
@@ -35,8 +35,13 @@ import structlog
 from platoon.bus import Bus
 from platoon.bus.events import ModelCallFinished, new_id
 from platoon.config.schema import JudgeConfig, JudgeScore
-from platoon.policy.base import SampleParams
+from platoon.policy.base import SampleParams, Sampler
 from platoon.rewards.episode import Episode
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+    from platoon.gateway.renderers import Renderer
 
 __all__ = [
     "Judge",
@@ -94,7 +99,7 @@ class JudgeModel(Protocol):
     def describe(self) -> str: ...
 
     async def complete(
-        self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int
     ) -> JudgeReply: ...
 
 
@@ -118,13 +123,13 @@ class OpenAIJudgeModel:
         await self.client.close()
 
     async def complete(
-        self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int
     ) -> JudgeReply:
         response = await self.client.chat.completions.create(
             model=self.model,
-            messages=messages,
+            messages=cast("list[ChatCompletionMessageParam]", messages),  # role and content, as strings
             temperature=temperature,
-            max_tokens=max_tokens,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
         )
         choice = response.choices[0]
         return JudgeReply(
@@ -137,7 +142,14 @@ class SamplerJudgeModel:
     """A judge model reached token by token: a platoon `Sampler` (or a coroutine making one, on
     first use) and the renderer that turns messages into its prompt."""
 
-    def __init__(self, sampler: Any, renderer: Any, *, name: str = "sampler", close: Any = None) -> None:
+    def __init__(
+        self,
+        sampler: Sampler | Callable[[], Awaitable[Sampler]],
+        renderer: Renderer,
+        *,
+        name: str = "sampler",
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._sampler = sampler
         self.renderer = renderer
         self.name = name
@@ -152,14 +164,14 @@ class SamplerJudgeModel:
     def describe(self) -> str:
         return f"sampler:{self.name}"
 
-    async def sampler(self) -> Any:
+    async def sampler(self) -> Sampler:
         async with self._lock:
-            if callable(self._sampler) and not hasattr(self._sampler, "sample"):
+            if not isinstance(self._sampler, Sampler):
                 self._sampler = await self._sampler()
             return self._sampler
 
     async def complete(
-        self, messages: list[dict[str, Any]], *, temperature: float, max_tokens: int
+        self, messages: list[dict[str, str]], *, temperature: float, max_tokens: int
     ) -> JudgeReply:
         sampler = await self.sampler()
         prompt = self.renderer.render(messages)
@@ -329,7 +341,7 @@ def _parse_json(text: str, score: JudgeScore) -> float | None:
     return found
 
 
-def _fits_schema(value: dict[str, Any], schema: dict[str, Any]) -> bool:
+def _fits_schema(value: Mapping[str, object], schema: Mapping[str, Any]) -> bool:
     """The checks of a JSON schema a judge's answer needs: required keys and property types."""
     types = {
         "number": (int, float),
@@ -341,7 +353,8 @@ def _fits_schema(value: dict[str, Any], schema: dict[str, Any]) -> bool:
     if any(key not in value for key in schema.get("required", [])):
         return False
     for key, prop in (schema.get("properties") or {}).items():
-        wanted = types.get(prop.get("type")) if isinstance(prop, dict) else None
+        kind = prop.get("type") if isinstance(prop, dict) else None
+        wanted = types.get(kind) if isinstance(kind, str) else None
         if key in value and wanted is not None and not isinstance(value[key], wanted):
             return False
         if key in value and isinstance(prop, dict) and "enum" in prop and value[key] not in prop["enum"]:
@@ -383,7 +396,7 @@ class Judge:
         if close is not None:
             await close()
 
-    def messages(self, episode: Episode) -> list[dict[str, Any]]:
+    def messages(self, episode: Episode) -> list[dict[str, str]]:
         messages = [{"role": "system", "content": self.config.system}] if self.config.system else []
         return [
             *messages,
@@ -402,7 +415,7 @@ class Judge:
         return await self._judge([*messages, {"role": "user", "content": prompt}], a, bus, PAIR_SCORE)
 
     async def _judge(
-        self, messages: list[dict[str, Any]], episode: Episode, bus: Bus | None, score: JudgeScore
+        self, messages: list[dict[str, str]], episode: Episode, bus: Bus | None, score: JudgeScore
     ) -> JudgeResult:
         results: list[tuple[float, str] | None] = [None] * self.config.samples
         errors: list[JudgeError] = []
@@ -423,7 +436,7 @@ class Judge:
         return JudgeResult(score=aggregate(scores, self.config.aggregate), scores=scores, replies=replies)
 
     async def _sample(
-        self, messages: list[dict[str, Any]], index: int, episode: Episode, bus: Bus | None, score: JudgeScore
+        self, messages: list[dict[str, str]], index: int, episode: Episode, bus: Bus | None, score: JudgeScore
     ) -> tuple[float, str]:
         problems = []
         for attempt in range(self.config.retries + 1):
@@ -440,7 +453,7 @@ class Judge:
         raise JudgeError(f"the judge gave no score in {self.config.retries + 1} tries: {problems[-1]}")
 
     async def _reply(
-        self, messages: list[dict[str, Any]], index: int, attempt: int, episode: Episode, bus: Bus | None
+        self, messages: list[dict[str, str]], index: int, attempt: int, episode: Episode, bus: Bus | None
     ) -> JudgeReply:
         key = self._key(messages, index, attempt)
         if self.config.cache and key in self.cache:
@@ -476,7 +489,7 @@ class Judge:
                 self.cache.popitem(last=False)
         return reply
 
-    def _key(self, messages: list[dict[str, Any]], index: int, attempt: int) -> str:
+    def _key(self, messages: list[dict[str, str]], index: int, attempt: int) -> str:
         c = self.config
         content = [self.model.describe(), messages, c.temperature, c.max_tokens, index, attempt]
         return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()

@@ -236,7 +236,7 @@ class RewardRules:
             value = self.functions[index](episode)
             if inspect.isawaitable(value):
                 value = await value
-            return float(value)  # type: ignore[arg-type]
+            return float(value)
         raise RuleError(f"unknown reward rule {kind!r}")
 
 

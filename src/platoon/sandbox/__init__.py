@@ -17,6 +17,7 @@ from .registry import (
     get_provider,
     provider_names,
     register_provider,
+    resolve_provider,
 )
 from .spec import ExecResult, Mount, SandboxSpec
 
@@ -36,4 +37,5 @@ __all__ = [
     "get_provider",
     "provider_names",
     "register_provider",
+    "resolve_provider",
 ]

@@ -38,6 +38,13 @@ def relay(socket_path):
     return handle
 
 
+class Tail:
+    """What a reader kept of a stream: its last `cap` bytes and how many it saw."""
+
+    data = b""
+    total = 0
+
+
 async def tail(stream, cap, out):
     buffer = bytearray()
     total = 0
@@ -48,12 +55,12 @@ async def tail(stream, cap, out):
         total += len(chunk)
         buffer += chunk
         del buffer[:-cap]
-    out["data"] = bytes(buffer)
-    out["total"] = total
+    out.data = bytes(buffer)
+    out.total = total
 
 
 async def main(config, started):
-    result = {"code": None}
+    result: dict[str, object] = {"code": None}
     servers = []
     try:
         for forward in config["forwards"]:
@@ -75,7 +82,7 @@ async def main(config, started):
         result["error"] = f"cannot start {config['argv'][0]!r}: {exc.strerror or exc}"
         return result
     result["startup_s"] = round(time.monotonic() - started, 4)
-    out, err = {}, {}
+    out, err = Tail(), Tail()
     readers = asyncio.gather(tail(process.stdout, cap, out), tail(process.stderr, cap, err))
     code = await process.wait()
     try:  # whatever the agent left running goes with it
@@ -89,10 +96,10 @@ async def main(config, started):
     for server in servers:
         server.close()
     result["code"] = code
-    result["stdout"] = out.get("data", b"").decode("utf-8", "replace")
-    result["stderr"] = err.get("data", b"").decode("utf-8", "replace")
-    result["stdout_bytes"] = out.get("total", 0)
-    result["stderr_bytes"] = err.get("total", 0)
+    result["stdout"] = out.data.decode("utf-8", "replace")
+    result["stderr"] = err.data.decode("utf-8", "replace")
+    result["stdout_bytes"] = out.total
+    result["stderr_bytes"] = err.total
     return result
 
 

@@ -77,6 +77,7 @@ async def run_process(
         with anyio.CancelScope(shield=True):
             await process.wait()
             await process.aclose()
+    assert process.returncode is not None  # waited for above
     code = process.returncode if process.returncode >= 0 else 128 - process.returncode
     return ProcessResult(bytes(out), bytes(err), code, timed_out)
 

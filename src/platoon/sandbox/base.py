@@ -9,7 +9,7 @@ import shlex
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, Protocol, Self, runtime_checkable
@@ -207,7 +207,7 @@ def _tail(stderr: bytes, limit: int = 500) -> str:
 def remove_tree(path: str | os.PathLike[str]) -> None:
     """Delete a sandbox's state even where the sandboxed program removed write permission."""
 
-    def make_writable_and_retry(func, target, _exc_info):  # type: ignore[no-untyped-def]
+    def make_writable_and_retry(func: Callable[[str], object], target: str, _exc_info: object) -> None:
         parent = os.path.dirname(target)
         try:
             os.chmod(parent, 0o700)

@@ -108,7 +108,7 @@ class BwrapSandbox(CommandSandbox):
             self._prefix = self._network.enter(self._prefix)
         if self._cgroup is not None:
             self._prefix, joins = self._cgroup.wrap(self._prefix)
-            self.process_env = {**self.process_env, **joins}
+            self.process_env = {**(self.process_env or {}), **joins}
         self._started = True
 
     def _make_state(self, rootfs: Path | None) -> Path:

@@ -27,6 +27,7 @@ __all__ = [
     "get_provider",
     "provider_names",
     "register_provider",
+    "resolve_provider",
 ]
 
 ENTRY_POINT_GROUP = "platoon.sandbox_providers"
@@ -76,6 +77,17 @@ def create_sandbox(spec: SandboxSpec, provider: str | None = None, **options: An
     `default_provider()`."""
     factory = get_provider(provider or default_provider())
     return factory(spec, **options)
+
+
+def resolve_provider(name: str) -> str:
+    """The provider a configured name (the site profile's, a service's option) stands for: `auto`
+    is `default_provider()`; an unknown name raises SandboxError before any sandbox starts."""
+    if name == "auto":
+        return default_provider()
+    known = provider_names()
+    if name not in known:
+        raise SandboxError(unknown_name("sandbox provider", name, ["auto", *known]))
+    return name
 
 
 def default_provider() -> str:

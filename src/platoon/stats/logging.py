@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Literal
+from collections.abc import MutableMapping
+from typing import Literal, TextIO
 
 import structlog
 
@@ -27,7 +28,7 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__()
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
@@ -35,7 +36,9 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def _redact_secrets(logger: object, method: str, event_dict: dict) -> dict:
+def _redact_secrets(
+    logger: object, method: str, event_dict: MutableMapping[str, object]
+) -> MutableMapping[str, object]:
     """No key, token or URL password reaches a log line, whoever logged it."""
     for key, value in event_dict.items():
         if is_secret_key(key) and value:
@@ -54,7 +57,7 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
         # openreward logs every tool call at info, to stdout, through loggers of its own that
         # read this variable when they are made (on import, after this runs).
         os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")
-    shared = [
+    shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso" if fmt == "json" else "%H:%M:%S"),

@@ -48,12 +48,12 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         lines.append("reward  no step was graded (see the step lines above)")
     for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
         own = _series(rows, f"{policy}/reward/mean")
-        shown = [f"reward {_span(own)}" if own else "no step graded its agents"]
+        parts = [f"reward {_span(own)}" if own else "no step graded its agents"]
         for key, shape in (("policy/version", "version {:g}"), ("kl/mean", "kl {:.4f}")):
-            values = _series(rows, f"{policy}/{key}")
-            if values:  # the last step's
-                shown.append(shape.format(values[-1]))
-        lines.append(f"policy  {policy}: {', '.join(shown)}")
+            series = _series(rows, f"{policy}/{key}")
+            if series:  # the last step's
+                parts.append(shape.format(series[-1]))
+        lines.append(f"policy  {policy}: {', '.join(parts)}")
     evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
     reports = {path: _report(path) for path in evals}
     curve = [
@@ -77,13 +77,13 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         if "1" in passes:
             shown += f", pass@1 {passes['1']:.3f}"
         by_policy = report.get("by_policy") or {}
-        own = [
+        own_rewards = [
             f"{name} {row['own_reward_mean']:.3f}"
             for name, row in by_policy.items()
             if isinstance(row, dict) and isinstance(row.get("own_reward_mean"), int | float)
         ]
-        if own:
-            shown += "; own reward " + ", ".join(own)
+        if own_rewards:
+            shown += "; own reward " + ", ".join(own_rewards)
         lines.append(f"eval    step {_step(path)}: {shown}")
     lines.append(f"run     {run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:

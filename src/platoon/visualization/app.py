@@ -212,7 +212,8 @@ def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None) -> Starlet
             return _json({"error": f"{type(exc).__name__}: {exc}"}, 500)
         return _json(data)
 
-    async def not_found(request: Request, exc: HTTPException) -> Response:
+    async def not_found(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # the one exception it handles
         return _json({"error": exc.detail}, exc.status_code)
 
     hosts = ["127.0.0.1", "localhost", "::1", "[::1]", *(allowed_hosts or [])]

@@ -6,7 +6,7 @@ Pure functions over events, so that they test without a server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -25,6 +25,7 @@ from platoon.bus.events import (
     EpisodeGraded,
     EpisodeRequested,
     EpisodeStarted,
+    Event,
     Graded,
     GradeRequested,
     ModelCallFinished,
@@ -33,6 +34,7 @@ from platoon.bus.events import (
     ToolCalled,
     ToolReturned,
 )
+from platoon.policy.base import Tokenizer
 
 __all__ = ["call_tokens", "episode_view", "locate_in_datum"]
 
@@ -45,20 +47,22 @@ def _cut(text: str | None) -> str | None:
     return text[:_MAX_TEXT] + f"\n... [{len(text) - _MAX_TEXT} more characters]"
 
 
-def _plain(value: Any) -> Any:
-    return msgspec.to_builtins(value)
+def _plain(event: Event) -> dict[str, object]:
+    plain: dict[str, object] = msgspec.to_builtins(event)
+    return plain
 
 
 def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[str, Any]:
     """The episode page's data: its row, the agent tree with each agent's turns in order."""
     agents: dict[str, dict[str, Any]] = {}
     order: list[str] = []
-    chats: dict[str, dict[str, Any]] = {}  # request_id -> model call item
-    by_call: dict[str, dict[str, Any]] = {}  # call_id -> model call item
-    tools: dict[str, dict[str, Any]] = {}
-    sessions: dict[str, dict[str, Any]] = {}
-    processes: dict[str, dict[str, Any]] = {}
-    grades: dict[str, dict[str, Any]] = {}
+    chats: dict[str, dict[str, object]] = {}  # request_id -> model call item
+    by_call: dict[str, dict[str, object]] = {}  # call_id -> model call item
+    tools: dict[str, dict[str, object]] = {}
+    sessions: dict[str, dict[str, object]] = {}
+    processes: dict[str, dict[str, object]] = {}
+    grades: dict[str, dict[str, object]] = {}
+    item: dict[str, object] | None
     previous_tokens: dict[str, list[int]] = {}  # per agent: the last prompt + completion
     out: dict[str, Any] = {"episode": row, "requested": None, "started": None, "finished": None}
     out |= {"graded": None, "abandoned": []}
@@ -222,7 +226,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
     return out
 
 
-def _pending_chat(agent: dict[str, Any] | None) -> dict[str, Any] | None:
+def _pending_chat(agent: dict[str, Any] | None) -> dict[str, object] | None:
     """The agent's model call asked over the bus (`ChatRequested`) whose tokens have not come:
     the `ModelCallFinished` that follows is its record."""
     if agent is None:
@@ -233,7 +237,7 @@ def _pending_chat(agent: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
+def _message(message: Mapping[str, object]) -> dict[str, object]:
     """An OpenAI-style message, its content as text (parts joined) for the page."""
     out = dict(message)
     content = out.get("content")
@@ -245,8 +249,8 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
             else:
                 parts.append(str(part))
         out["content"] = "".join(parts)
-    if isinstance(out.get("content"), str):
-        out["content"] = _cut(out["content"])
+    if isinstance(text := out.get("content"), str):
+        out["content"] = _cut(text)
     return out
 
 
@@ -276,8 +280,8 @@ def locate_in_datum(
 
 
 def call_tokens(
-    call: ModelCallFinished, datums: Sequence[tuple[int, Datum]], tokenizer: Any = None
-) -> dict[str, Any]:
+    call: ModelCallFinished, datums: Sequence[tuple[int, Datum]], tokenizer: Tokenizer | None = None
+) -> dict[str, object]:
     """A model call's sampled tokens, each with its sampler logprob and, when it trained, the
     datum's logprob, advantage and weight at its position; the prompt as ids and text."""
     agent_datums = [(step, d) for step, d in datums if d.agent_id == call.agent_id]
@@ -285,7 +289,7 @@ def call_tokens(
     datum = agent_datums[found[0]][1] if found else None
     tokens = []
     for j, token in enumerate(call.completion_tokens):
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "id": token,
             "logprob": call.logprobs[j] if j < len(call.logprobs) else None,
         }
@@ -304,7 +308,7 @@ def call_tokens(
     texts = _decode_each(tokenizer, call.completion_tokens)
     for entry, text in zip(tokens, texts, strict=False):
         entry["text"] = text
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "call_id": call.call_id,
         "agent_id": call.agent_id,
         "episode_id": call.episode_id,
@@ -341,7 +345,7 @@ def call_tokens(
     return out
 
 
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str | None:
+def _decode(tokenizer: Tokenizer | None, ids: Sequence[int]) -> str | None:
     if tokenizer is None:
         return None
     try:
@@ -350,7 +354,7 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str | None:
         return None
 
 
-def _decode_each(tokenizer: Any, ids: Sequence[int]) -> list[str | None]:
+def _decode_each(tokenizer: Tokenizer | None, ids: Sequence[int]) -> list[str | None]:
     if tokenizer is None:
         return [None] * len(ids)
     try:

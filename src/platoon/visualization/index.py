@@ -260,8 +260,10 @@ class RunIndex:
             "SUM(CASE WHEN status IS NULL THEN 1 ELSE 0 END) "
             "FROM episodes GROUP BY purpose, step ORDER BY purpose DESC, step"
         )
-        keys = ("purpose", "step", "episodes", "graded", "reward_mean", "reward_min", "reward_max")
-        keys += ("rewarded", "completion_tokens", "in_flight")
+        keys = (
+            *("purpose", "step", "episodes", "graded", "reward_mean", "reward_min", "reward_max"),
+            *("rewarded", "completion_tokens", "in_flight"),
+        )
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def facets(self) -> dict[str, list[Any]]:
@@ -286,7 +288,8 @@ class RunIndex:
     ) -> tuple[list[dict[str, Any]], int]:
         """Episodes that pass `filters` (column: value, or `min_reward`/`max_reward`/`task`
         substring), sorted by a column; returns (a page of rows, how many match)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         for key, value in (filters or {}).items():
             if value is None or value == "":
                 continue

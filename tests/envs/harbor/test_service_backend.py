@@ -276,3 +276,10 @@ async def _image_exists(url: str, tag: str | None) -> bool:
         return False
     finally:
         await docker.close()
+
+
+def test_a_provider_typo_fails_when_the_backend_is_built(make_task, tmp_path):
+    """The site profile keeps the name as written; the backend names the typo before a task runs."""
+    make_task("t1")
+    with pytest.raises(EnvError, match="provider: unknown sandbox provider 'dockr'; did you mean 'docker'"):
+        HarborBackend(tmp_path / "tasks", provider="dockr", cache=str(tmp_path / "cache"))

@@ -32,7 +32,7 @@ import anyio
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
-from platoon.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox, default_provider
+from platoon.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox, resolve_provider
 
 from . import prepare
 from .dataset import Dataset, load_dataset
@@ -98,7 +98,10 @@ class HarborBackend:
             site = load_site()
             provider = provider or site.provider
             cache = cache if cache is not None else site.cache
-        self.provider = default_provider() if provider == "auto" else provider
+        try:
+            self.provider = resolve_provider(provider)
+        except SandboxError as exc:
+            raise EnvError(f"provider: {exc}") from None
         self.cache = os.fspath(cache)
         self.provider_options = dict(provider_options or {})
         try:
@@ -220,7 +223,7 @@ class HarborSession:
         cut = left is not None and left < timeout
         try:
             result = await self.sandbox.exec(
-                command, timeout=min(timeout, left) if cut else timeout, user=self.user
+                command, timeout=left if left is not None and cut else timeout, user=self.user
             )
         except SandboxError as exc:
             raise EnvError(f"the sandbox failed: {exc}") from None

@@ -22,6 +22,7 @@ import queue
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 
 
 class ToolError(Exception):
@@ -116,7 +117,7 @@ class Channel:
         return reply.get("output", "")
 
 
-def tool_function(channel: Channel, spec: dict):
+def tool_function(channel: Channel, spec: dict) -> Callable[..., object]:
     """A Python function that calls the tool `spec["name"]` with its keyword arguments."""
     by_name = all(p["name"].isidentifier() and not keyword.iskeyword(p["name"]) for p in spec["parameters"])
     if by_name:
@@ -129,14 +130,14 @@ def tool_function(channel: Channel, spec: dict):
         parameters = [inspect.Parameter("arguments", inspect.Parameter.VAR_KEYWORD)]
     signature = inspect.Signature(parameters)
 
-    def tool(*args, **kwargs):
+    def tool(*args: object, **kwargs: object) -> object:
         bound = signature.bind(*args, **kwargs)
         arguments = dict(bound.arguments) if by_name else dict(bound.arguments["arguments"])
         return channel.call(spec["name"], arguments)
 
     tool.__name__ = tool.__qualname__ = spec["py_name"]
     tool.__doc__ = spec.get("description") or None
-    tool.__signature__ = signature
+    tool.__signature__ = signature  # type: ignore[attr-defined]  # what help() and inspect read
     return tool
 
 
@@ -146,8 +147,9 @@ def run_cell(code: str, namespace: dict) -> str | None:
     try:
         tree = ast.parse(code, "<cell>", "exec")
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
+        if tree.body and isinstance(final := tree.body[-1], ast.Expr):
+            tree.body.pop()
+            last = ast.Expression(final.value)
         exec(compile(tree, "<cell>", "exec"), namespace)
         if last is not None:
             value = eval(compile(last, "<cell>", "eval"), namespace)
