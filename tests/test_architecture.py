@@ -84,7 +84,7 @@ KNOWN_LONG: set[str] = {
 }
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
-ANY_BUDGET = 814
+ANY_BUDGET = 780
 
 
 def _modules() -> dict[str, Path]:
