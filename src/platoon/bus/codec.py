@@ -6,7 +6,7 @@ machine decodes on another that registered the same types.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Union
 
 import msgspec
 
@@ -16,11 +16,11 @@ __all__ = ["decode", "encode", "to_json"]
 
 _encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
-_decoder: msgspec.msgpack.Decoder[Any] | None = None
+_decoder: msgspec.msgpack.Decoder[Event] | None = None
 _decoder_types: tuple[type[Event], ...] = ()
 
 
-def _get_decoder() -> msgspec.msgpack.Decoder[Any]:
+def _get_decoder() -> msgspec.msgpack.Decoder[Event]:
     global _decoder, _decoder_types
     types = event_types()
     if _decoder is None or types != _decoder_types:

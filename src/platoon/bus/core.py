@@ -27,9 +27,9 @@ from __future__ import annotations
 import inspect
 import math
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar, TypeVarTuple
 
 import anyio
 import structlog
@@ -41,8 +41,11 @@ from platoon.bus.events import ComponentFailed, Event, Reply, Request
 __all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Stream", "Subscription"]
 
 E = TypeVar("E", bound=Event)
+# A subscription's type only narrows what its reader sees: the bus may hold a subscription to
+# EpisodeGraded as a subscription to Event (covariant), sending it only what matches its types.
+E_co = TypeVar("E_co", bound=Event, covariant=True)
 R = TypeVar("R", bound=Reply)
-Handler = Callable[[Any], Awaitable[None] | None]
+Args = TypeVarTuple("Args")
 EventTypes = type[Event] | tuple[type[Event], ...]  # what one subscription takes
 
 log = structlog.get_logger("platoon.bus")
@@ -60,14 +63,14 @@ class RequestTimeout(TimeoutError):
     """No reply arrived within the request's timeout."""
 
 
-class Subscription(Generic[E]):
+class Subscription(Generic[E_co]):
     """One subscriber's buffer. Close it to unsubscribe; what is buffered is then dropped."""
 
     def __init__(self, bus: Bus, event_type: EventTypes, name: str, buffer: int) -> None:
         self.bus = bus
         self.event_type = event_type
         self.name = name
-        self._send, self._receive = anyio.create_memory_object_stream[E](buffer)
+        self._send, self._receive = anyio.create_memory_object_stream[E_co](buffer)
         self.closed = False
         self.held = False  # an event taken and not yet handled
 
@@ -89,7 +92,9 @@ class Subscription(Generic[E]):
 class Stream(Generic[E]):
     """`async with bus.stream(T) as events: async for event in events: ...`"""
 
-    def __init__(self, bus: Bus, event_type: EventTypes, buffer: int | None, name: str | None) -> None:
+    def __init__(
+        self, bus: Bus, event_type: type[E] | tuple[type[Event], ...], buffer: int | None, name: str | None
+    ) -> None:
         self._bus = bus
         self._event_type = event_type
         self._buffer = buffer
@@ -177,8 +182,8 @@ class Bus:
             raise ValueError("buffer_size must be at least 1")
         self.buffer_size = buffer_size
         self.drain_timeout = drain_timeout
-        self._subs: list[Subscription[Any]] = []
-        self._routes: dict[type, tuple[Subscription[Any], ...]] = {}
+        self._subs: list[Subscription[Event]] = []
+        self._routes: dict[type, tuple[Subscription[Event], ...]] = {}
         self._waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
         self._tg: TaskGroup | None = None
         self._pending = 0
@@ -225,7 +230,12 @@ class Bus:
         """The subscriptions with events not yet handled (what `drained()` waits for)."""
         return [s.name for s in self._subs if s.unhandled()]
 
-    def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+    def start_soon(
+        self,
+        func: Callable[[*Args], Coroutine[object, object, object]],
+        *args: *Args,
+        name: str | None = None,
+    ) -> None:
         """Run a task for the lifetime of the bus (cancelled when it shuts down)."""
         if self._tg is None:
             raise BusClosed("the bus is not running")
@@ -266,18 +276,20 @@ class Bus:
         publish order); use it as `async with bus.stream(T) as s`."""
         return Stream(self, event_type, buffer, name)
 
-    def _add(self, event_type: EventTypes, name: str, buffer: int | None) -> Subscription[Any]:
+    def _add(
+        self, event_type: type[E] | tuple[type[Event], ...], name: str, buffer: int | None
+    ) -> Subscription[E]:
         types = event_type if isinstance(event_type, tuple) else (event_type,)
         if not types or not all(isinstance(t, type) and issubclass(t, Event) for t in types):
             raise TypeError(f"can only subscribe to Event types, got {event_type!r}")
         if self._tg is None or self._closing:
             raise BusClosed("the bus is not running")
-        sub = Subscription(self, event_type, name, buffer or self.buffer_size)
+        sub: Subscription[E] = Subscription(self, event_type, name, buffer or self.buffer_size)
         self._subs.append(sub)
         self._routes.clear()
         return sub
 
-    def _remove(self, sub: Subscription[Any]) -> None:
+    def _remove(self, sub: Subscription[Event]) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
             self._routes.clear()
@@ -288,10 +300,7 @@ class Bus:
             self._pending = 0
             self._idle.set()
 
-    async def _handle(self, sub: Subscription[E], handler: Callable[[E], Any]) -> None:
-        is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
-            getattr(handler, "__call__", None)  # noqa: B004 - callable objects with async __call__
-        )
+    async def _handle(self, sub: Subscription[E], handler: Callable[[E], Awaitable[None] | None]) -> None:
         receive = sub._receive
         try:
             while True:
@@ -300,12 +309,9 @@ class Bus:
                 except anyio.WouldBlock:
                     event = await receive.receive()
                 try:
-                    if is_async:
-                        await handler(event)
-                    else:
-                        result = handler(event)
-                        if inspect.isawaitable(result):
-                            await result
+                    result = handler(event)
+                    if inspect.isawaitable(result):
+                        await result
                 except anyio.get_cancelled_exc_class():
                     raise
                 except Exception as exc:
@@ -335,7 +341,7 @@ class Bus:
 
     # --- publishing ------------------------------------------------------------------------
 
-    def _targets(self, event_type: type) -> tuple[Subscription[Any], ...]:
+    def _targets(self, event_type: type) -> tuple[Subscription[Event], ...]:
         targets = self._routes.get(event_type)
         if targets is None:
             targets = tuple(s for s in self._subs if issubclass(event_type, s.event_type))
@@ -382,7 +388,7 @@ class Bus:
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self._done(1)
 
-    async def _send_later(self, sub: Subscription[Any], event: Event) -> None:
+    async def _send_later(self, sub: Subscription[Event], event: Event) -> None:
         try:
             await sub._send.send(event)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -45,9 +45,9 @@ import struct
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import anyio
 import msgspec
@@ -244,13 +244,23 @@ def frame(
 
 # The event types written as deltas: the list field that repeats, and the list the agent's
 # next record of the type is expected to extend.
-_DELTA_FIELDS: dict[type[Event], tuple[str, Callable[[Any], list[Any]]]] = {
-    ModelCallFinished: ("prompt_tokens", lambda e: [*e.prompt_tokens, *e.completion_tokens]),
-    ChatRequested: ("messages", lambda e: e.messages),
+def _call_context(event: Event) -> Sequence[object]:
+    assert isinstance(event, ModelCallFinished)
+    return [*event.prompt_tokens, *event.completion_tokens]
+
+
+def _chat_messages(event: Event) -> Sequence[object]:
+    assert isinstance(event, ChatRequested)
+    return event.messages
+
+
+_DELTA_FIELDS: dict[type[Event], tuple[str, Callable[[Event], Sequence[object]]]] = {
+    ModelCallFinished: ("prompt_tokens", _call_context),
+    ChatRequested: ("messages", _chat_messages),
 }
 
 
-def _digest(items: list[Any]) -> bytes:
+def _digest(items: Sequence[object]) -> bytes:
     return hashlib.blake2b(_list_encoder.encode(items), digest_size=16).digest()
 
 
@@ -292,7 +302,7 @@ class _Resolver:
 
     def __init__(self, fetch: Callable[[int], Event]) -> None:
         self.fetch = fetch
-        self._lists: OrderedDict[int, list[Any]] = OrderedDict()
+        self._lists: OrderedDict[int, Sequence[object]] = OrderedDict()
         self._items = 0
 
     def resolve(self, event: Event, offset: int, base: int | None, kept: int) -> Event:

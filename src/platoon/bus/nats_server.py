@@ -147,9 +147,16 @@ class NatsServer:
             process.wait()
 
     def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections stay open but nothing is answered."""
+        """Freeze the server (SIGSTOP) and return once it is frozen: connections stay open but
+        nothing is answered.
+
+        `kill()` only queues SIGSTOP: each of the server's threads stops when it next runs, on
+        a busy machine tens of milliseconds later, and until then the server still answers
+        what it is sent. So this waits for the kernel to report the server stopped.
+        """
         if self._process is not None:
             self._process.send_signal(signal.SIGSTOP)
+            _wait_stopped(self._process)
 
     def resume(self) -> None:
         if self._process is not None:
@@ -181,6 +188,20 @@ class NatsServer:
                 return True
         except OSError:
             return False
+
+
+def _wait_stopped(process: subprocess.Popen[bytes]) -> None:
+    """Block until `process` (our child) has stopped, every thread of it, or has exited.
+
+    `WNOWAIT` leaves an exit status for `Popen` to collect, and a stop needs no collecting:
+    SIGCONT clears it. Where `os.waitid` is missing (macOS before Python 3.13) it returns at once.
+    """
+    if not hasattr(os, "waitid"):  # pragma: no cover - Linux has it
+        return
+    try:
+        os.waitid(os.P_PID, process.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:  # pragma: no cover - already collected: it has exited
+        pass
 
 
 def _tail(path: Path, size: int = 2000) -> str:

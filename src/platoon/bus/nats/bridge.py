@@ -10,9 +10,8 @@ types before the connection exists, so nothing published early is missed.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 import msgspec
@@ -22,6 +21,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import JetStreamContext
 
 from platoon.bus.codec import decode, encode
@@ -39,6 +39,7 @@ from platoon.bus.nats.wire import (
     LOCAL_ONLY,
     NAME,
     ORIGIN_HEADER,
+    Carried,
     NatsBridgeError,
     check_types,
     subject_for,
@@ -213,11 +214,11 @@ class NatsBridge(ComponentBase):
         self._from_nats: dict[int, Event] = {}
         self._attached = False
         self._bus: Bus | None = None
-        self._outgoing: list[Subscription[Any]] = []
+        self._outgoing: list[Subscription[Event]] = []
         self._outbox: MemoryObjectSendStream[_Out] | None = None
         self._outbox_out: MemoryObjectReceiveStream[_Out] | None = None
         self._notices: MemoryObjectSendStream[Event] | None = None
-        self._subs: list[Any] = []
+        self._subs: list[NatsSubscription | JetStreamContext.PullSubscription] = []
         self._unsent = 0  # events handed to the bridge and not yet out (see `flush`)
         self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
@@ -404,7 +405,7 @@ class NatsBridge(ComponentBase):
 
     # --- local bus -> NATS -----------------------------------------------------------------
 
-    def _forwarder(self, subject: str, durable: bool) -> Any:
+    def _forwarder(self, subject: str, durable: bool) -> Callable[[Event], Awaitable[None]]:
         async def forward(event: Event) -> None:
             if self._from_nats.get(id(event)) is event:
                 del self._from_nats[id(event)]  # it came from NATS: never send it back
@@ -509,12 +510,12 @@ class NatsBridge(ComponentBase):
                 if event is not None:
                     await self._deliver(bus, event)
 
-    def _decode(self, msg: Msg) -> Event | None:
+    def _decode(self, msg: Carried) -> Event | None:
         if msg.headers and msg.headers.get(ORIGIN_HEADER) == self.origin:
             self.stats.echoes += 1
             return None
         try:
-            event = decode(msg.data)
+            event = decode(msg.data or b"")
         except msgspec.DecodeError as exc:
             self.stats.undecodable += 1
             log.error(

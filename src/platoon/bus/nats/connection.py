@@ -15,7 +15,7 @@ import random
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -24,6 +24,9 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NatsClient
+from nats.aio.client import Server
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.js import JetStreamContext
 
 from platoon.bus.nats.stats import BridgeStats
 from platoon.bus.nats.wire import NatsBridgeError
@@ -31,6 +34,15 @@ from platoon.bus.nats.wire import NatsBridgeError
 log = structlog.get_logger("platoon.bus.nats")
 
 SCHEMES = ("nats", "tls", "ws", "wss")
+T = TypeVar("T")
+
+
+class Login(TypedDict, total=False):
+    """nats-py's connect options that say who we are (from a credentials file)."""
+
+    user: str
+    password: str
+    user_credentials: str
 
 
 class Connection:
@@ -62,7 +74,7 @@ class Connection:
         self.connect_timeout = connect_timeout
         self.reconnect_wait = reconnect_wait
         self.reconnect_max_wait = reconnect_max_wait
-        self.login = read_credentials(Path(credentials)) if credentials is not None else {}
+        self.login = read_credentials(Path(credentials)) if credentials is not None else Login()
         self.server = public_url(urls[0])
         self.last_error = ""
         self.nc: NatsClient | None = None
@@ -72,25 +84,24 @@ class Connection:
 
     async def connect(self) -> NatsClient:
         nc = NatsClient()
-        options: dict[str, Any] = {
-            "servers": self.urls,
-            "name": self.name,
-            "no_echo": True,
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": self.reconnect_wait,
-            "connect_timeout": min(self.connect_timeout, 2.0),
-            "reconnect_to_server_handler": self._next_server,
-            "error_cb": self._on_error,
-            "disconnected_cb": self._on_disconnected,
-            "reconnected_cb": self._on_reconnected,
-        }
-        if self.tls is not None:
-            options["tls"] = self.tls
-        options.update(self.login)
         try:
             with anyio.fail_after(self.connect_timeout):
-                await nc.connect(**options)
+                await nc.connect(
+                    servers=self.urls,
+                    name=self.name,
+                    no_echo=True,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    # nats-py annotates these two as int; it takes seconds, fractions too.
+                    reconnect_time_wait=self.reconnect_wait,  # type: ignore[arg-type]
+                    connect_timeout=min(self.connect_timeout, 2.0),  # type: ignore[arg-type]
+                    reconnect_to_server_handler=self._next_server,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                    tls=self.tls,
+                    **self.login,
+                )
         except TimeoutError:
             await close_quietly(nc)
             raise NatsBridgeError(
@@ -104,7 +115,7 @@ class Connection:
         self.nc = nc
         return nc
 
-    async def jetstream_call(self, call: Awaitable[Any]) -> Any:
+    async def jetstream_call(self, call: Awaitable[T]) -> T:
         """Await a JetStream set-up call, turning "no JetStream here" into a clear error."""
         try:
             return await call
@@ -122,7 +133,9 @@ class Connection:
                 raise NatsBridgeError(f"the connection to NATS at {self.server} is closed")
             await anyio.sleep(0.01)
 
-    async def leave(self, nc: NatsClient, subscriptions: Iterable[Any]) -> None:
+    async def leave(
+        self, nc: NatsClient, subscriptions: Iterable[NatsSubscription | JetStreamContext.PullSubscription]
+    ) -> None:
         """Unsubscribe and wait until the server has seen it, then close. Closing alone leaves
         our queue-group member in place until the server notices the dead socket, and work
         sent to it meanwhile would be lost."""
@@ -138,7 +151,7 @@ class Connection:
             log.debug("leaving NATS uncleanly", error=f"{type(exc).__name__}: {exc}")
         await close_quietly(nc)
 
-    def _next_server(self, servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+    def _next_server(self, servers: list[Server], info: dict[str, object]) -> tuple[Server, float]:
         """Reconnect policy: the least-tried server, after an exponential, jittered backoff."""
         server = min(servers, key=lambda s: s.reconnects)
         if server.reconnects == 0:
@@ -182,7 +195,7 @@ def require_asyncio() -> None:
         ) from None
 
 
-def read_credentials(path: Path) -> dict[str, str]:
+def read_credentials(path: Path) -> Login:
     """nats-py connect options from a credentials file: a `.creds` file, or platoon's JSON."""
     if not path.is_file():
         raise NatsBridgeError(f"NATS credentials file {path} does not exist")

@@ -14,7 +14,6 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import msgspec
@@ -42,7 +41,7 @@ class Pending(msgspec.Struct):
     subject: str
     data: bytes
     headers: dict[str, str]
-    ack: asyncio.Future[Any] | None
+    ack: asyncio.Future[api.PubAck] | None
     deadline: float  # when to give up waiting for `ack` and publish again
     connection: int  # which connection it went out on (the count of disconnects then)
 
@@ -168,7 +167,7 @@ class Durable:
         self,
         bus: Bus,
         nc: NatsClient,
-        pull: Any,
+        pull: JetStreamContext.PullSubscription,
         decode: Callable[[Msg], Event | None],
         deliver: Callable[[Bus, Event], Awaitable[None]],
     ) -> None:
@@ -225,7 +224,7 @@ class Durable:
         if missing:
             await js.update_stream(config=info.config.evolve(subjects=known + missing))
 
-    async def consumer(self, js: JetStreamContext) -> Any:
+    async def consumer(self, js: JetStreamContext) -> JetStreamContext.PullSubscription:
         subjects = self.subjects()
         config = api.ConsumerConfig(
             durable_name=self.durable_name,
@@ -238,7 +237,7 @@ class Durable:
         return await js.pull_subscribe_bind(durable=self.durable_name, stream=self.stream)
 
 
-async def settle(acknowledge: Any) -> None:
+async def settle(acknowledge: Callable[[], Awaitable[None]]) -> None:
     """Ack or term a JetStream message; if that is lost, the seen-set drops the redelivery."""
     try:
         await acknowledge()

@@ -11,13 +11,11 @@ read that end and stop: start the trainer first, or use a new run).
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 
 from platoon.bus.events import Event
 from platoon.bus.nats.wire import tag
@@ -82,7 +80,7 @@ class Facts:
                 "could not keep a fact in the state stream", type=type(event).__name__, error=str(exc)
             )
 
-    async def last(self, js: JetStreamContext | None) -> list[Any]:
+    async def last(self, js: JetStreamContext | None) -> list[api.RawStreamMsg]:
         """The kept message of each type (none if this bridge does not read facts)."""
         if not self.read or js is None:
             return []

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -25,6 +26,18 @@ WORK_QUEUE = "platoon-work"  # the queue group work is offered to
 ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 LOCAL_ONLY: tuple[type[Event], ...] = (WorkClaimed,)  # a bridge's own facts, never carried
+
+
+class Carried(Protocol):
+    """What the bridge reads of a message from NATS: one delivered to a subscription (`Msg`),
+    or one read back from a stream (`RawStreamMsg`, whose fields may be missing)."""
+
+    @property
+    def subject(self) -> str | None: ...
+    @property
+    def data(self) -> bytes | None: ...
+    @property
+    def headers(self) -> dict[str, str] | None: ...
 
 
 class NatsBridgeError(RuntimeError):

@@ -24,7 +24,6 @@ import random
 import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import nats.errors
@@ -32,6 +31,7 @@ import structlog
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 
 from platoon.bus.events import Event, WorkClaimed
 from platoon.bus.nats.connection import Connection
@@ -180,8 +180,8 @@ class Taker:
         self.take_at_once = take_at_once
         self.offer_timeout = offer_timeout
         self.stats = stats
-        self.members: set[Any] = set()  # our memberships of work groups now (two per subject)
-        self.answers: Any = None  # one subscription for every confirmation of our claims
+        self.members: set[NatsSubscription] = set()  # our memberships of work groups now (two per subject)
+        self.answers: NatsSubscription | None = None  # one subscription for every confirmation of our claims
         self._waiting: dict[str, tuple[bytes, anyio.Event]] = {}  # token -> (the proof, its signal)
         self._prefix = ""
 
@@ -194,10 +194,10 @@ class Taker:
         self._prefix = nc.new_inbox()
         self.answers = await nc.subscribe(f"{self._prefix}.*", cb=self._on_answer)
 
-    def subscriptions(self) -> list[Any]:
+    def subscriptions(self) -> list[NatsSubscription]:
         return [*self.members, *([self.answers] if self.answers is not None else [])]
 
-    async def join(self, nc: NatsClient, subject: str) -> Any:
+    async def join(self, nc: NatsClient, subject: str) -> NatsSubscription:
         """Join the work queue group for the next `take_at_once` offers; the server ends the
         membership after them, so a consumer that stops running drops out by itself."""
         member = await nc.subscribe(subject, queue=WORK_QUEUE)
@@ -210,7 +210,7 @@ class Taker:
         tg: TaskGroup,
         nc: NatsClient,
         subject: str,
-        member: Any,
+        member: NatsSubscription,
         play: Callable[[Msg], Awaitable[None]],
     ) -> None:
         """Take one membership's offers. Its first offer joins the group again (we run, so we
