@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import types
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -184,12 +185,17 @@ async def test_no_checkpoints_when_save_every_is_zero_and_no_total(tmp_path):
     assert not (tmp_path / "checkpoints.jsonl").exists()
 
 
-async def test_the_idle_fraction_counts_the_time_spent_waiting_for_batches(tmp_path):
+async def test_the_idle_fraction_counts_the_time_spent_waiting_for_batches(tmp_path, monkeypatch):
+    # The trainer's clock reads 0 when it starts waiting and 100 ever after: 100 s idle, then
+    # a step that takes no time, whatever the machine's speed.
+    from platoon.train import trainer
+
+    readings = iter([0.0])
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(monotonic=lambda: next(readings, 100.0)))
     async with trainer_bus(tmp_path) as (bus, _, _):
-        await anyio.sleep(0.2)  # no batch yet: the trainer is idle
         (finished,) = await steps(bus, [BatchReady(step=0, datums=[datum(0)])])
-    assert finished.metrics["trainer/idle_fraction"] > 0.9
-    assert finished.metrics["time/trainer_idle"] >= 0.2
+    assert finished.metrics["trainer/idle_fraction"] == 1.0
+    assert finished.metrics["time/trainer_idle"] == 100.0
 
 
 def fixed_reward(finished: Any, graded: Any) -> float:
