@@ -260,7 +260,7 @@ class Bus:
         """
         if self._tg is None or self._closing:
             raise BusClosed("subscribe needs a running bus: use `async with Bus() as bus:`")
-        name = name or getattr(handler, "__qualname__", repr(handler))
+        name = name or str(getattr(handler, "__qualname__", None) or repr(handler))
         sub = self._add(event_type, name, buffer)
         self._tg.start_soon(self._handle, sub, handler, name=f"platoon.bus:{name}")
         return sub

@@ -112,7 +112,9 @@ def register_event(cls: E) -> E:
     """
     if not (isinstance(cls, type) and issubclass(cls, Event)):
         raise TypeError(f"register_event expects a subclass of platoon.bus.Event, got {cls!r}")
-    tag = msgspec.inspect.type_info(cls).tag
+    info = msgspec.inspect.type_info(cls)
+    assert isinstance(info, msgspec.inspect.StructType)
+    tag = str(info.tag)  # Event sets tag=True: the class name, a str
     existing = _REGISTRY.get(tag)
     if existing is not None and existing is not cls:
         raise ValueError(

@@ -147,8 +147,8 @@ def event_graph(components: Iterable[object | tuple[str, object]]) -> EventGraph
             Node(
                 name=str(name),
                 cls=cls,
-                subscribes=tuple(subscribes) if declared else None,
-                publishes=tuple(publishes) if declared else None,
+                subscribes=tuple(subscribes or ()) if declared else None,
+                publishes=tuple(publishes or ()) if declared else None,
             )
         )
     return EventGraph(nodes)

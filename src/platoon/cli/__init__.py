@@ -263,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("platoon: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except Exception as raised:
         if args.debug:
             raise
+        exc: BaseException = raised
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
             exc = exc.exceptions[0]  # an error from inside a task group: say the error itself
         code = getattr(exc, "code", None)
@@ -303,7 +304,7 @@ def _terminate_like_interrupt(handler: str) -> Any:
     return signal.signal(signal.SIGTERM, interrupt)
 
 
-def _exit_code(exc: Exception) -> int:
+def _exit_code(exc: BaseException) -> int:
     if type(exc).__name__ == "ConfigError":
         return EXIT_CONFIG
     return EXIT_ERROR

@@ -6,6 +6,7 @@ damage, and the command then says what was lost and exits 1; `--salvage` exits 0
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from platoon.bus.events import event_types
 from platoon.cli import CommandError
 
 
-def events(args) -> int:
+def events(args: argparse.Namespace) -> int:
     try:
         return _print(args)
     except BrokenPipeError:  # `platoon events RUN | head` closed the pipe: not an error
@@ -25,7 +26,7 @@ def events(args) -> int:
         return 0
 
 
-def _print(args) -> int:
+def _print(args: argparse.Namespace) -> int:
     wanted = set(args.types or ())
     known = sorted(t.__name__ for t in event_types())
     unknown = sorted(wanted - set(known))
@@ -56,6 +57,6 @@ def _print(args) -> int:
     return 0
 
 
-def _short(value, limit: int = 60) -> str:
+def _short(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -230,7 +230,7 @@ def _type_name(kind: Any) -> str:
         return "one of " + ", ".join(repr(v) for v in kind.values)
     if isinstance(kind, mi.UnionType):
         return " | ".join(_type_name(t) for t in kind.types)
-    names = {
+    names: dict[type[mi.Type], str] = {
         mi.IntType: "int",
         mi.FloatType: "float",
         mi.StrType: "str",

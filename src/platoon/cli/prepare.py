@@ -284,7 +284,7 @@ def _pull_models(config: Config) -> bool:
 
     named = [spec.train.model_name for spec in resolve_policies(config).values()]
     named += [config.eval.model_name] if config.eval and config.eval.model_name else []
-    found = {}
+    found: dict[str, tuple[str, models.ModelEntry]] = {}
     for name in named:
         builtin = builtin_model_name(name)
         entry = models.find_model(builtin) if builtin else None
@@ -292,10 +292,12 @@ def _pull_models(config: Config) -> bool:
             found.setdefault(entry.name, (name, entry))
     for name, entry in found.values():
         already = models.is_pulled(entry)
+
+        def say(line: str, name: str = name) -> None:
+            print(f"model {name}: {line}", flush=True)
+
         try:
-            directory = models.pull(
-                entry, say=lambda line, name=name: print(f"model {name}: {line}", flush=True)
-            )
+            directory = models.pull(entry, say=say)
         except models.ModelError as exc:
             raise CommandError(f"model {name}: {exc}") from None
         print(f"model {name}: {'already pulled' if already else 'pulled'} into {directory} ({entry.license})")

@@ -56,14 +56,14 @@ def render_tree(events: Sequence[Event]) -> str:
                 args = _clip(json.dumps(event.arguments, ensure_ascii=False), 80)
                 items[event.agent_id].append(f"tool {event.name}({args})")
             case ToolReturned():
-                out = f"error: {event.error}" if event.error else _clip(event.output)
+                result = f"error: {event.error}" if event.error else _clip(event.output)
                 extra = "".join(
                     [
                         f" reward={event.reward:g}" if event.reward is not None else "",
                         " finished" if event.finished else "",
                     ]
                 )
-                items[event.agent_id].append(f"  -> {out}{extra}")
+                items[event.agent_id].append(f"  -> {result}{extra}")
             case AgentFinished():
                 ends[event.agent_id] = event
             case EpisodeFinished():
@@ -81,8 +81,8 @@ def render_tree(events: Sequence[Event]) -> str:
                 if event.reward is None:
                     footer.append(f"not graded: {event.reason}")
                 else:
-                    extra = {k: v for k, v in event.rewards.items() if k != "reward"}
-                    footer.append(f"reward: {event.reward:g}" + (f"  {extra}" if extra else ""))
+                    parts = {k: v for k, v in event.rewards.items() if k != "reward"}
+                    footer.append(f"reward: {event.reward:g}" + (f"  {parts}" if parts else ""))
 
     out = list(header)
 

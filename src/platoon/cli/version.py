@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import platform
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -19,7 +20,7 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def version(args) -> int:
+def version(args: argparse.Namespace) -> int:
     for name, value in versions().items():
         print(f"{name:<14}{value or '(not installed)'}")
     return 0

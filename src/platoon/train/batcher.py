@@ -219,14 +219,14 @@ class CreditAssigner(ComponentBase):
                         case EpisodeGraded(purpose="train") if event.episode_id in self.abandoned:
                             self.dropped["abandoned"] += 1
                         case EpisodeGraded(purpose="train") if event.group_id in self.groups:
-                            record = self.records.get(event.episode_id)
-                            if record is None or record.graded or record.held is not None:
+                            held = self.records.get(event.episode_id)
+                            if held is None or held.graded or held.held is not None:
                                 self.dropped["duplicate"] += 1
                             elif self.sealed:
-                                record.held = event
+                                held.held = event
                                 await self._release(bus, tg, event.episode_id)
                             else:
-                                record.graded = True
+                                held.graded = True
                                 await self._graded(bus, tg, event)
                         case EpisodeGraded(purpose="train") if event.group_id in self.closed:
                             self.dropped["straggler"] += 1

@@ -156,12 +156,12 @@ async def evaluate(
                     case AgentSpawned() if event.episode_id in mine:
                         agents.depth[event.agent_id] = (event.episode_id, event.depth)
                         agents.policy[event.agent_id] = event.policy
-                    case AgentFinished(reward=float()) if event.episode_id in mine:
-                        agents.reward[event.agent_id] = event.reward
-                    case EpisodeAbandoned(replaced_by=str()) if event.episode_id in mine:
+                    case AgentFinished(reward=float(reward)) if event.episode_id in mine:
+                        agents.reward[event.agent_id] = reward
+                    case EpisodeAbandoned(replaced_by=str(replaced_by)) if event.episode_id in mine:
                         # Re-requested under a new id (its worker went silent): wait for that
                         # one, and count nothing more of the old attempt, should it come back.
-                        mine[event.replaced_by] = mine.pop(event.episode_id)
+                        mine[replaced_by] = mine.pop(event.episode_id)
                         agents.forget(event.episode_id)
                     case EpisodeGraded() if event.episode_id in mine and event.episode_id not in graded:
                         graded[event.episode_id] = event

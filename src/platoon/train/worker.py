@@ -9,7 +9,7 @@ import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import structlog
@@ -29,8 +29,9 @@ from platoon.bus.events import (
     RunFinished,
     WorkerStatus,
 )
+from platoon.policy.base import Sampler
 from platoon.policy.tinker import TinkerSamplerFactory, tinker_service_client
-from platoon.programs import EpisodeRunner
+from platoon.programs import EntrySettings, EpisodeRunner
 from platoon.train.distributed import identity_mismatch
 
 __all__ = [
@@ -42,10 +43,15 @@ __all__ = [
     "Worker",
 ]
 
+if TYPE_CHECKING:
+    import tinker
+
+    from platoon.bus.nats import NatsBridge
+
 log = structlog.get_logger("platoon.distributed")
 
 
-SamplerFor = Callable[[PolicyUpdated], Awaitable[Any]]
+SamplerFor = Callable[[PolicyUpdated], Awaitable[Sampler]]
 
 
 class PolicyFollower(ComponentBase):
@@ -69,7 +75,7 @@ class PolicyFollower(ComponentBase):
         self.trainer_identity: dict[str, str] = {}
         self.heard_at: float | None = None  # anyio clock of the last announcement
         self._changed = anyio.Event()
-        self._samplers: dict[str, tuple[tuple[str | None, int, str], Any]] = {}  # the newest per policy
+        self._samplers: dict[str, tuple[tuple[str | None, int, str], Sampler]] = {}  # the newest per policy
         self._retired: set[str] = set()
         self._bus: Bus | None = None
 
@@ -149,13 +155,13 @@ class PolicyFollower(ComponentBase):
         """The gateway's sampler factory of the policy `name`."""
         return _FollowedPolicy(self, name)
 
-    async def initial(self) -> Any:
+    async def initial(self) -> Sampler:
         return await self._sampler(await self.known())
 
-    async def updated(self, event: PolicyUpdated) -> Any:
+    async def updated(self, event: PolicyUpdated) -> Sampler:
         return await self._sampler(event)
 
-    async def _sampler(self, policy: PolicyUpdated) -> Any:
+    async def _sampler(self, policy: PolicyUpdated) -> Sampler:
         key = (self.trainer, policy.version, policy.sampler_path)
         kept = self._samplers.get(policy.policy)
         if kept is None or kept[0] != key:
@@ -170,10 +176,10 @@ class _FollowedPolicy:
     follower: PolicyFollower
     name: str
 
-    async def initial(self) -> Any:
+    async def initial(self) -> Sampler:
         return await self.follower._sampler(await self.follower.known(self.name))
 
-    async def updated(self, event: PolicyUpdated) -> Any:
+    async def updated(self, event: PolicyUpdated) -> Sampler:
         return await self.follower._sampler(event)
 
 
@@ -182,8 +188,16 @@ class FollowingRunner(EpisodeRunner):
     versions it was made for (at most `policy_wait` s; after that it plays on what it has and
     the trainer's staleness filter decides)."""
 
-    def __init__(self, entries: list[Any], *, follower: PolicyFollower, policy_wait: float = 30.0, **kw: Any):
-        super().__init__(entries, **kw)
+    def __init__(
+        self,
+        entries: list[EntrySettings],
+        *,
+        follower: PolicyFollower,
+        policy_wait: float = 30.0,
+        worker: str = "",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(entries, worker=worker, seed=seed)
         self.follower = follower
         self.policy_wait = policy_wait
 
@@ -257,10 +271,10 @@ class Worker:
 
     def __init__(
         self,
-        components: list[Any],
+        components: list[object],
         *,
-        results: Any,
-        work: Any,
+        results: NatsBridge,
+        work: NatsBridge,
         follower: PolicyFollower,
         seal: ResultSeal,
         name: str,
@@ -422,9 +436,9 @@ class TinkerPolicies:
         # of its own), and its model should an announcement not say
         self.base_urls = dict(base_urls or {})
         self.model_names = dict(model_names or {})
-        self.clients: dict[str | None, Any] = {}
+        self.clients: dict[str | None, tinker.ServiceClient] = {}
 
-    def _client(self, base_url: str | None, policy: str = "default") -> Any:
+    def _client(self, base_url: str | None, policy: str = "default") -> tinker.ServiceClient:
         configured = self.base_urls.get(policy, self.base_url)
         own = os.environ.get("TINKER_BASE_URL") or configured
         url = own or base_url
@@ -432,7 +446,7 @@ class TinkerPolicies:
             if url is None:
                 self.clients[url] = tinker_service_client(configured)
             else:
-                import tinker
+                import tinker  # the tinker extra, and it imports torch: only a worker on Tinker
 
                 trusted = url == own or self.trust_announced
                 api_key = (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
@@ -445,7 +459,7 @@ class TinkerPolicies:
                 self.clients[url] = tinker.ServiceClient(base_url=url, api_key=api_key)
         return self.clients[url]
 
-    async def __call__(self, policy: Any) -> Any:
+    async def __call__(self, policy: PolicyUpdated) -> Sampler:
         client = await anyio.to_thread.run_sync(self._client, policy.base_url, policy.policy)
         factory = TinkerSamplerFactory(
             client,
@@ -456,12 +470,12 @@ class TinkerPolicies:
         return await factory.initial()
 
 
-async def _first(**waits: Callable[[], Awaitable[Any]]) -> str:
+async def _first(**waits: Callable[[], Awaitable[object]]) -> str:
     """Run the waits together; the name of the first to return."""
     winner = ""
     async with anyio.create_task_group() as tg:
 
-        async def wait(name: str, fn: Callable[[], Awaitable[Any]]) -> None:
+        async def wait(name: str, fn: Callable[[], Awaitable[object]]) -> None:
             nonlocal winner
             await fn()
             winner = winner or name

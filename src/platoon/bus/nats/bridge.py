@@ -70,8 +70,8 @@ class NatsBridge(ComponentBase):
 
     name = "nats-bridge"
     # Any event its settings name; an instance declares its own (see `__init__`).
-    subscribes = (Event,)
-    publishes = (Event,)
+    subscribes: tuple[type[Event], ...] = (Event,)
+    publishes: tuple[type[Event], ...] = (Event,)
 
     def __init__(
         self,

@@ -50,7 +50,7 @@ class Leases:
             tokens.remove(token)
 
     def valid(self, episode_id: str, token: str | None) -> bool:
-        return bool(token) and any(
+        return token is not None and any(
             secrets.compare_digest(token, issued) for issued in self._tokens.get(episode_id, ())
         )
 

@@ -46,7 +46,9 @@ class NatsBridgeError(RuntimeError):
 
 @functools.cache
 def tag(event_type: type[Event]) -> str:
-    return str(msgspec.inspect.type_info(event_type).tag)
+    info = msgspec.inspect.type_info(event_type)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return str(info.tag)
 
 
 def subject_for(run: str, event_type: type[Event]) -> str:
