@@ -12,7 +12,7 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -35,12 +35,29 @@ __all__ = [
     "wait_future",
 ]
 
+if TYPE_CHECKING:
+    import tinker
+
 log = structlog.get_logger("platoon.policy")
 
+T = TypeVar("T")
 
-async def wait_future(future: Any) -> Any:
+
+class _HasFuture(Protocol[T]):
+    """A tinker `APIFuture`: it hands out the concurrent future it completes."""
+
+    def future(self) -> concurrent.futures.Future[T]: ...
+
+
+async def wait_future(future: _HasFuture[T] | concurrent.futures.Future[T]) -> T:
     """Await a tinker `APIFuture` (or a `concurrent.futures.Future`) under any anyio backend."""
-    cf: concurrent.futures.Future[Any] = future.future() if hasattr(future, "future") else future
+    # A tinker APIFuture hands out its concurrent future; some are concurrent futures themselves
+    # too, through a deprecated wrapper that warns on use, so `future()` goes first.
+    cf = (
+        future.future()
+        if not isinstance(future, concurrent.futures.Future) or hasattr(future, "future")
+        else future
+    )
     if cf.done():
         return cf.result()
     if sniffio.current_async_library() == "asyncio":
@@ -49,7 +66,7 @@ async def wait_future(future: Any) -> Any:
     token = anyio.lowlevel.current_token()
     loop_thread = threading.get_ident()
 
-    def wake(_: concurrent.futures.Future[Any]) -> None:
+    def wake(_: concurrent.futures.Future[T]) -> None:
         if threading.get_ident() == loop_thread:  # it finished while we were adding the callback
             done.set()
             return
@@ -66,7 +83,7 @@ async def wait_future(future: Any) -> Any:
 class TinkerSampler:
     """A `Sampler` over one `tinker.SamplingClient` (one set of weights: one version)."""
 
-    def __init__(self, client: Any, version: int = 0) -> None:
+    def __init__(self, client: tinker.SamplingClient, version: int = 0) -> None:
         self.client = client
         self.version = version
 
@@ -108,7 +125,12 @@ class TinkerSamplerFactory:
     """Makes a `TinkerSampler` for the base model, then one per `PolicyUpdated`."""
 
     def __init__(
-        self, service_client: Any, base_model: str, *, model_path: str | None = None, version: int = 0
+        self,
+        service_client: tinker.ServiceClient,
+        base_model: str,
+        *,
+        model_path: str | None = None,
+        version: int = 0,
     ):
         self.service_client = service_client
         self.base_model = base_model
@@ -128,21 +150,22 @@ class TinkerSamplerFactory:
         )
 
 
-async def sampling_client(service_client: Any, **kwargs: Any) -> Any:
+async def sampling_client(
+    service_client: tinker.ServiceClient, *, model_path: str | None = None, base_model: str | None = None
+) -> tinker.SamplingClient:
     """`create_sampling_client` in a worker thread: the SDK may block while it sets up."""
 
-    def create() -> Any:
-        value = service_client.create_sampling_client(**kwargs)
-        return value.result() if hasattr(value, "result") else value
+    def create() -> tinker.SamplingClient:
+        return service_client.create_sampling_client(model_path=model_path, base_model=base_model).result()
 
     return await anyio.to_thread.run_sync(create)
 
 
 @contextlib.asynccontextmanager
-async def closing(service_client: Any) -> AsyncIterator[Any]:
+async def closing(service_client: tinker.ServiceClient) -> AsyncIterator[tinker.ServiceClient]:
     """Finish the client's Tinker session on the way out (success, or errored on an error),
     which also stops its heartbeats: a session left open keeps pinging a server that is gone."""
-    status = "errored"
+    status: Literal["success", "errored"] = "errored"
     try:
         yield service_client
         status = "success"
@@ -161,7 +184,7 @@ _NO_SERVICE = (
 )
 
 
-def tinker_service_client(base_url: str | None) -> Any:
+def tinker_service_client(base_url: str | None) -> tinker.ServiceClient:
     """A `tinker.ServiceClient` for `base_url`, else `$TINKER_BASE_URL`, else hosted Tinker."""
     try:
         import tinker
