@@ -35,6 +35,7 @@ from platoon.gateway import Gateway
 from platoon.models import loading
 from platoon.policy.base import SamplerFactory
 from platoon.programs import EpisodeRunner, Grader
+from platoon.programs.runner import checked_entry
 from platoon.stats.metrics import MetricsSink
 from platoon.stats.progress import TrainProgress
 from platoon.train.batcher import CreditAssigner
@@ -151,6 +152,8 @@ class Run:
         yields the bus. Leaving the block cancels the components and closes the services."""
         if self.purpose == "worker":
             raise SystemError("a worker runs in stages: use Run.worker()")
+        for entry in self.settings.runner.entries if self.settings.runner else ():
+            checked_entry(entry)  # a misnamed harness is said now, not after the model loads
         async with self._opened() as components:
             self.components = components
             async with Bus() as bus, running(bus, components):

@@ -5,6 +5,7 @@ goes on with it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import shutil
 import sys
@@ -27,6 +28,7 @@ __all__ = ["RunStopped", "how_to_resume", "train_command"]
 
 # What a training run leaves (a rollout or an eval of the same config shares the directory).
 _RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl")
+_FAILED = ".failed-attempt"
 
 
 class RunStopped(RuntimeError):
@@ -60,19 +62,43 @@ def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
 
 
 def _holds_run(directory: Path) -> bool:
-    return any((directory / name).exists() for name in _RUN_FILES)
+    """Whether a run trained at least one step here (its metrics or a checkpoint say so)."""
+    for name in ("metrics.jsonl", "checkpoints.jsonl"):
+        with contextlib.suppress(OSError), open(directory / name, "rb") as f:
+            if any(line.strip() for line in f):
+                return True
+    return False
+
+
+def _set_aside_failed_attempt(directory: Path) -> None:
+    """An attempt that ended before its first step (a config problem, say) leaves the run's
+    files and no step: they go to `.failed-attempt/` (replacing an older one) so that the
+    command, fixed, runs here again without asking, and what the attempt logged is kept."""
+    if not any((directory / name).exists() for name in _RUN_FILES):
+        return
+    aside = directory / _FAILED
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for path in directory.iterdir():
+        if path.name != _FAILED:
+            path.rename(aside / path.name)
+    print(
+        f"platoon: {directory} held an attempt that trained no step; it is kept in {aside}", file=sys.stderr
+    )
 
 
 def _claimed(config: Config, directory: Path, *, new_trial: bool, overwrite: bool) -> tuple[Config, Path]:
     """The config and directory a new run writes to, when its directory may hold a run already:
     refused with the three ways on, or a numbered new trial beside it, or the old run deleted."""
     if not _holds_run(directory):
+        _set_aside_failed_attempt(directory)
         return config, directory
     n = 2
     while _holds_run(directory.with_name(f"{directory.name}-{n}")):
         n += 1
     beside = directory.with_name(f"{directory.name}-{n}")
     if new_trial:
+        _set_aside_failed_attempt(beside)
         stats = msgspec.structs.replace(config.stats, trial_name=beside.name)
         return msgspec.structs.replace(config, stats=stats), beside
     if overwrite:

@@ -76,6 +76,23 @@ class EntrySettings:
     default_policy: str = DEFAULT_POLICY  # the policy of agents that `agents.policy` does not choose
 
 
+def checked_entry(entry: EntrySettings) -> tuple[dict[str, object], object]:
+    """Resolve every harness an entry may pick and validate its options and its program's:
+    (each harness's options by name, the program's options). Raises on a name or an option
+    that is wrong, so a run can say so before it opens anything."""
+    names = [entry.harness] if isinstance(entry.harness, str) else list(entry.harness)
+    # A mixture may give each harness its own options: `harness_options: {name: {...}}`.
+    per_harness = len(names) > 1 and bool(entry.harness_options) and set(entry.harness_options) <= set(names)
+    options: dict[str, object] = {}
+    for name in names:
+        harness = get_harness(name)
+        given = entry.harness_options.get(name, {}) if per_harness else entry.harness_options
+        path = f"{entry.path}.harness_options" + (f".{name}" if per_harness else "")
+        options[name] = validate_options(harness, given, path)
+    program = validate_program_options(entry.program, entry.program_options, f"{entry.path}.program_options")
+    return options, program
+
+
 class EpisodeRunner(ComponentBase):
     """The runner component. `entries` are the environment entries it plays."""
 
@@ -126,23 +143,8 @@ class EpisodeRunner(ComponentBase):
         self._requests: Stream[EpisodeRequested] | None = None
         self._env_faults: dict[str, list[str]] = {}  # episodes being played -> the env's failures
         for entry in entries:
-            self._check(entry)
-
-    def _check(self, entry: EntrySettings) -> None:
-        """Resolve every harness an entry may pick and validate its options before anything runs."""
-        names = [entry.harness] if isinstance(entry.harness, str) else list(entry.harness)
-        # A mixture may give each harness its own options: `harness_options: {name: {...}}`.
-        per_harness = (
-            len(names) > 1 and bool(entry.harness_options) and set(entry.harness_options) <= set(names)
-        )
-        for name in names:
-            harness = get_harness(name)
-            options = entry.harness_options.get(name, {}) if per_harness else entry.harness_options
-            path = f"{entry.path}.harness_options" + (f".{name}" if per_harness else "")
-            self.options[entry.name, name] = validate_options(harness, options, path)
-        self.program_options[entry.name] = validate_program_options(
-            entry.program, entry.program_options, f"{entry.path}.program_options"
-        )
+            options, self.program_options[entry.name] = checked_entry(entry)
+            self.options.update({(entry.name, name): o for name, o in options.items()})
 
     def on_attach(self, bus: Bus) -> None:
         self._requests = bus.stream(EpisodeRequested, name="runner").open()

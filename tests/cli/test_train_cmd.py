@@ -1,0 +1,78 @@
+"""`platoon train`: a run folder that holds a trained step needs a choice; one whose attempt
+trained nothing is reused; names a run needs are checked before anything opens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from platoon.cli import CommandError, main
+from platoon.cli.train import _claimed
+from platoon.config import validate_config
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart"
+CONFIG = validate_config(
+    {
+        "environments": [{"env": "platoon-number-search@1", "harness": "platoon-react"}],
+        "train": {"backend": "local", "model_name": "platoon-tiny-qwen3", "renderer_name": "qwen3_instruct"},
+    }
+)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump({"runs": str(tmp_path / "runs"), "cache": str(tmp_path / "cache")}))
+    monkeypatch.setenv("PLATOON_SITE", str(profile))
+    monkeypatch.syspath_prepend(str(QUICKSTART))
+    monkeypatch.chdir(QUICKSTART)
+    return tmp_path
+
+
+def _attempt(directory: Path, *, trained: bool) -> None:
+    """What a run leaves: its identity and events, and a step's metrics when one trained."""
+    directory.mkdir(parents=True)
+    (directory / "identity.json").write_text("{}")
+    (directory / "events.jsonl").write_text('{"first": "attempt"}\n')
+    (directory / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n' if trained else "")
+
+
+def test_a_folder_whose_attempt_trained_no_step_is_reused_and_the_attempt_kept(tmp_path, capsys):
+    run = tmp_path / "run"
+    _attempt(run, trained=False)
+    config, directory = _claimed(CONFIG, run, new_trial=False, overwrite=False)
+    assert directory == run and config is CONFIG
+    assert sorted(p.name for p in run.iterdir()) == [".failed-attempt"]
+    assert (run / ".failed-attempt" / "events.jsonl").read_text() == '{"first": "attempt"}\n'
+    assert ".failed-attempt" in capsys.readouterr().err
+    # a second failed attempt replaces the first one's files
+    (run / "identity.json").write_text("{}")
+    (run / "events.jsonl").write_text('{"second": "attempt"}\n')
+    _claimed(CONFIG, run, new_trial=False, overwrite=False)
+    assert (run / ".failed-attempt" / "events.jsonl").read_text() == '{"second": "attempt"}\n'
+    assert not (run / ".failed-attempt" / ".failed-attempt").exists()
+
+
+def test_a_folder_with_a_trained_step_still_asks(tmp_path):
+    run = tmp_path / "run"
+    _attempt(run, trained=True)
+    with pytest.raises(CommandError, match="already holds a run: pass --resume"):
+        _claimed(CONFIG, run, new_trial=False, overwrite=False)
+    assert (run / "metrics.jsonl").exists()
+    # a new trial beside it that an attempt left untrained is used, its attempt set aside
+    _attempt(tmp_path / "run-2", trained=False)
+    config, directory = _claimed(CONFIG, run, new_trial=True, overwrite=False)
+    assert directory == tmp_path / "run-2" and config.stats.trial_name == "run-2"
+    assert (directory / ".failed-attempt" / "identity.json").exists()
+
+
+def test_a_misnamed_harness_is_said_before_any_model_is_built(site, capsys):
+    argv = ["train", "train-local.yaml", "environments.0.harness=example-sey", "stats.trial_name=typo"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "unknown harness 'example-sey'; did you mean 'example-say'" in err
+    assert not (site / "cache" / "models").exists()  # the tiny model was never built
+    assert not (site / "runs" / "quickstart" / "typo" / "identity.json").exists()
