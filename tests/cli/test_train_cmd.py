@@ -76,3 +76,15 @@ def test_a_misnamed_harness_is_said_before_any_model_is_built(site, capsys):
     assert "unknown harness 'example-sey'; did you mean 'example-say'" in err
     assert not (site / "cache" / "models").exists()  # the tiny model was never built
     assert not (site / "runs" / "quickstart" / "typo" / "identity.json").exists()
+
+
+def test_a_tokenizer_that_is_not_here_says_every_way_on(site, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(site / "hf"))  # an empty Hugging Face cache
+    argv = ["train", "train.yaml", "train.backend=local", "stats.trial_name=hosted"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "cannot load the tokenizer 'Qwen/Qwen3-4B-Instruct-2507'" in err
+    for way in ("hf download Qwen/Qwen3-4B-Instruct-2507", "platoon models list", "platoon prepare"):
+        assert way in err
+    assert "train-local.yaml" in err
+    assert not (site / "runs" / "quickstart" / "hosted" / "identity.json").exists()  # no run to resume

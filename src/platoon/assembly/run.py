@@ -197,6 +197,7 @@ class Run:
             async with self._opened_policies_training() as assembled:
                 yield assembled
             return
+        loaded = load_policy(s.policy)  # a tokenizer that is not there is said before the run exists
         store = CheckpointStore(run_dir)
         identity = run_identity(self.config)
         candidates = store.candidates() if s.resume else []
@@ -210,7 +211,6 @@ class Run:
                     f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
                 )
             store.write_identity(identity)
-        loaded = load_policy(s.policy)
         async with open_policy(
             loaded, run_dir=run_dir, store=store, candidates=candidates, sampler_factory=self._sampler_factory
         ) as policy:
@@ -236,6 +236,7 @@ class Run:
         run_dir = s.run_dir
         assert run_dir is not None
         trained = s.trained()
+        loaded = {name: load_policy(p) for name, p in s.policies.items()}  # before the run exists
         run_store = CheckpointStore(run_dir)  # the run's identity.json
         stores = policy_stores(run_dir, trained, several=True)
         identity = run_identity(self.config)
@@ -251,7 +252,6 @@ class Run:
                     f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
                 )
             run_store.write_identity(identity)
-        loaded = {name: load_policy(p) for name, p in s.policies.items()}
         async with open_policies(
             loaded,
             run_dir=run_dir,

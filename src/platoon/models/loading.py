@@ -128,7 +128,10 @@ def load_tokenizer(name_or_path: str) -> Any:
         # Said at once: transformers would import torch (a second) only to fail the same way.
         raise SystemError(
             f"cannot load the tokenizer {name_or_path!r}: it is not a local directory and not in "
-            "the Hugging Face cache (platoon never downloads at run time)"
+            f"the Hugging Face cache, and platoon never downloads at run time. Put it there "
+            f"(`hf download {name_or_path}` on a machine with network), point model_name or "
+            "train.tokenizer at a local directory, or train a model built here (`platoon models "
+            "list`; platoon-tiny-qwen3 needs nothing); `platoon prepare CONFIG` checks this"
         )
     try:
         return tokenizer_class(name_or_path).from_pretrained(name_or_path)
