@@ -89,3 +89,20 @@ def test_a_first_step_that_graded_nothing_stops_the_run_saying_why():
     with pytest.raises(NothingGraded) as stopped:
         _check_graded({"episodes/total": 8.0, "episodes/graded": 0.0, "episodes/failed/no_reward": 8.0})
     assert "(8 no_reward)" in str(stopped.value) and "service_kwargs: {reward: sum}" in str(stopped.value)
+
+
+def test_constant_groups_are_said_on_the_step_line_and_in_the_summary(tmp_path):
+    from platoon.stats.metrics import step_line
+
+    flat = {"reward/mean": 0.0, "train/datums": 0, "credit/groups": 4, "credit/groups_removed_constant": 4}
+    assert step_line(0, 5, flat).endswith("no group told its rollouts apart: nothing to learn")
+    half = {**flat, "credit/groups_removed_constant": 2}
+    assert step_line(0, 5, half).endswith("2/4 groups alike")
+    assert "alike" not in step_line(0, 5, {**flat, "credit/groups_removed_constant": 0})
+    rows = [{"step": i, **flat} for i in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = train_summary(tmp_path)
+    assert "signal  none: in every group all rollouts of a task got one reward" in text
+    assert "Raise group_size" in text
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, **half}) + "\n")
+    assert "signal  2 of 4 groups had one reward for all their rollouts" in train_summary(tmp_path)

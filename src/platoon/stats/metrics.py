@@ -224,4 +224,11 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             else ""
         )
         parts.insert(0, f"graded {graded:.0f}/{total:.0f}{why}" + ("" if graded else ", reward n/a"))
+    groups, constant = metrics.get("credit/groups", 0), metrics.get("credit/groups_removed_constant", 0)
+    if constant:
+        parts.append(
+            "no group told its rollouts apart: nothing to learn"
+            if constant == groups
+            else f"{constant:.0f}/{groups:.0f} groups alike"
+        )
     return f"step {step + 1}{of}  " + "  ".join(parts)

@@ -46,6 +46,16 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
     else:
         lines.append("reward  no step was graded (see the step lines above)")
+    constant = sum(r.get("credit/groups_removed_constant", 0) for r in steps)
+    groups = sum(r.get("credit/groups", 0) for r in steps)
+    if groups and constant == groups:
+        lines.append(
+            "signal  none: in every group all rollouts of a task got one reward, so every advantage "
+            "was 0 and nothing trained. Raise group_size, shape the reward so that partial success "
+            "scores in between, or start from a model that sometimes succeeds (or sample hotter)"
+        )
+    elif constant:
+        lines.append(f"signal  {constant:.0f} of {groups:.0f} groups had one reward for all their rollouts")
     for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
         own = _series(rows, f"{policy}/reward/mean")
         parts = [f"reward {_span(own)}" if own else "no step graded its agents"]
