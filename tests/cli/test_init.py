@@ -36,3 +36,31 @@ def test_bad_names_and_taken_directories_are_refused(tmp_path, capsys):
     assert main(["init", "ok", "--directory", str(tmp_path / "taken")]) == 1
     assert "exists and is not empty" in capsys.readouterr().err
     assert (tmp_path / "taken" / "file").read_text() == "mine"
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.learning
+def test_a_new_project_learns_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """The scaffold's own config trains the tiny model with a reward that rises (a task it can
+    fail in varied ways), not at a constant 0 with nothing to learn from."""
+    import json
+
+    from platoon.config.site import load_site
+
+    project = tmp_path / "word-game"
+    assert main(["init", "word-game", "--directory", str(project)]) == 0
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {load_site().cache}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    try:
+        assert main(["train", "config.yaml", "stats.trial_name=learns"]) == 0
+    finally:
+        for module in ("env", "harness", "scripted"):
+            sys.modules.pop(module, None)
+    rows = (tmp_path / "runs" / "word-game" / "learns" / "metrics.jsonl").read_text().splitlines()
+    rewards = [json.loads(row)["reward/mean"] for row in rows]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last >= first + 0.1, rewards
