@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from platoon.credit.exceptions import CreditError
 from platoon.naming import unknown_name
+from platoon.plugins import PluginError, import_ref
 
 CreditRule = Callable[[Sequence[float]], list[float]]
 
@@ -35,8 +36,6 @@ def get_credit_rule(name: str) -> CreditRule:
     if name in _RULES:
         return _RULES[name]
     if ":" in name:
-        from platoon.plugins import PluginError, import_ref
-
         try:
             rule = import_ref(name)
         except PluginError as exc:

@@ -17,6 +17,7 @@ from platoon.envs.service import (
     ToolError,
     ToolResult,
 )
+from platoon.plugins import PluginError, import_ref
 
 __all__ = [
     "EnvBackend",
@@ -75,22 +76,25 @@ def build_backend(service: str | None, env: str | None, kwargs: Mapping[str, Any
         raise EnvError("an environment entry needs exactly one of `service` and `env`")
     try:
         if env is not None:
+            # the ors extra (the openreward SDK): only an ORS env loads it
             from platoon.envs.named import load_named_env
             from platoon.envs.ors import OrsBackend
 
             return _construct(OrsBackend, load_named_env(env), kwargs, what=f"env {env}")
         assert service is not None
         if service.startswith("python://"):
+            # the ors extra (the openreward SDK): only an ORS env loads it
             from platoon.envs.ors import OrsBackend
 
             ref = service.removeprefix("python://")
             return _construct(OrsBackend.from_ref, ref, kwargs, what=service)
         if service.startswith(("http://", "https://")):
-            from platoon.envs.remote import RemoteBackend
+            from platoon.envs.remote import RemoteBackend  # each kind of service loads only its own backend
 
             return _construct(RemoteBackend, service, kwargs, what=service)
         if service == "harbor":
             try:
+                # each kind of service loads only its own backend (harbor: the sandboxes)
                 from platoon.envs.harbor.service import HarborBackend
             except ImportError as exc:
                 raise EnvError(f"the harbor service is not available: {exc}") from exc
@@ -107,13 +111,13 @@ def build_backend(service: str | None, env: str | None, kwargs: Mapping[str, Any
 
 
 def _from_ref(ref: str, kwargs: Mapping[str, Any]) -> EnvBackend:
-    from platoon.plugins import PluginError, import_ref
 
     try:
         obj = import_ref(ref)
     except PluginError as exc:
         raise EnvError(str(exc)) from exc
     if _is_ors_class(obj):
+        # the ors extra (the openreward SDK): only an ORS env loads it
         from platoon.envs.ors import OrsBackend
 
         return _construct(OrsBackend, obj, kwargs, what=ref)
@@ -125,6 +129,7 @@ def _from_ref(ref: str, kwargs: Mapping[str, Any]) -> EnvBackend:
 
 def _is_ors_class(obj: Any) -> bool:
     try:
+        # the ors extra: without the openreward SDK nothing is an ORS class
         from platoon.envs._sdk import is_environment_class
     except EnvError:  # no openreward SDK installed: then it cannot be an ORS class
         return False

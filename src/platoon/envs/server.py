@@ -46,6 +46,7 @@ from starlette.routing import Route
 
 from platoon.envs._sdk import Environment, call_user, is_environment_class, on_asyncio
 from platoon.envs.service import EnvError
+from platoon.plugins import PluginError, import_ref
 from platoon.serving import Guard, ServingError, bind_socket, hypercorn_config, require_key
 
 __all__ = ["EnvServer", "main", "running_env_server", "serve_env"]
@@ -494,8 +495,8 @@ def _split(split: object) -> Split:
 def load_env_classes(targets: str | type | Sequence[str | type]) -> list[type[Environment]]:
     """Environment classes from classes, `module:Class` refs (`python://` allowed) or
     named environments (`NAME[@VERSION]`)."""
+    # the ors extra (the openreward SDK): the env server needs it, its importers may not
     from platoon.envs.named import load_named_env
-    from platoon.plugins import PluginError, import_ref
 
     items = [targets] if isinstance(targets, str | type) else list(targets)
     classes = []

@@ -84,8 +84,13 @@ import msgspec
 import msgspec.structs
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ModelCallFinished
+from platoon.config import load_site
+from platoon.envs.agent_process import run_requested_agent
 from platoon.harness.context import AgentContext, AgentResult
+from platoon.harness.mcp import serve_tools
 from platoon.harness.toolchain import MOUNT_POINT, Toolchain, ToolchainError, build_toolchain
+from platoon.sandbox import SandboxError, SandboxSpec, create_sandbox
+from platoon.sandbox.agent import AGENT_HOME, SPEC_DIR
 
 __all__ = ["CommandHarness", "CommandSpec", "OptionSpec", "SpecError", "load_spec_harness", "parse_spec"]
 
@@ -356,7 +361,6 @@ class CommandHarness:
 
     def cache_dir(self) -> Path:
         """The harness's folder in the site cache (created on first use)."""
-        from platoon.config import load_site
 
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name)
         path = Path(load_site().cache) / "harnesses" / slug
@@ -374,8 +378,6 @@ class CommandHarness:
             if self._installed:
                 return
             if self.spec.toolchain:
-                from platoon.config import load_site
-
                 try:
                     self._toolchain = await build_toolchain(self.spec.toolchain, load_site().cache)
                 except ToolchainError as exc:
@@ -415,8 +417,6 @@ class CommandHarness:
             async with contextlib.AsyncExitStack() as stack:
                 values = self._values(ctx, workdir)
                 if self.uses_mcp:
-                    from platoon.harness.mcp import serve_tools
-
                     values["mcp_url"] = await stack.enter_async_context(serve_tools(ctx))
                 _write_files(workdir, {name: _fill(t, values) for name, t in self.spec.files.items()})
                 argv = [_fill(a, values) for a in self.spec.command]
@@ -446,7 +446,6 @@ class CommandHarness:
 
     async def _run_in_sandbox(self, ctx: AgentContext) -> AgentResult:
         """Run the program in the episode's sandbox, or a fresh one (see the module docstring)."""
-        from platoon.sandbox.agent import AGENT_HOME, SPEC_DIR
 
         assert ctx.gateway_url is not None
         gateway = urlsplit(ctx.gateway_url)
@@ -459,8 +458,6 @@ class CommandHarness:
             values["gateway_url"] = urlunsplit(("http", f"127.0.0.1:{ports[0]}", gateway.path, "", ""))
             values["gateway_root"] = f"http://127.0.0.1:{ports[0]}"
             if self.uses_mcp:
-                from platoon.harness.mcp import serve_tools
-
                 mcp = urlsplit(await stack.enter_async_context(serve_tools(ctx)))
                 forwards[ports[1]] = mcp.netloc
                 values["mcp_url"] = urlunsplit(("http", f"127.0.0.1:{ports[1]}", mcp.path, "", ""))
@@ -563,8 +560,6 @@ class CommandHarness:
 
 async def _run_in_fresh_sandbox(request: AgentProcessRequested) -> AgentProcessExited:
     """An environment without a sandbox: the agent still gets one (its code is untrusted)."""
-    from platoon.envs.agent_process import run_requested_agent
-    from platoon.sandbox import SandboxError, SandboxSpec, create_sandbox
 
     try:
         async with create_sandbox(SandboxSpec(workdir="/work")) as box:

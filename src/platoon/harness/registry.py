@@ -119,6 +119,7 @@ def get_harness(name: str) -> Harness:
     if name in _registry:
         return _registry[name]
     if name.endswith(".toml"):
+        # a command-line harness's machinery loads only when a spec is named
         from platoon.harness.command import load_spec_harness
 
         h = load_spec_harness(name)
@@ -126,6 +127,7 @@ def get_harness(name: str) -> Harness:
         return h
     shipped = _shipped_specs().get(name)
     if shipped is not None:
+        # a command-line harness's machinery loads only when a spec is named
         from platoon.harness.command import load_spec_harness
 
         h = load_spec_harness(shipped)

@@ -13,6 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from platoon.config.schema import EnvironmentConfig, JudgeConfig, RewardConfig, RewardRule
+from platoon.models.loading import builtin_model_dir, load_tokenizer, make_renderer, resolve_model
 from platoon.rewards.episode import Episode, EpisodeRecorder, Reply, ToolUse
 from platoon.rewards.judge import (
     Judge,
@@ -103,7 +104,6 @@ def _judge_model(
         if not cfg.base_url or not cfg.model:
             raise RuleError("an openai judge needs base_url (the endpoint's /v1 root) and model")
         return OpenAIJudgeModel(cfg.base_url, cfg.model, api_key=api_key, timeout=cfg.timeout)
-    from platoon.models.loading import builtin_model_dir, load_tokenizer, make_renderer, resolve_model
 
     model = cfg.model or model_name
     renderer_name = cfg.renderer_name or renderer_name
@@ -123,7 +123,10 @@ def _judge_model(
     async def sampler() -> TinkerSampler:
         import tinker
 
-        from platoon.policy.tinker import TinkerSampler, sampling_client
+        from platoon.policy.tinker import (  # the tinker extra, and it imports torch: only a tinker judge loads it
+            TinkerSampler,
+            sampling_client,
+        )
 
         key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
         services.append(tinker.ServiceClient(base_url=base_url, api_key=key))

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .errors import SandboxError
+from .registry import engine_answers
 
 __all__ = ["MINIMAL_PROGRAMS", "minimal_rootfs", "podman_image", "podman_service"]
 
@@ -170,6 +171,5 @@ def podman_service(state_dir: str | os.PathLike[str], *, ready_timeout: float = 
 
 
 def _pings(sock: Path) -> bool:
-    from .registry import engine_answers
 
     return sock.exists() and engine_answers(f"unix://{sock}")

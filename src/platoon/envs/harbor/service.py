@@ -31,8 +31,11 @@ from typing import Any, Literal
 import anyio
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
+from platoon.config import load_site
+from platoon.envs.agent_process import run_requested_agent
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
 from platoon.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox, resolve_provider
+from platoon.sandbox.base import remote_path
 
 from . import prepare
 from .dataset import Dataset, load_dataset
@@ -93,8 +96,6 @@ class HarborBackend:
         self.tool_output_chars = tool_output_chars
         self.pass_env = tuple(pass_env)  # host variables tasks' ${VAR} templates may read
         if provider is None or cache is None:
-            from platoon.config import load_site
-
             site = load_site()
             provider = provider or site.provider
             cache = cache if cache is not None else site.cache
@@ -251,7 +252,6 @@ class HarborSession:
     async def run_agent(self, req: AgentProcessRequested) -> AgentProcessExited:
         """Run a command-line agent in this task's sandbox, in its workdir, as its agent user;
         `[agent].timeout_sec` bounds it."""
-        from platoon.envs.agent_process import run_requested_agent
 
         left = self._time_left()
         if left is not None and left <= 0:
@@ -265,8 +265,6 @@ class HarborSession:
     async def read_file(self, path: str) -> str:
         """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
         import tempfile
-
-        from platoon.sandbox.base import remote_path
 
         with tempfile.TemporaryDirectory(prefix="platoon-file-") as folder:
             local = Path(folder) / "file"
