@@ -232,3 +232,30 @@ def test_the_architecture_page_lists_the_layers_this_test_checks():
             for module in re.findall(r"`(platoon[\w.]*)`", cells[1]):
                 written[module] = int(number)
     assert written == LAYERS, "docs/architecture.md's layer table and LAYERS disagree"
+
+
+def test_below_the_assembly_no_function_takes_the_whole_config():
+    """The assembly resolves the config once into each component's settings; a component that
+    took the `Config` would read the config again, and climb back up a layer to do it."""
+    taking = []
+    for module, path in _modules().items():
+        if layer(module) < 3 or module.startswith("platoon.config"):
+            continue
+        tree = _parsed(path)
+        imported = any(
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("platoon.config")
+            and any(alias.name == "Config" for alias in node.names)
+            for node in ast.walk(tree)
+        )
+        if not imported:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                    if arg.annotation is not None and any(
+                        isinstance(n, ast.Name) and n.id == "Config" for n in ast.walk(arg.annotation)
+                    ):
+                        taking.append(f"{module}.{node.name}({arg.arg})")
+    assert not taking, f"components that take the whole Config: {taking}"
