@@ -72,7 +72,8 @@ def test_prepare_builds_once_reuses_and_rebuilds_a_changed_entry(tmp_path, site,
         "held out as the eval split, 2 of 8 tasks (topic: files):\n    files-count-py, files-largest" in out
     )
     assert "tokenizer platoon-toy-qwen3: loaded" in out
-    lock = json.loads((site / "locks" / "qa.json").read_text())
+    [lock_path] = (site / "locks").glob("qa-*.json")
+    lock = json.loads(lock_path.read_text())
     assert lock["digest"].startswith("sha256:") and lock["eval"] == ["files-count-py", "files-largest"]
     assert {record["built"] for record in lock["tasks"].values()} == {"layer"}
     built = layer_stamps(site)
@@ -86,13 +87,19 @@ def test_prepare_builds_once_reuses_and_rebuilds_a_changed_entry(tmp_path, site,
     # A changed option of the entry invalidates what was prepared for it.
     code, out, _ = run(capsys, "prepare", str(config), "environments.0.service_kwargs.holdout.fraction=0.5")
     assert "qa: the entry changed since it was prepared; rebuilding" in out and "built: 8 layer" in out
+    changed = set((site / "locks").glob("qa-*.json")) - {lock_path}
     assert all(layer_stamps(site)[key] != stamp for key, stamp in built.items())
+    # Locks are keyed by what was prepared: the entry as it was is still up to date, so two
+    # checkouts preparing entries of one name never rebuild each other's.
+    code, out, _ = run(capsys, "prepare", str(config))
+    assert "qa: up to date" in out and "built:" not in out
 
     # So does a changed task: its environment gets a new layer, the lock a new digest.
     (tmp_path / "dataset" / "csv-row-count" / "environment" / "data.csv").write_text("date,city,amount\n")
     code, out, _ = run(capsys, "prepare", str(config))
     assert "rebuilding" in out
-    relocked = json.loads((site / "locks" / "qa.json").read_text())
+    [relocked_path] = set((site / "locks").glob("qa-*.json")) - {lock_path, *changed}
+    relocked = json.loads(relocked_path.read_text())
     assert relocked["digest"] != lock["digest"]
     assert relocked["tasks"]["csv-row-count"]["path"] != lock["tasks"]["csv-row-count"]["path"]
 

@@ -6,9 +6,10 @@ and converted once (`platoon models pull`).
 For each `service: harbor` entry: fetch an `hf://` dataset into the site cache, build what
 the sandbox provider can (bwrap: each task's root filesystem layer; docker: each task's
 image, where a Docker engine answers), check the harness, and pin it all in
-`<cache>/locks/<entry>.json`. An entry whose dataset digest, index, holdout, provider or
-harness did not change since its lock is "up to date" and nothing is rebuilt; a changed one
-is rebuilt. Then the tokenizer is loaded, and each entry's held-out tasks are printed.
+`<cache>/locks/<entry>-<fingerprint>.json`, keyed by what was prepared (the dataset digest,
+index, holdout, provider and harness): an entry prepared before is "up to date" and nothing is
+rebuilt, a changed one is rebuilt, and two checkouts whose entries share a name never rebuild
+each other's. Then the tokenizer is loaded, and each entry's held-out tasks are printed.
 Nothing here is needed again at train time, which never fetches.
 """
 
@@ -101,13 +102,14 @@ async def _prepare_entry(
         "harness": harnesses,
     }
     fingerprint = "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    lock_path = cache / "locks" / (re.sub(r"[^\w.-]", "_", name) + ".json")
+    stem = re.sub(r"[^\w.-]", "_", name)
+    lock_path = cache / "locks" / f"{stem}-{fingerprint.removeprefix('sha256:')[:16]}.json"
     old = _read_lock(lock_path)
     summary = f"{dataset.digest[:19]}..., {len(dataset.tasks)} tasks, provider {provider}"
     if old is not None and old.get("fingerprint") == fingerprint and _artefacts_present(old):
         print(f"{name}: up to date ({summary})")
     else:
-        if old is not None:
+        if any((cache / "locks").glob(f"{stem}-*.json")):
             print(f"{name}: the entry changed since it was prepared; rebuilding")
         print(f"{name}: dataset {directory} ({summary})")
         tasks = await _build(dataset, provider, cache, options)
