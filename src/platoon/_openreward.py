@@ -19,10 +19,12 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import operator
 import os
 import sys
 import types
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 __all__ = ["DEFERRED", "Deferred", "defer_sdk_clients", "quiet_sdk"]
 
@@ -43,6 +45,10 @@ def quiet_sdk() -> None:
 _importing = False
 
 
+class _Subscriptable(Protocol):
+    def __getitem__(self, item: object, /) -> object: ...
+
+
 class Deferred:
     """A stand-in for `module` (and `attrs` read off it) until its first real use."""
 
@@ -53,8 +59,8 @@ class Deferred:
         object.__setattr__(self, "_attrs", attrs)
         object.__setattr__(self, "_target", None)
 
-    def resolve(self) -> Any:
-        """The real object, imported on first use."""
+    def resolve(self) -> object:
+        """The real object, imported on first use: a module, or whatever was read off it."""
         target = object.__getattribute__(self, "_target")
         if target is None:
             target = importlib.import_module(object.__getattribute__(self, "_module"))
@@ -63,7 +69,12 @@ class Deferred:
             object.__setattr__(self, "_target", target)
         return target
 
-    def __getattr__(self, name: str) -> Any:
+    def _as_class(self) -> type:
+        """The real object where the placeholder is used as a class (subclassed, `isinstance`):
+        the SDK names only classes that way, and Python raises TypeError as it would otherwise."""
+        return cast(type, self.resolve())
+
+    def __getattr__(self, name: str) -> object:
         if not _importing:
             return getattr(self.resolve(), name)
         if name.startswith("__") and name.endswith("__"):
@@ -75,26 +86,28 @@ class Deferred:
         attrs = object.__getattribute__(self, "_attrs")
         return Deferred(module, (*attrs, name))
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.resolve()(*args, **kwargs)
+    # What is done to a placeholder is done to the real object, which raises TypeError as it
+    # would if it does not support it: the casts say only what the operation asks of it.
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return cast("Callable[..., object]", self.resolve())(*args, **kwargs)
 
-    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (self.resolve(),)
+    def __mro_entries__(self, bases: tuple[type, ...]) -> tuple[type, ...]:
+        return (self._as_class(),)
 
-    def __instancecheck__(self, obj: Any) -> bool:
-        return isinstance(obj, self.resolve())
+    def __instancecheck__(self, obj: object) -> bool:
+        return isinstance(obj, self._as_class())
 
-    def __subclasscheck__(self, cls: Any) -> bool:
-        return issubclass(cls, self.resolve())
+    def __subclasscheck__(self, cls: type) -> bool:
+        return issubclass(cls, self._as_class())
 
-    def __getitem__(self, item: Any) -> Any:
-        return self.resolve()[item]
+    def __getitem__(self, item: object) -> object:
+        return cast(_Subscriptable, self.resolve())[item]
 
-    def __or__(self, other: Any) -> Any:
-        return self.resolve() | other
+    def __or__(self, other: object) -> object:
+        return operator.or_(self.resolve(), other)
 
-    def __ror__(self, other: Any) -> Any:
-        return other | self.resolve()
+    def __ror__(self, other: object) -> object:
+        return operator.or_(other, self.resolve())
 
     def __repr__(self) -> str:
         name = ".".join((object.__getattribute__(self, "_module"), *object.__getattribute__(self, "_attrs")))
@@ -104,7 +117,7 @@ class Deferred:
 class _DeferredModule(types.ModuleType):
     """What `import anthropic.types` finds while the SDK imports: its names are placeholders."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Deferred:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         return Deferred(self.__name__, (name,))
@@ -117,7 +130,9 @@ class _ClientFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.names = names
         self.made: list[str] = []
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if not any(fullname == name or fullname.startswith(name + ".") for name in self.names):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
@@ -145,7 +160,7 @@ class _ClientFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 class _SDKLoader(importlib.abc.Loader):
     """The SDK's own loader, run with the clients deferred."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: importlib.abc.Loader) -> None:
         self.loader = loader
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
@@ -167,7 +182,9 @@ class _SDKLoader(importlib.abc.Loader):
 class _SDKFinder(importlib.abc.MetaPathFinder):
     """Catches the first `import openreward`, by anyone, and hands it `_SDKLoader`."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "openreward":
             return None
         sys.meta_path.remove(self)

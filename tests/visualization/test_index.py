@@ -4,7 +4,7 @@ import anyio
 
 from platoon.bus import Bus, EventLog
 from platoon.bus.events import EpisodeFinished, EpisodeGraded, EpisodeRequested, RunFinished, TaskRef
-from platoon.visualization.index import RunIndex
+from platoon.visualization.index import EPISODE_COLUMNS, EpisodeRow, RunIndex
 
 TASK = TaskRef(env="e", split="train", task_id="t")
 
@@ -40,3 +40,8 @@ def test_episodes_a_crash_cut_off_are_abandoned_once_the_resumed_run_ends(tmp_pa
     status = {r["episode_id"]: (r["status"], r["reason"]) for r in rows}
     assert status["done"] == ("completed", None) and status["again"] == ("completed", None)
     assert status["cut"][0] == "abandoned" and "never finished" in status["cut"][1]
+
+
+def test_an_episode_row_has_the_columns_of_the_episodes_table_in_order():
+    # _episode_row reads a table row as an EpisodeRow: the two must name the same columns.
+    assert tuple(EpisodeRow.__annotations__) == EPISODE_COLUMNS

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
 
 
 def validate_config(
-    data: Mapping[str, Any], *, base_dir: Path | None = None, problems: Sequence[str] = ()
+    data: Mapping[str, object], *, base_dir: Path | None = None, problems: Sequence[str] = ()
 ) -> Config:
     """Check plain data (as a config file holds it) and build the ``Config``, or raise every problem.
 
@@ -61,7 +61,10 @@ def validate_config(
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The mapping a YAML, JSON or TOML file holds (by extension; YAML otherwise), or ConfigError."""
+    """The mapping a YAML, JSON or TOML file holds (by extension; YAML otherwise), or ConfigError.
+
+    Its values are as the file wrote them, unchecked: a caller reads them with ``isinstance``.
+    """
     problems: list[str] = []
     data = _read(Path(path), problems)
     if problems:
@@ -76,7 +79,7 @@ def to_builtins(config: Config) -> dict[str, Any]:
     return data
 
 
-def dumps_yaml(config: Config | Mapping[str, Any]) -> str:
+def dumps_yaml(config: Config | Mapping[str, object]) -> str:
     """YAML text of a config (or of plain data), in schema order."""
     data = to_builtins(config) if isinstance(config, Config) else dict(config)
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
@@ -85,12 +88,13 @@ def dumps_yaml(config: Config | Mapping[str, Any]) -> str:
 # --- files and extends ----------------------------------------------------------------------------
 
 
-def _load_layers(path: Path, chain: tuple[Path, ...], problems: list[str]) -> dict[str, Any]:
+def _load_layers(path: Path, chain: tuple[Path, ...], problems: list[str]) -> dict[str, object]:
     if path in chain:
         problems.append("extends cycle: " + " -> ".join(_show(p) for p in (*chain, path)))
         return {}
     data = _read(path, problems, extended_by=chain[-1] if chain else None)
     extends = data.pop("extends", None)
+    bases: list[str]
     if extends is None:
         bases = []
     elif isinstance(extends, str):
@@ -100,14 +104,14 @@ def _load_layers(path: Path, chain: tuple[Path, ...], problems: list[str]) -> di
     else:
         problems.append(f"{_show(path)}: extends: expected a path or a list of paths, got {kind(extends)}")
         bases = []
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     for base in bases:
         base_path = Path(os.path.normpath(path.parent / os.path.expanduser(base)))
         merged = deep_merge(merged, _load_layers(base_path, (*chain, path), problems))
     return deep_merge(merged, resolve_paths(data, info_of(Config), path.parent))
 
 
-def _read(path: Path, problems: list[str], extended_by: Path | None = None) -> dict[str, Any]:
+def _read(path: Path, problems: list[str], extended_by: Path | None = None) -> dict[str, object]:
     shown = _show(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -145,7 +149,7 @@ def _read(path: Path, problems: list[str], extended_by: Path | None = None) -> d
     return data
 
 
-def _parse(text: str, suffix: str) -> Any:
+def _parse(text: str, suffix: str) -> object:
     if suffix == ".json":
         return json.loads(text)
     if suffix == ".toml":
@@ -156,7 +160,7 @@ def _parse(text: str, suffix: str) -> Any:
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key written twice is an error rather than a silent win."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, object]:
         seen: set[str] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
@@ -179,7 +183,7 @@ def _show(path: Path) -> str:
 # --- overrides ------------------------------------------------------------------------------------
 
 
-def _apply_override(data: dict[str, Any], override: str, problems: list[str]) -> None:
+def _apply_override(data: dict[str, object], override: str, problems: list[str]) -> None:
     key, sep, raw = override.partition("=")
     append = key.endswith("+")
     key = key.removesuffix("+")
@@ -202,13 +206,14 @@ def _apply_override(data: dict[str, Any], override: str, problems: list[str]) ->
         problems.append(f"override {override}: {error}")
 
 
-def _set(data: dict[str, Any], parts: list[str], value: Any, append: bool) -> str | None:
+def _set(data: dict[str, object], parts: list[str], value: object, append: bool) -> str | None:
     """Set ``value`` at a dotted path, creating missing mappings on the way; an error or None."""
-    node: Any = data
+    node: object = data
     for depth, part in enumerate(parts):
         where = ".".join(parts[:depth]) or "the top level"
+        slot: str | int
         if isinstance(node, dict):
-            slot: Any = part
+            slot = part
         elif isinstance(node, list):
             try:
                 slot = int(part)
@@ -219,26 +224,38 @@ def _set(data: dict[str, Any], parts: list[str], value: Any, append: bool) -> st
         else:
             return f"{where} is {_a(kind(node))}, not a mapping or a list"
         if depth < len(parts) - 1:
-            if (node.get(slot) if isinstance(node, dict) else node[slot]) is None:
-                node[slot] = {}  # a missing (or null) mapping on the way is created
-            node = node[slot]
+            if _get(node, slot) is None:
+                _put(node, slot, {})  # a missing (or null) mapping on the way is created
+            node = _get(node, slot)
         elif not append:
-            node[slot] = value
+            _put(node, slot, value)
         else:
-            current = node.get(slot) if isinstance(node, dict) else node[slot]
+            current = _get(node, slot)
             if current is None:
-                node[slot] = [value]
+                _put(node, slot, [value])
             elif isinstance(current, list):
-                node[slot] = [*current, value]
+                _put(node, slot, [*current, value])
             else:
                 return f"{'.'.join(parts)} is {_a(kind(current))}; += appends to a list"
     return None
 
 
+def _get(node: dict[str, object] | list[object], slot: str | int) -> object:
+    """What a mapping holds at a key (None where it has none), or a list at an index in range."""
+    return node.get(str(slot)) if isinstance(node, dict) else node[int(slot)]
+
+
+def _put(node: dict[str, object] | list[object], slot: str | int, value: object) -> None:
+    if isinstance(node, dict):
+        node[str(slot)] = value
+    else:
+        node[int(slot)] = value
+
+
 # --- rules across keys ----------------------------------------------------------------------------
 
 
-def _cross_checks(data: Mapping[str, Any]) -> list[str]:
+def _cross_checks(data: Mapping[str, object]) -> list[str]:
     """Rules that no single key's type can say; tolerant of data that is badly typed elsewhere."""
     problems: list[str] = []
     environments = data.get("environments")
@@ -274,7 +291,7 @@ def _cross_checks(data: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str]:
+def _policy_checks(data: Mapping[str, object], environments: list[object]) -> list[str]:
     """`policies:` and each entry's `agents.policy` name one another (see RFC 0001)."""
     problems: list[str] = []
     policies = data.get("policies")
@@ -320,7 +337,7 @@ def _policy_checks(data: Mapping[str, Any], environments: list[Any]) -> list[str
     return problems
 
 
-def _kl_reference_checks(data: Mapping[str, Any], policies: Mapping[str, Any]) -> list[str]:
+def _kl_reference_checks(data: Mapping[str, object], policies: Mapping[str, object]) -> list[str]:
     """`kl.reference_policy` names a frozen policy whose logprobs are comparable with those of
     each trained policy that takes it (one tokenizer, one renderer)."""
     problems: list[str] = []

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import overload
 
 __all__ = ["deep_merge"]
 
 
-def deep_merge(base: Any, top: Any) -> Any:
+@overload
+def deep_merge(base: dict[str, object] | None, top: dict[str, object]) -> dict[str, object]: ...
+@overload
+def deep_merge(base: object, top: object) -> object: ...
+def deep_merge(base: object, top: object) -> object:
     """Lay ``top`` over ``base``: mappings merge key by key, anything else (lists too) replaces.
 
     Mappings in the result are new objects, so neither argument's mappings are changed.

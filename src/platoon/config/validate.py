@@ -12,7 +12,7 @@ import functools
 import os
 from collections import deque
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar, overload
 
 import msgspec
 import msgspec.inspect as mi
@@ -42,7 +42,7 @@ def info_of(cls: type) -> mi.Type:
     return mi.type_info(cls)
 
 
-def convert(data: Any, cls: type[T], *, base_dir: Path | None = None) -> T:
+def convert(data: object, cls: type[T], *, base_dir: Path | None = None) -> T:
     """Resolve the relative paths in ``data``, check it against ``cls`` and build it.
 
     Raises ``ConfigError`` with every problem found.
@@ -54,7 +54,7 @@ def convert(data: Any, cls: type[T], *, base_dir: Path | None = None) -> T:
     return build(data, cls)
 
 
-def build(data: Any, cls: type[T]) -> T:
+def build(data: object, cls: type[T]) -> T:
     """Build ``cls`` from data that ``check`` found clean."""
     try:
         return msgspec.convert(data, cls, strict=True)
@@ -65,7 +65,7 @@ def build(data: Any, cls: type[T]) -> T:
 # --- the walker -----------------------------------------------------------------------------------
 
 
-def check(value: Any, info: mi.Type, path: str = "", *, partial: bool = False) -> list[str]:
+def check(value: object, info: mi.Type, path: str = "", *, partial: bool = False) -> list[str]:
     """Every problem of ``value`` against ``info``, one line each, as ``dotted.path: what``.
 
     ``partial`` accepts mappings that leave out required keys (an overlay states only changes).
@@ -75,7 +75,7 @@ def check(value: Any, info: mi.Type, path: str = "", *, partial: bool = False) -
     return problems
 
 
-def _check(value: Any, info: mi.Type, path: str, problems: list[str], partial: bool) -> None:
+def _check(value: object, info: mi.Type, path: str, problems: list[str], partial: bool) -> None:
     where = path or "(top level)"
     if isinstance(info, mi.Metadata):
         overlay = (info.extra or {}).get("platoon_overlay")
@@ -120,7 +120,7 @@ def _check(value: Any, info: mi.Type, path: str, problems: list[str], partial: b
         _check_scalar(value, info, where, problems)
 
 
-def _check_struct(value: Any, info: mi.StructType, path: str, problems: list[str], partial: bool) -> None:
+def _check_struct(value: object, info: mi.StructType, path: str, problems: list[str], partial: bool) -> None:
     if not isinstance(value, dict):
         problems.append(f"{path or '(top level)'}: expected mapping, got {kind(value)}")
         return
@@ -138,7 +138,7 @@ def _check_struct(value: Any, info: mi.StructType, path: str, problems: list[str
                 problems.append(f"{_join(path, f.name)}: missing required key")
 
 
-def _check_union(value: Any, info: mi.UnionType, path: str, problems: list[str], partial: bool) -> None:
+def _check_union(value: object, info: mi.UnionType, path: str, problems: list[str], partial: bool) -> None:
     if any(not check(value, option, path, partial=partial) for option in info.types):
         return
     # Report from inside the one option of the value's shape, so a typo deep in a mapping is named
@@ -161,7 +161,7 @@ _SCALARS: dict[type, tuple[type, ...]] = {
 }
 
 
-def _check_scalar(value: Any, info: mi.Type, where: str, problems: list[str]) -> None:
+def _check_scalar(value: object, info: mi.Type, where: str, problems: list[str]) -> None:
     if isinstance(info, mi.NoneType):
         if value is not None:
             problems.append(f"{where}: expected null, got {kind(value)}")
@@ -180,12 +180,13 @@ def _check_scalar(value: Any, info: mi.Type, where: str, problems: list[str]) ->
         problems.append(f"{where}: expected {describe(info)} {broken}, got {shown}")
 
 
-def _broken_bound(value: Any, info: mi.Type) -> str | None:
-    if isinstance(info, mi.StrType):
+def _broken_bound(value: object, info: mi.Type) -> str | None:
+    """The bound of ``info`` that ``value`` (of a type ``info`` accepts) breaks, if any."""
+    if isinstance(info, mi.StrType) and isinstance(value, str):
         if info.min_length is not None and len(value) < info.min_length:
             return f"of at least {info.min_length} character(s)"
         return None
-    if not isinstance(info, mi.IntType | mi.FloatType):
+    if not isinstance(info, mi.IntType | mi.FloatType) or not isinstance(value, int | float):
         return None
     for bound, holds in (
         ("ge", lambda b: value >= b),
@@ -233,12 +234,17 @@ def _struct_in(info: mi.Type) -> mi.StructType | None:
 # --- paths ----------------------------------------------------------------------------------------
 
 
-def resolve_paths(value: Any, info: mi.Type, base_dir: Path) -> Any:
+@overload
+def resolve_paths(value: dict[str, object], info: mi.Type, base_dir: Path) -> dict[str, object]: ...
+@overload
+def resolve_paths(value: object, info: mi.Type, base_dir: Path) -> object: ...
+def resolve_paths(value: object, info: mi.Type, base_dir: Path) -> object:
     """Make the relative paths in ``value`` absolute against ``base_dir`` (the naming file's folder).
 
     Fields typed ``FilePath`` always; ``PathOrName`` fields only when written as a path
     (``./``, ``../``, ``~``); and in free-form mappings (``service_kwargs``, ``harness_options``...)
-    every string written as a path, since their meaning is not known here.
+    every string written as a path, since their meaning is not known here. A mapping comes back
+    a new mapping with the same keys.
     """
     if isinstance(info, mi.Metadata):
         extra = info.extra or {}
@@ -307,7 +313,7 @@ def _container_in(info: mi.Type) -> mi.Type:
     return info
 
 
-def _fits(value: Any, info: mi.Type) -> bool:
+def _fits(value: object, info: mi.Type) -> bool:
     """Whether ``value`` has the shape of ``info`` (mapping, list, string, ...), ignoring contents."""
     if isinstance(info, mi.Metadata):
         return _fits(value, info.type)
@@ -342,7 +348,7 @@ def describe(info: mi.Type) -> str:
     return names.get(type(info), type(info).__name__)
 
 
-def kind(value: Any) -> str:
+def kind(value: object) -> str:
     """The name of a value's type, in YAML's words."""
     if value is None:
         return "null"
@@ -356,7 +362,7 @@ def _or(names: list[str]) -> str:
     return unique[0] if len(unique) == 1 else ", ".join(unique[:-1]) + " or " + unique[-1]
 
 
-def _quote_hint(value: Any) -> str:
+def _quote_hint(value: object) -> str:
     """Why YAML made a number or a bool of what the author likely meant as text."""
     if isinstance(value, bool):
         return " (quote it: YAML reads yes, no, on, off, true and false as booleans)"

@@ -9,9 +9,10 @@ browser (DNS rebinding). The page is static files shipped in the package: no CDN
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 import anyio
 import msgspec
@@ -25,10 +26,68 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from platoon.bus.events import ModelCallFinished
-from platoon.visualization.episodes import call_tokens, episode_view
-from platoon.visualization.runs import Run, RunSet
+from platoon.visualization.episodes import EpisodeView, call_tokens, episode_view
+from platoon.visualization.index import EpisodeRow, Failure, MetricRow, SqlValue, StepRow
+from platoon.visualization.runs import JSON, Run, RunInfo, RunSet
 
-__all__ = ["Api", "make_app", "static_dir"]
+__all__ = ["Answer", "Api", "make_app", "static_dir"]
+
+
+# What each endpoint answers, as the page reads it.
+class RunsAnswer(TypedDict):
+    root: str | None
+    runs: list[RunInfo]
+
+
+class RunDetail(RunInfo):
+    config: str | None  # config.yaml's text
+    lock: JSON  # lock.json, as it reads
+    lock_problem: str | None
+    failures: list[Failure]
+
+
+class MetricsAnswer(TypedDict):
+    run: str
+    rows: list[MetricRow]
+    problems: list[str]
+
+
+class StepsAnswer(TypedDict):
+    run: str
+    steps: list[StepRow]
+    facets: dict[str, list[SqlValue]]
+
+
+class EpisodesAnswer(TypedDict):
+    run: str
+    episodes: list[EpisodeRow]
+    total: int
+
+
+class EpisodePage(EpisodeView):
+    run: str
+    group: list[EpisodeRow]  # the episodes of its group, best first
+
+
+class PollAnswer(TypedDict):
+    run: str
+    log_bytes: int
+    episodes: int
+    metrics_bytes: int
+    status: str | None
+
+
+# A model call's answer is `call_tokens`'s, with the run and the tokenizer's error.
+Answer: TypeAlias = (
+    RunsAnswer
+    | RunDetail
+    | MetricsAnswer
+    | StepsAnswer
+    | EpisodesAnswer
+    | EpisodePage
+    | PollAnswer
+    | dict[str, object]
+)
 
 _encoder = msgspec.json.Encoder()
 _MAX_ROWS = 5000
@@ -62,14 +121,14 @@ class Api:
                 raise ApiError(404, f"no run {run_id!r} among the runs this viewer serves")
         return run
 
-    def runs_list(self, params: dict[str, str]) -> dict[str, Any]:
+    def runs_list(self, params: dict[str, str]) -> RunsAnswer:
         self.runs.rescan()
         return {
             "root": str(self.runs.root) if self.runs.root else None,
             "runs": [run.info() for run in self.runs],
         }
 
-    def run_detail(self, params: dict[str, str]) -> dict[str, Any]:
+    def run_detail(self, params: dict[str, str]) -> RunDetail:
         run = self.run(params)
         info = run.info()
         lock, lock_problem = run.lock()
@@ -81,13 +140,13 @@ class Api:
             "failures": run.index.failures() if run.index.log_path.is_file() else [],
         }
 
-    def metrics(self, params: dict[str, str]) -> dict[str, Any]:
+    def metrics(self, params: dict[str, str]) -> MetricsAnswer:
         run = self.run(params)
         run.refresh()
         rows, problems = run.metrics()
         return {"run": run.id, "rows": rows, "problems": problems}
 
-    def steps(self, params: dict[str, str]) -> dict[str, Any]:
+    def steps(self, params: dict[str, str]) -> StepsAnswer:
         run = self.run(params)
         run.refresh()
         has_log = run.index.log_path.is_file()
@@ -97,7 +156,7 @@ class Api:
             "facets": run.index.facets() if has_log else {},
         }
 
-    def episodes(self, params: dict[str, str]) -> dict[str, Any]:
+    def episodes(self, params: dict[str, str]) -> EpisodesAnswer:
         run = self.run(params)
         if not run.index.log_path.is_file():
             return {"run": run.id, "episodes": [], "total": 0}
@@ -121,7 +180,7 @@ class Api:
             raise ApiError(400, str(exc)) from None
         return {"run": run.id, "episodes": rows, "total": total}
 
-    def episode(self, params: dict[str, str]) -> dict[str, Any]:
+    def episode(self, params: dict[str, str]) -> EpisodePage:
         run = self.run(params)
         episode_id = params.get("id", "")
         if not run.index.log_path.is_file():
@@ -131,15 +190,14 @@ class Api:
         if row is None:
             raise ApiError(404, f"no episode {episode_id!r} in this run")
         view = episode_view(row, run.index.episode_records(episode_id))
-        view["run"] = run.id
-        view["group"] = (
+        group = (
             run.index.episodes(filters={"group_id": row["group_id"]}, sort="reward")[0]
             if row["group_id"]
             else []
         )
-        return view
+        return {**view, "run": run.id, "group": group}
 
-    def call(self, params: dict[str, str]) -> dict[str, Any]:
+    def call(self, params: dict[str, str]) -> dict[str, object]:
         run = self.run(params)
         episode_id, call_id = params.get("episode", ""), params.get("call", "")
         if not run.index.log_path.is_file():
@@ -160,24 +218,24 @@ class Api:
         out["tokenizer_error"] = run.tokenizer_error
         return out
 
-    def poll(self, params: dict[str, str]) -> dict[str, Any]:
+    def poll(self, params: dict[str, str]) -> PollAnswer:
         """What changes while a run trains: the page reloads its data when this does."""
         run = self.run(params)
         run.refresh()
-        summary = run.index.summary() if run.index.log_path.is_file() else {}
+        summary = run.index.summary() if run.index.log_path.is_file() else None
         metrics = run.path / "metrics.jsonl"
         return {
             "run": run.id,
-            "log_bytes": summary.get("log_bytes", 0),
-            "episodes": summary.get("episodes", 0),
+            "log_bytes": summary["log_bytes"] if summary else 0,
+            "episodes": summary["episodes"] if summary else 0,
             "metrics_bytes": metrics.stat().st_size if metrics.is_file() else 0,
             "status": run.status(summary) if summary else None,
         }
 
     ENDPOINTS = ("runs", "run", "metrics", "steps", "episodes", "episode", "call", "poll")
 
-    def answer(self, name: str, params: dict[str, str]) -> Any:
-        handler = {
+    def answer(self, name: str, params: dict[str, str]) -> Answer:
+        handlers: dict[str, Callable[[dict[str, str]], Answer]] = {
             "runs": self.runs_list,
             "run": self.run_detail,
             "metrics": self.metrics,
@@ -186,7 +244,8 @@ class Api:
             "episode": self.episode,
             "call": self.call,
             "poll": self.poll,
-        }.get(name)
+        }
+        handler = handlers.get(name)
         if handler is None:
             raise ApiError(404, f"no API endpoint {name!r}")
         return handler(params)
@@ -228,7 +287,7 @@ def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None) -> Starlet
     )
 
 
-def _json(data: Any, status: int = 200) -> Response:
+def _json(data: object, status: int = 200) -> Response:
     return Response(
         _encoder.encode(data),
         status_code=status,

@@ -7,7 +7,7 @@ Pure functions over events, so that they test without a server.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import NotRequired, Protocol, TypedDict
 
 import msgspec
 
@@ -34,9 +34,9 @@ from platoon.bus.events import (
     ToolCalled,
     ToolReturned,
 )
-from platoon.policy.base import Tokenizer
+from platoon.visualization.index import EpisodeRow
 
-__all__ = ["call_tokens", "episode_view", "locate_in_datum"]
+__all__ = ["AgentView", "Decoder", "EpisodeView", "call_tokens", "episode_view", "locate_in_datum"]
 
 _MAX_TEXT = 200_000  # characters of one tool output or message shown; the rest is cut, saying so
 
@@ -47,14 +47,59 @@ def _cut(text: str | None) -> str | None:
     return text[:_MAX_TEXT] + f"\n... [{len(text) - _MAX_TEXT} more characters]"
 
 
+class Decoder(Protocol):
+    """What the page asks of a tokenizer (a `tokenizers` one, a `transformers` one): ids to text."""
+
+    def decode(self, ids: list[int], /, *, skip_special_tokens: bool = ...) -> str: ...
+
+
+class Fork(TypedDict):
+    of: str  # the session forked
+    mode: str
+
+
+class AgentView(TypedDict):
+    """An agent of the episode's tree, with its turns (`items`) in order."""
+
+    agent_id: str
+    parent_id: str | None
+    depth: int
+    harness: str | None
+    policy: str | None
+    instruction: str | None
+    status: str | None
+    reason: str | None
+    final_message: str | None
+    reward: float | None
+    fork: Fork | None
+    items: list[dict[str, object]]  # model calls, tool calls, sessions, processes, grades
+    children: list[str]
+    started: NotRequired[float]
+    finished: NotRequired[float]
+
+
+class EpisodeView(TypedDict):
+    """The episode page's data: its row, its events as plain data (each with its `time`), the
+    agents in the order they appeared and the roots of their tree."""
+
+    episode: EpisodeRow | None
+    requested: dict[str, object] | None
+    started: dict[str, object] | None
+    finished: dict[str, object] | None
+    graded: dict[str, object] | None
+    abandoned: list[dict[str, object]]
+    agents: list[AgentView]
+    roots: list[str]
+
+
 def _plain(event: Event) -> dict[str, object]:
     plain: dict[str, object] = msgspec.to_builtins(event)
     return plain
 
 
-def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[str, Any]:
+def episode_view(row: EpisodeRow | None, records: Sequence[Record]) -> EpisodeView:
     """The episode page's data: its row, the agent tree with each agent's turns in order."""
-    agents: dict[str, dict[str, Any]] = {}
+    agents: dict[str, AgentView] = {}
     order: list[str] = []
     chats: dict[str, dict[str, object]] = {}  # request_id -> model call item
     by_call: dict[str, dict[str, object]] = {}  # call_id -> model call item
@@ -64,10 +109,19 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
     grades: dict[str, dict[str, object]] = {}
     item: dict[str, object] | None
     previous_tokens: dict[str, list[int]] = {}  # per agent: the last prompt + completion
-    out: dict[str, Any] = {"episode": row, "requested": None, "started": None, "finished": None}
-    out |= {"graded": None, "abandoned": []}
+    out: EpisodeView = {
+        "episode": row,
+        "requested": None,
+        "started": None,
+        "finished": None,
+        "graded": None,
+        "abandoned": [],
+        "agents": [],
+        "roots": [],
+    }
+    graded: EpisodeGraded | None = None
 
-    def agent(agent_id: str) -> dict[str, Any]:
+    def agent(agent_id: str) -> AgentView:
         if agent_id not in agents:
             agents[agent_id] = {
                 "agent_id": agent_id,
@@ -95,12 +149,14 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
             out["started"] = _plain(event) | {"time": at}
         elif isinstance(event, AgentSpawned):
             a = agent(event.agent_id)
-            a.update(parent_id=event.parent_id, depth=event.depth, harness=event.harness, policy=event.policy)
-            a.update(instruction=_cut(event.instruction), started=at)
+            a.update({"parent_id": event.parent_id, "depth": event.depth, "harness": event.harness})
+            a.update({"policy": event.policy, "instruction": _cut(event.instruction), "started": at})
         elif isinstance(event, AgentFinished):
             a = agent(event.agent_id)
-            a.update(status=event.status, reason=event.reason, final_message=_cut(event.final_message))
-            a.update(reward=event.reward, finished=at)
+            a.update(
+                {"status": event.status, "reason": event.reason, "final_message": _cut(event.final_message)}
+            )
+            a.update({"reward": event.reward, "finished": at})
         elif isinstance(event, SessionOpenRequested):
             item = {"kind": "session", "time": at, "fork_of": event.fork_of, "fork": event.fork}
             agent(event.agent_id)["items"].append(item)
@@ -209,6 +265,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
             out["finished"] = _plain(event) | {"time": at}
         elif isinstance(event, EpisodeGraded):
             out["graded"] = _plain(event) | {"time": at}
+            graded = event
         elif isinstance(event, EpisodeAbandoned):
             out["abandoned"].append(_plain(event) | {"time": at})
     for a in agents.values():
@@ -216,8 +273,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
         parent = agents.get(a["parent_id"]) if a["parent_id"] else None
         if parent is not None:
             parent["children"].append(a["agent_id"])
-    graded = out["graded"] or {}
-    for agent_id, reward in (graded.get("agent_rewards") or {}).items():
+    for agent_id, reward in (graded.agent_rewards if graded is not None else {}).items():
         if agent_id in agents and agents[agent_id]["reward"] is None:
             agents[agent_id]["reward"] = reward
     roots = [a for a in order if not agents[a]["parent_id"] or agents[a]["parent_id"] not in agents]
@@ -226,7 +282,7 @@ def episode_view(row: dict[str, Any] | None, records: Sequence[Record]) -> dict[
     return out
 
 
-def _pending_chat(agent: dict[str, Any] | None) -> dict[str, object] | None:
+def _pending_chat(agent: AgentView | None) -> dict[str, object] | None:
     """The agent's model call asked over the bus (`ChatRequested`) whose tokens have not come:
     the `ModelCallFinished` that follows is its record."""
     if agent is None:
@@ -280,7 +336,7 @@ def locate_in_datum(
 
 
 def call_tokens(
-    call: ModelCallFinished, datums: Sequence[tuple[int, Datum]], tokenizer: Tokenizer | None = None
+    call: ModelCallFinished, datums: Sequence[tuple[int, Datum]], tokenizer: Decoder | None = None
 ) -> dict[str, object]:
     """A model call's sampled tokens, each with its sampler logprob and, when it trained, the
     datum's logprob, advantage and weight at its position; the prompt as ids and text."""
@@ -345,7 +401,7 @@ def call_tokens(
     return out
 
 
-def _decode(tokenizer: Tokenizer | None, ids: Sequence[int]) -> str | None:
+def _decode(tokenizer: Decoder | None, ids: Sequence[int]) -> str | None:
     if tokenizer is None:
         return None
     try:
@@ -354,7 +410,7 @@ def _decode(tokenizer: Tokenizer | None, ids: Sequence[int]) -> str | None:
         return None
 
 
-def _decode_each(tokenizer: Tokenizer | None, ids: Sequence[int]) -> list[str | None]:
+def _decode_each(tokenizer: Decoder | None, ids: Sequence[int]) -> list[str | None]:
     if tokenizer is None:
         return [None] * len(ids)
     try:

@@ -22,9 +22,9 @@ import sqlite3
 import tempfile
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypedDict, cast
 
 import msgspec
 
@@ -45,11 +45,23 @@ from platoon.bus.events import (
     Reply,
     Request,
     RunFinished,
+    TaskRef,
     ToolCalled,
     TrainStepFinished,
 )
 
-__all__ = ["EPISODE_COLUMNS", "INDEX_NAME", "RunIndex"]
+__all__ = [
+    "EPISODE_COLUMNS",
+    "INDEX_NAME",
+    "EpisodeRow",
+    "Failure",
+    "MetricRow",
+    "RunEnd",
+    "RunIndex",
+    "SqlValue",
+    "StepRow",
+    "Summary",
+]
 
 INDEX_NAME = "events.index.sqlite"
 _VERSION = "2"
@@ -84,6 +96,83 @@ EPISODE_COLUMNS = (
 _TEXT = {"episode_id", "group_id", "purpose", "env", "split", "task_id", "harness", "status", "reason"}
 _TEXT |= {"grade_reason", "worker"}
 _REAL = {"reward", "duration_s", "requested_at", "finished_at"}
+
+# What SQLite hands back for a column (and takes as a parameter).
+SqlValue: TypeAlias = str | int | float | bytes | None
+
+
+class EpisodeRow(TypedDict):
+    """An episode's row of the episodes table (EPISODE_COLUMNS, in order): what the tables show."""
+
+    episode_id: str
+    group_id: str | None
+    step: int | None
+    purpose: str | None
+    env: str | None
+    split: str | None
+    task_id: str | None
+    harness: str | None
+    attempt: int | None
+    policy_version: int | None
+    status: str | None
+    reason: str | None
+    reward: float | None
+    grade_reason: str | None
+    calls: int | None
+    tool_calls: int | None
+    agents: int | None
+    depth: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    duration_s: float | None
+    requested_at: float | None
+    finished_at: float | None
+    worker: str | None
+
+
+class StepRow(TypedDict):
+    """One (purpose, step) of the steps table."""
+
+    purpose: str | None
+    step: int | None
+    episodes: int
+    graded: int
+    reward_mean: float | None
+    reward_min: float | None
+    reward_max: float | None
+    rewarded: int
+    completion_tokens: int | None
+    in_flight: int
+
+
+class RunEnd(TypedDict):
+    """How the run ended, from its `RunFinished`."""
+
+    status: str
+    reason: str | None
+    time: float
+
+
+class Summary(TypedDict):
+    """Counts for the runs table."""
+
+    episodes: int
+    trained_steps: int
+    last_step: int | None
+    last_reward: float | None
+    first_time: float | None
+    last_time: float | None
+    finished: RunEnd | None
+    log_bytes: int
+
+
+class Failure(TypedDict):
+    component: str
+    error: str
+
+
+# A `TrainStepFinished` (or `EvalFinished`): step, time and the metrics, by name.
+MetricRow: TypeAlias = dict[str, float]
 
 
 def _column_type(column: str) -> str:
@@ -212,47 +301,52 @@ class RunIndex:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, args: tuple[SqlValue, ...] = ()) -> list[tuple[SqlValue, ...]]:
         with self._lock:
-            return self._connect().execute(sql, args).fetchall()
+            rows: list[tuple[SqlValue, ...]] = self._connect().execute(sql, args).fetchall()
+            return rows
+
+    def _count(self, sql: str, args: tuple[SqlValue, ...] = ()) -> int:
+        """The one number a `SELECT COUNT(...)` answers."""
+        return cast(int, self._query(sql, args)[0][0])
 
     def meta(self) -> dict[str, str]:
         if not self.log_path.is_file():
             return {}
-        return dict(self._query("SELECT key, value FROM meta"))
+        return {str(key): str(value) for key, value in self._query("SELECT key, value FROM meta")}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
         """Counts for the runs table: steps, episodes, the last train step's mean reward."""
         meta = self.meta()
         rows = self._query(
             "SELECT step, AVG(reward), COUNT(*) FROM episodes WHERE purpose = 'train' AND reward IS NOT NULL "
             "GROUP BY step ORDER BY step DESC LIMIT 1"
         )
-        episodes = self._query("SELECT COUNT(*) FROM episodes")[0][0] if meta else 0
-        steps = (
-            self._query("SELECT COUNT(DISTINCT step) FROM metrics WHERE kind = 'train'")[0][0] if meta else 0
-        )
+        episodes = self._count("SELECT COUNT(*) FROM episodes") if meta else 0
+        steps = self._count("SELECT COUNT(DISTINCT step) FROM metrics WHERE kind = 'train'") if meta else 0
+        last = cast("list[tuple[int, float]]", rows)  # a step, its mean reward (not null: filtered)
         return {
             "episodes": episodes,
             "trained_steps": steps,
-            "last_step": rows[0][0] if rows else None,
-            "last_reward": rows[0][1] if rows else None,
+            "last_step": last[0][0] if last else None,
+            "last_reward": last[0][1] if last else None,
             "first_time": float(meta["first_time"]) if "first_time" in meta else None,
             "last_time": float(meta["last_time"]) if "last_time" in meta else None,
             "finished": json.loads(meta["finished"]) if "finished" in meta else None,
             "log_bytes": int(meta.get("size", 0)),
         }
 
-    def metrics(self, kind: str = "train") -> list[dict[str, Any]]:
+    def metrics(self, kind: str = "train") -> list[MetricRow]:
         """The metrics of each `TrainStepFinished` (or `EvalFinished`), as the log holds them."""
         rows = self._query("SELECT step, time, data FROM metrics WHERE kind = ? ORDER BY rowid", (kind,))
-        return [{"step": step, "time": time, **json.loads(data)} for step, time, data in rows]
+        metrics = cast("list[tuple[int, float, str]]", rows)  # data: the metrics as JSON
+        return [{"step": step, "time": time, **json.loads(data)} for step, time, data in metrics]
 
-    def failures(self, limit: int = 20) -> list[dict[str, Any]]:
+    def failures(self, limit: int = 20) -> list[Failure]:
         rows = self._query("SELECT component, error FROM failures ORDER BY offset DESC LIMIT ?", (limit,))
-        return [{"component": c, "error": e} for c, e in rows]
+        return [{"component": c, "error": e} for c, e in cast("list[tuple[str, str]]", rows)]
 
-    def steps(self) -> list[dict[str, Any]]:
+    def steps(self) -> list[StepRow]:
         """One row per (purpose, step): episodes, graded, mean/min/max reward, pass rate, tokens."""
         rows = self._query(
             "SELECT purpose, step, COUNT(*), COUNT(reward), AVG(reward), MIN(reward), MAX(reward), "
@@ -264,11 +358,12 @@ class RunIndex:
             *("purpose", "step", "episodes", "graded", "reward_mean", "reward_min", "reward_max"),
             *("rewarded", "completion_tokens", "in_flight"),
         )
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        # The columns' types are StepRow's: counts, sums and averages over the episodes table.
+        return [cast(StepRow, dict(zip(keys, row, strict=True))) for row in rows]
 
-    def facets(self) -> dict[str, list[Any]]:
+    def facets(self) -> dict[str, list[SqlValue]]:
         """The distinct values of each filterable column, for the filter menus."""
-        out = {}
+        out: dict[str, list[SqlValue]] = {}
         for column in ("purpose", "status", "env", "harness", "depth", "policy_version"):
             out[column] = [
                 v
@@ -280,16 +375,16 @@ class RunIndex:
     def episodes(
         self,
         *,
-        filters: dict[str, Any] | None = None,
+        filters: Mapping[str, str | int | float | None] | None = None,
         sort: str = "reward",
         descending: bool = True,
         limit: int = 200,
         offset: int = 0,
-    ) -> tuple[list[dict[str, Any]], int]:
+    ) -> tuple[list[EpisodeRow], int]:
         """Episodes that pass `filters` (column: value, or `min_reward`/`max_reward`/`task`
         substring), sorted by a column; returns (a page of rows, how many match)."""
         where: list[str] = []
-        args: list[object] = []
+        args: list[SqlValue] = []
         for key, value in (filters or {}).items():
             if value is None or value == "":
                 continue
@@ -313,7 +408,7 @@ class RunIndex:
         if sort not in EPISODE_COLUMNS:
             raise ValueError(f"cannot sort by {sort!r}")
         clause = (" WHERE " + " AND ".join(where)) if where else ""
-        total = self._query(f"SELECT COUNT(*) FROM episodes{clause}", tuple(args))[0][0]
+        total = self._count(f"SELECT COUNT(*) FROM episodes{clause}", tuple(args))
         order = "DESC" if descending else "ASC"
         rows = self._query(
             f"SELECT {', '.join(EPISODE_COLUMNS)} FROM episodes{clause} "
@@ -322,7 +417,7 @@ class RunIndex:
         )
         return [_episode_row(row) for row in rows], total
 
-    def episode_row(self, episode_id: str) -> dict[str, Any] | None:
+    def episode_row(self, episode_id: str) -> EpisodeRow | None:
         rows = self._query(
             f"SELECT {', '.join(EPISODE_COLUMNS)} FROM episodes WHERE episode_id = ?", (episode_id,)
         )
@@ -330,12 +425,8 @@ class RunIndex:
 
     def episode_records(self, episode_id: str) -> list[Record]:
         """Every record of an episode, in log order, read by offset."""
-        offsets = [
-            o
-            for (o,) in self._query(
-                "SELECT offset FROM records WHERE episode_id = ? ORDER BY offset", (episode_id,)
-            )
-        ]
+        rows = self._query("SELECT offset FROM records WHERE episode_id = ? ORDER BY offset", (episode_id,))
+        offsets = [o for (o,) in cast("list[tuple[int]]", rows)]
         out = []
         with self.log_path.open("rb") as file:
             reader = RecordReader(file)  # an agent's calls are deltas of its previous ones
@@ -349,11 +440,13 @@ class RunIndex:
         rows = self._query(
             "SELECT step, data FROM datums WHERE episode_id = ? ORDER BY step, position", (episode_id,)
         )
-        return [(step, _datum_decoder.decode(zlib.decompress(data))) for step, data in rows]
+        datums = cast("list[tuple[int, bytes]]", rows)  # data: a compressed Datum
+        return [(step, _datum_decoder.decode(zlib.decompress(data))) for step, data in datums]
 
 
-def _episode_row(row: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(EPISODE_COLUMNS, row, strict=True))
+def _episode_row(row: tuple[SqlValue, ...]) -> EpisodeRow:
+    # The table's columns are EPISODE_COLUMNS, typed as EpisodeRow says (_column_type).
+    return cast(EpisodeRow, dict(zip(EPISODE_COLUMNS, row, strict=True)))
 
 
 class _Writer:
@@ -419,7 +512,7 @@ class _Writer:
                 found = row[0]
         return found
 
-    def _upsert(self, episode_id: str, **values: Any) -> None:
+    def _upsert(self, episode_id: str, **values: SqlValue) -> None:
         self.db.execute("INSERT OR IGNORE INTO episodes (episode_id) VALUES (?)", (episode_id,))
         if values:
             sets = ", ".join(f"{k} = ?" for k in values)
@@ -427,7 +520,7 @@ class _Writer:
                 f"UPDATE episodes SET {sets} WHERE episode_id = ?", (*values.values(), episode_id)
             )
 
-    def _add(self, episode_id: str, **values: Any) -> None:
+    def _add(self, episode_id: str, **values: int) -> None:
         self.db.execute("INSERT OR IGNORE INTO episodes (episode_id) VALUES (?)", (episode_id,))
         sets = ", ".join(f"{k} = COALESCE({k}, 0) + ?" for k in values)
         self.db.execute(f"UPDATE episodes SET {sets} WHERE episode_id = ?", (*values.values(), episode_id))
@@ -522,17 +615,23 @@ def _place_for(run_dir: Path) -> Path:
     return folder / f"{digest}.sqlite"
 
 
-def iter_rows(index: RunIndex, **query: Any) -> Iterator[dict[str, Any]]:
+def iter_rows(
+    index: RunIndex,
+    *,
+    filters: Mapping[str, str | int | float | None] | None = None,
+    sort: str = "reward",
+    descending: bool = True,
+) -> Iterator[EpisodeRow]:
     """Every episode row matching a query, page by page (for export)."""
     offset = 0
     while True:
-        rows, _ = index.episodes(**query, limit=1000, offset=offset)
+        rows, _ = index.episodes(filters=filters, sort=sort, descending=descending, limit=1000, offset=offset)
         yield from rows
         if len(rows) < 1000:
             return
         offset += 1000
 
 
-def _task_columns(task: Any) -> dict[str, str]:
+def _task_columns(task: TaskRef) -> dict[str, str]:
     """An episode's task as the episodes table keeps it."""
     return {"env": task.env, "split": task.split, "task_id": task.task_id}

@@ -12,13 +12,36 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, TypedDict
 
 from platoon.bus.eventlog import EVENT_LOG_NAME
-from platoon.visualization.index import RunIndex
+from platoon.visualization.episodes import Decoder
+from platoon.visualization.index import MetricRow, RunIndex, Summary
 
-__all__ = ["Run", "RunSet"]
+__all__ = ["JSON", "Run", "RunInfo", "RunSet"]
+
+# What a JSON file holds once read (`json.loads`).
+JSON: TypeAlias = "str | int | float | bool | list[JSON] | dict[str, JSON] | None"
+
+
+class RunInfo(TypedDict):
+    """A run's row of the runs table."""
+
+    id: str
+    path: str
+    experiment: str
+    trial: str
+    status: str
+    steps: int
+    episodes: int
+    last_reward: float | None
+    started: float | None
+    updated: float | None
+    log_bytes: int
+    problems: list[str]
+
 
 _MARKERS = (EVENT_LOG_NAME, "metrics.jsonl", "config.yaml", "lock.json", "eval.json")
 _SEARCH_DEPTH = 4
@@ -32,7 +55,7 @@ class Run:
         self.id = run_id
         self.path = path
         self.index = RunIndex(path)
-        self._tokenizer: Any = None
+        self._tokenizer: Decoder | None = None
         self._tokenizer_error: str | None = None
         self._index_error: str | None = None
         self._lock = threading.Lock()
@@ -54,7 +77,7 @@ class Run:
         except OSError:
             return None
 
-    def lock(self) -> tuple[Any, str | None]:
+    def lock(self) -> tuple[JSON, str | None]:
         """lock.json parsed, or (None, what is wrong)."""
         try:
             return json.loads((self.path / "lock.json").read_text()), None
@@ -63,10 +86,10 @@ class Run:
         except (OSError, ValueError) as exc:
             return None, f"lock.json does not read: {exc}"
 
-    def metrics(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def metrics(self) -> tuple[list[MetricRow], list[str]]:
         """metrics.jsonl's rows (train steps and evals), else the event log's; and problems."""
         path = self.path / "metrics.jsonl"
-        rows: list[dict[str, Any]] = []
+        rows: list[MetricRow] = []
         problems: list[str] = []
         if path.is_file():
             bad = 0
@@ -90,9 +113,12 @@ class Run:
 
     def experiment_and_trial(self) -> tuple[str, str]:
         lock, _ = self.lock()
-        stats = (lock or {}).get("config", {}).get("stats", {}) if isinstance(lock, dict) else {}
+        config = lock.get("config", {}) if isinstance(lock, dict) else None
+        stats = config.get("stats", {}) if isinstance(config, dict) else None
         experiment = stats.get("experiment_name") if isinstance(stats, dict) else None
-        return experiment or self.path.parent.name, self.path.name
+        return experiment if isinstance(
+            experiment, str
+        ) and experiment else self.path.parent.name, self.path.name
 
     def problems(self, metric_problems: list[str] | None = None) -> list[str]:
         out = []
@@ -121,8 +147,8 @@ class Run:
         out += metric_problems
         return out
 
-    def status(self, summary: dict[str, Any]) -> str:
-        finished = summary.get("finished")
+    def status(self, summary: Summary) -> str:
+        finished = summary["finished"]
         if finished:
             return str(finished.get("status", "finished"))
         if not self.index.log_path.is_file():
@@ -130,17 +156,17 @@ class Run:
         last = self.index.log_path.stat().st_mtime
         if time.time() - last < _LIVE_SECONDS:
             return "running"
-        return "stopped" if summary.get("episodes") else "empty"
+        return "stopped" if summary["episodes"] else "empty"
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RunInfo:
         """The runs table's row."""
         self.refresh()
-        summary = self.index.summary() if self.index.log_path.is_file() else {"episodes": 0}
+        summary = self.index.summary() if self.index.log_path.is_file() else _NO_LOG
         experiment, trial = self.experiment_and_trial()
         rows, metric_problems = self.metrics()
         train_rows = [r for r in rows if "reward/mean" in r]
-        last_reward = train_rows[-1]["reward/mean"] if train_rows else summary.get("last_reward")
-        started = summary.get("first_time")
+        last_reward = train_rows[-1]["reward/mean"] if train_rows else summary["last_reward"]
+        started = summary["first_time"]
         if started is None:
             try:
                 started = min((self.path / n).stat().st_mtime for n in _MARKERS if (self.path / n).exists())
@@ -152,18 +178,18 @@ class Run:
             "experiment": experiment,
             "trial": trial,
             "status": self.status(summary),
-            "steps": len({r["step"] for r in train_rows}) or summary.get("trained_steps") or 0,
-            "episodes": summary.get("episodes", 0),
+            "steps": len({r["step"] for r in train_rows}) or summary["trained_steps"] or 0,
+            "episodes": summary["episodes"],
             "last_reward": last_reward,
             "started": started,
-            "updated": summary.get("last_time"),
-            "log_bytes": summary.get("log_bytes", 0),
+            "updated": summary["last_time"],
+            "log_bytes": summary["log_bytes"],
             "problems": self.problems(metric_problems),
         }
 
     # --- tokens -----------------------------------------------------------------------------
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Decoder | None:
         """The run's tokenizer, to show token ids as text (None when it cannot be loaded here)."""
         with self._lock:
             if self._tokenizer is None and self._tokenizer_error is None:
@@ -178,13 +204,27 @@ class Run:
         return self._tokenizer_error
 
 
-def _load_tokenizer(run: Run) -> Any:
+# The summary of a run that has no event log (yet).
+_NO_LOG: Summary = {
+    "episodes": 0,
+    "trained_steps": 0,
+    "last_step": None,
+    "last_reward": None,
+    "first_time": None,
+    "last_time": None,
+    "finished": None,
+    "log_bytes": 0,
+}
+
+
+def _load_tokenizer(run: Run) -> Decoder:
     """From the directory the config names (`train.tokenizer` or `train.model_name`), or the
     HF cache; `tokenizers` alone, which loads in milliseconds. Never downloads."""
     lock, _ = run.lock()
-    train = ((lock or {}).get("config") or {}).get("train") or {}
-    name = train.get("tokenizer") or train.get("model_name")
-    if not name:
+    config = lock.get("config") if isinstance(lock, dict) else None
+    train = config.get("train") if isinstance(config, dict) else None
+    name = (train.get("tokenizer") or train.get("model_name")) if isinstance(train, dict) else None
+    if not name or not isinstance(name, str):
         raise LookupError("the run's lock.json names no model or tokenizer")
     from tokenizers import Tokenizer
 
@@ -236,7 +276,7 @@ class RunSet:
     def get(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Run]:
         return iter(list(self._runs.values()))
 
     def __len__(self) -> int:
