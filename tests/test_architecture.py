@@ -259,3 +259,30 @@ def test_below_the_assembly_no_function_takes_the_whole_config():
                     ):
                         taking.append(f"{module}.{node.name}({arg.arg})")
     assert not taking, f"components that take the whole Config: {taking}"
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import of platoon's own inside a function is kept only for an optional extra (tinker,
+    torch, nats-py, the openreward SDK) or the command line's start-up time, and says so on its
+    line or in a comment just above its group of imports; any other belongs at the top."""
+    unexplained = []
+    for path in _modules().values():
+        lines = path.read_text().splitlines()
+        for function in ast.walk(_parsed(path)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    own = node.level > 0 or (node.module or "").startswith("platoon")
+                elif isinstance(node, ast.Import):
+                    own = any(alias.name.startswith("platoon") for alias in node.names)
+                else:
+                    continue
+                if not own or "#" in lines[node.lineno - 1]:
+                    continue
+                above = node.lineno - 2  # the comment may head a group of imports
+                while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                    above -= 1
+                if above < 0 or not lines[above].strip().startswith("#"):
+                    unexplained.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not unexplained, f"imports inside functions with no reason given: {sorted(set(unexplained))}"

@@ -37,7 +37,8 @@ async def run(
         path = anyio.Path(config)
         config = load_config(Path(config), overrides)
         import_packages(config, Path(await path.resolve()).parent)
-    directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site())
+    purpose = "train" if config.train is not None else "eval"
+    directory = Path(run_dir_path) if run_dir_path else run_dir(config, load_site(), purpose=purpose)
     if config.train is not None:
         if policy is not None:
             raise ValueError(

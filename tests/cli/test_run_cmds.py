@@ -35,7 +35,7 @@ def rollout_dir(site, capsys):
         main(["rollout", "train.yaml", "stats.trial_name=ev", "--task", "train:#0", "--policy", POLICY]) == 0
     )
     capsys.readouterr()
-    return site / "runs" / "quickstart" / "ev"
+    return site / "runs" / "quickstart" / "ev-rollout"
 
 
 def test_events_prints_every_event_of_a_run(rollout_dir, capsys):

@@ -97,6 +97,23 @@ def test_run_dir_from_site_or_log_path(home, tmp_path):
     assert run_dir(unnamed, site, now=when) == home / "platoon-runs/exp/20261101-123005"
 
 
+def test_an_eval_or_a_rollout_of_a_training_config_writes_beside_its_training_run(home, tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        "environments: [{env: platoon-number-search@1, harness: platoon-react}]\n"
+        "train: {model_name: m, renderer_name: qwen3_instruct}\n"
+        "stats: {experiment_name: exp, trial_name: t1}\n"
+    )
+    site = load_site()
+    trains = load_config("c.yaml")
+    assert run_dir(trains, site) == home / "platoon-runs/exp/t1"
+    assert run_dir(trains, site, purpose="eval") == home / "platoon-runs/exp/t1-eval"
+    assert run_dir(trains, site, purpose="rollout") == home / "platoon-runs/exp/t1-rollout"
+    named = load_config("c.yaml", ["stats.trial_name=guess-eval"])  # an eval's folder already
+    assert run_dir(named, site, purpose="eval") == home / "platoon-runs/exp/guess-eval"
+    evaluates = load_config("c.yaml", ["train=null"])  # no training run to keep apart from
+    assert run_dir(evaluates, site, purpose="eval") == home / "platoon-runs/exp/t1"
+
+
 def test_run_files_are_written_and_reload(home, tmp_path):
     (tmp_path / "base.yaml").write_text(
         "environments: [{name: e, service: harbor, service_kwargs: {dataset: ./data}}]\n"

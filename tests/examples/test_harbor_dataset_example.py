@@ -91,5 +91,5 @@ def test_a_wrong_answer_gets_reward_0(site, capsys):
     assert code == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["episodes"] == 6 and summary["reward_mean"] == 0.0
-    report = json.loads((site / "runs" / "harbor-dataset" / "qwen3-4b" / "eval.json").read_text())
+    report = json.loads((site / "runs" / "harbor-dataset" / "qwen3-4b-eval" / "eval.json").read_text())
     assert report["episodes"] == 6

@@ -50,7 +50,7 @@ def test_rollout_prints_the_agent_tree_with_tool_calls_and_reward_one(in_quickst
     assert lines[-2].startswith(f"finished: completed after {len(guesses)} model calls")
     assert lines[-1] == "reward: 1"
 
-    run_dir = in_quickstart / "runs" / "quickstart" / "guess"
+    run_dir = in_quickstart / "runs" / "quickstart" / "guess-rollout"
     events = list(read_events(run_dir))
     assert sum(isinstance(e, ModelCallFinished) for e in events) == len(guesses)
     assert sum(isinstance(e, ToolReturned) for e in events) == len(guesses)

@@ -32,11 +32,11 @@ class Setup:
     run_dir: Path
 
 
-def _setup(args: Any) -> Setup:
+def _setup(args: Any, purpose: str) -> Setup:
     path = Path(args.config)
     config = load_config(path, args.overrides)
     import_packages(config, path.resolve().parent)
-    directory = run_dir(config, load_site())
+    directory = run_dir(config, load_site(), purpose=purpose)
     return Setup(config, path, directory)
 
 
@@ -82,7 +82,7 @@ def suffix_matches(wanted: str, ids: list[str]) -> list[str]:
 
 
 def rollout(args: Any) -> int:
-    setup = _setup(args)
+    setup = _setup(args, "rollout")
     wanted = _task(args, setup.config)
 
     async def main() -> list[Event]:
@@ -110,7 +110,7 @@ def rollout(args: Any) -> int:
 
 
 def evaluate(args: Any) -> int:
-    setup = _setup(args)
+    setup = _setup(args, "eval")
     config = setup.config
 
     async def main() -> Any:

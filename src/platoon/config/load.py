@@ -19,6 +19,7 @@ import msgspec
 import yaml
 
 from .merge import deep_merge
+from .policies import resolve_policies
 from .schema import Config
 from .validate import ConfigError, build, check, info_of, kind, resolve_paths, type_at
 
@@ -373,7 +374,6 @@ def _reference_token_checks(config: Config) -> list[str]:
     """A trained policy and the frozen policy it takes as KL reference score the same tokens:
     one tokenizer, one renderer (read from the policies as resolved, each key `train:`'s where
     the policy leaves it out)."""
-    from .policies import resolve_policies
 
     problems: list[str] = []
     specs = resolve_policies(config) if config.policies else {}
