@@ -106,3 +106,20 @@ def test_constant_groups_are_said_on_the_step_line_and_in_the_summary(tmp_path):
     assert "Raise group_size" in text
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, **half}) + "\n")
     assert "signal  2 of 4 groups had one reward for all their rollouts" in train_summary(tmp_path)
+
+
+def test_with_several_policies_the_step_line_shows_each_ones_training():
+    from platoon.stats.metrics import step_line
+
+    metrics = {"reward/mean": 0.5, "reward/pass_rate": 0.25}
+    for policy, datums in (("planner", 4), ("executor", 12)):
+        metrics |= {
+            f"{policy}/policy/version": 1.0,
+            f"{policy}/train/datums": datums,
+            f"{policy}/train/trained_tokens": 10.0 * datums,
+            f"{policy}/train/loss": -0.5,
+            f"{policy}/time/step": 1.25,
+        }
+    line = step_line(0, 3, metrics)
+    assert "[planner: datums 4 tokens 40 loss -0.5 1.2s]" in line
+    assert "[executor: datums 12 tokens 120 loss -0.5 1.2s]" in line

@@ -56,6 +56,14 @@ _CONSOLE_KEYS = (
 )
 
 
+_POLICY_KEYS = (
+    ("train/datums", "datums {:.0f}"),
+    ("train/trained_tokens", "tokens {:.0f}"),
+    ("train/loss", "loss {:.4g}"),
+    ("time/step", "{:.1f}s"),
+)
+
+
 class MetricsSink(ComponentBase):
     """A component that writes every `TrainStepFinished` and `EvalFinished`."""
 
@@ -224,6 +232,16 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             else ""
         )
         parts.insert(0, f"graded {graded:.0f}/{total:.0f}{why}" + ("" if graded else ", reward n/a"))
+    # Several policies (RFC 0001): each trainer's own figures, under its name.
+    policies = [k.removesuffix("/policy/version") for k in metrics if k.endswith("/policy/version")]
+    for policy in policies:
+        own = [
+            fmt.format(metrics[f"{policy}/{key}"])
+            for key, fmt in _POLICY_KEYS
+            if f"{policy}/{key}" in metrics
+        ]
+        if own:
+            parts.append(f"[{policy}: {' '.join(own)}]")
     groups, constant = metrics.get("credit/groups", 0), metrics.get("credit/groups_removed_constant", 0)
     if constant:
         parts.append(
