@@ -267,13 +267,15 @@ async def _resumed_client(
             client = await _training_client(service, policy, checkpoint)
         except Exception as exc:
             log.warning(
-                "checkpoint did not load; trying the one before", step=checkpoint.step, error=str(exc)
+                "checkpoint did not load; trying the one before",
+                after_step=checkpoint.step + 1,
+                error=str(exc),
             )
             failures.append(f"step {checkpoint.step}: {exc}")
             continue
         if failures:
             store.keep_through(checkpoint)
-        log.info("resuming", from_step=checkpoint.step, state=checkpoint.state_path)
+        log.info("resuming", trains_from_step=checkpoint.step + 2, state=checkpoint.state_path)
         return client, checkpoint
     if failures:
         raise ResumeError("no checkpoint of this run loads: " + "; ".join(failures))

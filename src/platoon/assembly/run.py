@@ -204,7 +204,7 @@ class Run:
         if s.resume:
             store.check_identity(identity)
             if not candidates:
-                log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+                log.info("no checkpoint yet: the run starts from step 1", run_dir=str(run_dir))
         else:
             if store.path.exists():
                 raise ResumeError(
@@ -244,7 +244,7 @@ class Run:
             run_store.check_identity(identity)
             candidates = resume_points(stores)
             if not any(candidates.values()):
-                log.info("no checkpoint yet: the run starts from step 0", run_dir=str(run_dir))
+                log.info("no checkpoint yet: the run starts from step 1", run_dir=str(run_dir))
         else:
             candidates = {name: [] for name in trained}
             if any(store.path.exists() for store in stores.values()):
