@@ -161,6 +161,10 @@ def test_legacy_keys(env, expected):
         ({"verifier": {"environment_mode": "separate"}}, r"'separate' is not supported"),
         ({"verifier": {"environment": {"docker_image": "x"}}}, r"separate verifier environment"),
         ({"environment": {"allow_internet": "yes"}}, r"allow_internet must be true or false"),
+        ({"verifier": {"timeout_sec": 1e308}}, r"verifier.timeout_sec must be at most 604800 \(a week\)"),
+        ({"agent": {"timeout_sec": 1e9}}, r"agent.timeout_sec must be at most 604800"),
+        ({"schema_version": "99"}, r"schema_version '99' is not one platoon reads"),
+        ({"schema_version": "2.0"}, r"schema_version '2.0' is not one platoon reads"),
     ],
 )
 def test_invalid_values_are_refused_with_the_key(raw, message):

@@ -170,6 +170,10 @@ def _size_mb(text: str, key: str) -> int:
         ) from None
 
 
+# A task's time limits: anything longer is a typo (1e308 would never time out).
+_MAX_SECONDS = 7 * 24 * 3600.0
+
+
 def _check(config: TaskConfig) -> None:
     env, verifier, agent = config.environment, config.verifier, config.agent
     if config.task is not None and (not _PACKAGE_NAME.match(config.task.name) or ".." in config.task.name):
@@ -184,6 +188,16 @@ def _check(config: TaskConfig) -> None:
     ):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise HarborError(f"task.toml: {where} must be a positive number, got {value!r}")
+        if value is not None and where.endswith("timeout_sec") and value > _MAX_SECONDS:
+            raise HarborError(
+                f"task.toml: {where} must be at most {_MAX_SECONDS:.0f} (a week), got {value!r}"
+            )
+    major, _, minor = config.schema_version.partition(".")
+    if major != "1" or not minor.isdigit():
+        raise HarborError(
+            f"task.toml: schema_version {config.schema_version!r} is not one platoon reads (Harbor's 1.x, "
+            "up to 1.4)"
+        )
     if env.gpus is not None and env.gpus < 0:
         raise HarborError(f"task.toml: environment.gpus must not be negative, got {env.gpus}")
     for where, mode, hosts in (
