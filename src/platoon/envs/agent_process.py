@@ -34,6 +34,7 @@ async def run_requested_agent(
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return AgentProcessExited(reply_to=req.request_id, error=f"a malformed agent request: {exc}")
     limits = [t for t in (req.timeout, timeout) if t is not None]
+    applied = min(limits) if limits else None
     try:
         done = await run_agent(
             box,
@@ -45,7 +46,7 @@ async def run_requested_agent(
             spec_dir=req.spec_dir,
             cwd=cwd,
             user=user,
-            timeout=min(limits) if limits else None,
+            timeout=applied,
             output_cap=req.output_cap,
         )
     except SandboxError as exc:
@@ -58,5 +59,6 @@ async def run_requested_agent(
         stdout_bytes=done.stdout_bytes,
         stderr_bytes=done.stderr_bytes,
         timed_out=done.timed_out,
-        error=done.error,
+        # which limit fired, as the harness says it: "<agent> passed its 15 s timeout"
+        error=f"its {applied:g} s timeout" if done.timed_out and applied is not None else done.error,
     )

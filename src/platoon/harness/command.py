@@ -488,8 +488,9 @@ class CommandHarness:
 
     def _exited(self, ctx: AgentContext, reply: AgentProcessExited) -> AgentResult:
         final = reply.stdout.strip()[-4000:] or None
-        if reply.timed_out:
-            return AgentResult("timeout", final, f"{self.name} passed its {self.spec.timeout} s timeout")
+        if reply.timed_out:  # the limit that fired: the agent's own, or the task's (`error` says)
+            limit = reply.error or f"its {self.spec.timeout} s timeout"
+            return AgentResult("timeout", final, f"{self.name} passed {limit}")
         if reply.return_code is None:
             return AgentResult("error", final, f"{self.name} did not run: {reply.error or 'no reason given'}")
         result = self._result(ctx, reply.return_code, final, reply.stderr)

@@ -131,6 +131,35 @@ async def test_agent_time_limit_finishes_the_tool(make_task, tmp_path):
 
 
 @needs_bwrap
+@pytest.mark.parametrize(
+    ("task_limit", "agent_limit", "said"),
+    [(0.5, 60.0, "the task's 0.5 s timeout"), (60, 0.5, "its 0.5 s timeout")],
+)
+async def test_a_stopped_agent_is_told_which_time_limit_stopped_it(
+    make_task, tmp_path, task_limit, agent_limit, said
+):
+    """The task's `[agent].timeout_sec` or the agent's own `timeout`: whichever fired is named."""
+    from platoon.bus.events import AgentProcessRequested
+
+    make_task(toml=f"[agent]\ntimeout_sec = {task_limit}\n")
+    session = await backend(tmp_path / "tasks", tmp_path).open(
+        TaskInfo(split="train", task_id="task", index=0), {}
+    )
+    try:
+        request = AgentProcessRequested(
+            episode_id="e",
+            agent_id="a",
+            env="harbor",
+            payload=json.dumps({"argv": ["sleep", "30"]}),
+            timeout=agent_limit,
+        )
+        exited = await session.run_agent(request)
+    finally:
+        await session.close()
+    assert exited.timed_out and exited.error == said
+
+
+@needs_bwrap
 async def test_forks_are_fresh_sandboxes(make_task, tmp_path):
     make_task()
     session = await backend(tmp_path / "tasks", tmp_path).open(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+from msgspec.structs import replace
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.config import load_site
@@ -254,13 +255,15 @@ class HarborSession:
         `[agent].timeout_sec` bounds it."""
 
         left = self._time_left()
+        limit = f"the task's {self.task.config.agent.timeout_sec:g} s timeout"
         if left is not None and left <= 0:
-            return AgentProcessExited(
-                reply_to=req.request_id, error="the agent's time limit is up", timed_out=True
-            )
-        return await run_requested_agent(
+            return AgentProcessExited(reply_to=req.request_id, error=limit, timed_out=True)
+        exited = await run_requested_agent(
             self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
         )
+        if exited.timed_out and left is not None and (req.timeout is None or left < req.timeout):
+            return replace(exited, error=limit)  # the task's limit fired, not the agent's own
+        return exited
 
     async def read_file(self, path: str) -> str:
         """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
