@@ -255,7 +255,7 @@ class HarborSession:
         `[agent].timeout_sec` bounds it."""
 
         left = self._time_left()
-        limit = f"the task's {self.task.config.agent.timeout_sec:g} s timeout"
+        limit = f"the task's {self.task.config.agent.timeout_sec or 0:g} s timeout"  # when it has one
         if left is not None and left <= 0:
             return AgentProcessExited(reply_to=req.request_id, error=limit, timed_out=True)
         exited = await run_requested_agent(
