@@ -52,7 +52,7 @@ MAX_LINES = 800
 
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
-ANY_BUDGET = 286
+ANY_BUDGET = 279
 
 
 @cache

@@ -60,6 +60,10 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 Port = Annotated[int, Meta(ge=0, le=65535)]
 
 
+# The losses of the Tinker API a config may name.
+LossFn = Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"]
+
+
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     pass
 
@@ -301,7 +305,7 @@ class TrainConfig(_Strict, frozen=True):
     optimizer: AdamParams = field(default_factory=AdamParams)
     lora_rank: PositiveInt = 32  # rank of the LoRA adapter that trains
     # the training service's loss function
-    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"] = "importance_sampling"
+    loss_fn: LossFn = "importance_sampling"
     loss_fn_config: dict[str, float | str] = {}  # passed to the loss function (e.g. clip thresholds)
     # sum: Tinker's summed loss; token_mean: divided by the batch's trained tokens
     loss_normalization: Literal["sum", "token_mean"] = "token_mean"
@@ -324,7 +328,7 @@ class PolicyConfig(_Strict, frozen=True):
     tinker_base_url: str | None = None  # this policy's Tinker-API server; None: the run's
     lora_rank: PositiveInt | None = None  # None: train.lora_rank
     optimizer: AdamParams | None = None  # None: train.optimizer
-    loss_fn: Literal["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"] | None = None
+    loss_fn: LossFn | None = None
     loss_fn_config: dict[str, float | str] | None = None  # None: train.loss_fn_config
     # the sampler weights a frozen policy (or an evaluation) samples, e.g. a tinker:// path; None: the base model
     model_path: PathOrName | None = None

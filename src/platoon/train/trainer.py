@@ -21,8 +21,9 @@ and (`prefix`) writes its own metrics under the policy's name (`planner/train/lo
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import structlog
@@ -39,10 +40,16 @@ from platoon.bus.events import (
     TrainStepFinished,
 )
 from platoon.config.rundir import write_private
+from platoon.config.schema import LossFn
 from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
 from platoon.train.step_weights import StepWeights
+
+if TYPE_CHECKING:
+    import tinker
+
+    from platoon.credit import Datum
 
 __all__ = ["Trainer", "TrainerSettings"]
 
@@ -56,7 +63,7 @@ class TrainerSettings:
         self,
         *,
         base_model: str,
-        loss_fn: str = "importance_sampling",
+        loss_fn: LossFn = "importance_sampling",
         loss_fn_config: dict[str, Any] | None = None,
         learning_rate: float = 4e-5,
         beta1: float = 0.9,
@@ -101,16 +108,16 @@ class Trainer(ComponentBase):
 
     def __init__(
         self,
-        training_client: Any,
+        training_client: tinker.TrainingClient,
         settings: TrainerSettings,
         checkpoints: CheckpointStore,
         *,
         version: int = 0,
-        task_cursor_of: Any = None,
-        reference: Any = None,
+        task_cursor_of: Callable[[int], int] | None = None,
+        reference: tinker.SamplingClient | None = None,
         policy: str = "default",
         prefix: str = "",
-        delete: Any = None,
+        delete: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.policy = policy
         self.delete = delete  # async (tinker path) -> None: deletes weights no longer needed
@@ -220,7 +227,7 @@ class Trainer(ComponentBase):
         else:
             await bus.publish(TrainStepFinished(step=batch.step, metrics={**batch.stats, **metrics}))
 
-    async def kl(self, datums: list[Any]) -> tuple[list[Any], dict[str, float]]:
+    async def kl(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""
         import anyio
         import tinker
@@ -230,8 +237,10 @@ class Trainer(ComponentBase):
         async def one(index: int) -> None:
             datum = datums[index]
             sequence = [*datum.model_input, datum.target_tokens[-1]]
+            assert self.reference is not None, "a KL penalty needs its reference"
             future = self.reference.compute_logprobs(tinker.ModelInput.from_ints(sequence))
-            rows[index] = reference_targets(datum, await wait_future(future))
+            logprobs = await wait_future(future)
+            rows[index] = reference_targets(datum, logprobs)
 
         async with anyio.create_task_group() as tg:
             for index in range(len(datums)):
@@ -306,7 +315,7 @@ class Trainer(ComponentBase):
                 log.warning(f"could not delete {what}", path=path, error=str(exc))
 
 
-def _loss_metrics(result: Any) -> dict[str, float]:
+def _loss_metrics(result: tinker.ForwardBackwardOutput) -> dict[str, float]:
     """`loss:sum` and friends from a ForwardBackwardOutput, as `train/<name>` metrics."""
     out: dict[str, float] = {}
     for key, value in (getattr(result, "metrics", None) or {}).items():
