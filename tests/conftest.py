@@ -60,7 +60,7 @@ _BY_PATH = {
 
 # The longest tests, which xdist should start first (longest-first scheduling): started last,
 # one of them runs alone on one core while the other cores have nothing left to do.
-_LONGEST = ("examples/", "docs/test_doc_blocks", "train/test_distributed", "train/test_resume")
+_LONGEST = ("examples/", "docs/test_doc_blocks", "train/test_distributed", "train/test_resume", "test_types")
 
 
 def pytest_itemcollected(item):
