@@ -127,8 +127,13 @@ def test_after_a_restart_the_client_is_told_to_resume_and_the_checkpoint_loads(t
         state = client.save_state("before-restart").result().path
         before = client.forward([datum(TOKENS)], "cross_entropy").result().metrics["loss:sum"]
 
+    # A kill during a checkpoint write leaves its staging folder: the next server removes it.
+    torn = tmp_path / client.model_id / "weights" / "torn.partial"
+    torn.mkdir(parents=True)
+    (torn / "adapter_model.safetensors").write_bytes(b"half")
     with server(tiny_model, tmp_path, port=port) as url2:
         assert url2 == url
+        assert not torn.exists()
         with pytest.raises(tinker.RequestFailedError) as refused:
             client.forward_backward([datum(TOKENS)], "cross_entropy").result(timeout=120)
         message = str(refused.value)

@@ -54,6 +54,21 @@ class CheckpointStore:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def sweep_partial(self) -> list[Path]:
+        """Remove what a write cut short by a kill left (`<name>.partial` staging folders, the
+        marks' staging file); the server that owns this folder calls it as it starts, when no
+        write of its own can be under way. Returns what it removed."""
+        if not self.root.is_dir():
+            return []
+        left = [path for kind in _KINDS for path in self.root.glob(f"*/{kind}/*.partial")]
+        left += self.root.glob(f"*/{Path(_MARKS).stem}.partial")
+        for path in left:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        return left
+
     def path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
         """The tinker path and directory of a new checkpoint of `model_id`."""
         if not name or not _NAME.match(name) or name in {".", ".."}:

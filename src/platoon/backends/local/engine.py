@@ -124,6 +124,7 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.checkpoint_dir = Path(checkpoint_dir)
         self.store = CheckpointStore(self.checkpoint_dir)
+        self.store.sweep_partial()  # what a checkpoint write cut short by a kill left
         self.peft: Any = None
         self._models: dict[str, _Trainable] = {}
         self._snapshots: dict[str, _Snapshot] = {}
