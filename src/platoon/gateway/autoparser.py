@@ -120,6 +120,7 @@ def choose_tool_call_parser(renderer_name: str, tokenizer: Tokenizer) -> str:
 def _probe_completion(renderer: Renderer, renderer_name: str) -> tuple[AssistantMessage, list[int]]:
     """The probe turn, and the tokens a model would sample to write it."""
     messages: list[Message] = [{"role": "user", "content": "Use the tools."}]
+    problem: RendererError | None = None
     for calls in (3, 1):
         turn = probe_turn(calls)
         try:

@@ -451,7 +451,7 @@ def _error(
     else:
         text = _plain(text)
     field = segments[0] if segments else None
-    if field in whole:
+    if field is not None and field in whole:
         return DialectError(f"{field}: {whole[field]}", field)
     if field in NEUTRAL:
         return _cannot_honour(field, body)

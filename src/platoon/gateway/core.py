@@ -22,12 +22,13 @@ import contextlib
 import functools
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol, TypeGuard
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
@@ -44,7 +45,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.gateway.errors import GatewayError, sampler_error
-from platoon.gateway.params import as_dict, call_params, longest_token, text_size
+from platoon.gateway.params import call_params, longest_token, text_size
 from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
@@ -56,6 +57,7 @@ from platoon.policy.base import (
     Sampler,
     SamplerFactory,
     StopReason,
+    StreamingSampler,
 )
 
 __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
@@ -265,7 +267,7 @@ class Gateway(ComponentBase):
         await bus.publish(
             ChatReplied(
                 reply_to=request.request_id,
-                message=done.message,
+                message=dict(done.message),
                 call_id=done.call_id,
                 finish_reason=done.finish_reason,
                 prompt_tokens=done.prompt_tokens,
@@ -333,7 +335,7 @@ class Gateway(ComponentBase):
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
         replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
-        async with contextlib.aclosing(replies):  # type: ignore[type-var]
+        async with contextlib.aclosing(replies):
             async for item in replies:
                 if isinstance(item, Completion):
                     return item
@@ -350,7 +352,7 @@ class Gateway(ComponentBase):
         wait: bool = True,
         stream: bool = True,
         record_messages: bool = False,
-    ) -> AsyncIterator[str | Completion]:
+    ) -> AsyncGenerator[str | Completion, None]:
         """`complete`, yielding the reply's content as it is sampled (str deltas, when the sampler
         streams and `stream` is set), then the `Completion`. Errors come before the first item.
 
@@ -393,7 +395,7 @@ class Gateway(ComponentBase):
             # A call may not sample past the episode's token budget.
             room = max(budget.max_tokens - budget.tokens, 1)
             if sample_params.max_tokens is None or sample_params.max_tokens > room:
-                sample_params = SampleParams(**{**as_dict(sample_params), "max_tokens": room})
+                sample_params = msgspec.structs.replace(sample_params, max_tokens=room)
         sampler = await self._sampler_for(session)
 
         # The limiter is held on behalf of this call, not of a task: a stream is answered by
@@ -424,13 +426,12 @@ class Gateway(ComponentBase):
                 budget.check()
                 budget.calls += 1
                 reserved = True
-            streams = _streams(sampler) and (stream or controls.stops)
             try:
-                if streams:
+                if _streams(sampler) and (stream or controls.stops):
                     tokens: list[int] = []
                     logprobs: list[float] = []
                     reason: StopReason = "stop"
-                    chunks = sampler.sample_stream(prompt, sample_params, messages=list(messages))
+                    chunks = sampler.sample_stream(prompt, sample_params, messages=_as_dicts(messages))
                     try:
                         async for chunk in chunks:
                             tokens += chunk.tokens
@@ -442,10 +443,11 @@ class Gateway(ComponentBase):
                             if text.stop is not None:
                                 break  # a stop sequence: no need to sample further
                     finally:
-                        await chunks.aclose()  # type: ignore[attr-defined]
+                        if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
+                            await chunks.aclose()
                     sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
                 else:
-                    sampled = await sampler.sample(prompt, sample_params, messages=list(messages))
+                    sampled = await sampler.sample(prompt, sample_params, messages=_as_dicts(messages))
             except Exception as exc:
                 log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
                 raise sampler_error(exc) from exc
@@ -522,13 +524,17 @@ class Gateway(ComponentBase):
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
 
 
-def _streams(sampler: Sampler) -> bool:
+def _streams(sampler: Sampler) -> TypeGuard[StreamingSampler]:
     """Whether a sampler streams (`StreamingSampler`; an isinstance check of a protocol costs
     more than the rest of a call's bookkeeping)."""
     return callable(getattr(sampler, "sample_stream", None))
 
 
-def _kind(
-    exc: GatewayError,
-) -> Literal["budget", "context_length", "bad_request", "auth", "sampler", "not_found"]:
-    return "bad_request" if exc.kind == "overloaded" else exc.kind
+def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request", "auth", "sampler"]:
+    # "not_found" is the HTTP front's alone (a route, a stored response): never raised here.
+    return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
+
+
+def _as_dicts(messages: Sequence[Message]) -> list[dict[str, object]]:
+    """The conversation as the sampler protocol takes it (the client's JSON objects, as they are)."""
+    return [m if isinstance(m, dict) else dict(m) for m in messages]

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
+
+from msgspec import Struct
 
 from platoon.gateway import bodies
 from platoon.gateway.bodies import (
@@ -34,7 +36,20 @@ from platoon.gateway.bodies import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from platoon.gateway.shapes import AssistantMessage, JsonObject, Message, Tool, ToolCall
+from platoon.gateway.shapes import (
+    AnthropicBlock,
+    AnthropicReply,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    JsonObject,
+    Message,
+    ResponsesItem,
+    ResponsesReply,
+    Tool,
+    ToolCall,
+)
+from platoon.gateway.shapes import ResponsesMessage as ResponsesMessageItem
 
 __all__ = [
     "DialectError",
@@ -92,7 +107,7 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
     choice = request.tool_choice
-    params = {
+    params: dict[str, object] = {
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
@@ -132,7 +147,7 @@ def chat_response(
     choices: list[tuple[AssistantMessage, str, tuple[list[str], list[float]] | None]],
     usage: tuple[int, int],
     response_id: str,
-) -> JsonObject:
+) -> ChatCompletion:
     """A chat.completion object; each choice is (message, finish_reason, logprobs or None)."""
     return {
         "id": f"chatcmpl-{response_id}",
@@ -152,7 +167,7 @@ def chat_response(
     }
 
 
-def chat_stream(response: JsonObject, include_usage: bool) -> Iterator[str]:
+def chat_stream(response: ChatCompletion, include_usage: bool) -> Iterator[str]:
     """The SSE `data:` payloads of a finished chat completion, as a stream would carry them."""
     stream = ChatStream(response["id"], response["model"], response["created"], include_usage)
     for choice in response["choices"]:
@@ -183,12 +198,13 @@ class ChatStream:
         self.sent += text
         yield self._chunk([{"index": index, "delta": {"content": text}, "finish_reason": None}])
 
-    def end(self, response: JsonObject) -> Iterator[str]:
+    def end(self, response: ChatCompletion) -> Iterator[str]:
         yield from self.choice_end(response["choices"][0])
         yield from self.finish(response)
 
-    def choice_end(self, choice: JsonObject) -> Iterator[str]:
+    def choice_end(self, choice: ChatChoice) -> Iterator[str]:
         index, message = choice["index"], choice["message"]
+        delta: JsonObject
         if message.get("reasoning_content"):
             delta = {"reasoning_content": message["reasoning_content"]}
             yield self._chunk([{"index": index, "delta": delta, "finish_reason": None}])
@@ -206,7 +222,7 @@ class ChatStream:
         last = {"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": choice["finish_reason"]}
         yield self._chunk([last])
 
-    def finish(self, response: JsonObject) -> Iterator[str]:
+    def finish(self, response: ChatCompletion) -> Iterator[str]:
         if self.include_usage:
             yield self._chunk([], usage=response["usage"])
         yield "[DONE]"
@@ -218,7 +234,7 @@ class ChatStream:
 # --- OpenAI Responses ------------------------------------------------------------------------
 
 
-def _text(content: str | list[object], where: str, *at: int, what: str = "content part") -> str:
+def _text(content: str | Sequence[Struct], where: str, *at: int, what: str = "content part") -> str:
     """A string, or the text of an array of text parts joined by newlines; `where.format(*at)`
     names the content in an error."""
     if isinstance(content, str):
@@ -248,26 +264,37 @@ def responses_request(body: Mapping[str, object]) -> Call:
         if isinstance(request.input, str)
         else request.input
     )
+    # The message last added when it is an assistant's, and its tool calls (a list that becomes
+    # its "tool_calls" with the first call).
+    assistant: tuple[JsonObject, list[JsonObject]] | None = None
     for i, item in enumerate(items):
         if isinstance(item, ResponsesMessage):
             role = "system" if item.role == "developer" else item.role
-            messages.append({"role": role, "content": _text(item.content, "input.{}.content", i)})
+            entry: JsonObject = {"role": role, "content": _text(item.content, "input.{}.content", i)}
+            messages.append(entry)
+            assistant = (entry, []) if role == "assistant" else None
         elif isinstance(item, FunctionCall):
-            call = {
+            call: JsonObject = {
                 "id": item.call_id or item.id,
                 "type": "function",
                 "function": {"name": item.name, "arguments": item.arguments or "{}"},
             }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+            if assistant is not None:
+                entry, calls = assistant
+                if not calls:
+                    entry["tool_calls"] = calls
+                calls.append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                calls = [call]
+                entry = {"role": "assistant", "content": None, "tool_calls": calls}
+                messages.append(entry)
+                assistant = (entry, calls)
         elif isinstance(item, FunctionCallOutput):
             text = _text(item.output, "input.{}.output", i)
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+            assistant = None
         # Reasoning items: the reasoning of earlier turns is not sent back to the model.
-    tools = None
+    tools: list[Tool] | None = None
     if request.tools:
         tools = []
         for n, tool in enumerate(request.tools):
@@ -283,7 +310,7 @@ def responses_request(body: Mapping[str, object]) -> Call:
             }
             tools.append({"type": "function", "function": function})
     choice = request.tool_choice
-    params = {
+    params: dict[str, object] = {
         "temperature": request.temperature,
         "top_p": request.top_p,
         "max_tokens": request.max_output_tokens,
@@ -295,8 +322,8 @@ def responses_request(body: Mapping[str, object]) -> Call:
 
 def responses_response(
     model: str, message: AssistantMessage, finish: str, usage: tuple[int, int], rid: str
-) -> JsonObject:
-    output: list[JsonObject] = []
+) -> ResponsesReply:
+    output: list[ResponsesItem] = []
     if message.get("reasoning_content"):
         output.append(
             {
@@ -306,14 +333,15 @@ def responses_response(
                 "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}],
             }
         )
-    if message.get("content"):
+    content = message.get("content")
+    if content:
         output.append(
             {
                 "type": "message",
                 "id": f"msg_{rid}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+                "content": [{"type": "output_text", "text": content, "annotations": []}],
             }
         )
     for n, call in enumerate(message.get("tool_calls") or []):
@@ -349,7 +377,7 @@ def responses_response(
     }
 
 
-def responses_stream(response: JsonObject) -> Iterator[tuple[str, str]]:
+def responses_stream(response: ResponsesReply) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of the Responses streaming protocol for a finished response."""
     stream = ResponsesStream(response["id"], response["model"], response["created_at"])
     yield from stream.start()
@@ -361,7 +389,8 @@ class ResponsesStream:
     text (the message item opens with the first), `end` with the finished response."""
 
     def __init__(self, response_id: str, model: str, created_at: int) -> None:
-        self.skeleton = {
+        self.response_id = response_id
+        self.skeleton: JsonObject = {
             "id": response_id,
             "object": "response",
             "created_at": created_at,
@@ -383,7 +412,7 @@ class ResponsesStream:
 
     def delta(self, text: str) -> Iterator[tuple[str, str]]:
         if self.message_id is None:
-            self.message_id = f"msg_{self.skeleton['id'].removeprefix('resp_')}"
+            self.message_id = f"msg_{self.response_id.removeprefix('resp_')}"
             item = {
                 "type": "message",
                 "id": self.message_id,
@@ -404,15 +433,18 @@ class ResponsesStream:
         common = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         yield self._event("response.output_text.delta", delta=text, logprobs=[], **common)
 
-    def end(self, response: JsonObject) -> Iterator[tuple[str, str]]:
+    def end(self, response: ResponsesReply) -> Iterator[tuple[str, str]]:
         output = list(response["output"])
         if self.message_id is not None:
             # The streamed message went out first: it keeps index 0 and its id.
-            message = next((o for o in output if o["type"] == "message"), None)
-            output = [o for o in output if o is not message]
-            text = message["content"][0]["text"] if message else self.sent
-            message = (message or {"type": "message", "status": "completed", "role": "assistant"}) | {
+            sampled = next((o for o in output if o["type"] == "message"), None)
+            output = [o for o in output if o is not sampled]
+            text = sampled["content"][0]["text"] if sampled else self.sent
+            message: ResponsesMessageItem = {
+                "type": "message",
                 "id": self.message_id,
+                "status": sampled["status"] if sampled else "completed",
+                "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
             rest = text[len(self.sent) :] if text.startswith(self.sent) else ""
@@ -423,16 +455,16 @@ class ResponsesStream:
             yield self._event("response.content_part.done", part=message["content"][0], **common)
             yield self._event("response.output_item.done", output_index=0, item=message)
             output = [message, *output]
-            response = response | {"output": output}
+            response = {**response, "output": output}
         first = 1 if self.message_id is not None else 0
         for index, item in enumerate(output[first:], start=first):
             yield from self._item(index, item)
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         yield self._event(kind, response=response)
 
-    def _item(self, index: int, item: JsonObject) -> Iterator[tuple[str, str]]:
+    def _item(self, index: int, item: ResponsesItem) -> Iterator[tuple[str, str]]:
         if item["type"] == "message":
-            empty = item | {"status": "in_progress", "content": []}
+            empty = {**item, "status": "in_progress", "content": []}
             yield self._event("response.output_item.added", output_index=index, item=empty)
             part = {"type": "output_text", "text": "", "annotations": []}
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
@@ -442,7 +474,7 @@ class ResponsesStream:
             yield self._event("response.output_text.done", text=text, logprobs=[], **common)
             yield self._event("response.content_part.done", part=item["content"][0], **common)
         elif item["type"] == "function_call":
-            added = item | {"arguments": "", "status": "in_progress"}
+            added = {**item, "arguments": "", "status": "in_progress"}
             yield self._event("response.output_item.added", output_index=index, item=added)
             common = {"item_id": item["id"], "output_index": index}
             yield self._event("response.function_call_arguments.delta", delta=item["arguments"], **common)
@@ -524,7 +556,7 @@ def _messages(request: bodies.MessagesRequest) -> Call:
             messages.append(entry)
         elif texts:
             messages.append({"role": "user", "content": "\n".join(texts)})
-    tools = None
+    tools: list[Tool] | None = None
     if request.tools:
         tools = [
             {
@@ -538,7 +570,7 @@ def _messages(request: bodies.MessagesRequest) -> Call:
             for tool in request.tools
         ]
     choice = request.tool_choice
-    params = {
+    params: dict[str, object] = {
         "temperature": request.temperature,
         "top_p": request.top_p,
         "top_k": request.top_k,
@@ -564,12 +596,13 @@ def anthropic_response(
     usage: tuple[int, int],
     rid: str,
     stop_sequence: str | None = None,
-) -> JsonObject:
-    content: list[JsonObject] = []
+) -> AnthropicReply:
+    content: list[AnthropicBlock] = []
     if message.get("reasoning_content"):
         content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
-    if message.get("content"):
-        content.append({"type": "text", "text": message["content"]})
+    text = message.get("content")
+    if text:
+        content.append({"type": "text", "text": text})
     for call in message.get("tool_calls") or []:
         try:
             arguments = json.loads(call["function"]["arguments"] or "{}")
@@ -592,7 +625,7 @@ def anthropic_response(
     }
 
 
-def anthropic_stream(response: JsonObject) -> Iterator[tuple[str, str]]:
+def anthropic_stream(response: AnthropicReply) -> Iterator[tuple[str, str]]:
     """(event, data) pairs of Anthropic's streaming protocol for a finished message."""
     stream = MessagesStream(response["id"], response["model"], response["usage"]["input_tokens"])
     yield from stream.start()
@@ -604,7 +637,7 @@ class MessagesStream:
     text (a text block opens with the first), `end` with the finished message."""
 
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
-        self.message = {
+        self.message: JsonObject = {
             "id": message_id,
             "type": "message",
             "role": "assistant",
@@ -631,7 +664,7 @@ class MessagesStream:
         self.sent += text
         yield self._event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
 
-    def end(self, response: JsonObject) -> Iterator[tuple[str, str]]:
+    def end(self, response: AnthropicReply) -> Iterator[tuple[str, str]]:
         blocks = list(response["content"])
         index = 0
         if self.text_open:
@@ -651,7 +684,7 @@ class MessagesStream:
         yield self._event("message_delta", delta=delta, usage=dict(response["usage"]))
         yield self._event("message_stop")
 
-    def _block(self, index: int, block: JsonObject) -> Iterator[tuple[str, str]]:
+    def _block(self, index: int, block: AnthropicBlock) -> Iterator[tuple[str, str]]:
         if block["type"] == "text":
             yield self._event("content_block_start", index=index, content_block={"type": "text", "text": ""})
             delta = {"type": "text_delta", "text": block["text"]}
@@ -660,7 +693,7 @@ class MessagesStream:
             yield self._event("content_block_start", index=index, content_block=start)
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
-            yield self._event("content_block_start", index=index, content_block=block | {"input": {}})
+            yield self._event("content_block_start", index=index, content_block={**block, "input": {}})
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         yield self._event("content_block_delta", index=index, delta=delta)
         yield self._event("content_block_stop", index=index)

@@ -14,8 +14,17 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import NoReturn, Protocol
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import NoReturn, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -31,7 +40,15 @@ from platoon.gateway import dialects
 from platoon.gateway.core import Gateway
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession, Completion
-from platoon.gateway.shapes import JsonObject, Message, Params, Tool
+from platoon.gateway.shapes import (
+    AnthropicReply,
+    ChatCompletion,
+    JsonObject,
+    Message,
+    Params,
+    ResponsesReply,
+    Tool,
+)
 from platoon.serving import Guard, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
@@ -76,14 +93,18 @@ Event = str | tuple[str, str]  # an SSE `data:` payload, or an (event, data) pai
 Body = Mapping[str, object]  # a request's parsed JSON object
 
 
-class _Format(Protocol):
+_Reply = TypeVar("_Reply")  # a dialect's finished response
+_Reply_contra = TypeVar("_Reply_contra", contravariant=True)
+
+
+class _Format(Protocol[_Reply_contra]):
     """A dialect's stream (`dialects.ChatStream`, `ResponsesStream`, `MessagesStream`)."""
 
     def start(self) -> Iterator[Event]: ...
 
     def delta(self, text: str) -> Iterator[Event]: ...
 
-    def end(self, response: JsonObject) -> Iterator[Event]: ...
+    def end(self, response: _Reply_contra) -> Iterator[Event]: ...
 
     def error(self, kind: str, message: str) -> Iterator[Event]: ...
 
@@ -122,9 +143,12 @@ def _key(request: Request) -> str | None:
     return presented_key(request.scope)
 
 
-def _kind(request: Request) -> str:
-    kind = request.headers.get("x-platoon-call-kind", "policy").lower()
-    if kind not in ("policy", "aux", "judge"):
+_CALL_KINDS: dict[str, CallKind] = {"policy": "policy", "aux": "aux", "judge": "judge"}
+
+
+def _kind(request: Request) -> CallKind:
+    kind = _CALL_KINDS.get(request.headers.get("x-platoon-call-kind", "policy").lower())
+    if kind is None:
         raise GatewayError("bad_request", "X-Platoon-Call-Kind must be policy, aux or judge")
     return kind
 
@@ -187,7 +211,9 @@ def _sse(events: AsyncIterator[Event]) -> StreamingResponse:
 
 
 async def _streamed(
-    replies: AsyncIterator[str | Completion], format: _Format, finish: Callable[[Completion], JsonObject]
+    replies: AsyncGenerator[str | Completion, None],
+    format: _Format[_Reply],
+    finish: Callable[[Completion], _Reply],
 ) -> Response:
     """An SSE response that sends each content delta of `replies` as it is sampled.
 
@@ -212,7 +238,7 @@ async def _streamed(
             for event in format.error(_OPENAI_TYPE.get(exc.kind, "server_error"), str(exc)):
                 yield event
         finally:
-            await replies.aclose()  # type: ignore[attr-defined]
+            await replies.aclose()
 
     return _sse(events())
 
@@ -225,8 +251,8 @@ def _whole(events: Iterable[Event]) -> AsyncIterator[Event]:
     return each()
 
 
-async def _last(replies: AsyncIterator[str | Completion]) -> Completion:
-    async with contextlib.aclosing(replies):  # type: ignore[type-var]
+async def _last(replies: AsyncGenerator[str | Completion, None]) -> Completion:
+    async with contextlib.aclosing(replies):
         async for item in replies:
             if isinstance(item, Completion):
                 return item
@@ -250,7 +276,7 @@ def build_app(gateway: Gateway) -> Guard:
         kind: CallKind,
         *,
         stream: bool = True,
-    ) -> AsyncIterator[str | Completion]:
+    ) -> AsyncGenerator[str | Completion, None]:
         """One call over HTTP: refused at once when the gateway is full (a client retries), and
         its messages recorded, since no `ChatRequested` holds them."""
         return gateway.complete_stream(
@@ -305,9 +331,10 @@ def build_app(gateway: Gateway) -> Guard:
             model = model_of(body)
             kind = _kind(request)
             want_logprobs = bool(body.get("logprobs"))
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            options = body.get("stream_options")  # an object or null: `chat_request` checked it
+            include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
 
-            def shape(done: list[Completion], rid: str) -> JsonObject:
+            def shape(done: list[Completion], rid: str) -> ChatCompletion:
                 choices = [
                     (
                         c.message,
@@ -338,9 +365,9 @@ def build_app(gateway: Gateway) -> Guard:
         async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, stream = dialects.responses_request(body)
             model = model_of(body)
-            previous = body.get("previous_response_id")
+            previous = body.get("previous_response_id")  # a string or null: `responses_request` checked it
             instructions = 1 if body.get("instructions") else 0
-            if previous:
+            if isinstance(previous, str) and previous:
                 kept = session.responses.get(previous)
                 if kept is None:
                     raise GatewayError(
@@ -353,7 +380,7 @@ def build_app(gateway: Gateway) -> Guard:
                 messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
             rid = new_id()
 
-            def finish(c: Completion) -> JsonObject:
+            def finish(c: Completion) -> ResponsesReply:
                 response = dialects.responses_response(
                     model, c.message, c.finish_reason, (c.prompt_tokens, c.completion_tokens), rid
                 )
@@ -378,7 +405,7 @@ def build_app(gateway: Gateway) -> Guard:
             model = model_of(body)
             rid = new_id()
 
-            def finish(c: Completion) -> JsonObject:
+            def finish(c: Completion) -> AnthropicReply:
                 usage = (c.prompt_tokens, c.completion_tokens)
                 return dialects.anthropic_response(
                     model, c.message, c.finish_reason, usage, rid, c.stop_sequence

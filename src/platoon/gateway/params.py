@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import msgspec
+
 from platoon.bus.events import derive_seed
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession
@@ -58,40 +60,58 @@ def call_params(
                 param="messages",
             )
         if params.max_tokens is None or params.max_tokens > room:
-            params = SampleParams(**{**as_dict(params), "max_tokens": room})
+            params = msgspec.structs.replace(params, max_tokens=room)
     return params
 
 
-def checked_params(values: dict[str, object]) -> SampleParams:
+def checked_params(values: Mapping[str, object]) -> SampleParams:
     """SampleParams from request values, each a finite number in range, or a 400 naming it."""
-    for name, (kind, low, high) in _PARAM_RANGES.items():
-        value = values.get(name)
-        if value is None:
-            continue
-        ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind is int and ok_type and isinstance(value, float) and value.is_integer():
-            value = values[name] = int(value)
-        if (
-            not ok_type
-            or (kind is int and not isinstance(value, int))
-            or not math.isfinite(value)
-            or not low <= value <= high
-        ):
-            raise GatewayError(
-                "bad_request",
-                f"{name} must be {'an integer' if kind is int else 'a number'} from {low} to {high}, "
-                f"got {value!r}",
-                param=name,
-            )
+    max_tokens = _checked(values, "max_tokens")
+    temperature = _checked(values, "temperature")
+    top_p = _checked(values, "top_p")
+    top_k = _checked(values, "top_k")
+    seed = _checked(values, "seed")
     stop = values.get("stop")
-    if isinstance(stop, str):
-        values["stop"] = [stop]
-    elif stop is not None and (
-        not isinstance(stop, list)
-        or not all(isinstance(s, (str, int)) and not isinstance(s, bool) for s in stop)
-    ):
+    stops: list[str] | list[int] | None
+    if stop is None or isinstance(stop, str):
+        stops = None if stop is None else [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = [s for s in stop if isinstance(s, str)]
+    elif isinstance(stop, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        stops = [s for s in stop if isinstance(s, int)]
+    else:  # a list of strings or of token ids, not both
         raise GatewayError("bad_request", "stop must be a string or a list of strings", param="stop")
-    return SampleParams(**values)
+    return SampleParams(
+        max_tokens=None if max_tokens is None else int(max_tokens),
+        temperature=_DEFAULTS.temperature if temperature is None else temperature,
+        top_p=_DEFAULTS.top_p if top_p is None else top_p,
+        top_k=_DEFAULTS.top_k if top_k is None else int(top_k),
+        stop=stops,
+        seed=None if seed is None else int(seed),
+    )
+
+
+def _checked(values: Mapping[str, object], name: str) -> int | float | None:
+    """The named parameter, a finite number in its range (an integral float made an int where an
+    integer is asked for), None when absent; or a 400 naming it."""
+    kind, low, high = _PARAM_RANGES[name]
+    value = values.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ok: int | float | None = None
+    elif kind is int and isinstance(value, float):
+        ok = int(value) if value.is_integer() else None
+    else:
+        ok = value
+    if ok is None or not math.isfinite(ok) or not low <= ok <= high:
+        raise GatewayError(
+            "bad_request",
+            f"{name} must be {'an integer' if kind is int else 'a number'} from {low} to {high}, "
+            f"got {value if ok is None else ok!r}",
+            param=name,
+        )
+    return ok
 
 
 def text_size(value: object) -> int:
@@ -121,6 +141,7 @@ def longest_token(tokenizer: Tokenizer) -> int:
 
 
 _PARAM_FIELDS = set(SampleParams.__struct_fields__)
+_DEFAULTS = SampleParams()
 
 
 def as_dict(params: SampleParams) -> dict[str, object]:

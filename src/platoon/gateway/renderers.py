@@ -169,6 +169,17 @@ def _check(messages: Sequence[Message]) -> None:
             raise RendererError(f"messages.{i}.tool_calls: must be a list")
 
 
+def _role(message: Message) -> str:
+    """The role of a message `_check` passed: one of `_ROLES`."""
+    return str(message["role"])
+
+
+def _calls(message: Message) -> list[object]:
+    """The tool calls of a message `_check` passed: a list, or none."""
+    calls = message.get("tool_calls")
+    return calls if isinstance(calls, list) else []
+
+
 _CACHE_ENTRIES = 1024
 _CACHE_MAX_CHARS = 100_000
 
@@ -301,7 +312,9 @@ class Renderer(ABC):
         if self.tool_call_parser is not None and tool_calls:
             result = self.tool_call_parser.parse(content, tools)
             content, calls, errors = result.content, result.tool_calls, result.errors
-        finish = "length" if not stopped else ("tool_calls" if calls else "stop")
+        finish: Literal["stop", "length", "tool_calls"] = (
+            "length" if not stopped else ("tool_calls" if calls else "stop")
+        )
         return ParsedMessage(content, reasoning, calls, errors, finish)
 
     # Streaming and constrained calls
@@ -444,7 +457,7 @@ class Qwen3Renderer(Renderer):
             elif role == "assistant":
                 body, content = self._assistant_body(i, message, content, last_query, i == len(messages) - 1)
                 text = "<|im_start|>assistant\n" + body
-                for n, call in enumerate(message.get("tool_calls") or []):
+                for n, call in enumerate(_calls(message)):
                     name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
                     if n > 0 or content:
                         text += "\n"
@@ -538,8 +551,8 @@ class Llama3Renderer(Renderer):
             offset += 1
         for i in range(offset, len(messages)):
             message = messages[i]
-            role = message["role"]
-            calls = message.get("tool_calls")
+            role = _role(message)
+            calls = _calls(message)
             if role == "tool":
                 content = message.get("content")
                 # The template applies `tojson` to anything iterable, strings included.
@@ -611,7 +624,7 @@ class SmolLM2Renderer(Renderer):
         out: list[dict[str, str]] = []
         for i, message in enumerate(messages):
             content = _text(message.get("content"), f"messages.{i}.content")
-            for n, call in enumerate(message.get("tool_calls") or []):
+            for n, call in enumerate(_calls(message)):
                 name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
                 rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
                 _arguments_object(rendered, f"messages.{i}.tool_calls.{n}")  # JSON, or a clear error
@@ -620,7 +633,7 @@ class SmolLM2Renderer(Renderer):
                 content += (
                     '<tool_call>\n{"name": ' + _dumps(name) + ', "arguments": ' + rendered + "}\n</tool_call>"
                 )
-            out.append({"role": message["role"], "content": content})
+            out.append({"role": _role(message), "content": content})
         if messages and messages[0]["role"] != "system":
             out.insert(0, {"role": "system", "content": self.default_system})
         if tools:
@@ -689,7 +702,7 @@ class RoleColonRenderer(Renderer):
         if bos:
             out.append((None, "bos", bos))
         for i, message in enumerate(messages):
-            role = message["role"]
+            role = _role(message)
             if role == "tool" or message.get("tool_calls"):
                 raise RendererError(f"messages.{i}: role_colon cannot render tool calls or tool results")
             content = _text(message.get("content"), f"messages.{i}.content")

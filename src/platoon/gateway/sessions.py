@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
-from platoon.gateway.shapes import AssistantMessage, JsonObject, Message
+from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 
 __all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "sampled_turns", "turn_key"]
 
@@ -63,7 +63,7 @@ class AgentSession:
     policy: str = "default"  # the policy sampled for this agent
     # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
     # conversation without instructions, reply included; the response object). Bounded.
-    responses: OrderedDict[str, tuple[list[Message], JsonObject]] = field(default_factory=OrderedDict)
+    responses: OrderedDict[str, tuple[list[Message], ResponsesReply]] = field(default_factory=OrderedDict)
 
 
 @dataclass
@@ -97,6 +97,8 @@ def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[in
         if not isinstance(message, Mapping) or message.get("role") != "assistant":
             continue
         key = turn_key(message)
+        if key is None:
+            continue
         samplings = session.sampled.get(key)
         if samplings:
             n = seen[key] = seen.get(key, -1) + 1

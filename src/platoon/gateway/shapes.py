@@ -3,7 +3,8 @@
 What clients send (messages, tools, parameters) is read, never written, and may hold anything:
 `Mapping[str, object]`, checked where it is read. What the gateway writes (assistant messages
 and their tool calls) has a fixed form: `TypedDict`s. Response bodies it builds and hands to
-the JSON encoder are `JsonObject`s.
+the JSON encoder are `JsonObject`s, or, where the gateway reads them back (to stream a finished
+reply, to keep a response for `previous_response_id`), the `TypedDict` of their dialect.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ from collections.abc import Mapping
 from typing import Literal, NotRequired, Protocol, TypedDict
 
 __all__ = [
+    "AnthropicBlock",
+    "AnthropicReply",
     "AssistantMessage",
+    "ChatChoice",
+    "ChatCompletion",
     "FunctionCall",
     "JsonObject",
     "Message",
     "Params",
+    "ResponsesItem",
+    "ResponsesReply",
     "Tokenizer",
     "Tool",
     "ToolCall",
@@ -46,6 +53,107 @@ class AssistantMessage(TypedDict):
     content: str | None
     tool_calls: NotRequired[list[ToolCall]]
     reasoning_content: NotRequired[str]
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: AssistantMessage
+    logprobs: JsonObject | None
+    finish_reason: str
+
+
+class ChatCompletion(TypedDict):
+    """A chat.completion object (OpenAI Chat Completions)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: dict[str, int]
+
+
+class ResponsesText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[object]
+
+
+class ResponsesReasoning(TypedDict):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[object]
+    content: list[JsonObject]
+
+
+class ResponsesMessage(TypedDict):
+    type: Literal["message"]
+    id: str
+    status: str
+    role: Literal["assistant"]
+    content: list[ResponsesText]
+
+
+class ResponsesFunctionCall(TypedDict):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+ResponsesItem = ResponsesReasoning | ResponsesMessage | ResponsesFunctionCall
+
+
+class ResponsesReply(TypedDict):
+    """A response object (OpenAI Responses)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete"]
+    incomplete_details: dict[str, str] | None
+    model: str
+    output: list[ResponsesItem]
+    parallel_tool_calls: bool
+    tool_choice: str
+    tools: list[object]
+    usage: JsonObject
+
+
+class AnthropicText(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicThinking(TypedDict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class AnthropicToolUse(TypedDict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: object  # the call's arguments, as decoded
+
+
+AnthropicBlock = AnthropicText | AnthropicThinking | AnthropicToolUse
+
+
+class AnthropicReply(TypedDict):
+    """A message object (Anthropic Messages)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[AnthropicBlock]
+    stop_reason: str
+    stop_sequence: str | None
+    usage: dict[str, int]
 
 
 class Tokenizer(Protocol):

@@ -98,8 +98,13 @@ def _check_arguments(name: str, arguments: object, schema: Mapping[str, object])
     """Check arguments against the basic JSON-schema facts: types, required and extra keys."""
     if not isinstance(arguments, dict):
         return f"arguments of '{name}' must be a JSON object, got {_json_type_name(arguments)}"
+    # A schema keyword of the wrong JSON type (the client's tool is not a JSON schema) checks nothing.
     properties = schema.get("properties") or {}
-    missing = [key for key in schema.get("required") or [] if key not in arguments]
+    if not isinstance(properties, Mapping):
+        properties = {}
+    required = schema.get("required") or []
+    names = [key for key in required if isinstance(key, str)] if isinstance(required, list) else []
+    missing = [key for key in names if key not in arguments]
     if missing:
         return f"'{name}' is missing required argument(s): {', '.join(missing)}"
     for key, value in arguments.items():
@@ -109,8 +114,8 @@ def _check_arguments(name: str, arguments: object, schema: Mapping[str, object])
                 return f"'{name}' has no argument '{key}' (expected: {', '.join(properties) or 'none'})"
             continue
         expected = spec.get("type") if isinstance(spec, dict) else None
-        allowed = [expected] if isinstance(expected, str) else list(expected or [])
-        known = [t for t in allowed if t in _JSON_TYPES]
+        allowed = [expected] if isinstance(expected, str) else expected if isinstance(expected, list) else []
+        known = [t for t in allowed if isinstance(t, str) and t in _JSON_TYPES]
         if known and not any(_JSON_TYPES[t](value) for t in known):
             return f"argument '{key}' of '{name}' must be {' or '.join(known)}, got {_json_type_name(value)}"
         enum = spec.get("enum") if isinstance(spec, dict) else None
@@ -167,7 +172,7 @@ class ToolCallParser(Protocol):
 class HermesToolParser:
     """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks, as Qwen and Hermes write."""
 
-    name = "hermes"
+    name: ClassVar[str] = "hermes"
     start = "<tool_call>"
     end = "</tool_call>"
 
@@ -211,7 +216,7 @@ class Llama3ToolParser:
     """Llama 3.1+ JSON calls: `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`,
     several separated by `;`. Without the tag, a reply is a call only if it starts with `{`."""
 
-    name = "llama3"
+    name: ClassVar[str] = "llama3"
     tag = "<|python_tag|>"
 
     def has_tool_call(self, text: str) -> bool:
@@ -260,7 +265,7 @@ class JsonToolParser:
     A reply that is not JSON, or JSON without a "name", is plain content, not an error.
     """
 
-    name = "json"
+    name: ClassVar[str] = "json"
     _fence = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
     def has_tool_call(self, text: str) -> bool:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack, cast
 
 import anyio
 import anyio.abc
@@ -77,8 +78,23 @@ async def serve(
         await serve_asgi(app, host, port, task_status=task_status)
 
 
+class ServeOptions(TypedDict, total=False):
+    """`serve`'s keyword arguments but `task_status`, as the `running_server`s pass them on."""
+
+    host: str
+    port: int
+    device: str
+    dtype: str | None
+    checkpoint_dir: str | Path | None
+    name: str | None
+    api_key: str | None
+    max_batch: int
+    max_body_mb: int
+    facts: dict[str, object] | None
+
+
 @contextlib.asynccontextmanager
-async def running_server(model: str, **options) -> AsyncIterator[str]:
+async def running_server(model: str, **options: Unpack[ServeOptions]) -> AsyncIterator[str]:
     """Run `serve(model, **options)` in the background and yield its base URL."""
     async with anyio.create_task_group() as tg:
         base_url = await tg.start(lambda task_status: serve(model, task_status=task_status, **options))
@@ -89,7 +105,7 @@ async def running_server(model: str, **options) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def running_server_in_thread(model: str, **options) -> AsyncIterator[str]:
+async def running_server_in_thread(model: str, **options: object) -> AsyncIterator[str]:
     """`running_server` on an event loop of its own, in a thread, and yield its base URL.
 
     The `tinker` SDK blocks its caller in places (creating clients, `.result()`); a server on
@@ -98,7 +114,9 @@ async def running_server_in_thread(model: str, **options) -> AsyncIterator[str]:
     portal_cm = anyio.from_thread.start_blocking_portal()
     portal = await anyio.to_thread.run_sync(portal_cm.__enter__)
     try:
-        server_cm = portal.wrap_async_context_manager(running_server(model, **options))
+        # `options` are `serve`'s keyword arguments (callers build them as a dict); a name or
+        # value `serve` does not take fails as it did before.
+        server_cm = portal.wrap_async_context_manager(running_server(model, **cast(ServeOptions, options)))
         base_url = await anyio.to_thread.run_sync(server_cm.__enter__)
         try:
             yield base_url

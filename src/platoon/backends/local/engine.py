@@ -117,9 +117,12 @@ class Engine:
             self.base = AutoModelForCausalLM.from_pretrained(
                 self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation="eager"
             )
-        self.base.to(self.device).eval().requires_grad_(False)
+        self.base.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]  # transformers: decorated .to
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.vocab_size = self.base.get_input_embeddings().num_embeddings
+        rows = self.base.get_input_embeddings().num_embeddings
+        if not isinstance(rows, int):  # an embedding table's rows: torch types module attributes loosely
+            raise EngineError(f"the model's input embeddings have no row count: {rows!r}")
+        self.vocab_size = rows
         self.max_context = int(getattr(self.base.config, "max_position_embeddings", 0) or 32768)
         self.eos_ids = self._eos_ids()
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -196,7 +199,12 @@ class Engine:
             raise EngineError(f"LoRA rank must be >= 1, got {spec.rank}")
         self._counter += 1
         name = f"{prefix}{self._counter}"
-        config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets)
+        config = LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft declares an int; it scales by alpha / r
+            lora_dropout=0.0,
+            target_modules=targets,
+        )
         with _quiet(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed if spec.seed is not None else self._counter)
             if self.peft is None:

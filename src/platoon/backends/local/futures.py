@@ -8,6 +8,7 @@ model run strictly in seq_id order, whatever order they arrive in.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Hashable
@@ -196,7 +197,7 @@ class SeqQueue:
             if not isinstance(job, SyncJob):
                 await job()
                 continue
-            results = await self._run_group(lambda job=job: self._chain(job))
+            results = await self._run_group(functools.partial(self._chain, job))
             for done, result in results:
                 done.finish(result)
 

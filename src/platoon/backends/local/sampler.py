@@ -15,6 +15,7 @@ requests of one task, arriving one after another, prefill their common prompt on
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import time
@@ -34,6 +35,7 @@ from platoon.backends.local.specs import EngineError, WeightsRef
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
+    from transformers.cache_utils import CacheLayerMixin
     from transformers.utils import ModelOutput
 
 __all__ = ["SampleParams", "SampleRequest", "SampleResult", "Sampler"]
@@ -285,7 +287,7 @@ class Sampler:
                 self._arrived = False
                 try:
                     finished = await self._run_sync(
-                        lambda b=batch, a=admitted, k=key, more=alone: self._step(k, b, a, more)
+                        functools.partial(self._step, key, batch, admitted, alone)
                     )
                 except Exception as exc:
                     self._fail(key, batch, admitted, exc)
@@ -400,10 +402,14 @@ class Sampler:
                 cache.update(new_keys[i].contiguous(), new_values[i].contiguous(), i)
             batch.cache, batch.mask, batch.logits = cache, mask, new_logits
         else:
-            assert batch.mask is not None and batch.logits is not None
+            assert batch.cache is not None and batch.mask is not None and batch.logits is not None
             for i, layer in enumerate(batch.cache.layers):
-                layer.keys = torch.cat([_left_pad(layer.keys, width), new_keys[i]])
-                layer.values = torch.cat([_left_pad(layer.values, width), new_values[i]])
+                held_keys, held_values = _kv(layer)
+                _set_kv(
+                    layer,
+                    torch.cat([_left_pad(held_keys, width), new_keys[i]]),
+                    torch.cat([_left_pad(held_values, width), new_values[i]]),
+                )
             batch.mask = torch.cat([_left_pad(batch.mask, width, dim=1), mask])
             batch.logits = torch.cat([batch.logits, new_logits])
         batch.rows.extend(new_rows)
@@ -427,7 +433,7 @@ class Sampler:
         )
         cache = _cache_of(out)
         extended = _Prefix(
-            layers=[(layer.keys, layer.values) for layer in cache.layers],
+            layers=[_kv(layer) for layer in cache.layers],
             logits=out.logits[0, -1:].float(),
             tokens=len(prompt),
         )
@@ -458,7 +464,7 @@ class Sampler:
         ready: dict[tuple[int, ...], _Prefix] = {}
         for i, prompt in enumerate(prompts):
             entry = _Prefix(
-                layers=[(layer.keys[i : i + 1], layer.values[i : i + 1]) for layer in cache.layers],
+                layers=[(keys[i : i + 1], values[i : i + 1]) for keys, values in map(_kv, cache.layers)],
                 logits=logits[i, -1:],
                 tokens=len(prompt),
             )
@@ -542,8 +548,10 @@ class Sampler:
             index = torch.tensor(keep, dtype=torch.long, device=batch.logits.device)
             batch.rows = [batch.rows[i] for i in keep]
             if batch.rows:
+                assert batch.cache is not None
                 for layer in batch.cache.layers:
-                    layer.keys, layer.values = layer.keys[index], layer.values[index]
+                    keys, values = _kv(layer)
+                    _set_kv(layer, keys[index], values[index])
                 assert batch.mask is not None
                 batch.mask = batch.mask[index]
             else:
@@ -555,10 +563,11 @@ class Sampler:
         """Cache a finished sequence's KV (prompt and completion but its last, unfed token):
         the agent's next turn starts with it."""
         assert batch.space is not None
+        assert batch.cache is not None
         n = row.position
         layers = [
-            (layer.keys[index : index + 1, :, -n:].clone(), layer.values[index : index + 1, :, -n:].clone())
-            for layer in batch.cache.layers
+            (keys[index : index + 1, :, -n:].clone(), values[index : index + 1, :, -n:].clone())
+            for keys, values in map(_kv, batch.cache.layers)
         ]
         tokens = (*row.job.request.prompt, *row.tokens[:-1])
         self.prefixes.put(batch.space, tokens, _Prefix(layers=layers, logits=None, tokens=n))
@@ -647,6 +656,28 @@ def _draw(
 def _cache_of(out: ModelOutput) -> DynamicCache:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def _attention(layer: object) -> CacheLayerMixin:
+    """A layer of a model's KV cache: an attention layer's, of keys and values (every model
+    served is a decoder of attention layers)."""
+    from transformers.cache_utils import CacheLayerMixin  # transformers loads when a model does
+
+    assert isinstance(layer, CacheLayerMixin), f"not an attention layer's KV cache: {type(layer).__name__}"
+    return layer
+
+
+def _kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values of a filled layer of a KV cache."""
+    attention = _attention(layer)
+    keys, values = attention.keys, attention.values
+    assert keys is not None and values is not None, "a KV cache layer is filled"
+    return keys, values
+
+
+def _set_kv(layer: object, keys: torch.Tensor, values: torch.Tensor) -> None:
+    attention = _attention(layer)
+    attention.keys, attention.values = keys, values
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:

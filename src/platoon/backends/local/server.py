@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import structlog
@@ -23,7 +23,7 @@ from platoon.backends.local.proto import ProtoError, peek_seq
 from platoon.backends.local.rest import rest_routes
 from platoon.backends.local.service import Answer, TinkerService, UserError, error_response
 from platoon.backends.local.specs import EngineError
-from platoon.serving import BodyTooLarge, Guard, read_body_limited
+from platoon.serving import BodyTooLarge, Guard, Scope, read_body_limited
 
 __all__ = ["TinkerService", "create_app"]
 
@@ -154,7 +154,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan)
 
-    def oversized(scope: Mapping[str, object], head: bytes) -> None:
+    def oversized(scope: Scope, head: bytes) -> None:
         """A training request refused for its size still gives up its seq_id, when its first
         bytes name it."""
         if scope.get("path") not in ordered_paths:

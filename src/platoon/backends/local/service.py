@@ -9,9 +9,10 @@ order, sampling in the batched `Sampler`. All torch work goes through one worker
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Mapping
 from typing import TypeVar
 
 import anyio
@@ -138,7 +139,7 @@ class TinkerService:
             yield
             tg.cancel_scope.cancel()
 
-    def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+    def _spawn(self, fn: Callable[[], Coroutine[object, object, None]]) -> None:
         assert self._tg is not None, "the service runs inside its lifespan"
         self._tg.start_soon(fn)
 
@@ -287,7 +288,7 @@ class TinkerService:
                 sampler = self.samplers.get(sampler_id)
                 if sampler is not None and sampler.weights.key is not None:
                     weights = sampler.weights
-                    await self.run_sync(lambda w=weights: self.engine.drop_weights(w))
+                    await self.run_sync(functools.partial(self.engine.drop_weights, weights))
         return {}
 
     async def create_model(self, body: bytes) -> Answer:
@@ -527,6 +528,8 @@ class TinkerService:
 
     def _sample_params(self, p: SamplingParams) -> SampleParams:
         stop = p.stop
+        tokens: frozenset[int]
+        strings: tuple[str, ...]
         if stop is None:
             tokens, strings = self.engine.eos_ids, ()
         elif isinstance(stop, str):
