@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     import tinker
     from transformers import PreTrainedTokenizerBase
 
+    from platoon.backends.local import ServeOptions
+
 
 log = structlog.get_logger("platoon.assembly")
 
@@ -92,7 +94,7 @@ async def _service(
     server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run."""
     if policy.backend == "local":
         assert policy.model_name is not None
-        options = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir is not None else {}
+        options: ServeOptions = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir is not None else {}
         from platoon.backends.local import running_server_in_thread  # the local extra: torch
 
         async with running_server_in_thread(policy.local_model(), **options) as base_url:

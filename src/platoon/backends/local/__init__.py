@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TypedDict, Unpack, cast
+from typing import TypedDict, Unpack
 
 import anyio
 import anyio.abc
@@ -105,7 +105,7 @@ async def running_server(model: str, **options: Unpack[ServeOptions]) -> AsyncIt
 
 
 @contextlib.asynccontextmanager
-async def running_server_in_thread(model: str, **options: object) -> AsyncIterator[str]:
+async def running_server_in_thread(model: str, **options: Unpack[ServeOptions]) -> AsyncIterator[str]:
     """`running_server` on an event loop of its own, in a thread, and yield its base URL.
 
     The `tinker` SDK blocks its caller in places (creating clients, `.result()`); a server on
@@ -114,9 +114,7 @@ async def running_server_in_thread(model: str, **options: object) -> AsyncIterat
     portal_cm = anyio.from_thread.start_blocking_portal()
     portal = await anyio.to_thread.run_sync(portal_cm.__enter__)
     try:
-        # `options` are `serve`'s keyword arguments (callers build them as a dict); a name or
-        # value `serve` does not take fails as it did before.
-        server_cm = portal.wrap_async_context_manager(running_server(model, **cast(ServeOptions, options)))
+        server_cm = portal.wrap_async_context_manager(running_server(model, **options))
         base_url = await anyio.to_thread.run_sync(server_cm.__enter__)
         try:
             yield base_url
