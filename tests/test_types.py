@@ -1,6 +1,5 @@
-"""The typed modules type-check: mypy over what `[tool.mypy]` in pyproject.toml names (the public
-API and the components typed so far), with its settings. A module joins that list once it checks
-clean, and stays clean from then on."""
+"""The package type-checks: mypy over what `[tool.mypy]` in pyproject.toml names (all of
+`src/platoon`), with its settings, so a module is checked from its first line."""
 
 from __future__ import annotations
 
