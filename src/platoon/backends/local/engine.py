@@ -117,7 +117,7 @@ class Engine:
             self.base = AutoModelForCausalLM.from_pretrained(
                 self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation="eager"
             )
-        self.base.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]  # transformers: decorated .to
+        self.base.to(self.device).eval().requires_grad_(False)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         rows = self.base.get_input_embeddings().num_embeddings
         if not isinstance(rows, int):  # an embedding table's rows: torch types module attributes loosely
@@ -201,7 +201,7 @@ class Engine:
         name = f"{prefix}{self._counter}"
         config = LoraConfig(
             r=spec.rank,
-            lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft declares an int; it scales by alpha / r
+            lora_alpha=spec.alpha,  # a float: peft scales by alpha / r
             lora_dropout=0.0,
             target_modules=targets,
         )
