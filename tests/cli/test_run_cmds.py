@@ -20,16 +20,6 @@ POLICY = "scripted:scripted:binary_search"
 
 
 @pytest.fixture
-def site(tmp_path, monkeypatch):
-    profile = tmp_path / "site.yaml"
-    profile.write_text(yaml.safe_dump({"runs": str(tmp_path / "runs"), "cache": str(tmp_path / "cache")}))
-    monkeypatch.setenv("PLATOON_SITE", str(profile))
-    monkeypatch.syspath_prepend(str(QUICKSTART))
-    monkeypatch.chdir(QUICKSTART)
-    return tmp_path
-
-
-@pytest.fixture
 def rollout_dir(site, capsys):
     assert (
         main(["rollout", "train.yaml", "stats.trial_name=ev", "--task", "train:#0", "--policy", POLICY]) == 0

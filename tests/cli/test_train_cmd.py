@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from platoon.cli import CommandError, main
 from platoon.cli.train import _claimed
@@ -20,16 +19,6 @@ CONFIG = validate_config(
         "train": {"backend": "local", "model_name": "platoon-tiny-qwen3", "renderer_name": "qwen3_instruct"},
     }
 )
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    profile = tmp_path / "site.yaml"
-    profile.write_text(yaml.safe_dump({"runs": str(tmp_path / "runs"), "cache": str(tmp_path / "cache")}))
-    monkeypatch.setenv("PLATOON_SITE", str(profile))
-    monkeypatch.syspath_prepend(str(QUICKSTART))
-    monkeypatch.chdir(QUICKSTART)
-    return tmp_path
 
 
 def _attempt(directory: Path, *, trained: bool) -> None:

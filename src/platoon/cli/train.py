@@ -18,8 +18,9 @@ from platoon.api import train
 from platoon.assembly import check_training_service, import_packages
 from platoon.cli import CommandError
 from platoon.cli.signals import run_async
-from platoon.config import Config, SystemError, load_config, load_site, run_dir
+from platoon.config import Config, load_config, load_site, run_dir
 from platoon.config.redact import redact_text
+from platoon.models.loading import TokenizerMissing
 from platoon.stats.summary import train_summary
 from platoon.train.checkpoints import CheckpointStore, ResumeError
 from platoon.train.loop import NothingGraded
@@ -137,10 +138,10 @@ def train_command(args: argparse.Namespace) -> int:
         raise
     except (ResumeError, NothingGraded):
         raise  # their messages say what to do
-    except SystemError as exc:
+    except TokenizerMissing as exc:
         local = path.with_name("train-local.yaml")
-        if str(exc).startswith("cannot load the tokenizer") and local.exists() and local != path:
-            raise SystemError(f"{exc}. This example trains a model built here with {local}") from None
+        if local.exists() and local != path:
+            raise TokenizerMissing(f"{exc}. This example trains a model built here with {local}") from None
         raise
     except Exception as exc:
         if not (directory / "identity.json").exists():

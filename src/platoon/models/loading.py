@@ -22,6 +22,7 @@ __all__ = [
     "TINY_MODEL",
     "TINY_MODEL_SEED",
     "TOY_TOKENIZER",
+    "TokenizerMissing",
     "builtin_model_dir",
     "builtin_model_name",
     "load_tokenizer",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 log = structlog.get_logger("platoon.models")
+
+
+class TokenizerMissing(SystemError):
+    """A tokenizer that is neither a local directory nor in the Hugging Face cache."""
+
 
 TOY_TOKENIZER = "platoon-toy-qwen3"
 TINY_MODEL = "platoon-tiny-qwen3"
@@ -126,7 +132,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not Path(name_or_path).is_dir() and not _in_hf_cache(name_or_path):
         # Said at once: transformers would import torch (a second) only to fail the same way.
-        raise SystemError(
+        raise TokenizerMissing(
             f"cannot load the tokenizer {name_or_path!r}: it is not a local directory and not in "
             f"the Hugging Face cache, and platoon never downloads at run time. Put it there "
             f"(`hf download {name_or_path}` on a machine with network), point model_name or "

@@ -255,15 +255,18 @@ class HarborSession:
         `[agent].timeout_sec` bounds it."""
 
         left = self._time_left()
-        limit = f"the task's {self.task.config.agent.timeout_sec or 0:g} s timeout"  # when it has one
         if left is not None and left <= 0:
-            return AgentProcessExited(reply_to=req.request_id, error=limit, timed_out=True)
+            return AgentProcessExited(reply_to=req.request_id, error=self._limit(), timed_out=True)
         exited = await run_requested_agent(
             self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
         )
         if exited.timed_out and left is not None and (req.timeout is None or left < req.timeout):
-            return replace(exited, error=limit)  # the task's limit fired, not the agent's own
+            return replace(exited, error=self._limit())  # the task's limit fired, not the agent's own
         return exited
+
+    def _limit(self) -> str:
+        """The task's agent time limit, as a stopped agent's reason names it (it has one here)."""
+        return f"the task's {self.task.config.agent.timeout_sec:g} s timeout"
 
     async def read_file(self, path: str) -> str:
         """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
