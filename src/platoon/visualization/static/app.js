@@ -505,6 +505,9 @@ async function render(keepScroll) {
   const page = PAGES[route] || pageRuns;
   const y = window.scrollY;
   state.live = true; // pages whose data can no longer change set it false
+  // The change marker is read before the page's data: whatever is written after this read
+  // differs from it, so the first poll sees it even if it lands before the page is drawn.
+  const seen = STATIC ? null : await pollKey(params.get("run")).catch(() => null);
   try {
     await page(params);
     if (keepScroll) window.scrollTo(0, y);
@@ -514,17 +517,22 @@ async function render(keepScroll) {
     setMain(h("h1", {}, "Cannot show this"), h("p", { class: "error", "data-testid": "error" }, err.message), h("p", {}, link("", {}, "all runs")));
     document.body.dataset.ready = String(Date.now());
   }
-  schedulePoll(params.get("run"));
+  schedulePoll(params.get("run"), seen);
 }
 
-function schedulePoll(runId) {
+async function pollKey(runId) {
+  const now = runId ? await api("poll", { run: runId }) : (await api("runs")).runs.map((r) => [r.id, r.log_bytes, r.status]);
+  return { key: JSON.stringify(now), status: runId ? now.status : null };
+}
+
+function schedulePoll(runId, seen) {
   clearTimeout(state.poll);
   const live = document.getElementById("live");
   if (STATIC) { live.textContent = "static export"; return; }
+  state.lastPoll = seen ? seen.key : null;
   const tick = async () => {
     try {
-      const now = runId ? await api("poll", { run: runId }) : (await api("runs")).runs.map((r) => [r.id, r.log_bytes, r.status]);
-      const key = JSON.stringify(now);
+      const { key, status } = await pollKey(runId);
       // A page whose data is final (a finished episode, a step with nothing in flight) is left
       // alone: redrawing it would close what the reader opened.
       if (state.lastPoll !== null && state.lastPoll !== key && state.live && !document.querySelector("input:focus, select:focus")) {
@@ -533,11 +541,10 @@ function schedulePoll(runId) {
         return;
       }
       state.lastPoll = key;
-      live.textContent = runId && now.status ? "● " + now.status : "● live";
+      live.textContent = status ? "● " + status : "● live";
     } catch (err) { live.textContent = "○ server unreachable"; }
     state.poll = setTimeout(tick, runId ? POLL_MS : POLL_MS * 3); // the runs table reads every run
   };
-  state.lastPoll = null;
   state.poll = setTimeout(tick, 10);
 }
 
