@@ -4,8 +4,9 @@ A block is marked by an HTML comment on the line before its fence (invisible in 
 
     <!-- test: run -->                    a shell block, run with bash in the page's workspace
     <!-- test: run cwd=examples/quickstart args="--policy scripted:scripted:binary_search" -->
-                                          run from a folder of the repository; `args` is appended
-                                          to every line that starts a `platoon` command
+                                          run from a folder of the repository (the page's prose
+                                          puts the reader there); `args` is appended to every
+                                          `platoon train|eval|run|rollout` command of the block
     <!-- test: run expect="reward: 1" -->  the output must contain this text
     <!-- test: run setup="platoon train ..." -->   a command run first, unseen: what the page
                                           assumes the reader did before (a run to look at)
@@ -14,8 +15,18 @@ A block is marked by an HTML comment on the line before its fence (invisible in 
     <!-- test: run needs=torch,bwrap -->   the page's test needs torch (the embedded backend) or
                                           bubblewrap, and skips without them (most pages that need
                                           them are recognised without saying so)
+    <!-- test: run install=ci -->          a block that makes the virtual environment: its
+                                          `python3.11 -m venv .venv` and `pip install` steps are
+                                          answered by the test's own environment (CI installs it
+                                          with README's test command); the rest runs as written
     <!-- test: skip REASON -->             shown, not run, and the reason says why
     <!-- test: yaml site -->               a YAML block that is a site profile, not a config
+
+A page's blocks run one after the other as a reader types them into one shell: the working
+directory and the exported variables a block leaves are where the next block starts. A block
+with a `cwd` option runs from that folder of the repository and leaves the reader where it was,
+so no later block writes into the repository. README.md and CONTRIBUTING.md are pages too; the reader of those
+starts in a copy of the repository with nothing installed.
 
 Every ```yaml block is checked against the config schema (or the site profile's), and every
 ```toml block that describes a harness (it has `command`) against the spec schema. Every shell
@@ -54,8 +65,11 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
+ROOT_PAGES = (ROOT / "README.md", ROOT / "CONTRIBUTING.md")
+
+
 def pages() -> list[Path]:
-    return sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
+    return [*ROOT_PAGES, *sorted(p for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)]
 
 
 def blocks(page: Path) -> list[Block]:

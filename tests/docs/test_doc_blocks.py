@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from doc_blocks import ROOT, SHELLS, Block, all_blocks, blocks, pages
+from doc_blocks import ROOT, ROOT_PAGES, SHELLS, Block, all_blocks, blocks, pages
 
 import forkserver
+from model_fixtures import CACHE
 from platoon.config import ConfigError, load_config, validate_config
 from platoon.config.site import Site
 from platoon.config.validate import convert
@@ -52,7 +53,10 @@ def _page_param(page: Path):
 PAGES_WITH_RUNS = [p for p in pages() if any(b.action in RUNNABLE for b in blocks(p))]
 YAML_BLOCKS = [b for b in all_blocks() if b.lang in ("yaml", "yml")]
 TOML_BLOCKS = [b for b in all_blocks() if b.lang == "toml"]
-_PLATOON_LINE = re.compile(r"^(\s*(?:[A-Z_]+=\S*\s+)*)(platoon|python -m platoon)(\s|$)")
+# A `platoon` command that takes config overrides, as a line or one step of an `&&` chain.
+_OVERRIDABLE = re.compile(
+    r"^(\s*(?:[A-Z_]+=\S*\s+)*)(platoon|\.venv/bin/platoon|python -m platoon) (train|eval|run|rollout)(\s|$)"
+)
 
 
 def _id(item: Path | Block) -> str:
@@ -72,33 +76,89 @@ def _with_args(script: str, args: str) -> str:
         return script
     out = []
     for line in script.splitlines():
-        if _PLATOON_LINE.match(line):
-            command, sep, comment = line.partition("  #")
+        command, sep, comment = line.partition("  #")
+        steps = command.rstrip().split(" && ")
+        if _OVERRIDABLE.match(steps[-1]):  # an override goes at the end of its command
             line = f"{command.rstrip()} {args}" + (f"  #{comment}" if sep else "")
+        elif any(_OVERRIDABLE.match(step) for step in steps):
+            raise ValueError(f"args= for a platoon command that is not the last of its line: {line}")
         out.append(line)
     return "\n".join(out) + "\n"
 
 
-def _run(block: Block, workspace: Path, env: dict[str, str]) -> None:
-    timeout = float(block.options.get("timeout", 300))
-    if block.action == "python":
-        argv, stdin, cwd = [sys.executable, "-"], block.text, workspace
-    else:
-        cwd = ROOT / block.options["cwd"] if "cwd" in block.options else workspace
-        script = _with_args(block.text, block.options.get("args", ""))
-        if "setup" in block.options:  # what the page assumes was done before (a run to look at)
-            script = f"{block.options['setup']}\n{script}"
-        argv, stdin = ["bash", "-e", "-o", "pipefail", "-s"], script
-    result = subprocess.run(
-        argv, input=stdin, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, (
-        f"{block.where}: exit {result.returncode}\n{stdin}\n--- output ---\n{output[-6000:]}"
-    )
-    expect = block.options.get("expect")
-    if expect is not None:
-        assert expect in output, f"{block.where}: expected {expect!r} in the output\n{output[-6000:]}"
+# Answers for a block that makes the virtual environment (`install=ci`): the environment is the
+# test's own, which CI installed with the README's test command, the same steps as the block's.
+_INSTALLED = """
+python3.11() {
+  if [ "$*" = "-m venv .venv" ]; then ln -sfn "$PLATOON_TEST_VENV" .venv; else command python3.11 "$@"; fi
+}
+pip() { echo "pip $*: installed already (CI installs it with README's test command)"; }
+"""
+
+# Each block ends by leaving the reader's shell for the next one: where it is, what it exported.
+# (Run after the block's last line, not from an EXIT trap: a block may set its own.)
+_KEEP_STATE = """
+pwd > "$PLATOON_TEST_STATE/cwd"; env -0 > "$PLATOON_TEST_STATE/env"
+"""
+
+
+class Reader:
+    """One reader's shell through a page: where it is and what it has exported."""
+
+    def __init__(self, workspace: Path, env: dict[str, str], state: Path) -> None:
+        self.cwd, self.env, self.state = workspace, env | {"PLATOON_TEST_STATE": str(state)}, state
+        state.mkdir()
+
+    def run(self, block: Block) -> None:
+        timeout = float(block.options.get("timeout", 300))
+        cwd = ROOT / block.options["cwd"] if "cwd" in block.options else self.cwd
+        if block.action == "python":
+            argv, stdin = [sys.executable, "-"], block.text
+        else:
+            script = _with_args(block.text, block.options.get("args", ""))
+            if "setup" in block.options:  # what the page assumes was done before (a run to look at)
+                script = f"{block.options['setup']}\n{script}"
+            if block.options.get("install") == "ci":
+                script = _INSTALLED + script
+            argv, stdin = ["bash", "-e", "-o", "pipefail", "-s"], script + _KEEP_STATE
+        result = subprocess.run(
+            argv, input=stdin, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, (
+            f"{block.where}: exit {result.returncode}\n{stdin}\n--- output ---\n{output[-6000:]}"
+        )
+        expect = block.options.get("expect")
+        if expect is not None:
+            assert expect in output, f"{block.where}: expected {expect!r} in the output\n{output[-6000:]}"
+        if block.action != "python" and (self.state / "cwd").exists():
+            if "cwd" not in block.options:  # a block run from the repository leaves the reader where it was
+                self.cwd = Path((self.state / "cwd").read_text().strip())
+            pairs = (item.partition("=") for item in (self.state / "env").read_text().split("\0") if item)
+            self.env = {k: v for k, _, v in pairs if k not in ("_", "OLDPWD", "PWD", "SHLVL")}
+            for kept in self.state.iterdir():
+                kept.unlink()
+
+
+def _fresh_checkout(workspace: Path, home: Path) -> dict[str, str]:
+    """A reader of README.md at the root of a copy of the repository, with nothing installed.
+
+    The copy is links to the repository's entries, so examples and sources are the real ones;
+    what the reader makes (a `.venv`, an export) lands in the copy. The `.venv` the install
+    block makes is a virtual environment whose `platoon` is the test's (forked, see
+    tests/forkserver.py) and whose `activate` is the real one's, pointed at it.
+    """
+    for entry in ROOT.iterdir():
+        if entry.name not in (".venv", ".git") and not entry.name.startswith((".mypy", ".pytest", ".ruff")):
+            (workspace / entry.name).symlink_to(entry)
+    venv = home / "venv"
+    (venv / "bin").mkdir(parents=True)
+    activate = (Path(sys.prefix) / "bin" / "activate").read_text()
+    (venv / "bin" / "activate").write_text(activate.replace(sys.prefix, str(venv)))
+    (venv / "bin" / "platoon").symlink_to(forkserver.shim_dir() / "platoon")
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin"]
+    return {"PATH": os.pathsep.join(path), "PLATOON_TEST_VENV": str(venv)}
 
 
 @pytest.mark.slow
@@ -127,13 +187,19 @@ def test_the_runnable_blocks_of_a_page_run(page, tmp_path, shared_cache):
     )
     env.pop("TINKER_API_KEY", None)
     env.pop("WANDB_API_KEY", None)
+    if page in ROOT_PAGES:
+        # The machine's cache, where README's test command pulled the real model first.
+        site.write_text(yaml.safe_dump({"cache": str(CACHE)}))
+        env.update(_fresh_checkout(workspace, home))
+        env.pop("PLATOON_REPO")
+    reader = Reader(workspace, env, tmp_path / "shell")
     for block in blocks(page):
         if block.action == "file":
             target = workspace / block.arg
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(block.text)
         elif block.action in ("run", "python"):
-            _run(block, workspace, env)
+            reader.run(block)
 
 
 @pytest.mark.parametrize("block", [b for b in all_blocks() if b.lang in SHELLS], ids=_id)
