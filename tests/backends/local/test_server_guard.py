@@ -86,3 +86,77 @@ def test_it_will_not_listen_beyond_loopback_without_a_key(tiny_model):
     )
     assert done.returncode != 0
     assert "no key" in done.stderr and "--api-key" in done.stderr
+
+
+class _OnlyTheHead(bytes):
+    """A body that fails the test if anything reads past its first 4 KiB."""
+
+    def __getitem__(self, index):
+        stop = index.stop if isinstance(index, slice) else index
+        assert stop is not None and stop <= 4096, f"read at {stop}: past the request's head"
+        return super().__getitem__(index)
+
+
+def test_a_refused_body_is_read_for_its_ids_at_the_head_only():
+    from platoon.backends.local.proto import peek_seq
+
+    # 256 MiB of zeros (what an 8 KB zstd body decodes to) once took a minute to walk, the
+    # server answering nobody meanwhile.
+    assert peek_seq(_OnlyTheHead(bytes(2**28))) is None
+
+
+def _bomb(size: int) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(bytes(size))
+
+
+@pytest.fixture(scope="module")
+def default_url(tiny_model):
+    """A server with the default body limit (256 MiB)."""
+    from anyio.from_thread import start_blocking_portal
+
+    from platoon.backends.local import running_server
+
+    with (
+        start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(running_server(str(tiny_model), api_key=KEY)) as url,
+    ):
+        yield url
+
+
+@pytest.mark.parametrize("route", ["create_session", "create_model", "optim_step", "get_info", "asample"])
+def test_a_small_route_refuses_a_body_that_decodes_past_what_it_can_need(default_url, route):
+    headers = {"x-api-key": KEY, "content-encoding": "zstd", "content-type": "application/json"}
+    with httpx.Client(base_url=default_url, timeout=60) as client:
+        response = client.post(f"/api/v1/{route}", content=_bomb(64 * 2**20), headers=headers)
+    assert response.status_code == 413, response.text
+    assert "decompresses to over" in response.json()["error"]
+
+
+@pytest.mark.slow
+def test_bombs_under_the_training_cap_leave_the_server_answering(default_url):
+    """Three compressed bodies of zeros, each within the training route's cap, sent together:
+    the server refuses each and answers health checks sent among them; its memory stays near
+    one body's worth (they decode one at a time, off the event loop)."""
+    import threading
+
+    headers = {"x-api-key": KEY, "content-encoding": "zstd", "content-type": "application/x-protobuf"}
+    bomb = _bomb(200 * 2**20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    answers: list[int] = []
+
+    def send() -> None:
+        with httpx.Client(base_url=default_url, timeout=120) as client:
+            answers.append(client.post("/api/v1/forward_backward", content=bomb, headers=headers).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    with httpx.Client(base_url=default_url, timeout=120, headers={"x-api-key": KEY}) as client:
+        health = [client.get("/api/v1/healthz").status_code for _ in range(5)]
+    for thread in threads:
+        thread.join()
+    assert answers == [400, 400, 400] and health == [200] * 5
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 3 * 200 * 2**20  # three bodies at once would be 600 MiB and their copies

@@ -60,8 +60,9 @@ async def serve(
     when installed, else SDPA), else the CPU (float32); one server process serves one device.
     With `port=0` a free port is chosen; the base URL is reported through `task_status`
     (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
-    (`ServingError` without one); requests over `max_body_mb` (or decompressing to 4x that)
-    are refused with 413. `facts`, when given, is filled with where the model runs
+    (`ServingError` without one); requests over `max_body_mb` are refused with 413, as are
+    compressed ones decoding past their route's cap (`max_body_mb` for a training batch, a few
+    MiB for the routes that carry ids and numbers). `facts`, when given, is filled with where the model runs
     (device, dtype, attention) before the URL is reported.
     """
     require_key(host, api_key, "the Tinker server")

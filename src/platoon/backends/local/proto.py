@@ -131,12 +131,17 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     )
 
 
+PEEK_BYTES = 4096  # the ids lead a request: a model id of up to a few hundred bytes, a varint
+
+
 def peek_seq(prefix: bytes) -> tuple[str, int] | None:
     """(model_id, seq_id) read from the start of a `ForwardBackwardRequest` too large to parse.
 
     The SDK writes fields in number order, so the two ids (fields 1 and 2) lead the body; a
-    refused oversized request can then still give up its place in the model's order.
+    refused oversized request can then still give up its place in the model's order. Only the
+    first `PEEK_BYTES` are read: a body of zeros (a decompression bomb) is not walked to its end.
     """
+    prefix = prefix[:PEEK_BYTES]
     model_id: str | None = None
     seq_id: int | None = None
     pos = 0
@@ -158,6 +163,8 @@ def peek_seq(prefix: bytes) -> tuple[str, int] | None:
         while pos < len(prefix) and (model_id is None or seq_id is None):
             tag = varint()
             field, wire = tag >> 3, tag & 7
+            if field == 0:  # no message has a field 0: this is not a request
+                return None
             if wire == 0:
                 value = varint()
                 if field == 2:

@@ -12,6 +12,8 @@ import re
 import zlib
 from collections.abc import Awaitable, Callable
 
+import anyio
+import anyio.to_thread
 import msgspec
 import structlog
 from starlette.applications import Starlette
@@ -28,7 +30,11 @@ from platoon.serving import BodyTooLarge, Guard, Scope, read_body_limited
 __all__ = ["TinkerService", "create_app"]
 
 MAX_BODY = 256 * 2**20  # a request as sent (a large training batch, zstd-compressed or not)
-DECODED_FACTOR = 4  # what a request may decompress to, as a multiple of MAX_BODY
+# What a request may decode to. A training batch or a prompt can be large; every other request
+# is a few ids and numbers. A compressed body is refused as soon as it decodes past its route's cap.
+SMALL_DECODED = 4 * 2**20
+PROMPT_DECODED = 32 * 2**20
+INLINE_BYTES = 2**20  # a body past this (or any compressed one) is decoded on a worker thread
 
 
 log = structlog.get_logger(__name__)
@@ -68,12 +74,23 @@ def _route(
     whatever reason, still uses up its seq_id with a failure, so the client's later requests
     do not wait for it forever."""
 
+    big_bodies: list[anyio.Lock] = []  # made on first use, inside the event loop
+
+    async def decoded(request: Request) -> bytes:
+        raw, encoding = await request.body(), request.headers.get("content-encoding")
+        if len(raw) <= INLINE_BYTES and encoding in (None, "", "identity"):
+            return read_body_limited(raw, encoding, max_decoded)
+        # Off the event loop, so the server answers others (and signals) while a large or
+        # compressed body decodes; one at a time, so a few small bombs cannot add up in memory.
+        if not big_bodies:
+            big_bodies.append(anyio.Lock())
+        async with big_bodies[0]:
+            return await anyio.to_thread.run_sync(read_body_limited, raw, encoding, max_decoded)
+
     async def endpoint(request: Request) -> Response:
         body = b""
         try:
-            body = read_body_limited(
-                await request.body(), request.headers.get("content-encoding"), max_decoded
-            )
+            body = await decoded(request)
             result = await handler(body)
         except Exception as exc:
             if isinstance(exc, BodyTooLarge):
@@ -104,8 +121,14 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
 
     ordered_paths: set[str] = set()
 
-    def post(path: str, handler: Callable[[bytes], Awaitable[Answer]], *, ordered: bool = False) -> Route:
-        endpoint = _route(service, handler, max_body * DECODED_FACTOR, ordered=ordered)
+    def post(
+        path: str,
+        handler: Callable[[bytes], Awaitable[Answer]],
+        *,
+        ordered: bool = False,
+        decoded: int = SMALL_DECODED,
+    ) -> Route:
+        endpoint = _route(service, handler, min(decoded, max_body), ordered=ordered)
         if ordered:
             ordered_paths.add(f"/api/v1{path}")
         return Route(f"/api/v1{path}", endpoint, methods=["POST"])
@@ -138,13 +161,13 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         post("/telemetry", ok),
         post("/create_model", service.create_model),
         post("/get_info", service.get_info),
-        post("/forward_backward", service.forward_backward, ordered=True),
+        post("/forward_backward", service.forward_backward, ordered=True, decoded=max_body),
         post("/optim_step", service.optim_step, ordered=True),
         post("/save_weights", service.save_weights, ordered=True),
         post("/save_weights_for_sampler", service.save_weights_for_sampler, ordered=True),
         post("/load_weights", service.load_weights, ordered=True),
         post("/create_sampling_session", service.create_sampling_session),
-        post("/asample", service.asample),
+        post("/asample", service.asample, decoded=PROMPT_DECODED),
         post("/retrieve_future", service.retrieve_future),
         Route("/api/v1/sessions/{session_id}/finish", finish, methods=["POST"]),
         Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),

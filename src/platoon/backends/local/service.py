@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import msgspec
 import structlog
 from starlette.responses import JSONResponse, Response
@@ -329,7 +330,12 @@ class TinkerService:
         }
 
     async def forward_backward(self, body: bytes) -> Answer:
-        call = decode_forward_backward(body)
+        # A large batch parses on a worker thread: the server keeps answering meanwhile.
+        call = (
+            decode_forward_backward(body)
+            if len(body) <= 2**20
+            else await anyio.to_thread.run_sync(decode_forward_backward, body)
+        )
 
         def compute() -> Outcome:
             logprobs, metrics = self.engine.forward_backward(
