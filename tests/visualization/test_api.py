@@ -1,6 +1,7 @@
 """The viewer's JSON API on a real run: what it answers equals what the event log holds."""
 
 import json
+import re
 import shutil
 from collections import defaultdict
 from statistics import mean
@@ -284,3 +285,47 @@ def test_a_run_of_an_older_platoon_shows_its_episodes(tmp_path, quickstart_run):
     call = calls[episode_id][0]
     tokens = _get(client, "call", run="old", episode=episode_id, call=call.call_id)
     assert [t["id"] for t in tokens["tokens"]] == call.completion_tokens and tokens["datum"]
+
+
+def test_a_viewer_shared_beyond_loopback_asks_for_its_key(quickstart_run):
+    app = make_app(RunSet([quickstart_run]), allowed_hosts=["*"], key="s3cret-key")
+    stranger = TestClient(app, base_url="http://10.1.2.3:8000")
+    for path in ("/", "/api/runs", "/static/app.js", "/?key=wrong"):
+        answer = stranger.get(path)
+        assert answer.status_code == 401, path
+        assert "guess" not in answer.text and "?key=" in answer.text  # no run, and what to do
+    reader = TestClient(app, base_url="http://10.1.2.3:8000")
+    opened = reader.get("/?key=s3cret-key&x=1", follow_redirects=False)
+    assert opened.status_code == 303 and opened.headers["location"] == "/?x=1"  # the key leaves the address
+    cookie = opened.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert reader.get("/api/runs").json()["runs"][0]["id"] == "guess"  # the cookie is the key now
+
+
+def test_platoon_view_beyond_loopback_prints_an_address_with_a_key(quickstart_run):
+    import subprocess
+    import sys
+
+    import httpx
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "platoon", "view", str(quickstart_run), "--host", "0.0.0.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.search(r"at http://[^:]+:(\d+)/\?key=(\S+)", line)
+        assert found, line
+        port, key = found.groups()
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/api/runs").status_code == 401
+        with httpx.Client(base_url=base, follow_redirects=True) as client:
+            assert client.get(f"/?key={key}").status_code == 200
+            assert client.get("/api/runs").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        process.stdout.close()

@@ -1,13 +1,15 @@
 """`platoon view [RUN_DIR ...]`: the trajectory viewer, a local web page over runs.
 
 With no RUN_DIR it shows every run under the site's `runs` folder. It listens on 127.0.0.1 (a
-free port unless `--port`); `--host` shares it on a network, which shows the runs (prompts,
-outputs, configs) to anyone who can reach the port, so it warns. `--export DIR` writes a static
-copy instead of serving.
+free port unless `--port`); `--host` shares it on a network, behind a key (`--key`, or
+$PLATOON_VIEW_KEY, else one made up and printed in the address to open). `--export DIR` writes a
+static copy instead of serving.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import sys
 import time
@@ -40,14 +42,20 @@ def view(args: Any) -> int:
         )
         return 0
 
+    key = None
     if not is_loopback(args.host):
+        key = args.key or os.environ.get("PLATOON_VIEW_KEY") or secrets.token_urlsafe(24)
         print(
-            f"platoon view: warning: listening on {args.host}: anyone who can reach this port can read "
-            "these runs (prompts, agent outputs, configs). There is no password.",
+            f"platoon view: listening on {args.host}: anyone who reaches the port and has the key can read "
+            "these runs (prompts, agent outputs, configs)",
             file=sys.stderr,
         )
+    elif args.key:
+        raise CommandError(
+            "--key is for a viewer shared beyond loopback (--host); on 127.0.0.1 there is none"
+        )
     allowed = [] if is_loopback(args.host) else ["*"]
-    app = make_app(runs, allowed_hosts=allowed)
+    app = make_app(runs, allowed_hosts=allowed, key=key)
 
     async def main() -> None:
         # Ctrl-C and SIGTERM stop the server from inside the loop: hypercorn then closes the
@@ -56,7 +64,8 @@ def view(args: Any) -> int:
             async with anyio.create_task_group() as tg:
                 url = await tg.start(serve_asgi, app, args.host, args.port)
                 where = "the site's runs folder" if runs.root else f"{len(runs)} run(s)"
-                print(f"platoon view: serving {where} at {url}/  (Ctrl-C stops)", flush=True)
+                opened = f"{url}/?key={key}" if key else f"{url}/"
+                print(f"platoon view: serving {where} at {opened}  (Ctrl-C stops)", flush=True)
                 async for _ in signals:
                     tg.cancel_scope.cancel()
                     break

@@ -3,16 +3,20 @@
 Every endpoint takes the run by id (`run=`), looks it up in the `RunSet` the app was made with,
 and answers JSON; errors are JSON too (`{"error": ...}`), never a traceback page. Requests whose
 Host is not the server's own are refused, so a web page elsewhere cannot read runs through the
-browser (DNS rebinding). The page is static files shipped in the package: no CDN, no build step.
+browser (DNS rebinding). A viewer shared beyond loopback has a key: the address it prints carries
+it once (`?key=`), and the browser keeps it in a cookie for that server only. The page is static
+files shipped in the package: no CDN, no build step.
 """
 
 from __future__ import annotations
 
+import hmac
 import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import TypeAlias, TypedDict
+from urllib.parse import urlencode
 
 import anyio
 import msgspec
@@ -21,9 +25,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from platoon.bus.events import ModelCallFinished
 from platoon.visualization.episodes import EpisodeView, call_tokens, episode_view
@@ -251,8 +256,41 @@ class Api:
         return handler(params)
 
 
-def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None) -> Starlette:
-    """The viewer's ASGI app over `runs`."""
+KEY_COOKIE = "platoon-view-key"
+
+
+class KeyGate:
+    """Every request presents the viewer's key: its cookie, or `?key=` once, which sets it."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        if self._is_key(request.cookies.get(KEY_COOKIE)):
+            await self.app(scope, receive, send)
+            return
+        if self._is_key(request.query_params.get("key")):
+            # Into the cookie, and out of the address bar (and of what the page links to).
+            rest = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "key"])
+            response: Response = RedirectResponse(request.url.path + (f"?{rest}" if rest else ""), 303)
+            response.set_cookie(KEY_COOKIE, self.key, httponly=True, samesite="strict")
+        else:
+            response = PlainTextResponse(
+                "This viewer wants its key: open the address `platoon view` printed (it ends in ?key=...).\n",
+                status_code=401,
+            )
+        await response(scope, receive, send)
+
+    def _is_key(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(presented.encode(), self.key.encode())
+
+
+def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None, key: str | None = None) -> Starlette:
+    """The viewer's ASGI app over `runs`; with a `key`, every request must present it (`KeyGate`)."""
     api = Api(runs)
     static = static_dir()
 
@@ -282,7 +320,10 @@ def make_app(runs: RunSet, *, allowed_hosts: list[str] | None = None) -> Starlet
             Route("/api/{name}", endpoint),
             Mount("/static", StaticFiles(directory=static), name="static"),
         ],
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+            *([Middleware(KeyGate, key=key)] if key else []),
+        ],
         exception_handlers={HTTPException: not_found},
     )
 
