@@ -124,9 +124,10 @@ async def run_agent(
             "result": f"{RUN_DIR}/result.json",
         }
         (run / "config.json").write_text(json.dumps(config))
-        # The sandbox's root may map to another uid than ours: let it reach the folder.
-        os.chmod(run, 0o755)
-        os.chmod(home, 0o777)
+        # Ours alone: a sandbox that takes per-command mounts (bwrap) maps every user inside it to
+        # our uid, so the agent is the owner; another local user may not read or relay through it.
+        os.chmod(run, 0o700)
+        os.chmod(home, 0o700)
         mounts = [Mount(source=str(run), target=RUN_DIR, read_only=False)]
         mounts.append(Mount(source=str(home), target=AGENT_HOME, read_only=False))
         if toolchain is not None:
@@ -179,7 +180,7 @@ async def _forwarding(run: Path, forwards: list[Forward]) -> AsyncIterator[None]
             host, port = _host_port(forward.target)
             path = run / f"fwd-{index}.sock"
             listener = await stack.enter_async_context(await anyio.create_unix_listener(path))
-            os.chmod(path, 0o777)
+            os.chmod(path, 0o600)
             tg.start_soon(listener.serve, _relay_to(host, port))
         try:
             yield
