@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import re
 import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -80,6 +81,24 @@ async def wait_future(future: _HasFuture[T] | concurrent.futures.Future[T]) -> T
     return cf.result()
 
 
+class SamplingFailed(RuntimeError):
+    """The Tinker service refused or failed a sample; the message is the service's reason."""
+
+
+# The SDK wraps a failed request's reason in its own internals (the request id, the expected
+# response class): an agent is shown the reason alone.
+_SDK_WRAPPED = re.compile(
+    r"^(?:Request failed: |Error retrieving result: )?(?P<reason>.*?)"
+    r"(?: with status \d+)?(?: \(status \d+\))? for self\.request_id=.*$",
+    re.S,
+)
+
+
+def _server_reason(message: str) -> str | None:
+    found = _SDK_WRAPPED.match(message)
+    return found["reason"] if found else None
+
+
 class TinkerSampler:
     """A `Sampler` over one `tinker.SamplingClient` (one set of weights: one version)."""
 
@@ -96,20 +115,25 @@ class TinkerSampler:
     ) -> SampledCompletion:
         import tinker
 
-        result = await wait_future(
-            self.client.sample(
-                prompt=tinker.ModelInput.from_ints(list(prompt_tokens)),
-                num_samples=1,
-                sampling_params=tinker.SamplingParams(
-                    max_tokens=params.max_tokens,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    stop=params.stop,
-                    seed=params.seed,
-                ),
-            )
+        future = self.client.sample(
+            prompt=tinker.ModelInput.from_ints(list(prompt_tokens)),
+            num_samples=1,
+            sampling_params=tinker.SamplingParams(
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                stop=params.stop,
+                seed=params.seed,
+            ),
         )
+        try:
+            result = await wait_future(future)
+        except Exception as exc:
+            reason = _server_reason(str(exc))
+            if reason is None:
+                raise
+            raise SamplingFailed(reason) from exc
         sequence = result.sequences[0]
         logprobs = sequence.logprobs
         if logprobs is None:
