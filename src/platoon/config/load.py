@@ -155,7 +155,7 @@ def _parse(text: str, suffix: str) -> object:
         return json.loads(text)
     if suffix == ".toml":
         return tomllib.loads(text)
-    return yaml.load(text, Loader=_StrictLoader)
+    return yaml.load(text, Loader=_StrictLoader)  # nosec B506 # _StrictLoader is a SafeLoader
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -193,7 +193,7 @@ def _apply_override(data: dict[str, object], override: str, problems: list[str])
         problems.append(f"override {override}: expected key=value or key+=value with a dotted key")
         return
     try:
-        value = yaml.load(raw, Loader=_StrictLoader)
+        value = yaml.load(raw, Loader=_StrictLoader)  # nosec B506 # _StrictLoader is a SafeLoader
     except yaml.YAMLError as exc:
         problems.append(f"override {override}: bad value: {getattr(exc, 'problem', None) or exc}")
         return

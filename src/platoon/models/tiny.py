@@ -43,9 +43,9 @@ def save_tiny_model(
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
         save_toy_tokenizer(directory)
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(directory)  # nosec B615 # a local directory, never a download
     else:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # nosec B615 # a local directory, never a download
         tokenizer.save_pretrained(directory)
 
     eos_id = tokenizer.eos_token_id

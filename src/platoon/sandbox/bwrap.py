@@ -51,7 +51,7 @@ HOST_ETC = (
     "rpc", "services", "shells", "skel", "ssl", "terminfo", "timezone", "xattr.conf",
 )  # fmt: skip
 # Per-sandbox writable places in read-only-base mode (the workdir is added).
-WRITABLE = ("/tmp", "/var/tmp", "/root", "/logs", "/tests", "/solution")
+WRITABLE = ("/tmp", "/var/tmp", "/root", "/logs", "/tests", "/solution")  # nosec B108 # a path inside the sandbox, not the host's /tmp
 _SKIP = {"proc", "dev", "sys", "tmp", "run"}
 
 _cpu_cursor = itertools.count()
@@ -162,7 +162,7 @@ class BwrapSandbox(CommandSandbox):
                 shutil.copytree(seed, host, symlinks=True)  # keep what the image put there
             else:
                 host.mkdir(parents=True)
-            if target in ("/tmp", "/var/tmp"):
+            if target in ("/tmp", "/var/tmp"):  # nosec B108 # a path inside the sandbox, not the host's /tmp
                 host.chmod(0o1777)
             args += ["--bind", str(host), target]
         self._root_args = args
@@ -217,7 +217,7 @@ class BwrapSandbox(CommandSandbox):
         """
         uid_text, _, gid_text = user.partition(":")
         if uid_text.isdigit():
-            return int(uid_text), int(gid_text or uid_text), "/root" if uid_text == "0" else "/tmp"
+            return int(uid_text), int(gid_text or uid_text), "/root" if uid_text == "0" else "/tmp"  # nosec B108 # a path inside the sandbox, not the host's /tmp
         root = Path(self.spec.rootfs) if self.spec.rootfs else Path("/")
         try:
             lines = (root / "etc/passwd").read_text().splitlines()

@@ -45,7 +45,7 @@ def minimal_rootfs(dest: str | os.PathLike[str], programs: Sequence[str] = MINIM
         (staging / sub).mkdir(parents=True, exist_ok=True)
     for link, target in (("bin", "usr/bin"), ("sbin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
         (staging / link).symlink_to(target)
-    os.chmod(staging / "tmp", 0o1777)
+    os.chmod(staging / "tmp", 0o1777)  # nosec B103 # the sandbox's own /tmp (sticky, as on any system)
     (staging / "etc/passwd").write_text(_PASSWD)
     (staging / "etc/group").write_text(_GROUP)
     for name in programs:

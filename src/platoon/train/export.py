@@ -159,7 +159,7 @@ def _write_merged(weights: Path, base_dir: str, into: Path) -> None:
         ) from None
     hf_logging.disable_progress_bar()
     meta = msgspec.json.decode((weights / "adapter_config.json").read_bytes())
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)  # nosec B615 # a local directory, never a download
     targets = set(meta.get("target_modules") or [])
     output = model.get_output_embeddings()
     out_name = next((n for n, m in model.named_modules() if m is output), None)
@@ -175,7 +175,7 @@ def _write_merged(weights: Path, base_dir: str, into: Path) -> None:
         adapted = PeftModel.from_pretrained(model, str(weights))
         merged = adapted.merge_and_unload()
     merged.save_pretrained(into)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)  # nosec B615 # a local directory, never a download
     tokenizer.save_pretrained(into)  # with its chat template
     for extra in ("generation_config.json", "platoon_model.json"):
         source = Path(base_dir) / extra

@@ -127,5 +127,5 @@ def write_nats_setup(
         write_private(path, (json.dumps({"user": role, "password": password}, indent=2) + "\n").encode())
         written[role] = path
     scheme = "tls" if tls_cert else "nats"
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # nosec B104 # names the address to show for a wildcard bind, binds nothing
     return NatsSetup(config, written["trainer"], written["worker"], f"{scheme}://{shown}:{port}")

@@ -19,7 +19,7 @@ def resolve_model_dir(model: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(model, local_files_only=True))
+        return Path(snapshot_download(model, local_files_only=True))  # nosec B615 # a local directory, never a download
     except Exception:
         raise ModelNotFound(
             f"model {model!r} is neither a directory nor in the local Hugging Face cache"

@@ -106,7 +106,7 @@ class Engine:
         self.dtype = pick_dtype(self.device, dtype)
         self.attention = attention or pick_attention(self.device)
         try:
-            self.base = AutoModelForCausalLM.from_pretrained(
+            self.base = AutoModelForCausalLM.from_pretrained(  # nosec B615 # a local directory, never a download
                 self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation=self.attention
             )
         except (ValueError, ImportError):
@@ -114,11 +114,11 @@ class Engine:
                 raise
             # An architecture without SDPA (or flash attention) support runs its own attention.
             self.attention = "eager"
-            self.base = AutoModelForCausalLM.from_pretrained(
+            self.base = AutoModelForCausalLM.from_pretrained(  # nosec B615 # a local directory, never a download
                 self.model_dir, dtype=self.dtype, local_files_only=True, attn_implementation="eager"
             )
         self.base.to(self.device).eval().requires_grad_(False)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)  # nosec B615 # a local directory, never a download
         rows = self.base.get_input_embeddings().num_embeddings
         if not isinstance(rows, int):  # an embedding table's rows: torch types module attributes loosely
             raise EngineError(f"the model's input embeddings have no row count: {rows!r}")
@@ -584,7 +584,9 @@ class Engine:
             if not state_file.is_file():
                 raise EngineError(f"checkpoint {source} holds no optimizer state (sampler weights?)")
             try:
-                model.optimizer.load_state_dict(torch.load(state_file, map_location=self.device))
+                model.optimizer.load_state_dict(
+                    torch.load(state_file, map_location=self.device, weights_only=True)
+                )
             except Exception as exc:
                 raise EngineError(
                     f"checkpoint {source}: its optimizer state cannot be read: {type(exc).__name__}: {exc}"

@@ -71,7 +71,7 @@ _NO_FILES = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "MAINTAINER", "HEALTHCHECK"
 _ARCHIVE = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
 # Writable places under bwrap that a layer keeps; /tmp, /logs, /tests, /solution are per run.
-_SCRATCH = {"/tmp", "/var/tmp", "/logs", "/tests", "/solution"}
+_SCRATCH = {"/tmp", "/var/tmp", "/logs", "/tests", "/solution"}  # nosec B108 # a path inside the sandbox, not the host's /tmp
 
 
 # --- datasets on the Hugging Face Hub -------------------------------------------------------------

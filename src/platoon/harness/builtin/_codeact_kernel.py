@@ -150,9 +150,9 @@ def run_cell(code: str, namespace: dict) -> str | None:
         if tree.body and isinstance(final := tree.body[-1], ast.Expr):
             tree.body.pop()
             last = ast.Expression(final.value)
-        exec(compile(tree, "<cell>", "exec"), namespace)
+        exec(compile(tree, "<cell>", "exec"), namespace)  # nosec B102 # the agent's cell, in its sandbox
         if last is not None:
-            value = eval(compile(last, "<cell>", "eval"), namespace)
+            value = eval(compile(last, "<cell>", "eval"), namespace)  # nosec B307 # the agent's cell, in its sandbox
             if value is not None:
                 print(repr(value))
         return None
