@@ -122,7 +122,10 @@ EXAMPLE = _here.parent / "examples" / "number-search"
 
 async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> float:
     """Episodes/s through `workers` worker processes (start-up not counted)."""
-    from platoon.assembly.nats import trainer_components
+    from platoon.assembly.builders import _parsers_identity
+    from platoon.assembly.nats import NatsSettings, lease_timeout, trainer_components, worker_identity
+    from platoon.assembly.policies import load_policy
+    from platoon.assembly.settings import resolve
     from platoon.bus import attach
     from platoon.config import validate_config
     from platoon.train.distributed import EpisodeSealed, WorkerRegistry
@@ -142,7 +145,18 @@ async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> fl
     }
     path = tmp / f"{run}.yaml"
     path.write_text(__import__("json").dumps(raw))
-    components = trainer_components(validate_config(raw), PolicyUpdated(version=0, sampler_path=""))
+    config = validate_config(raw)
+    # The identity the trainer announces, made as the trainer makes it: with each policy's tool-call
+    # parser resolved from its tokenizer, which the workers compare with their own resolution.
+    settings = resolve(config, "train", console=False)
+    loaded = {name: load_policy(policy) for name, policy in settings.all_policies().items()}
+    nats = NatsSettings(
+        lease=lease_timeout(config),
+        max_attempts=config.nats.max_attempts,
+        announce_every=config.nats.announce_every,
+        identity=worker_identity(config) | _parsers_identity(loaded),
+    )
+    components = trainer_components(config, PolicyUpdated(version=0, sampler_path=""), settings=nats)
     registry = next(c for c in components if isinstance(c, WorkerRegistry))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}
     command = [

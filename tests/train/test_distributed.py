@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -357,6 +358,10 @@ def test_a_worker_with_another_config_is_refused_by_name(cluster):
     assert odd.wait(timeout=120) != 0
     log = run.log_of(odd)
     assert "differs from the trainer's" in log and "environments:" in log
+    # The trainer says so too, naming the worker: its user is not left waiting for nobody.
+    run.wait_until(lambda: "a rollout worker refused this run" in run.log_of(run.trainer, tail=None))
+    said = run.log_of(run.trainer, tail=None)
+    assert f"{socket.gethostname()}:{odd.pid}" in said and "environments:" in said
     run.workers.remove(odd)
     run.start_worker()
     run.finish()

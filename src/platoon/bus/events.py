@@ -682,9 +682,11 @@ class EpisodeAbandoned(Event, frozen=True, kw_only=True):
 
 @register_event
 class WorkerStatus(Event, frozen=True, kw_only=True):
-    """A worker's heartbeat, sent once it takes work and every `nats.announce_every` s."""
+    """A worker's heartbeat, sent once it takes work and every `nats.announce_every` s; or,
+    once, with `refused` saying why it takes no work from this trainer."""
 
     worker: str
     in_flight: int = 0
     episodes: int = 0  # sealed since it started
     policy_version: int | None = None
+    refused: str | None = None

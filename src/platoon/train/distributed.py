@@ -151,6 +151,7 @@ class WorkerRegistry(ComponentBase):
     def __init__(self, *, every: float = 5.0) -> None:
         self.every = every
         self.last_seen: dict[str, float] = {}
+        self.refused: dict[str, str] = {}  # worker: why it takes no work from this trainer
         self._joined = anyio.Event()
 
     def on_attach(self, bus: Bus) -> None:
@@ -161,6 +162,11 @@ class WorkerRegistry(ComponentBase):
         await anyio.sleep_forever()
 
     def _on_status(self, event: WorkerStatus) -> None:
+        if event.refused is not None:
+            # Said where the trainer's user looks: a worker that left is not a worker to wait for.
+            log.error("a rollout worker refused this run", worker=event.worker, why=event.refused)
+            self.refused[event.worker] = event.refused
+            return
         if event.worker not in self.live():
             log.info("worker joined", worker=event.worker, workers=len(self.live()) + 1)
         self.last_seen[event.worker] = anyio.current_time()

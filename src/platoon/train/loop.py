@@ -233,7 +233,7 @@ class Scheduler(ComponentBase):
                         if every and self.trained % every == 0:
                             evals.start_soon(self._evaluate, bus, self.trained)
                         self._changed.set()
-                    case WorkerStatus():
+                    case WorkerStatus(refused=None):
                         self._worker.set()
 
     async def _evaluate(self, bus: Bus, step: int) -> None:

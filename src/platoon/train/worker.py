@@ -326,6 +326,8 @@ class Worker:
                     )
                     if reason == "policy" and self._refuse_a_different_run():
                         reason = "mismatch"
+                        # The trainer hears why, so its user is not left waiting for nobody.
+                        await bus.publish(WorkerStatus(worker=self.name, refused=self.refusal))
                         task_status.started()
                     elif reason == "policy":
                         async with anyio.create_task_group() as work:
