@@ -94,7 +94,8 @@ def run_identity(config: Config) -> dict[str, object]:
 
 
 def _forget_metrics_from(run_dir: Path, step: int) -> None:
-    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once."""
+    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once:
+    those after `step`, the steps its checkpoint had trained (an eval at `step` stays)."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return
@@ -104,7 +105,7 @@ def _forget_metrics_from(run_dir: Path, step: int) -> None:
             record = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash
-        if not isinstance(record, dict) or record.get("step", -1) < step:
+        if not isinstance(record, dict) or record.get("step", -1) <= step:
             kept.append(line)
     path.write_text("".join(line + "\n" for line in kept))
 
@@ -215,7 +216,7 @@ class Run:
             loaded, run_dir=run_dir, store=store, candidates=candidates, sampler_factory=self._sampler_factory
         ) as policy:
             checkpoint = policy.checkpoint
-            start_step = checkpoint.step + 1 if checkpoint else 0
+            start_step = checkpoint.step if checkpoint else 0  # the steps trained: the next one's index
             if s.resume:
                 _forget_metrics_from(run_dir, start_step)
             # Only now that the run could start: a failed resume leaves the run's files as they were.
@@ -260,7 +261,7 @@ class Run:
             sampler_factory=self._sampler_factory,
         ) as opened:
             resumed = [p.checkpoint.step for p in opened.values() if p.checkpoint is not None]
-            start_step = min(resumed) + 1 if resumed else 0
+            start_step = min(resumed) if resumed else 0
             if s.resume:
                 _forget_metrics_from(run_dir, start_step)
             lock = {**_policy_lock(opened), "resumed_from_step": start_step}

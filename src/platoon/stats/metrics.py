@@ -24,6 +24,7 @@ from platoon.bus.events import (
     Event,
     ModelCallFinished,
     TrainStepFinished,
+    step_number,
 )
 from platoon.config.rundir import open_private
 
@@ -135,11 +136,17 @@ class MetricsSink(ComponentBase):
                 async for event in events:
                     if self._run is not None:
                         self._track_eval(event)
+                    # A step as users read it (`step_number`): train steps from 1, evals at
+                    # the number of steps trained.
                     if isinstance(event, TrainStepFinished):
-                        record = {"step": event.step, "time": time.time(), **event.metrics}
+                        record = {"step": step_number(event.step), "time": time.time(), **event.metrics}
                         self._console_line(event)
                     elif isinstance(event, EvalFinished):
-                        record = {"step": event.step, "time": time.time(), **event.metrics}
+                        record = {
+                            "step": step_number(event.step, "eval"),
+                            "time": time.time(),
+                            **event.metrics,
+                        }
                         if self.console:
                             shown = {
                                 k: round(v, 4)
@@ -157,7 +164,7 @@ class MetricsSink(ComponentBase):
                         logged: dict[str, Any] = {
                             k: v for k, v in record.items() if k not in ("step", "time")
                         }
-                        logged[STEP_KEY] = event.step
+                        logged[STEP_KEY] = record["step"]
                         if isinstance(event, EvalFinished):
                             logged["eval/table"] = self._eval_table(
                                 event.step
@@ -213,7 +220,7 @@ class MetricsSink(ComponentBase):
 
 
 def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> str:
-    """The one line a finished step leaves on the console."""
+    """The one line a finished step (`step`: its index) leaves on the console."""
     of = f"/{total_steps}" if total_steps else ""
     parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if key in metrics]
     total, graded = metrics.get("episodes/total", 0), metrics.get("episodes/graded", 0)
@@ -249,4 +256,4 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             if constant == groups
             else f"{constant:.0f}/{groups:.0f} groups alike"
         )
-    return f"step {step + 1}{of}  " + "  ".join(parts)
+    return f"step {step_number(step)}{of}  " + "  ".join(parts)

@@ -1,7 +1,8 @@
 """The runs a viewer serves: found under a folder or named one by one, each with what is wrong.
 
-A run is addressed by an id (its path below the served folder, or its directory name) that is
-only ever looked up in the set the server was started with, never joined onto a path: a URL
+A run is addressed by an id (its path below the served folder, or `experiment/trial`: the
+directory above it and its own, as `<runs>/<experiment>/<trial>` lays runs out) that is only
+ever looked up in the set the server was started with, never joined onto a path: a URL
 cannot name a file outside the served runs.
 """
 
@@ -106,7 +107,7 @@ class Run:
                         bad += 1
             if bad:
                 problems.append(f"metrics.jsonl: {bad} lines do not read (cut short by a crash?)")
-            return rows, problems
+            return _counted_from_one(rows), problems
         rows = [*self.index.metrics("train"), *self.index.metrics("eval")]
         rows.sort(key=lambda r: (r["step"], r.get("time") or 0))
         return rows, problems
@@ -119,6 +120,15 @@ class Run:
         return experiment if isinstance(
             experiment, str
         ) and experiment else self.path.parent.name, self.path.name
+
+    def loss_normalization(self) -> str | None:
+        """The run's `train.loss_normalization` (how its datums' advantages were scaled), from
+        lock.json; None when the lock does not say."""
+        lock, _ = self.lock()
+        config = lock.get("config") if isinstance(lock, dict) else None
+        train = config.get("train") if isinstance(config, dict) else None
+        value = train.get("loss_normalization") if isinstance(train, dict) else None
+        return value if isinstance(value, str) else None
 
     def problems(self, metric_problems: list[str] | None = None) -> list[str]:
         out = []
@@ -263,7 +273,11 @@ class RunSet:
             for named in self._named:
                 paths = [named] if _is_run(named) or not named.is_dir() else _find_runs(named) or [named]
                 for path in paths:
-                    base = path.name if path == named else f"{named.name}/{_relative(path, named)}"
+                    base = (
+                        "/".join(p for p in (path.parent.name, path.name) if p)
+                        if path == named
+                        else f"{named.name}/{_relative(path, named)}"
+                    )
                     run_id, n = base or "run", 2
                     while run_id in taken:
                         run_id, n = f"{base}~{n}", n + 1
@@ -281,6 +295,23 @@ class RunSet:
 
     def __len__(self) -> int:
         return len(self._runs)
+
+
+def _counted_from_one(rows: list[MetricRow]) -> list[MetricRow]:
+    """metrics.jsonl of platoon 0.2 and before counted training steps from 0 (a step row at step
+    0, where now the first is step 1): their steps as users read them now (evaluations were
+    already at the number of steps trained)."""
+    steps = [row for row in rows if not _evaluation(row)]
+    if not any(row["step"] == 0 for row in steps):
+        return rows
+    shifted = {id(row) for row in steps}
+    return [{**row, "step": row["step"] + 1} if id(row) in shifted else row for row in rows]
+
+
+def _evaluation(row: MetricRow) -> bool:
+    """An evaluation's row of metrics.jsonl: its metrics are all `eval/...`."""
+    keys = [k for k in row if k not in ("step", "time")]
+    return bool(keys) and all(k.startswith("eval/") for k in keys)
 
 
 def _is_run(path: Path) -> bool:
