@@ -248,3 +248,22 @@ def test_checkpoint_keep_deletes_older_checkpoints_and_a_resume_goes_on_from_the
     _train(config, run_dir, resume=True)
     assert [c["step"] for c in checkpoints(run_dir)] == [4]
     assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 3
+
+
+@pytest.mark.slow
+def test_a_run_written_when_steps_counted_from_zero_resumes_where_it_stopped(site, tiny_model):
+    """platoon 0.2 wrote checkpoints.jsonl and metrics.jsonl with training steps from 0; a resume
+    goes on from the same checkpoint and leaves every row counted as the terminal counts."""
+    run_dir = site / "run"
+    _train(learn_config(tiny_model, steps=2, save_every=1), run_dir)
+    for name, rows in (("checkpoints.jsonl", checkpoints(run_dir)), ("metrics.jsonl", None)):
+        path = run_dir / name
+        rows = rows or [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**row, "step": row["step"] - 1}) + "\n" for row in rows))
+
+    _train(learn_config(tiny_model, steps=3, save_every=1), run_dir, resume=True)
+    assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 2
+    assert [c["step"] for c in checkpoints(run_dir)] == [1, 2, 3]
+    assert [c["policy_version"] for c in checkpoints(run_dir)] == [1, 2, 3]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

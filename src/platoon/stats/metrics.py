@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from platoon.bus.events import (
 )
 from platoon.config.rundir import open_private
 
-__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink"]
+__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink", "counted_from_zero", "is_eval_row"]
 
 STEP_KEY = "platoon/step"
 EVAL_TABLE_COLUMNS = (
@@ -257,3 +258,16 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             else f"{constant:.0f}/{groups:.0f} groups alike"
         )
     return f"step {step_number(step)}{of}  " + "  ".join(parts)
+
+
+def is_eval_row(row: Mapping[str, object]) -> bool:
+    """A row of metrics.jsonl that an evaluation wrote (its metrics are all `eval/...`), not a step's."""
+    keys = [k for k in row if k not in ("step", "time")]
+    return bool(keys) and all(k.startswith("eval/") for k in keys)
+
+
+def counted_from_zero(rows: Sequence[Mapping[str, object]]) -> bool:
+    """Whether metrics.jsonl's rows count training steps from 0, as platoon 0.2 wrote them: a
+    step's row at step 0, where the first is step 1 now (evaluations were already at the number
+    of steps trained). Their training steps, plus 1, are the steps users read."""
+    return any(row.get("step") == 0 and not is_eval_row(row) for row in rows)

@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from platoon.stats.metrics import is_eval_row
+
 __all__ = ["sparkline", "train_summary"]
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -39,7 +41,7 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     rewards = _series(rows, "reward/mean")
     lines = []
     took = f" in {seconds:.0f} s" if seconds is not None else ""
-    steps = [r for r in rows if not _eval_only(r)]
+    steps = [r for r in rows if not is_eval_row(r)]
     lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
     if rewards:
         lines.append(f"reward  {_span(rewards)}")
@@ -101,12 +103,6 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
-
-
-def _eval_only(row: dict) -> bool:
-    """A metrics row of an evaluation alone (one at the start, or between steps), not a step's."""
-    keys = [k for k in row if k not in ("step", "time")]
-    return bool(keys) and all(k.startswith("eval/") for k in keys)
 
 
 def _report(path: Path) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeAlias, TypedDict
 
 from platoon.bus.eventlog import EVENT_LOG_NAME
+from platoon.stats.metrics import counted_from_zero, is_eval_row
 from platoon.visualization.episodes import Decoder
 from platoon.visualization.index import MetricRow, RunIndex, Summary
 
@@ -298,20 +299,10 @@ class RunSet:
 
 
 def _counted_from_one(rows: list[MetricRow]) -> list[MetricRow]:
-    """metrics.jsonl of platoon 0.2 and before counted training steps from 0 (a step row at step
-    0, where now the first is step 1): their steps as users read them now (evaluations were
-    already at the number of steps trained)."""
-    steps = [row for row in rows if not _evaluation(row)]
-    if not any(row["step"] == 0 for row in steps):
+    """The rows of a metrics.jsonl of platoon 0.2 and before, with their steps as users read them."""
+    if not counted_from_zero(rows):
         return rows
-    shifted = {id(row) for row in steps}
-    return [{**row, "step": row["step"] + 1} if id(row) in shifted else row for row in rows]
-
-
-def _evaluation(row: MetricRow) -> bool:
-    """An evaluation's row of metrics.jsonl: its metrics are all `eval/...`."""
-    keys = [k for k in row if k not in ("step", "time")]
-    return bool(keys) and all(k.startswith("eval/") for k in keys)
+    return [row if is_eval_row(row) else {**row, "step": row["step"] + 1} for row in rows]
 
 
 def _is_run(path: Path) -> bool:
