@@ -43,3 +43,12 @@ def test_steps_and_evaluations_are_numbered_as_the_terminal_says_them(tmp_path, 
     assert err[0].startswith("eval  step 0:") and err[-1].startswith("eval  step 3:")
     # The closing summary counts the training steps, not the evaluations' rows.
     assert train_summary(tmp_path).splitlines()[0] == "trained 3 steps"
+
+
+def test_a_resumed_runs_summary_says_which_steps_this_session_trained(tmp_path):
+    rows = [{"step": step, "reward/mean": 0.5} for step in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "lock.json").write_text(json.dumps({"resumed_from_step": 3}))
+    assert train_summary(tmp_path, 10.2).splitlines()[0] == "trained 5 steps: 2 in 10 s, resumed after step 3"
+    (tmp_path / "lock.json").write_text(json.dumps({"resumed_from_step": 0}))
+    assert train_summary(tmp_path, 10.2).splitlines()[0] == "trained 5 steps in 10 s"

@@ -42,7 +42,13 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     lines = []
     took = f" in {seconds:.0f} s" if seconds is not None else ""
     steps = [r for r in rows if not is_eval_row(r)]
-    lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
+    resumed = _resumed_after(run_dir)
+    if resumed and len(steps) > resumed:  # the time is this session's: say which steps it trained
+        lines.append(
+            f"trained {len(steps)} steps: {len(steps) - resumed}{took}, resumed after step {resumed}"
+        )
+    else:
+        lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
     if rewards:
         lines.append(f"reward  {_span(rewards)}")
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
@@ -103,6 +109,16 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
+
+
+def _resumed_after(run_dir: Path) -> int:
+    """The step a resumed run went on after (lock.json's `resumed_from_step`); 0 for a new run."""
+    try:
+        lock = json.loads((run_dir / "lock.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    step = lock.get("resumed_from_step") if isinstance(lock, dict) else None
+    return step if isinstance(step, int) else 0
 
 
 def _report(path: Path) -> dict:
