@@ -347,7 +347,7 @@ def test_a_viewer_shared_beyond_loopback_asks_for_its_key(quickstart_run):
     assert opened.status_code == 303 and opened.headers["location"] == "/?x=1"  # the key leaves the address
     cookie = opened.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
-    assert reader.get("/api/runs").json()["runs"][0]["id"] == "guess"  # the cookie is the key now
+    assert reader.get("/api/runs").json()["runs"][0]["id"] == RUN  # the cookie is the key now
 
 
 def test_platoon_view_beyond_loopback_prints_an_address_with_a_key(quickstart_run):
