@@ -29,7 +29,7 @@ def test_prepare_then_train_on_the_embedded_backend(tmp_path, monkeypatch, capsy
     assert main(["train", config]) == 0, capsys.readouterr().err
     run_dir = tmp_path / "runs" / "harbor-dataset" / "tiny-local"
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1]
+    assert [m["step"] for m in metrics] == [1, 2]
     # 2 tasks x 2 rollouts a step, each graded by its task's tests (a reward of 0 or 1, never missing)
     assert all(m["episodes/graded"] == 4 for m in metrics)
     assert all(m["policy/version"] >= 1 for m in metrics)

@@ -65,7 +65,7 @@ def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_exa
     assert len({u.sampler_path.split("/sampler_weights/")[0] for u in updates}) == 2
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(config.train.max_training_steps))
+    assert [m["step"] for m in metrics] == list(range(1, config.train.max_training_steps + 1))
     curves = {}
     for policy in ("planner", "executor"):
         rewards = curves[policy] = [m[f"{policy}/reward/mean"] for m in metrics]
@@ -73,7 +73,7 @@ def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_exa
         assert last > first + 0.1, (policy, rewards)
         assert metrics[-1][f"{policy}/policy/version"] >= 1
         saved = (run_dir / "checkpoints" / policy / "checkpoints.jsonl").read_text().splitlines()
-        assert [json.loads(line)["step"] for line in saved] == [config.train.max_training_steps - 1]
+        assert [json.loads(line)["step"] for line in saved] == [config.train.max_training_steps]
     print("reward curves:", json.dumps({p: [round(r, 3) for r in c] for p, c in curves.items()}))
 
 
@@ -104,7 +104,7 @@ def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_t
         path = run_dir / "checkpoints" / policy / "checkpoints.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
 
-    assert [c["step"] for c in saved("planner")] == [c["step"] for c in saved("executor")] == [0, 1]
+    assert [c["step"] for c in saved("planner")] == [c["step"] for c in saved("executor")] == [1, 2]
     assert not (run_dir / "checkpoints.jsonl").exists()
     # The run is what its policies are: a resume that changes one is refused before anything runs.
     changed = load_config(EXAMPLE / "cpu.yaml", [*small, "policies.executor.lora_rank=4"])
@@ -115,7 +115,7 @@ def test_each_policy_checkpoints_on_its_own_and_a_resume_goes_on_from_the_step_t
     anyio.run(lambda: train(longer, run_dir=run_dir, resume=True, console=False))
     assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 2
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1, 2]  # each step once
+    assert [m["step"] for m in metrics] == [1, 2, 3]  # each step once
     for policy in ("planner", "executor"):
-        assert [c["step"] for c in saved(policy)] == [0, 1, 2]
+        assert [c["step"] for c in saved(policy)] == [1, 2, 3]
         assert [m[f"{policy}/policy/version"] for m in metrics] == [1.0, 2.0, 3.0]

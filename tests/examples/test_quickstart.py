@@ -78,12 +78,12 @@ def test_train_local_learns_with_metrics_checkpoints_and_a_summary(site, monkeyp
     assert main(["train", "examples/quickstart/train-local.yaml"]) == 0
     run_dir = site / "runs" / "quickstart" / "vowels-local"
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(15))
+    assert [m["step"] for m in metrics] == list(range(1, 16))
     assert all(m["episodes/total"] == 32 for m in metrics)  # batch_size 4 x group_size 8
     rewards = [m["reward/mean"] for m in metrics]
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.3, rewards
     checkpoints = [json.loads(line) for line in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in checkpoints][:3] == [4, 9, 14]  # save_every: 5
+    assert [c["step"] for c in checkpoints][:3] == [5, 10, 15]  # save_every: 5
     assert (site / "cache" / "models" / "platoon-tiny-qwen3" / "config.json").exists()
     out = capsys.readouterr().out
     assert "trained 15 steps in" in out and f"run     {run_dir}" in out

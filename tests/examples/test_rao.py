@@ -53,7 +53,7 @@ def test_a_rao_config_trains_two_steps_on_the_embedded_backend(tmp_path, monkeyp
     run_dir = tmp_path / "run"
     anyio.run(lambda: train(config, run_dir=run_dir, console=False))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1]
+    assert [m["step"] for m in metrics] == [1, 2]
     # 2 tasks x 4 rollouts, every episode graded and trained on.
     assert all(m["episodes/graded"] == 8 and m["train/datums"] >= 8 for m in metrics)
     assert metrics[-1]["policy/version"] == 2

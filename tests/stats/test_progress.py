@@ -51,3 +51,24 @@ def test_the_eval_bar_counts_graded_episodes_to_the_end():
     text = out.getvalue()
     assert "eval episodes" in text and "4/4" in text
     assert progress_printer()(1, 4) is None  # off a terminal: nothing drawn
+
+
+def test_with_several_policies_the_live_table_has_a_row_of_each_ones_training():
+    progress = TrainProgress(3, console=Console(file=io.StringIO()))
+    metrics = {"reward/mean": 0.5, "reward/pass_rate": 0.25, "time/rollout": 2.0}
+    for policy, datums in (("planner", 4), ("executor", 12)):
+        metrics |= {
+            f"{policy}/policy/version": 1.0,
+            f"{policy}/reward/mean": 0.125 * datums,
+            f"{policy}/train/datums": datums,
+            f"{policy}/train/trained_tokens": 10.0 * datums,
+            f"{policy}/train/loss": -0.5,
+            f"{policy}/time/step": 1.25,
+        }
+    progress.see(TrainStepFinished(step=0, metrics=metrics))
+    lines = [line.split() for line in rendered(progress).splitlines()]
+    head = next(line for line in lines if "datums" in line)
+    assert head == ["reward", "pass", "datums", "tokens", "loss", "rollout", "s", "step", "s"]
+    assert ["run", "0.500", "0.25", "2.0"] in lines
+    assert ["planner", "0.500", "4", "40", "-0.5", "1.2"] in lines
+    assert ["executor", "1.500", "12", "120", "-0.5", "1.2"] in lines

@@ -50,8 +50,8 @@ def test_sigkill_then_resume_trains_every_step_once(site, tiny_model):
     resumed = forkserver.run([*command, "--resume", str(run_dir)], env=env, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     steps = [c["step"] for c in checkpoints(run_dir)]
-    assert steps == list(range(STEPS)), steps
-    assert [c["policy_version"] for c in checkpoints(run_dir)] == [s + 1 for s in steps]
+    assert steps == list(range(1, STEPS + 1)), steps  # each saved after its step, counted from 1
+    assert [c["policy_version"] for c in checkpoints(run_dir)] == steps
 
     # The resumed steps asked for the tasks the first run would have: the same task order.
     requested: dict[int, set[str]] = {}
@@ -102,20 +102,20 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before_and_no_step_repeats(s
     run_dir = site / "run"
     _train(learn_config(tiny_model, steps=3, save_every=1), run_dir)
     saved = checkpoints(run_dir)
-    assert [c["step"] for c in saved] == [0, 1, 2]
+    assert [c["step"] for c in saved] == [1, 2, 3]
     adapter = _state_dir(run_dir, saved[-1]) / "adapter_model.safetensors"
     data = bytearray(adapter.read_bytes())
     data[len(data) // 2] ^= 0xFF  # the newest checkpoint's weights are damaged on disk
     adapter.write_bytes(bytes(data))
     with (run_dir / "checkpoints.jsonl").open("ab") as file:
-        file.write(b'{"step": 3, "state_pa')  # and a line torn by a crash
+        file.write(b'{"step": 4, "state_pa')  # and a line torn by a crash
 
     _train(learn_config(tiny_model, steps=4, save_every=1), run_dir, resume=True)
-    assert [c["step"] for c in checkpoints(run_dir)] == [0, 1, 2, 3]
+    assert [c["step"] for c in checkpoints(run_dir)] == [1, 2, 3, 4]
     lock = json.loads((run_dir / "lock.json").read_text())
-    assert lock["resumed_from_step"] == 2  # from step 1's checkpoint, the last that loads
+    assert lock["resumed_from_step"] == 2  # from step 2's checkpoint, the last that loads
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2, 3]  # each step once
+    assert steps == [1, 2, 3, 4]  # each step once
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def test_sigterm_stops_a_run_in_order_and_it_resumes(site, tiny_model):
     assert "Traceback" not in rest and rest.strip().endswith("platoon: interrupted")
     assert "so a resume trains from step " in rest and f"--resume {run_dir}" in rest  # and says how
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(len(lines)))  # whole lines only
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, len(lines) + 1))  # whole lines only
     from platoon.bus.eventlog import LogDamage
 
     damage = LogDamage(path="")
@@ -214,10 +214,10 @@ def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model,
 
     assert main(["train", str(path), "--quiet", "train.seed=1"]) == 1
     err = capsys.readouterr().err
-    (latest,) = checkpoints(run_dir)[-1:]  # step 1's (0-based 0), or a later one it got to save
+    (latest,) = checkpoints(run_dir)[-1:]  # step 1's, or a later one it got to save
     hint = (
         f"platoon: error: the plugin's disk is full\nthe run stopped; its last checkpoint is after step "
-        f"{latest['step'] + 1}, so a resume trains from step {latest['step'] + 2}: "
+        f"{latest['step']}, so a resume trains from step {latest['step'] + 1}: "
         f"platoon train {path} train.seed=1 --resume {run_dir}\n"
     )
     assert hint in err, err[-2000:]
@@ -225,7 +225,7 @@ def test_a_run_stopped_by_a_failure_says_why_and_how_to_resume(site, tiny_model,
     command = hint.splitlines()[-1].split(": ", 1)[1]
     assert main([*shlex.split(command)[1:], "--quiet"]) == 0  # the command it gave goes on
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 1, 2]  # each step once
+    assert steps == [1, 2, 3]  # each step once
 
 
 @pytest.mark.slow
@@ -235,7 +235,7 @@ def test_checkpoint_keep_deletes_older_checkpoints_and_a_resume_goes_on_from_the
     config["checkpoint"] = {"keep": 1}
     _train(config, run_dir)
     saved = checkpoints(run_dir)
-    assert [c["step"] for c in saved] == [2]
+    assert [c["step"] for c in saved] == [3]
     # The dropped checkpoints' files are gone from the training service; the kept one's remain.
     state_dirs = sorted(p.name for p in _state_dir(run_dir, saved[0]).parent.iterdir())
     assert state_dirs == ["state-000003"]
@@ -246,5 +246,24 @@ def test_checkpoint_keep_deletes_older_checkpoints_and_a_resume_goes_on_from_the
     config = learn_config(tiny_model, steps=4, save_every=1)
     config["checkpoint"] = {"keep": 1}
     _train(config, run_dir, resume=True)
-    assert [c["step"] for c in checkpoints(run_dir)] == [3]
+    assert [c["step"] for c in checkpoints(run_dir)] == [4]
     assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 3
+
+
+@pytest.mark.slow
+def test_a_run_written_when_steps_counted_from_zero_resumes_where_it_stopped(site, tiny_model):
+    """platoon 0.2 wrote checkpoints.jsonl and metrics.jsonl with training steps from 0; a resume
+    goes on from the same checkpoint and leaves every row counted as the terminal counts."""
+    run_dir = site / "run"
+    _train(learn_config(tiny_model, steps=2, save_every=1), run_dir)
+    for name, rows in (("checkpoints.jsonl", checkpoints(run_dir)), ("metrics.jsonl", None)):
+        path = run_dir / name
+        rows = rows or [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**row, "step": row["step"] - 1}) + "\n" for row in rows))
+
+    _train(learn_config(tiny_model, steps=3, save_every=1), run_dir, resume=True)
+    assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 2
+    assert [c["step"] for c in checkpoints(run_dir)] == [1, 2, 3]
+    assert [c["policy_version"] for c in checkpoints(run_dir)] == [1, 2, 3]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

@@ -77,7 +77,7 @@ def test_a_run_keeps_only_the_newest_step_weights_and_its_checkpoints_which_samp
 
     run_dir = site / "run"
     saved = run(5)
-    assert [c["step"] for c in saved] == [1, 3, 4]
+    assert [c["step"] for c in saved] == [2, 4, 5]
     samplers = on_disk(saved[0]["sampler_path"])
     # max_staleness 0: the newest 2 step weights, and every checkpoint's own.
     expected = {"step-000004", "step-000005", "ckpt-000002", "ckpt-000004", "ckpt-000005"}
@@ -87,7 +87,7 @@ def test_a_run_keeps_only_the_newest_step_weights_and_its_checkpoints_which_samp
 
     saved = run(7, resume=True)
     assert json.loads((run_dir / "lock.json").read_text())["resumed_from_step"] == 5
-    assert [c["step"] for c in saved] == [1, 3, 4, 5, 6]
+    assert [c["step"] for c in saved] == [2, 4, 5, 6, 7]
     resumed = on_disk(saved[-1]["sampler_path"])
     assert resumed != samplers  # a resumed run trains a new model: its own directory
     assert {p.name for p in resumed.iterdir()} == {"step-000006", "step-000007", "ckpt-000006", "ckpt-000007"}

@@ -172,9 +172,11 @@ async def test_a_checkpoint_every_save_every_steps_and_at_the_last(tmp_path):
     assert [c.task_cursor for c in saved] == [2, 4, 5]
     assert saved[0].state_path == "tinker://run/weights/state-000002"
     assert saved[0].sampler_path == "tinker://run/sampler_weights/ckpt-000002"
+    # checkpoints.jsonl counts steps as the terminal does: saved after step 2 is `"step": 2`.
     lines = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [1, 3, 4]
-    assert CheckpointStore(tmp_path).latest().step == 4
+    assert [line["step"] for line in lines] == [2, 4, 5]
+    assert lines[0]["state_path"].endswith("state-000002") and lines[0]["policy_version"] == 2
+    assert CheckpointStore(tmp_path).latest().step == 5
     assert trainer.client.calls.count("save_state:state-000004") == 1
 
 

@@ -10,11 +10,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from platoon.bus import read_events
-from platoon.bus.events import BatchReady, EpisodeGraded, ModelCallFinished, ToolReturned
+from platoon.bus.events import BatchReady, EpisodeGraded, ModelCallFinished, ToolReturned, step_number
 from platoon.visualization import RunSet
 from platoon.visualization.app import make_app
 
 pytestmark = pytest.mark.torch
+
+RUN = "quickstart/guess"  # a run named on the command line: its experiment/trial
 
 
 @pytest.fixture
@@ -57,15 +59,17 @@ def test_the_runs_table_and_the_steps_match_the_log(client, quickstart_run):
     assert run["problems"] == []
     graded, *_ = _log(quickstart_run)
     assert run["episodes"] == len(graded) == 48
+    assert run["id"] == RUN
     by_step = defaultdict(list)
     for e in graded.values():
-        by_step[e.step].append(e.reward)
+        by_step[step_number(e.step)].append(e.reward)  # train steps from 1, as the terminal says
     steps = _get(client, "steps", run=run["id"])["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
     assert [(s["step"], s["episodes"]) for s in steps] == [(k, len(v)) for k, v in sorted(by_step.items())]
     for s in steps:
         assert s["reward_mean"] == pytest.approx(mean(by_step[s["step"]]))
     metrics = _get(client, "metrics", run=run["id"])["rows"]
-    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["reward/mean"] == run["last_reward"]
     detail = _get(client, "run", run=run["id"])
     assert detail["lock"]["config"]["train"]["max_training_steps"] == 3
@@ -74,30 +78,26 @@ def test_the_runs_table_and_the_steps_match_the_log(client, quickstart_run):
 
 def test_episodes_filter_and_sort(client, quickstart_run):
     graded, *_ = _log(quickstart_run)
-    rows = _get(client, "episodes", run="guess", purpose="train", step=2, sort="reward", order="asc")[
-        "episodes"
-    ]
-    expected = sorted(e.reward for e in graded.values() if e.step == 2)
+    rows = _get(client, "episodes", run=RUN, purpose="train", step=2, sort="reward", order="asc")["episodes"]
+    expected = sorted(e.reward for e in graded.values() if step_number(e.step) == 2)
     assert [r["reward"] for r in rows] == expected
-    rewarded = _get(client, "episodes", run="guess", min_reward=1)
+    rewarded = _get(client, "episodes", run=RUN, min_reward=1)
     assert rewarded["total"] == sum(e.reward == 1 for e in graded.values()) > 0
     assert all(r["reward"] == 1 for r in rewarded["episodes"])
-    limited = _get(client, "episodes", run="guess", status="limit", sort="completion_tokens")
+    limited = _get(client, "episodes", run=RUN, status="limit", sort="completion_tokens")
     assert limited["total"] and all(r["status"] == "limit" for r in limited["episodes"])
     tokens = [r["completion_tokens"] for r in limited["episodes"]]
     assert tokens == sorted(tokens, reverse=True)
     group = rows[0]["group_id"]
-    assert {r["group_id"] for r in _get(client, "episodes", run="guess", group_id=group)["episodes"]} == {
-        group
-    }
-    assert client.get("/api/episodes", params={"run": "guess", "sort": "x; DROP TABLE"}).status_code == 400
-    assert client.get("/api/episodes", params={"run": "guess", "nope": "1"}).status_code == 400
+    assert {r["group_id"] for r in _get(client, "episodes", run=RUN, group_id=group)["episodes"]} == {group}
+    assert client.get("/api/episodes", params={"run": RUN, "sort": "x; DROP TABLE"}).status_code == 400
+    assert client.get("/api/episodes", params={"run": RUN, "nope": "1"}).status_code == 400
 
 
 def test_an_episode_shows_its_calls_tool_results_and_grade(client, quickstart_run):
     graded, calls, tools, _ = _log(quickstart_run)
     for episode_id in list(graded)[:6]:
-        view = _get(client, "episode", run="guess", id=episode_id)
+        view = _get(client, "episode", run=RUN, id=episode_id)
         assert view["episode"]["reward"] == graded[episode_id].reward
         (root,) = view["agents"]
         model_calls = [i for i in root["items"] if i["kind"] == "model_call"]
@@ -117,7 +117,7 @@ def test_a_call_shows_every_sampled_token_with_the_datum_values_it_trained_on(cl
     checked = nonzero = 0
     for episode_id, episode_calls in calls.items():
         for call in episode_calls:
-            tokens = _get(client, "call", run="guess", episode=episode_id, call=call.call_id)
+            tokens = _get(client, "call", run=RUN, episode=episode_id, call=call.call_id)
             assert [t["id"] for t in tokens["tokens"]] == call.completion_tokens
             assert [t["logprob"] for t in tokens["tokens"]] == call.logprobs
             assert tokens["prompt_ids"] == call.prompt_tokens
@@ -133,7 +133,7 @@ def test_a_call_shows_every_sampled_token_with_the_datum_values_it_trained_on(cl
             ]
             start = len(call.prompt_tokens) - 1
             span = slice(start, start + len(call.completion_tokens))
-            assert [t["advantage"] for t in tokens["tokens"]] == datum.advantages[span]
+            assert [t["trained_advantage"] for t in tokens["tokens"]] == datum.advantages[span]
             assert [t["weight"] for t in tokens["tokens"]] == datum.weights[span]
             assert [t["datum_logprob"] for t in tokens["tokens"]] == datum.logprobs[span]
             assert tokens["trained_tokens"] == sum(datum.weights[span])
@@ -142,13 +142,59 @@ def test_a_call_shows_every_sampled_token_with_the_datum_values_it_trained_on(cl
     assert checked == sum(map(len, calls.values())) and nonzero
 
 
+@pytest.mark.slow
+def test_a_token_shows_its_rollouts_advantage_and_the_normalisation_apart(client, quickstart_run):
+    """The quickstart trains with the mean baseline and `loss_normalization: token_mean`: a
+    datum holds (reward - the group's mean reward) / the trained tokens of the step's batch."""
+    graded, calls, _, _ = _log(quickstart_run)
+    batches = [e for e in read_events(quickstart_run) if isinstance(e, BatchReady)]
+    tokens_of_step = {step_number(b.step): sum(d.num_trained_tokens for d in b.datums) for b in batches}
+    groups = defaultdict(list)
+    for e in graded.values():
+        groups[e.group_id].append(e.reward)
+    checked = 0
+    for episode_id, episode_calls in calls.items():
+        episode = graded[episode_id]
+        advantage = episode.reward - mean(groups[episode.group_id])
+        for call in episode_calls:
+            answer = _get(client, "call", run=RUN, episode=episode_id, call=call.call_id)
+            datum = answer["datum"]
+            step = step_number(episode.step)
+            assert (datum["step"], datum["normalization"]) == (step, "token_mean")
+            assert (datum["batch_tokens"], datum["depth_weight"]) == (tokens_of_step[step], 1.0)
+            trained = [t for t in answer["tokens"] if t["weight"]]
+            assert trained and all(t["advantage"] == pytest.approx(advantage, abs=1e-9) for t in trained)
+            assert all(
+                t["trained_advantage"] == pytest.approx(advantage / tokens_of_step[step], abs=1e-12)
+                for t in trained
+            )
+            assert datum["advantages"] == pytest.approx([advantage], abs=1e-9)
+            checked += advantage != 0
+    assert checked
+
+
+def test_runs_of_one_trial_name_in_two_experiments_are_told_apart(tmp_path):
+    """`platoon view runs/duel/cpu runs/planner-executor/cpu`: each is its experiment/trial."""
+    for experiment in ("duel", "planner-executor"):
+        (tmp_path / experiment / "cpu").mkdir(parents=True)
+        (tmp_path / experiment / "cpu" / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    client = TestClient(
+        make_app(RunSet([tmp_path / "duel" / "cpu", tmp_path / "planner-executor" / "cpu"])),
+        base_url="http://127.0.0.1",
+    )
+    runs = _get(client, "runs")["runs"]
+    assert [r["id"] for r in runs] == ["duel/cpu", "planner-executor/cpu"]
+    assert [(r["experiment"], r["trial"]) for r in runs] == [("duel", "cpu"), ("planner-executor", "cpu")]
+    assert _get(client, "metrics", run="planner-executor/cpu")["rows"][0]["reward/mean"] == 0.5
+
+
 def test_run_ids_are_looked_up_never_joined_onto_paths(client):
     for run_id in ("../../etc", "/etc", "guess/../../..", "..%2f..%2fetc"):
         response = client.get("/api/run", params={"run": run_id})
         assert response.status_code == 404 and "no run" in response.json()["error"]
     assert client.get("/static/../../pyproject.toml").status_code == 404
     assert client.get("/static/%2e%2e/%2e%2e/pyproject.toml").status_code == 404
-    assert client.get("/api/episode", params={"run": "guess", "id": "nope"}).status_code == 404
+    assert client.get("/api/episode", params={"run": RUN, "id": "nope"}).status_code == 404
     assert client.get("/api/nope").json() == {"error": "no API endpoint 'nope'"}
     # Another site's page in the browser cannot read runs by naming this server (DNS rebinding).
     assert client.get("/api/runs", headers={"Host": "evil.example"}).status_code == 400
@@ -168,15 +214,17 @@ def test_odd_directories_say_what_is_wrong(tmp_path, quickstart_run):
     client = TestClient(
         make_app(RunSet([empty, tmp_path / "fresh", junk, tmp_path / "missing"])), base_url="http://127.0.0.1"
     )
-    runs = {r["id"]: r for r in _get(client, "runs")["runs"]}
+    runs = {r["trial"]: r for r in _get(client, "runs")["runs"]}
+    assert runs["junk"]["id"] == f"{tmp_path.name}/junk"  # experiment/trial, as runs are laid out
     assert "not a run directory" in runs["empty"]["problems"][0]
     assert any("empty" in p for p in runs["fresh"]["problems"])
     junk_problems = " ".join(runs["junk"]["problems"])
     assert "damaged" in junk_problems and "metrics.jsonl: 1 lines" in junk_problems
     assert "lock.json does not read" in junk_problems
     assert "not a directory" in runs["missing"]["problems"][0]
-    assert _get(client, "metrics", run="junk")["rows"] == [{"step": 0, "reward/mean": 0.5}]
-    for run_id in runs:
+    # A line of platoon 0.2 (its steps counted from 0) is shown as users count steps now.
+    assert _get(client, "metrics", run=runs["junk"]["id"])["rows"] == [{"step": 1, "reward/mean": 0.5}]
+    for run_id in (r["id"] for r in runs.values()):
         for name in ("run", "metrics", "steps", "episodes", "poll"):
             response = client.get(f"/api/{name}", params={"run": run_id})
             assert response.status_code == 200, (run_id, name, response.text)
@@ -196,16 +244,16 @@ def test_a_half_written_log_shows_what_is_whole_and_catches_up_as_it_grows(tmp_p
     first = _get(client, "runs")["runs"][0]
     assert first["status"] == "running" and 0 < first["episodes"] < 48
     assert any("cut short" in p for p in first["problems"])
-    before = _get(client, "poll", run="live")
+    before = _get(client, "poll", run=first["id"])
     with log.open("ab") as file:
         file.write(data[cut:])
-    after = _get(client, "poll", run="live")
+    after = _get(client, "poll", run=first["id"])
     assert after["episodes"] == 48 and after["log_bytes"] == len(data) and after != before
     run = _get(client, "runs")["runs"][0]
     assert run["status"] == "completed" and run["problems"] == []
     # The index is kept beside the log and reused: a new server reads it without scanning again.
     assert (live / "events.index.sqlite").exists()
-    again = RunSet([live]).get("live")
+    again = RunSet([live]).get(first["id"])
     assert again.index.refresh() is False and again.index.summary()["episodes"] == 48
 
 
@@ -229,13 +277,13 @@ def test_export_writes_what_the_api_answers(tmp_path, quickstart_run):
     assert (out / "static" / "app.js").exists()
     graded, calls, *_ = _log(quickstart_run)
     episode_id = next(iter(graded))
-    key = data_key("episode", {"run": "guess", "id": episode_id})
+    key = data_key("episode", {"run": RUN, "id": episode_id})
     text = (out / "data" / f"{key}.js").read_text()
     prefix = f"window.__platoonData[{json.dumps(key)}] = "
     assert text.startswith(prefix)
     exported = json.loads(text[len(prefix) :].rstrip().rstrip(";"))
     client = TestClient(make_app(RunSet([quickstart_run])), base_url="http://127.0.0.1")
-    assert exported == _get(client, "episode", run="guess", id=episode_id)
+    assert exported == _get(client, "episode", run=RUN, id=episode_id)
     files = {p.name for p in (out / "data").iterdir()}
     assert len([f for f in files if f.startswith("call_")]) == sum(map(len, calls.values()))
 
@@ -279,11 +327,11 @@ def test_a_run_of_an_older_platoon_shows_its_episodes(tmp_path, quickstart_run):
     assert run["episodes"] == 48 and run["status"] == "completed"
     graded, calls, tools, _ = _log(quickstart_run)
     episode_id = next(iter(graded))
-    view = _get(client, "episode", run="old", id=episode_id)
+    view = _get(client, "episode", run=run["id"], id=episode_id)
     (root,) = view["agents"]
     assert [i["output"] for i in root["items"] if i["kind"] == "tool"] == tools[episode_id]
     call = calls[episode_id][0]
-    tokens = _get(client, "call", run="old", episode=episode_id, call=call.call_id)
+    tokens = _get(client, "call", run=run["id"], episode=episode_id, call=call.call_id)
     assert [t["id"] for t in tokens["tokens"]] == call.completion_tokens and tokens["datum"]
 
 
@@ -299,7 +347,7 @@ def test_a_viewer_shared_beyond_loopback_asks_for_its_key(quickstart_run):
     assert opened.status_code == 303 and opened.headers["location"] == "/?x=1"  # the key leaves the address
     cookie = opened.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
-    assert reader.get("/api/runs").json()["runs"][0]["id"] == "guess"  # the cookie is the key now
+    assert reader.get("/api/runs").json()["runs"][0]["id"] == RUN  # the cookie is the key now
 
 
 def test_platoon_view_beyond_loopback_prints_an_address_with_a_key(quickstart_run):

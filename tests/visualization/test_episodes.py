@@ -17,6 +17,7 @@ from platoon.bus.events import (
 from platoon.credit.datums import merge_calls, with_advantage
 from platoon.credit.traces import Call
 from platoon.visualization.episodes import call_tokens, episode_view, locate_in_datum
+from platoon.visualization.index import StoredDatum
 
 TASK = TaskRef(env="e", split="train", task_id="t")
 
@@ -82,27 +83,36 @@ def test_a_calls_tokens_carry_the_datum_values_at_their_positions():
         Call(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, logprobs=c.logprobs)
         for c in (first, second, third)
     ]
-    datums = [with_advantage(d, 0.5) for d in merge_calls(calls, agent_id="a")]
+    # The rollout's advantage 0.5, at a depth weighted 2, over a batch of 8 trained tokens.
+    datums = [with_advantage(d, 0.5 * 2 / 8) for d in merge_calls(calls, agent_id="a")]
+    stored = [StoredDatum(4, d, 8, 2.0) for d in datums]
     assert len(datums) == 2
     assert locate_in_datum(second.prompt_tokens, second.completion_tokens, datums) == (0, 5)
-    tokens = call_tokens(second, [(4, d) for d in datums])
+    tokens = call_tokens(second, stored, normalization="token_mean")
     assert tokens["tokens"] == [
         {
             "id": 7,
             "logprob": -0.1,
             "position": 5,
             "weight": 1.0,
-            "advantage": 0.5,
+            "advantage": 0.5,  # the rollout's
+            "trained_advantage": 0.125,  # what the loss used: x 2 (depth), / 8 (token_mean)
             "datum_logprob": -0.1,
             "text": None,
         }
     ]
-    assert tokens["datum"]["step"] == 4 and tokens["trained_tokens"] == 1
+    datum = tokens["datum"]
+    assert (datum["step"], datum["advantages"], datum["trained_advantages"]) == (4, [0.5], [0.125])
+    assert (datum["normalization"], datum["batch_tokens"], datum["depth_weight"]) == ("token_mean", 8, 2.0)
+    assert tokens["trained_tokens"] == 1
+    # Summed losses divide by nothing; a run whose lock does not say is shown as trained, but weighted.
+    assert call_tokens(second, stored, normalization="sum")["tokens"][0]["advantage"] == 0.0625
+    assert call_tokens(second, stored)["datum"]["advantages"] == [0.0625]
     # A sequence's first token is never a target: it shows as not trained.
-    empty_prompt = call_tokens(third, [(4, d) for d in datums])
+    empty_prompt = call_tokens(third, stored)
     assert [t["weight"] for t in empty_prompt["tokens"]] == [0.0, 1.0]
     # A call in no datum says why.
-    other = call_tokens(_call("b", [1], [2], "x"), [(4, d) for d in datums])
+    other = call_tokens(_call("b", [1], [2], "x"), stored)
     assert other["datum"] is None and "no datum" in other["untrained_reason"]
     assert all("weight" not in t for t in other["tokens"])
 

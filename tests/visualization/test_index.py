@@ -45,3 +45,42 @@ def test_episodes_a_crash_cut_off_are_abandoned_once_the_resumed_run_ends(tmp_pa
 def test_an_episode_row_has_the_columns_of_the_episodes_table_in_order():
     # _episode_row reads a table row as an EpisodeRow: the two must name the same columns.
     assert tuple(EpisodeRow.__annotations__) == EPISODE_COLUMNS
+
+
+def test_steps_are_kept_as_users_read_them(tmp_path):
+    """A training episode of the first step (its events' step 0) is in step 1, as the terminal
+    said it; an evaluation before any training is at step 0, and one after a step at step 1."""
+    from platoon.bus.events import BatchReady, Datum, EvalFinished, TrainStepFinished
+
+    def played(episode: str, purpose: str, step: int) -> list:
+        return [
+            EpisodeRequested(episode_id=episode, group_id=episode, task=TASK, step=step, purpose=purpose),
+            EpisodeFinished(
+                episode_id=episode,
+                group_id=episode,
+                task=TASK,
+                status="completed",
+                purpose=purpose,
+                step=step,
+            ),
+            EpisodeGraded(episode_id=episode, group_id=episode, task=TASK, reward=1.0, purpose=purpose),
+        ]
+
+    datum = Datum(
+        model_input=[1], target_tokens=[2], logprobs=[0.0], advantages=[0.5], weights=[1.0], episode_id="t0"
+    )
+    events = [
+        *played("base", "eval", 0),
+        *played("t0", "train", 0),
+        BatchReady(step=0, datums=[datum]),
+        TrainStepFinished(step=0, metrics={"reward/mean": 1.0}),
+        *played("after", "eval", 1),
+        EvalFinished(step=1, metrics={"eval/reward_mean": 1.0}),
+    ]
+    anyio.run(_write, tmp_path, events)
+    index = RunIndex(tmp_path, index_path=tmp_path / "index.sqlite")
+    index.refresh()
+    assert [(s["purpose"], s["step"]) for s in index.steps()] == [("train", 1), ("eval", 0), ("eval", 1)]
+    assert [d.step for d in index.datums("t0")] == [1]
+    assert [m["step"] for m in index.metrics("train")] == [1]
+    assert [m["step"] for m in index.metrics("eval")] == [1]

@@ -270,14 +270,14 @@ async def _resumed_client(
         except Exception as exc:
             log.warning(
                 "checkpoint did not load; trying the one before",
-                after_step=checkpoint.step + 1,
+                after_step=checkpoint.step,
                 error=str(exc),
             )
-            failures.append(f"step {checkpoint.step}: {exc}")
+            failures.append(f"after step {checkpoint.step}: {exc}")
             continue
         if failures:
             store.keep_through(checkpoint)
-        log.info("resuming", trains_from_step=checkpoint.step + 2, state=checkpoint.state_path)
+        log.info("resuming", trains_from_step=checkpoint.step + 1, state=checkpoint.state_path)
         return client, checkpoint
     if failures:
         raise ResumeError("no checkpoint of this run loads: " + "; ".join(failures))

@@ -36,7 +36,7 @@ from platoon.models import loading
 from platoon.policy.base import SamplerFactory
 from platoon.programs import EpisodeRunner, Grader
 from platoon.programs.runner import checked_entry
-from platoon.stats.metrics import MetricsSink
+from platoon.stats.metrics import MetricsSink, counted_from_zero, is_eval_row
 from platoon.stats.progress import TrainProgress
 from platoon.train.batcher import CreditAssigner
 from platoon.train.checkpoints import (
@@ -94,19 +94,25 @@ def run_identity(config: Config) -> dict[str, object]:
 
 
 def _forget_metrics_from(run_dir: Path, step: int) -> None:
-    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once."""
+    """Drop metrics of steps a resume trains again, so each step is in metrics.jsonl once:
+    those after `step`, the steps its checkpoint had trained (an eval at `step` stays). Rows of
+    platoon 0.2, which counted steps from 0, are renumbered first, as the new rows count."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return
-    kept = []
+    records = []
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except ValueError:
             continue  # a line cut short by a crash
-        if not isinstance(record, dict) or record.get("step", -1) < step:
-            kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+    rows = [r for r in records if isinstance(r, dict)]
+    if counted_from_zero(rows):
+        records = [
+            r if not isinstance(r, dict) or is_eval_row(r) else {**r, "step": r["step"] + 1} for r in records
+        ]
+    kept = [r for r in records if not isinstance(r, dict) or r.get("step", -1) <= step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 class Run:
@@ -215,7 +221,7 @@ class Run:
             loaded, run_dir=run_dir, store=store, candidates=candidates, sampler_factory=self._sampler_factory
         ) as policy:
             checkpoint = policy.checkpoint
-            start_step = checkpoint.step + 1 if checkpoint else 0
+            start_step = checkpoint.step if checkpoint else 0  # the steps trained: the next one's index
             if s.resume:
                 _forget_metrics_from(run_dir, start_step)
             # Only now that the run could start: a failed resume leaves the run's files as they were.
@@ -260,7 +266,7 @@ class Run:
             sampler_factory=self._sampler_factory,
         ) as opened:
             resumed = [p.checkpoint.step for p in opened.values() if p.checkpoint is not None]
-            start_step = min(resumed) + 1 if resumed else 0
+            start_step = min(resumed) if resumed else 0
             if s.resume:
                 _forget_metrics_from(run_dir, start_step)
             lock = {**_policy_lock(opened), "resumed_from_step": start_step}

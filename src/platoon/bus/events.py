@@ -69,6 +69,7 @@ __all__ = [
     "event_types",
     "new_id",
     "register_event",
+    "step_number",
 ]
 
 E = TypeVar("E", bound=type)
@@ -512,9 +513,21 @@ class BatchReady(Event, frozen=True, kw_only=True):
     policy: str = "default"  # the policy these datums train
 
 
+def step_number(step: int, purpose: str = "train") -> int:
+    """The step a user reads for an event's `step`, the one convention of everything shown.
+
+    Events count training steps from 0 (`BatchReady`, `TrainStepFinished`, `CheckpointSaved`
+    and a training episode's `step` are the step's index). What a user reads (the terminal,
+    metrics.jsonl, checkpoints.jsonl, logs, the viewer) counts from 1: step N is the Nth
+    optimizer step. An evaluation's step (`EvalRequested`, `EvalFinished`, an eval episode's)
+    is already the number of steps trained before it, so an eval at step N evaluates the policy
+    step N made, and step 0 is the base model."""
+    return step + 1 if purpose == "train" else step
+
+
 @register_event
 class TrainStepFinished(Event, frozen=True, kw_only=True):
-    step: int  # the step that finished
+    step: int  # the index of the step that finished, from 0 (users read `step_number`)
     metrics: dict[str, float]  # the step's metrics, as written to metrics.jsonl
 
 

@@ -55,7 +55,7 @@ def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
         ]
     )
     where = (
-        f"its last checkpoint is after step {latest.step + 1}, so a resume trains from step {latest.step + 2}"
+        f"its last checkpoint is after step {latest.step}, so a resume trains from step {latest.step + 1}"
         if latest
         else "it has no checkpoint yet, so a resume starts it again from step 1"
     )

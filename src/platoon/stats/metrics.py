@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ from platoon.bus.events import (
     Event,
     ModelCallFinished,
     TrainStepFinished,
+    step_number,
 )
 from platoon.config.rundir import open_private
 
-__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink"]
+__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink", "counted_from_zero", "is_eval_row"]
 
 STEP_KEY = "platoon/step"
 EVAL_TABLE_COLUMNS = (
@@ -135,11 +137,17 @@ class MetricsSink(ComponentBase):
                 async for event in events:
                     if self._run is not None:
                         self._track_eval(event)
+                    # A step as users read it (`step_number`): train steps from 1, evals at
+                    # the number of steps trained.
                     if isinstance(event, TrainStepFinished):
-                        record = {"step": event.step, "time": time.time(), **event.metrics}
+                        record = {"step": step_number(event.step), "time": time.time(), **event.metrics}
                         self._console_line(event)
                     elif isinstance(event, EvalFinished):
-                        record = {"step": event.step, "time": time.time(), **event.metrics}
+                        record = {
+                            "step": step_number(event.step, "eval"),
+                            "time": time.time(),
+                            **event.metrics,
+                        }
                         if self.console:
                             shown = {
                                 k: round(v, 4)
@@ -157,7 +165,7 @@ class MetricsSink(ComponentBase):
                         logged: dict[str, Any] = {
                             k: v for k, v in record.items() if k not in ("step", "time")
                         }
-                        logged[STEP_KEY] = event.step
+                        logged[STEP_KEY] = record["step"]
                         if isinstance(event, EvalFinished):
                             logged["eval/table"] = self._eval_table(
                                 event.step
@@ -213,7 +221,7 @@ class MetricsSink(ComponentBase):
 
 
 def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> str:
-    """The one line a finished step leaves on the console."""
+    """The one line a finished step (`step`: its index) leaves on the console."""
     of = f"/{total_steps}" if total_steps else ""
     parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if key in metrics]
     total, graded = metrics.get("episodes/total", 0), metrics.get("episodes/graded", 0)
@@ -249,4 +257,17 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             if constant == groups
             else f"{constant:.0f}/{groups:.0f} groups alike"
         )
-    return f"step {step + 1}{of}  " + "  ".join(parts)
+    return f"step {step_number(step)}{of}  " + "  ".join(parts)
+
+
+def is_eval_row(row: Mapping[str, object]) -> bool:
+    """A row of metrics.jsonl that an evaluation wrote (its metrics are all `eval/...`), not a step's."""
+    keys = [k for k in row if k not in ("step", "time")]
+    return bool(keys) and all(k.startswith("eval/") for k in keys)
+
+
+def counted_from_zero(rows: Sequence[Mapping[str, object]]) -> bool:
+    """Whether metrics.jsonl's rows count training steps from 0, as platoon 0.2 wrote them: a
+    step's row at step 0, where the first is step 1 now (evaluations were already at the number
+    of steps trained). Their training steps, plus 1, are the steps users read."""
+    return any(row.get("step") == 0 and not is_eval_row(row) for row in rows)

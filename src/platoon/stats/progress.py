@@ -121,14 +121,24 @@ class TrainProgress(ComponentBase):
         )
         bar = ProgressBar(total=max(requested, 1), completed=graded, width=40)
         parts: list[Any] = [head, bar]
-        shown = [(label, fmt.format(self.last[key])) for key, label, fmt in _TABLE if key in self.last]
-        if shown:
+        # Several policies (RFC 0001): a row of each one's own figures under the run's.
+        policies = [k.removesuffix("/policy/version") for k in self.last if k.endswith("/policy/version")]
+        rows = [("run", self.last)] + [
+            (name, {k.removeprefix(f"{name}/"): v for k, v in self.last.items() if k.startswith(f"{name}/")})
+            for name in policies
+        ]
+        columns = [(key, label, fmt) for key, label, fmt in _TABLE if any(key in row for _, row in rows)]
+        if columns:
             table = Table(
                 box=None, padding=(0, 1), show_edge=False, title=f"step {self.current}", title_justify="left"
             )
-            for label, _ in shown:
+            if policies:
+                table.add_column("")
+            for _, label, _ in columns:
                 table.add_column(label, justify="right")
-            table.add_row(*(value for _, value in shown))
+            for name, row in rows:
+                cells = [fmt.format(row[key]) if key in row else "" for key, _, fmt in columns]
+                table.add_row(*([name] if policies else []), *cells)
             parts.append(table)
         return Group(*parts)
 

@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from platoon.stats.metrics import is_eval_row
+
 __all__ = ["sparkline", "train_summary"]
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -39,8 +41,14 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     rewards = _series(rows, "reward/mean")
     lines = []
     took = f" in {seconds:.0f} s" if seconds is not None else ""
-    steps = [r for r in rows if not _eval_only(r)]
-    lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
+    steps = [r for r in rows if not is_eval_row(r)]
+    resumed = _resumed_after(run_dir)
+    if resumed and len(steps) > resumed:  # the time is this session's: say which steps it trained
+        lines.append(
+            f"trained {len(steps)} steps: {len(steps) - resumed}{took}, resumed after step {resumed}"
+        )
+    else:
+        lines.append(f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}")
     if rewards:
         lines.append(f"reward  {_span(rewards)}")
         lines.append(f"        {sparkline(rewards)}  {min(rewards):.2f}–{max(rewards):.2f}")
@@ -103,10 +111,14 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def _eval_only(row: dict) -> bool:
-    """A metrics row of an evaluation alone (one at the start, or between steps), not a step's."""
-    keys = [k for k in row if k not in ("step", "time")]
-    return bool(keys) and all(k.startswith("eval/") for k in keys)
+def _resumed_after(run_dir: Path) -> int:
+    """The step a resumed run went on after (lock.json's `resumed_from_step`); 0 for a new run."""
+    try:
+        lock = json.loads((run_dir / "lock.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    step = lock.get("resumed_from_step") if isinstance(lock, dict) else None
+    return step if isinstance(step, int) else 0
 
 
 def _report(path: Path) -> dict:

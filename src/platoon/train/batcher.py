@@ -51,6 +51,7 @@ from platoon.bus.events import (
     Event,
     GroupCompleted,
     ModelCallFinished,
+    step_number,
 )
 from platoon.credit import (
     AgentTrace,
@@ -465,7 +466,7 @@ class CreditAssigner(ComponentBase):
                     errors[group[0].group_id] = f"{type(exc).__name__}: {exc}"
                     log.warning(
                         "credit assignment failed: group dropped",
-                        step=step,
+                        step=step_number(step),
                         group=group[0].group_id,
                         error=errors[group[0].group_id],
                     )
@@ -475,7 +476,7 @@ class CreditAssigner(ComponentBase):
                 result = credit(kept, self.credit)
             except Exception as exc:  # groups fine alone, not together: none of them trains
                 errors |= {group[0].group_id: f"{type(exc).__name__}: {exc}" for group in kept}
-                log.warning("credit assignment failed: batch dropped", step=step, error=str(exc))
+                log.warning("credit assignment failed: batch dropped", step=step_number(step), error=str(exc))
                 result = credit([], self.credit)
         if not count:
             pass

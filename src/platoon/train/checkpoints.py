@@ -1,7 +1,8 @@
 """Checkpoints and what a resume may not change.
 
 `checkpoints.jsonl` in the run directory holds one line per saved checkpoint: the training
-state's path (weights and optimizer), the sampler weights' path, the step it completes, the
+state's path (weights and optimizer), the sampler weights' path, the step it completes (counted
+from 1, as the terminal counts: `"step": 4` is saved after four steps, `state-000004`), the
 policy version and the task cursor. A line is written only after both saves returned, and the
 file is replaced whole (written aside, synced, renamed), so no line is ever torn. A line that
 cannot be read (the file damaged on disk) is skipped with a warning; a resume tries the newest
@@ -40,7 +41,7 @@ class ResumeError(RuntimeError):
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
-    step: int
+    step: int  # the step it was saved after, from 1: the number of steps trained
     state_path: str
     sampler_path: str
     policy_version: int
@@ -84,7 +85,7 @@ class CheckpointStore:
             if not line.strip():
                 continue
             try:
-                found.append(msgspec.json.decode(line, type=Checkpoint))
+                found.append(_counted_from_one(msgspec.json.decode(line, type=Checkpoint)))
             except msgspec.DecodeError:
                 bad += 1
         if bad and not quiet:
@@ -117,6 +118,14 @@ class CheckpointStore:
         ]
         if changed:
             raise ResumeError("a resume cannot change what the run trains; changed: " + "; ".join(changed))
+
+
+def _counted_from_one(checkpoint: Checkpoint) -> Checkpoint:
+    """A line of platoon 0.2 and before counted steps from 0 (`"step": 3` beside `state-000004`,
+    the name every trainer gives it): read it as the step it was saved after."""
+    if checkpoint.state_path.rpartition("/")[2] == f"state-{checkpoint.step + 1:06d}":
+        return msgspec.structs.replace(checkpoint, step=checkpoint.step + 1)
+    return checkpoint
 
 
 class CheckpointNotFound(LookupError):

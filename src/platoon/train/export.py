@@ -59,9 +59,9 @@ def run_checkpoint(run_dir: Path, step: int | None, policy: str | None) -> Check
     if step is None:
         return found[0]
     for checkpoint in found:
-        if checkpoint.step + 1 == step:  # recorded by index; named (ckpt-N) by steps trained
+        if checkpoint.step == step:
             return checkpoint
-    steps = ", ".join(str(c.step + 1) for c in sorted(found, key=lambda c: c.step))
+    steps = ", ".join(str(c.step) for c in sorted(found, key=lambda c: c.step))
     raise ExportError(f"{run_dir} has no checkpoint of step {step} (steps saved: {steps})")
 
 
@@ -122,7 +122,7 @@ def export(
             _write_merged(weights, base, building)
         facts = {
             "run": str(run_dir),
-            "step": checkpoint.step + 1,
+            "step": checkpoint.step,
             "sampler_path": checkpoint.sampler_path,
             "base_model": builtin_model_name(model_name) or model_name,
             "kind": "adapter" if adapter_only else "merged",

@@ -38,6 +38,7 @@ from platoon.bus.events import (
     PolicyStepFinished,
     PolicyUpdated,
     TrainStepFinished,
+    step_number,
 )
 from platoon.config.rundir import write_private
 from platoon.config.schema import LossFn
@@ -210,7 +211,7 @@ class Trainer(ComponentBase):
                 self._record_step_weights(self.step_weights.paths())
         else:
             metrics["train/skipped"] = 1.0
-            log.info("no datums to train on this step", step=batch.step, policy=self.policy)
+            log.info("no datums to train on this step", step=step_number(batch.step), policy=self.policy)
         metrics["policy/version"] = float(self.version)
         last = self.settings.total_steps is not None and batch.step + 1 >= self.settings.total_steps
         every = self.settings.save_every
@@ -254,7 +255,7 @@ class Trainer(ComponentBase):
         state = await wait_future(self.client.save_state(name=f"state-{step + 1:06d}"))
         sampler = await wait_future(self.client.save_weights_for_sampler(name=f"ckpt-{step + 1:06d}"))
         checkpoint = Checkpoint(
-            step=step,
+            step=step_number(step),  # checkpoints.jsonl counts as a user does
             state_path=state.path,
             sampler_path=sampler.path,
             policy_version=self.version,

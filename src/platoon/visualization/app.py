@@ -218,7 +218,9 @@ class Api:
         )
         if call is None:
             raise ApiError(404, f"no model call {call_id!r} in episode {episode_id!r}")
-        out = call_tokens(call, run.index.datums(episode_id), run.tokenizer())
+        out = call_tokens(
+            call, run.index.datums(episode_id), run.tokenizer(), normalization=run.loss_normalization()
+        )
         out["run"] = run.id
         out["tokenizer_error"] = run.tokenizer_error
         return out

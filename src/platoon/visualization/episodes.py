@@ -34,7 +34,7 @@ from platoon.bus.events import (
     ToolCalled,
     ToolReturned,
 )
-from platoon.visualization.index import EpisodeRow
+from platoon.visualization.index import EpisodeRow, StoredDatum
 
 __all__ = ["AgentView", "Decoder", "EpisodeView", "call_tokens", "episode_view", "locate_in_datum"]
 
@@ -336,13 +336,24 @@ def locate_in_datum(
 
 
 def call_tokens(
-    call: ModelCallFinished, datums: Sequence[tuple[int, Datum]], tokenizer: Decoder | None = None
+    call: ModelCallFinished,
+    datums: Sequence[StoredDatum],
+    tokenizer: Decoder | None = None,
+    *,
+    normalization: str | None = None,
 ) -> dict[str, object]:
     """A model call's sampled tokens, each with its sampler logprob and, when it trained, the
-    datum's logprob, advantage and weight at its position; the prompt as ids and text."""
-    agent_datums = [(step, d) for step, d in datums if d.agent_id == call.agent_id]
-    found = locate_in_datum(call.prompt_tokens, call.completion_tokens, [d for _, d in agent_datums])
-    datum = agent_datums[found[0]][1] if found else None
+    datum's logprob, weight and advantage at its position; the prompt as ids and text.
+
+    A datum holds the advantage as the loss used it: the rollout's advantage times its depth's
+    weight and, under `normalization` `token_mean` (the run's `train.loss_normalization`),
+    divided by the trained tokens of the step's batch. Each token shows the rollout's advantage
+    (`advantage`) and the value trained (`trained_advantage`); the datum says what scaled it."""
+    agent_datums = [stored for stored in datums if stored.datum.agent_id == call.agent_id]
+    found = locate_in_datum(call.prompt_tokens, call.completion_tokens, [s.datum for s in agent_datums])
+    stored = agent_datums[found[0]] if found else None
+    datum = stored.datum if stored is not None else None
+    scale = _advantage_scale(stored, normalization) if stored is not None else 1.0
     tokens = []
     for j, token in enumerate(call.completion_tokens):
         entry: dict[str, object] = {
@@ -355,11 +366,14 @@ def call_tokens(
                 entry.update(
                     position=position,
                     weight=datum.weights[position],
-                    advantage=datum.advantages[position],
+                    advantage=datum.advantages[position] / scale,
+                    trained_advantage=datum.advantages[position],
                     datum_logprob=datum.logprobs[position],
                 )
             else:  # the first token of a sequence is never a target
-                entry.update(position=None, weight=0.0, advantage=0.0, datum_logprob=None)
+                entry.update(
+                    position=None, weight=0.0, advantage=0.0, trained_advantage=0.0, datum_logprob=None
+                )
         tokens.append(entry)
     texts = _decode_each(tokenizer, call.completion_tokens)
     for entry, text in zip(tokens, texts, strict=False):
@@ -378,17 +392,22 @@ def call_tokens(
         "trained_tokens": sum(1 for t in tokens if t.get("weight")),
         "datum": None,
     }
-    if datum is not None and found is not None:
-        step, d = agent_datums[found[0]]
-        advantages = {a for a, w in zip(d.advantages, d.weights, strict=True) if w}
+    if stored is not None and found is not None:
+        d = stored.datum
+        trained = sorted({a for a, w in zip(d.advantages, d.weights, strict=True) if w})
         out["datum"] = {
-            "step": step,
+            "step": stored.step,
             "index": found[0],
             "length": len(d.model_input),
             "num_trained_tokens": d.num_trained_tokens,
             "policy_version": d.policy_version,
             "depth": d.depth,
-            "advantages": sorted(advantages),
+            "advantages": [a / scale for a in trained],  # the rollout's (per turn: each turn's)
+            "trained_advantages": trained,
+            "normalization": normalization,  # None: the run's config does not say
+            "batch_tokens": stored.batch_tokens,
+            "depth_weight": stored.depth_weight,
+            "scale": scale,
             "offset": found[1],
         }
     else:
@@ -399,6 +418,14 @@ def call_tokens(
             else "a judge call: never trained on"
         )
     return out
+
+
+def _advantage_scale(stored: StoredDatum, normalization: str | None) -> float:
+    """What credit multiplied the rollout's advantage by to make the datum's (never 0)."""
+    scale = stored.depth_weight
+    if normalization == "token_mean" and stored.batch_tokens:
+        scale /= stored.batch_tokens
+    return scale or 1.0
 
 
 def _decode(tokenizer: Decoder | None, ids: Sequence[int]) -> str | None:

@@ -6,6 +6,9 @@ folder when the run directory is not writable) holds a row per episode with what
 the offset of every record that belongs to an episode, and each trained datum (compressed), so an
 episode page reads a few dozen records by offset and never the whole log.
 
+Steps are kept as users read them (`step_number`): a training step from 1, an evaluation at the
+number of steps trained before it; the events count training steps from 0.
+
 It is built on first open and extended when the log grows: it remembers where the last whole
 record ended and scans on from there. A log that shrank or whose head changed (a new run in the
 same directory) is indexed again from the start. A record cut short at the end (a run still
@@ -24,7 +27,7 @@ import threading
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TypeAlias, TypedDict, cast
+from typing import NamedTuple, TypeAlias, TypedDict, cast
 
 import msgspec
 
@@ -48,6 +51,7 @@ from platoon.bus.events import (
     TaskRef,
     ToolCalled,
     TrainStepFinished,
+    step_number,
 )
 
 __all__ = [
@@ -60,11 +64,12 @@ __all__ = [
     "RunIndex",
     "SqlValue",
     "StepRow",
+    "StoredDatum",
     "Summary",
 ]
 
 INDEX_NAME = "events.index.sqlite"
-_VERSION = "2"
+_VERSION = "3"  # 3: steps as users read them
 _HEAD_BYTES = 4096  # the log's first bytes identify it: another run in the same place differs
 
 EPISODE_COLUMNS = (
@@ -166,6 +171,17 @@ class Summary(TypedDict):
     log_bytes: int
 
 
+class StoredDatum(NamedTuple):
+    """A datum the trainer got, with its step and what scaled its advantages: credit multiplies
+    the rollout's advantage by its depth's weight and, under `loss_normalization: token_mean`,
+    divides it by the trained tokens of the step's batch (its policy's)."""
+
+    step: int
+    datum: Datum
+    batch_tokens: int
+    depth_weight: float
+
+
 class Failure(TypedDict):
     component: str
     error: str
@@ -188,7 +204,8 @@ CREATE INDEX IF NOT EXISTS episodes_group ON episodes (group_id);
 CREATE TABLE IF NOT EXISTS records (offset INTEGER PRIMARY KEY, episode_id TEXT, type TEXT);
 CREATE INDEX IF NOT EXISTS records_episode ON records (episode_id);
 CREATE TABLE IF NOT EXISTS requests (request_id TEXT PRIMARY KEY, episode_id TEXT);
-CREATE TABLE IF NOT EXISTS datums (episode_id TEXT, agent_id TEXT, step INTEGER, position INTEGER, data BLOB);
+CREATE TABLE IF NOT EXISTS datums (episode_id TEXT, agent_id TEXT, step INTEGER, position INTEGER, data BLOB,
+    batch_tokens INTEGER, depth_weight REAL);
 CREATE INDEX IF NOT EXISTS datums_episode ON datums (episode_id);
 CREATE TABLE IF NOT EXISTS metrics (kind TEXT, step INTEGER, time REAL, data TEXT);
 CREATE TABLE IF NOT EXISTS failures (offset INTEGER PRIMARY KEY, component TEXT, error TEXT);
@@ -434,13 +451,18 @@ class RunIndex:
                     out.append(reader.at(offset))
         return out
 
-    def datums(self, episode_id: str) -> list[tuple[int, Datum]]:
+    def datums(self, episode_id: str) -> list[StoredDatum]:
         """The datums the trainer got for an episode, with their step, in batch order."""
         rows = self._query(
-            "SELECT step, data FROM datums WHERE episode_id = ? ORDER BY step, position", (episode_id,)
+            "SELECT step, data, batch_tokens, depth_weight FROM datums WHERE episode_id = ? "
+            "ORDER BY step, position",
+            (episode_id,),
         )
-        datums = cast("list[tuple[int, bytes]]", rows)  # data: a compressed Datum
-        return [(step, _datum_decoder.decode(zlib.decompress(data))) for step, data in datums]
+        datums = cast("list[tuple[int, bytes, int, float]]", rows)  # data: a compressed Datum
+        return [
+            StoredDatum(step, _datum_decoder.decode(zlib.decompress(data)), tokens, weight)
+            for step, data, tokens, weight in datums
+        ]
 
 
 def _episode_row(row: tuple[SqlValue, ...]) -> EpisodeRow:
@@ -480,7 +502,7 @@ class _Writer:
             kind = "train" if isinstance(event, TrainStepFinished) else "eval"
             self.db.execute(
                 "INSERT INTO metrics VALUES (?, ?, ?, ?)",
-                (kind, event.step, record.time, json.dumps(event.metrics)),
+                (kind, step_number(event.step, kind), record.time, json.dumps(event.metrics)),
             )
         elif isinstance(event, RunFinished):
             self.finished = json.dumps({"status": event.status, "reason": event.reason, "time": record.time})
@@ -528,7 +550,7 @@ class _Writer:
             self._upsert(
                 event.episode_id,
                 group_id=event.group_id,
-                step=event.step,
+                step=step_number(event.step, event.purpose),
                 purpose=event.purpose,
                 **_task_columns(event.task),
                 harness=event.harness,
@@ -573,7 +595,7 @@ class _Writer:
                 duration_s=event.duration_s,
                 finished_at=record.time,
                 purpose=event.purpose,
-                step=event.step,
+                step=step_number(event.step, event.purpose),
             )
         elif isinstance(event, EpisodeGraded):
             self._upsert(event.episode_id, reward=event.reward, grade_reason=event.reason)
@@ -581,10 +603,19 @@ class _Writer:
             self._upsert(event.episode_id, status="abandoned", reason=event.reason)
 
     def _batch(self, event: BatchReady) -> None:
+        tokens = sum(d.num_trained_tokens for d in event.datums)
         self.db.executemany(
-            "INSERT INTO datums VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO datums VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (d.episode_id, d.agent_id, event.step, i, zlib.compress(_datum_encoder.encode(d), 1))
+                (
+                    d.episode_id,
+                    d.agent_id,
+                    step_number(event.step),
+                    i,
+                    zlib.compress(_datum_encoder.encode(d), 1),
+                    tokens,
+                    _depth_weight(event, d.depth),
+                )
                 for i, d in enumerate(event.datums)
             ],
         )
@@ -596,6 +627,15 @@ class _Writer:
         if self.requests:
             self.db.executemany("INSERT OR REPLACE INTO requests VALUES (?, ?)", list(self.requests.items()))
             self.requests = {}
+
+
+def _depth_weight(batch: BatchReady, depth: int) -> float:
+    """The weight credit gave a depth of the agent tree in this batch (its credit statistics;
+    with several policies, prefixed with the policy's name)."""
+    for key in (f"{batch.policy}/credit/depth/{depth}/weight", f"credit/depth/{depth}/weight"):
+        if key in batch.stats:
+            return batch.stats[key]
+    return 1.0
 
 
 def _head(path: Path) -> str:

@@ -1,7 +1,8 @@
 """The runs a viewer serves: found under a folder or named one by one, each with what is wrong.
 
-A run is addressed by an id (its path below the served folder, or its directory name) that is
-only ever looked up in the set the server was started with, never joined onto a path: a URL
+A run is addressed by an id (its path below the served folder, or `experiment/trial`: the
+directory above it and its own, as `<runs>/<experiment>/<trial>` lays runs out) that is only
+ever looked up in the set the server was started with, never joined onto a path: a URL
 cannot name a file outside the served runs.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TypeAlias, TypedDict
 
 from platoon.bus.eventlog import EVENT_LOG_NAME
+from platoon.stats.metrics import counted_from_zero, is_eval_row
 from platoon.visualization.episodes import Decoder
 from platoon.visualization.index import MetricRow, RunIndex, Summary
 
@@ -106,7 +108,7 @@ class Run:
                         bad += 1
             if bad:
                 problems.append(f"metrics.jsonl: {bad} lines do not read (cut short by a crash?)")
-            return rows, problems
+            return _counted_from_one(rows), problems
         rows = [*self.index.metrics("train"), *self.index.metrics("eval")]
         rows.sort(key=lambda r: (r["step"], r.get("time") or 0))
         return rows, problems
@@ -119,6 +121,15 @@ class Run:
         return experiment if isinstance(
             experiment, str
         ) and experiment else self.path.parent.name, self.path.name
+
+    def loss_normalization(self) -> str | None:
+        """The run's `train.loss_normalization` (how its datums' advantages were scaled), from
+        lock.json; None when the lock does not say."""
+        lock, _ = self.lock()
+        config = lock.get("config") if isinstance(lock, dict) else None
+        train = config.get("train") if isinstance(config, dict) else None
+        value = train.get("loss_normalization") if isinstance(train, dict) else None
+        return value if isinstance(value, str) else None
 
     def problems(self, metric_problems: list[str] | None = None) -> list[str]:
         out = []
@@ -263,7 +274,11 @@ class RunSet:
             for named in self._named:
                 paths = [named] if _is_run(named) or not named.is_dir() else _find_runs(named) or [named]
                 for path in paths:
-                    base = path.name if path == named else f"{named.name}/{_relative(path, named)}"
+                    base = (
+                        "/".join(p for p in (path.parent.name, path.name) if p)
+                        if path == named
+                        else f"{named.name}/{_relative(path, named)}"
+                    )
                     run_id, n = base or "run", 2
                     while run_id in taken:
                         run_id, n = f"{base}~{n}", n + 1
@@ -281,6 +296,13 @@ class RunSet:
 
     def __len__(self) -> int:
         return len(self._runs)
+
+
+def _counted_from_one(rows: list[MetricRow]) -> list[MetricRow]:
+    """The rows of a metrics.jsonl of platoon 0.2 and before, with their steps as users read them."""
+    if not counted_from_zero(rows):
+        return rows
+    return [row if is_eval_row(row) else {**row, "step": row["step"] + 1} for row in rows]
 
 
 def _is_run(path: Path) -> bool:

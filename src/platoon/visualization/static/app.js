@@ -111,6 +111,43 @@ function hideTip() { tooltip().hidden = true; }
 
 const COLORS = ["#2f6fdb", "#d2553b", "#1f8a4c", "#8a63d2", "#b7791f", "#0e8a9a", "#c2407a", "#5b6470"];
 
+// Smoothing of curves: an exponential moving average, debiased so that it starts at the first
+// value (TensorBoard's). 0: off. Kept across pages and reloads.
+const SMOOTHING = [0, 0.6, 0.8, 0.9, 0.95, 0.99];
+function remembered(key) { try { return localStorage.getItem(key); } catch (e) { return null; } }
+function remember(key, value) { try { localStorage.setItem(key, value); } catch (e) { /* a page from disk may not keep it */ } }
+state.smooth = SMOOTHING.includes(Number(remembered("platoon.smooth"))) ? Number(remembered("platoon.smooth")) : 0;
+
+function smoothed(points, weight) {
+  let last = 0;
+  return points.map((p, i) => {
+    last = last * weight + (1 - weight) * p[1];
+    return [p[0], last / (1 - Math.pow(weight, i + 1))];
+  });
+}
+
+function smoothingControl(redraw) {
+  return h("label", { class: "smoothing" }, "smoothing ",
+    h("select", { "data-testid": "smoothing", onchange: (e) => { state.smooth = Number(e.target.value); remember("platoon.smooth", String(state.smooth)); redraw(); } },
+      SMOOTHING.map((w) => h("option", { value: w, selected: w === state.smooth }, w ? String(w) : "off"))));
+}
+
+// Axis ticks at round values (1, 2 or 5 times a power of ten), labelled with just the digits
+// that tell them apart: never "-0" twice.
+function niceStep(span, count) {
+  const raw = span / count;
+  const magnitude = Math.pow(10, Math.floor(Math.log10(raw)));
+  const norm = raw / magnitude;
+  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * magnitude;
+}
+
+function tickText(v, step) {
+  if (Math.abs(v) < step / 2) return "0";
+  const places = Math.floor(Math.log10(step) + 1e-9);
+  if (step < 1e-3 || Math.abs(v) >= 1e6) return v.toExponential(Math.min(6, Math.max(0, Math.floor(Math.log10(Math.abs(v)) + 1e-9) - places)));
+  return v.toFixed(Math.max(0, -places));
+}
+
 // series: [{name, points: [[x, y]...], color, band: [[x, lo, hi]...]}]
 function plot(title, series, { xLabel = "step" } = {}) {
   const W = 420, H = 210, L = 48, R = 10, T = 8, B = 26;
@@ -123,22 +160,27 @@ function plot(title, series, { xLabel = "step" } = {}) {
   const ys = all.map((p) => p[1]).concat(bands.flatMap((b) => [b[1], b[2]]));
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  const counts = ys.every((y) => y >= 0); // a count, a time, a rate: the axis stays at or above 0
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
   const pad = (y1 - y0) * 0.06; y0 -= pad; y1 += pad;
+  if (counts) y0 = Math.max(0, y0);
+  const yStep = niceStep(y1 - y0, 4);
+  y0 = Math.floor(y0 / yStep) * yStep; y1 = Math.ceil(y1 / yStep) * yStep;
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + ((y1 - y0) * i) / 4;
+  for (let i = 0; y0 + i * yStep <= y1 + yStep / 2; i++) {
+    const y = y0 + i * yStep;
     svg.appendChild(s("line", { x1: L, x2: W - R, y1: Y(y), y2: Y(y), stroke: "#eceef1" }));
-    svg.appendChild(s("text", { x: L - 4, y: Y(y) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7078" }, fmt(y, 2)));
+    svg.appendChild(s("text", { class: "ytick", x: L - 4, y: Y(y) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7078" }, tickText(y, yStep)));
   }
   // Steps are integers: tick at whole steps, as many as fit.
   const every = Math.max(1, Math.ceil((x1 - x0) / 8));
   for (let x = Math.ceil(x0 / every) * every; x <= x1; x += every) {
-    svg.appendChild(s("text", { x: X(x), y: H - 8, "text-anchor": "middle", "font-size": 10, fill: "#6b7078" }, fmt(x)));
+    svg.appendChild(s("text", { class: "xtick", x: X(x), y: H - 8, "text-anchor": "middle", "font-size": 10, fill: "#6b7078" }, fmt(x)));
   }
+  const weight = state.smooth;
   series.forEach((ser, i) => {
     const color = ser.color || COLORS[i % COLORS.length];
     if (ser.band && ser.band.length > 1) {
@@ -147,8 +189,12 @@ function plot(title, series, { xLabel = "step" } = {}) {
       svg.appendChild(s("polygon", { points: top.concat(bottom).join(" "), fill: color, opacity: 0.15 }));
     }
     const pts = ser.points.slice().sort((a, b) => a[0] - b[0]);
-    if (pts.length > 1) svg.appendChild(s("polyline", { points: pts.map((p) => `${X(p[0])},${Y(p[1])}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.8 }));
-    if (pts.length <= 200) for (const p of pts) svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 2.4, fill: color }));
+    const smooth = weight > 0 && pts.length > 2 ? smoothed(pts, weight) : null;
+    const line = (points, attrs) => s("polyline", { points: points.map((p) => `${X(p[0])},${Y(p[1])}`).join(" "), fill: "none", stroke: color, "stroke-width": 1.8,
+      "data-series": ser.name, "data-values": JSON.stringify(points.map((p) => p[1])), ...attrs });
+    if (pts.length > 1) svg.appendChild(line(pts, smooth ? { opacity: 0.3, "stroke-width": 1.2 } : {}));
+    if (pts.length <= 200) for (const p of pts) svg.appendChild(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: smooth ? 1.6 : 2.4, fill: color, opacity: smooth ? 0.4 : 1 }));
+    if (smooth) { ser.smooth = smooth; svg.appendChild(line(smooth, { "data-smoothed": weight })); }
   });
   const cursor = s("line", { y1: T, y2: H - B, stroke: "#999", "stroke-dasharray": "3 3", visibility: "hidden" });
   svg.appendChild(cursor);
@@ -162,7 +208,8 @@ function plot(title, series, { xLabel = "step" } = {}) {
     const lines = [`${xLabel} ${fmt(best)}`];
     for (const ser of series) {
       const p = ser.points.find((q) => q[0] === best);
-      if (p) lines.push(`${ser.name}: ${fmt(p[1], 4)}`);
+      const sm = (ser.smooth || []).find((q) => q[0] === best);
+      if (p) lines.push(`${ser.name}: ${fmt(p[1], 4)}` + (sm ? ` (smoothed ${fmt(sm[1], 4)})` : ""));
       const b = (ser.band || []).find((q) => q[0] === best);
       if (b) lines.push(`  spread ${fmt(b[1], 3)} … ${fmt(b[2], 3)}`);
     }
@@ -180,6 +227,19 @@ function pointsOf(rows, key) {
   return rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
 }
 
+// The policies of a run with several: each reports `<policy>/policy/version` every step, and its
+// own training metrics under its name (`planner/train/loss`).
+function policiesOf(rows) {
+  const found = new Set();
+  for (const r of rows) for (const k of Object.keys(r)) if (k.endsWith("/policy/version") && k.split("/").length === 3) found.add(k.split("/")[0]);
+  return [...found].sort();
+}
+
+// A metric's keys in a run: its own, then each policy's.
+function variants(keys, policies, key) {
+  return [key, ...policies.map((p) => p + "/" + key)].filter((k) => keys.has(k));
+}
+
 // What the run page plots, in order; every other metric follows under "all metrics".
 const PANELS = [
   { title: "reward", keys: ["reward/mean"], band: ["reward/mean", "reward/std"] },
@@ -194,10 +254,11 @@ const PANELS = [
 
 function metricPanels(rows) {
   const keys = new Set(rows.flatMap((r) => Object.keys(r)).filter((k) => k !== "step" && k !== "time"));
+  const policies = policiesOf(rows);
   const used = new Set();
   const cards = [];
   for (const panel of PANELS) {
-    let ks = panel.keys ? panel.keys.filter((k) => keys.has(k)) : [...keys].filter((k) => k.startsWith(panel.prefix)).sort();
+    let ks = panel.keys ? panel.keys.flatMap((k) => variants(keys, policies, k)) : [...keys].filter((k) => k.startsWith(panel.prefix)).sort();
     if (panel.match) ks = ks.filter((k) => panel.match.test(k));
     if (panel.limit) ks = ks.filter((k) => k.split("/").length <= 3).slice(0, panel.limit);
     if (!ks.length) continue;
@@ -247,15 +308,23 @@ async function pageCompare(params) {
   const ids = (params.get("runs") || "").split(",").filter(Boolean);
   crumbs(link("", {}, "runs"), h("span", {}, "compare"));
   const all = await Promise.all(ids.map((id) => api("metrics", { run: id }).catch((e) => ({ run: id, rows: [], problems: [e.message] }))));
-  const keys = [...new Set(all.flatMap((m) => m.rows.flatMap((r) => Object.keys(r))))].filter((k) => k !== "step" && k !== "time").sort();
+  // A run of several policies reports its training metrics under each policy's name
+  // (`planner/train/loss`): a metric is offered once, and plotted for every run and policy.
+  const runs = all.map((m) => ({ ...m, policies: policiesOf(m.rows), keys: new Set(m.rows.flatMap((r) => Object.keys(r))) }));
+  const base = (run, k) => { const [head, ...rest] = k.split("/"); return run.policies.includes(head) && rest.length > 1 ? rest.join("/") : k; };
+  const keys = [...new Set(runs.flatMap((run) => [...run.keys].map((k) => base(run, k))))].filter((k) => k !== "step" && k !== "time").sort();
   const preferred = ["reward/mean", "reward/pass_rate", "train/trained_tokens", "time/step", "staleness/mean", "train/loss"].filter((k) => keys.includes(k));
-  const grid = h("div", { class: "grid" });
-  const draw = (chosen) => grid.replaceChildren(...chosen.map((k) => plot(k, all.map((m, i) => ({ name: m.run, points: pointsOf(m.rows, k), color: COLORS[i % COLORS.length] })))));
-  const select = h("select", { multiple: true, size: 6, onchange: () => draw([...select.selectedOptions].map((o) => o.value)) },
-    keys.map((k) => h("option", { value: k, selected: preferred.includes(k) }, k)));
-  setMain(h("h1", {}, "Compare " + ids.join(" · ")), h("div", { class: "filters" }, h("label", {}, "metrics", select)),
+  const grid = h("div", { class: "grid", "data-testid": "plots" });
+  let chosen = preferred.length ? preferred : keys.slice(0, 4);
+  const series = (k) => runs.flatMap((run, i) => variants(run.keys, run.policies, k).map((key, j) => ({
+    name: key === k ? run.run : `${run.run} · ${key.split("/")[0]}`, points: pointsOf(run.rows, key),
+    color: COLORS[(i + j * runs.length) % COLORS.length] })));
+  const draw = () => grid.replaceChildren(...chosen.map((k) => plot(k, series(k))));
+  const select = h("select", { multiple: true, size: 6, onchange: () => { chosen = [...select.selectedOptions].map((o) => o.value); draw(); } },
+    keys.map((k) => h("option", { value: k, selected: chosen.includes(k) }, k)));
+  setMain(h("h1", {}, "Compare " + ids.join(" · ")), h("div", { class: "filters" }, h("label", {}, "metrics", select), smoothingControl(draw)),
     ...all.map((m) => problems(m.problems)), grid);
-  draw(preferred.length ? preferred : keys.slice(0, 4));
+  draw();
 }
 
 async function pageRun(params) {
@@ -263,10 +332,12 @@ async function pageRun(params) {
   const [run, metrics, steps] = await Promise.all([api("run", { run: runId }), api("metrics", { run: runId }), api("steps", { run: runId })]);
   crumbs(link("", {}, "runs"), h("span", {}, run.experiment + " / " + run.trial));
   const { cards, rest } = metricPanels(metrics.rows);
-  const restBox = h("details", {}, h("summary", {}, `all metrics (${rest.length} more)`));
-  restBox.addEventListener("toggle", () => {
-    if (restBox.open && restBox.children.length === 1) restBox.appendChild(h("div", { class: "grid" }, rest.map((k) => plot(k, [{ name: k, points: pointsOf(metrics.rows, k) }]))));
-  });
+  const plots = h("div", { class: "grid", "data-testid": "plots" }, cards);
+  const restGrid = h("div", { class: "grid" });
+  const drawRest = () => restGrid.replaceChildren(...rest.map((k) => plot(k, [{ name: k, points: pointsOf(metrics.rows, k) }])));
+  const restBox = h("details", {}, h("summary", {}, `all metrics (${rest.length} more)`), restGrid);
+  restBox.addEventListener("toggle", () => { if (restBox.open && !restGrid.children.length) drawRest(); });
+  const redraw = () => { plots.replaceChildren(...metricPanels(metrics.rows).cards); if (restBox.open) drawRest(); };
   const stepRows = steps.steps.map((st) => h("tr", { class: "clickable", "data-step": st.step, "data-purpose": st.purpose, onclick: () => { location.hash = href("step", { run: runId, purpose: st.purpose, step: st.step }); } },
     h("td", {}, st.purpose), h("td", { class: "num" }, link("step", { run: runId, purpose: st.purpose, step: st.step }, st.step)),
     h("td", { class: "num" }, fmt(st.episodes)), h("td", { class: "num" }, fmt(st.graded)), h("td", { class: "num" }, fmt(st.reward_mean)),
@@ -279,15 +350,17 @@ async function pageRun(params) {
     problems(run.problems.concat(metrics.problems || [])),
     run.failures && run.failures.length ? h("details", {}, h("summary", {}, `${run.failures.length} component failures`), h("pre", {}, run.failures.map((f) => f.component + ": " + f.error).join("\n"))) : null,
     h("h2", {}, "Metrics"),
-    cards.length ? h("div", { class: "grid", "data-testid": "plots" }, cards) : h("p", { class: "muted" }, "no metrics yet"),
+    cards.length ? [h("div", { class: "filters" }, smoothingControl(redraw)), plots] : h("p", { class: "muted" }, "no metrics yet"),
     rest.length ? restBox : null,
     h("h2", {}, "Steps"),
-    steps.steps.length ? h("table", { "data-testid": "steps" }, h("thead", {}, h("tr", {}, ["split", "step", "episodes", "graded", "mean reward", "min", "max", "rewarded", "tokens", "in flight"].map((t) => h("th", {}, t)))), h("tbody", {}, stepRows)) : h("p", { class: "muted" }, "no episodes yet"),
+    steps.steps.length ? h("table", { "data-testid": "steps" }, h("thead", {}, h("tr", {}, ["split", "step", "episodes", "graded", "mean reward", "min", "max", "rewarded", "tokens", "in flight"].map((t) => h("th", { title: t === "step" ? STEP_HINT : undefined }, t)))), h("tbody", {}, stepRows)) : h("p", { class: "muted" }, "no episodes yet"),
     h("h2", {}, "Config"),
     h("details", {}, h("summary", {}, "config.yaml"), h("pre", { "data-testid": "config" }, run.config || "no config.yaml")),
     h("details", {}, h("summary", {}, "lock.json"), h("pre", { "data-testid": "lock" }, lockText)),
   );
 }
+
+const STEP_HINT = "train step N is the Nth optimizer step (from 1); an eval at step N evaluates the policy after N steps (0: the base model)";
 
 const COLUMNS = [
   ["reward", "reward"], ["status", "status"], ["task_id", "task"], ["env", "env"], ["harness", "harness"], ["depth", "depth"],
@@ -406,7 +479,7 @@ function turn(item, ctx) {
 function tokenColor(tok, mode) {
   if (mode === "advantage") {
     if (!tok.weight) return "transparent";
-    const a = Math.max(-1, Math.min(1, tok.advantage || 0));
+    const a = Math.max(-1, Math.min(1, tok.advantage || 0)); // the rollout's advantage, not the scaled one
     return a >= 0 ? `rgba(31,138,76,${0.12 + 0.6 * a})` : `rgba(194,59,59,${0.12 + 0.6 * -a})`;
   }
   const p = tok.logprob === null || tok.logprob === undefined ? 1 : Math.exp(tok.logprob);
@@ -417,10 +490,10 @@ function tokensView(data) {
   const box = h("div", { "data-testid": "tokens", "data-token-count": data.tokens.length, "data-trained": data.trained_tokens });
   const draw = () => {
     const spans = data.tokens.map((tok, i) => h("span", {
-      class: "tok" + (tok.weight ? "" : " masked"), "data-i": i, "data-id": tok.id, "data-logprob": tok.logprob, "data-advantage": tok.advantage ?? "", "data-weight": tok.weight ?? "",
+      class: "tok" + (tok.weight ? "" : " masked"), "data-i": i, "data-id": tok.id, "data-logprob": tok.logprob, "data-advantage": tok.advantage ?? "", "data-trained-advantage": tok.trained_advantage ?? "", "data-weight": tok.weight ?? "",
       style: `background:${tokenColor(tok, state.shade)};border-bottom-color:${tok.weight ? (tok.advantage > 0 ? "#1f8a4c" : tok.advantage < 0 ? "#c23b3b" : "#999") : "transparent"}`,
       onmousemove: (e) => showTip(e, `token ${tok.id} ${JSON.stringify(tok.text ?? "")}\nlogprob ${fmt(tok.logprob, 4)} (p ${fmt(Math.exp(tok.logprob ?? 0), 3)})` +
-        (tok.position !== undefined ? `\ndatum position ${tok.position}\nadvantage ${fmt(tok.advantage, 4)}\nweight ${fmt(tok.weight)} (${tok.weight ? "trained" : "masked"})\ndatum logprob ${fmt(tok.datum_logprob, 4)}` : "\nnot in any datum")),
+        (tok.position !== undefined ? `\ndatum position ${tok.position}\nadvantage ${fmt(tok.advantage, 4)} (trained as ${fmt(tok.trained_advantage, 4)} a token)\nweight ${fmt(tok.weight)} (${tok.weight ? "trained" : "masked"})\ndatum logprob ${fmt(tok.datum_logprob, 4)}` : "\nnot in any datum")),
       onmouseleave: hideTip }, tok.text ?? `[${tok.id}]`));
     tokenBox.replaceChildren(...spans);
   };
@@ -430,16 +503,28 @@ function tokensView(data) {
   const tabs = h("span", { class: "tabs" }, ["logprob", "advantage"].map((m) => h("button", { class: state.shade === m ? "on" : "", onclick: (e) => { e.stopPropagation(); state.shade = m; [...tabs.children].forEach((b) => b.classList.toggle("on", b.textContent === m)); hint.textContent = HINTS[m]; draw(); } }, m)));
   const d = data.datum;
   const advs = d ? d.advantages.map((a) => fmt(a, 4)).join(", ") : null;
+  const scaled = d ? normalization(d) : null;
   box.append(...[
     h("h3", {}, `Sampled tokens (${data.tokens.length}, ${data.trained_tokens} trained)`),
     h("p", {}, "shade by ", tabs, hint),
     d ? h("p", { "data-testid": "datum" }, `datum ${d.index} of step ${d.step}: ${fmt(d.length)} tokens, ${fmt(d.num_trained_tokens)} trained, policy version ${d.policy_version}, advantage ${advs}`)
       : h("p", { class: "problems" }, data.untrained_reason || "not trained"),
+    scaled ? h("p", { class: "muted", "data-testid": "normalization" }, scaled) : null,
     data.tokenizer_error ? h("p", { class: "muted" }, "token ids shown as numbers: " + data.tokenizer_error) : null,
     tokenBox,
     h("details", { onclick: (e) => e.stopPropagation() }, h("summary", {}, `prompt (${data.prompt_ids.length} tokens)`), h("pre", {}, data.prompt_text ?? data.prompt_ids.join(" ")))].filter(Boolean));
   draw();
   return box;
+}
+
+// How credit scaled the rollout's advantage into what the loss used, said apart from it.
+function normalization(d) {
+  const parts = [];
+  if (d.depth_weight !== 1) parts.push(`× ${fmt(d.depth_weight, 4)} (the weight of depth ${d.depth})`);
+  if (d.normalization === "token_mean") parts.push(`÷ ${fmt(d.batch_tokens)} (loss_normalization token_mean: the trained tokens of step ${d.step}'s batch)`);
+  const trained = d.trained_advantages.map((a) => fmt(a, 4)).join(", ");
+  if (!parts.length) return d.normalization ? `trained as is (loss_normalization ${d.normalization}): ${trained} a token` : `trained as ${trained} a token (the run's lock.json does not say its loss_normalization)`;
+  return `normalisation: advantage ${parts.join(" ")} = ${trained} a token, as trained`;
 }
 
 async function pageEpisode(params) {
