@@ -74,15 +74,15 @@ async def test_an_env_session_that_fails_to_open_is_an_error(toy_tokenizer):
 
 
 async def test_a_hanging_tool_is_the_environments_failure_not_a_reward(toy_tokenizer):
-    """The harness sees the error and goes on, but the episode ends as an error: its grade
-    would measure the environment, not the policy."""
+    """The episode ends at the timeout, as an error: the harness does not go on calling a dead
+    environment, and a grade would measure the environment, not the policy."""
     async with toy_system(toy_tokenizer, entry("prog-hanging-tool"), tool_timeout=0.2) as toy:
         events = await toy.play()
         assert await toy.all_closed()
     (returned,) = only(events, ToolReturned)
     assert returned.error == "tool hang timed out after 0.2s" and returned.env_fault
     done = finished(events)
-    assert (done.status, done.final_message) == ("error", "Error: tool hang timed out after 0.2s")
+    assert (done.status, done.final_message) == ("error", None)  # ended there, no answer given
     assert done.reason == "the environment failed: tool hang timed out after 0.2s"
     (graded,) = only(events, EpisodeGraded)
     assert graded.reward is None  # counted as failed, never trained on as a 0
@@ -240,11 +240,16 @@ async def test_a_tool_still_running_when_the_episode_times_out_does_not_hold_up_
     """The episode's own timeout ends it; grading stops the hanging tool instead of waiting
     out the (much longer) tool timeout."""
     async with toy_system(toy_tokenizer, entry("prog-hanging-tool", timeout=0.3), tool_timeout=60) as toy:
+        answers: list[ToolReturned] = []
+        toy.bus.subscribe(ToolReturned, answers.append)
         with anyio.fail_after(20):  # a bound for a broken service; the grade comes at once
             events = await toy.play()
         assert await toy.all_closed()
+        await toy.bus.drained()
     assert finished(events).status == "timeout"
-    assert len(only(events, EpisodeGraded)) == 1
-    (returned,) = only(events, ToolReturned)
+    (graded,) = only(events, EpisodeGraded)
+    # Ungraded, with the reason: what a timed-out agent left is no answer (it was once graded 0.0).
+    assert graded.reward is None and "timeout" in (graded.reason or "")
+    (returned,) = answers
     assert returned.error == "tool hang was stopped: the agent's episode ended first"
     assert not returned.env_fault

@@ -24,7 +24,7 @@ from programs_helpers import entry, toy_system
 from pydantic import BaseModel
 
 import platoon as pt
-from platoon.bus.events import EpisodeFinished, EpisodeGraded, ToolReturned
+from platoon.bus.events import EpisodeFinished, EpisodeGraded, ToolCalled, ToolReturned
 from platoon.envs.ors import OrsBackend
 from platoon.envs.remote import RemoteBackend
 from platoon.envs.server import running_env_server
@@ -147,6 +147,9 @@ async def test_a_tool_that_raises_answers_garbage_or_hangs_fails_its_episode_wit
         events = played[name]
         returned = next(e for e in events if isinstance(e, ToolReturned) and e.name == name)
         assert returned.env_fault and why in (returned.error or ""), returned
+        # The episode ends at the fault: the agent does not go on to call a dead environment
+        # (a hang once held an episode for max_steps x the tool timeout).
+        assert [e.name for e in events if isinstance(e, ToolCalled)] == [name]
         finished = one(events, EpisodeFinished)
         assert finished.status == "error"
         assert finished.reason.startswith("the environment failed: ") and why in finished.reason

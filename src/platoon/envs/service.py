@@ -9,6 +9,7 @@ ORS classes, ORS servers and Harbor datasets each implement:
     ToolCalled           -> ToolReturned
     AgentProcessRequested -> AgentProcessExited (a command-line agent run in the session's sandbox)
     GradeRequested       -> Graded
+    EpisodeFinished      -> a tool still running for the episode is stopped
     EpisodeGraded        -> every session of that episode is closed
 
 Requests run concurrently, one task each, but the calls to one live session run one at a time
@@ -34,6 +35,7 @@ from platoon.bus import Bus, BusClosed, ComponentBase
 from platoon.bus.events import (
     AgentProcessExited,
     AgentProcessRequested,
+    EpisodeFinished,
     EpisodeGraded,
     Event,
     Graded,
@@ -186,6 +188,7 @@ class EnvService(ComponentBase):
         ToolCalled,
         AgentProcessRequested,
         GradeRequested,
+        EpisodeFinished,
         EpisodeGraded,
     )
     publishes = (TasksListed, SessionOpened, ToolReturned, AgentProcessExited, Graded)
@@ -242,6 +245,7 @@ class EnvService(ComponentBase):
             (ToolCalled, self._on_call),
             (AgentProcessRequested, self._on_agent_process),
             (GradeRequested, self._on_grade),
+            (EpisodeFinished, self._on_episode_finished),
             (EpisodeGraded, self._on_episode_graded),
         ]
         try:
@@ -347,6 +351,18 @@ class EnvService(ComponentBase):
             if agent == req.agent_id:
                 scope.cancel()
         self._spawn(self._grade, req, slot, *slot.enqueue())
+
+    def _on_episode_finished(self, event: EpisodeFinished) -> None:
+        """The episode is over (done, timed out, failed): a tool still running for any of its
+        agents has nobody left to answer, and its session must not wait on it to grade or close."""
+        for agent_id in self._by_episode.get(event.episode_id, ()):
+            slot = self._slots.get((event.episode_id, agent_id))
+            if slot is None:
+                continue
+            slot.ended.add(agent_id)
+            for scope, agent in list(slot.calls.items()):
+                if agent == agent_id:
+                    scope.cancel()
 
     def _on_episode_graded(self, event: EpisodeGraded) -> None:
         self._graded[event.episode_id] = None

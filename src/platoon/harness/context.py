@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
+import anyio.lowlevel
 import msgspec
 
 from platoon.bus import Bus
@@ -133,6 +134,7 @@ class AgentContext:
         request_timeout: float | None = None,
         spawner: Callable[..., Awaitable[AgentResult]] | None = None,
         env_faults: list[str] | None = None,
+        on_env_fault: Callable[[], None] | None = None,
     ) -> None:
         self.bus = bus
         self.task = task
@@ -150,6 +152,9 @@ class AgentContext:
         # The environment's failures in this episode (shared with subagents): they make the
         # episode an error, however the agent carries on.
         self.env_faults = env_faults if env_faults is not None else []
+        # Called on the first: the runner ends the episode there, instead of letting the agent call
+        # a dead environment for every step it has left.
+        self.on_env_fault = on_env_fault
         self._tools = list(tools)
         self._spawner = spawner
         self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
@@ -198,6 +203,9 @@ class AgentContext:
         assert isinstance(reply, ToolReturned)
         if reply.env_fault:
             self.env_faults.append(reply.error or f"tool {name} failed")
+            if self.on_env_fault is not None:
+                self.on_env_fault()
+                await anyio.lowlevel.checkpoint()  # the episode ends here, before the agent goes on
         return ToolResult(
             name=name, output=reply.output, reward=reply.reward, finished=reply.finished, error=reply.error
         )

@@ -146,7 +146,7 @@ class Grader(ComponentBase):
         episode: Episode | None = None,
         notes: dict[str, str] | None = None,
     ) -> tuple[float | None, dict[str, float], str | None]:
-        if finished.status in ("error", "cancelled"):
+        if finished.status in ("error", "cancelled", "timeout"):  # what it left is no answer to grade
             return None, {}, finished.reason or finished.status
         rules = self.rules.get(finished.task.env)
         try:

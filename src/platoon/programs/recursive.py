@@ -315,6 +315,7 @@ class AgentTree:
             params=parent.params,
             request_timeout=parent.request_timeout,
             env_faults=parent.env_faults,
+            on_env_fault=parent.on_env_fault,
         )
         ctx = self.equip(ctx)
         if tools is not None:  # they name env tools: spawning stays as the depth limit allows

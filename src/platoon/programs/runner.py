@@ -181,9 +181,15 @@ class EpisodeRunner(ComponentBase):
         deadline = started + entry.timeout if entry.timeout else None
         result = AgentResult("error", reason="the episode did not start")
         calls = 0
+        # The environment failing under the agent ends the episode here, at once (`_finish` says why).
+        ended_by_env = anyio.CancelScope()
         try:
-            with anyio.fail_after(entry.timeout) if entry.timeout else contextlib.nullcontext():
+            with (
+                anyio.fail_after(entry.timeout) if entry.timeout else contextlib.nullcontext(),
+                ended_by_env,
+            ):
                 ctx = await self._open_root(bus, request, entry, harness_name, agent_id, deadline)
+                ctx.on_env_fault = ended_by_env.cancel
                 episode = Episode(
                     bus=bus,
                     request=request,
@@ -196,6 +202,9 @@ class EpisodeRunner(ComponentBase):
                     result = await get_program(entry.program)(episode)
                 finally:
                     calls = ctx.budget.used
+            if ended_by_env.cancelled_caught:
+                faults = self._env_faults.get(request.episode_id) or ["a tool failed"]
+                result = AgentResult("error", reason=f"the environment failed: {faults[0]}")
         except TimeoutError:
             result = AgentResult("timeout", reason=f"the episode passed its {entry.timeout} s timeout")
         except BudgetExhausted as exc:
