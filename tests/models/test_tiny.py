@@ -5,6 +5,7 @@ import json
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 
 
 def test_tiny_model_tokenizer_files_name_a_class_transformers_4_has(tmp_path):

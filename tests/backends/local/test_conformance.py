@@ -28,6 +28,8 @@ from tinker._compat import model_dump
 from tinker.cli.auth_api import AuthApiError, TinkerAuthApi
 from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
 
+pytestmark = pytest.mark.torch
+
 SERVED_NAME = "platoon-test/tiny"  # not the model's directory: get_info must say this name
 KEY = "tml-conformance"
 HTTP_METHODS = {"get", "post", "put", "delete", "patch"}

@@ -27,7 +27,7 @@ pytest.importorskip(
     reason="tinker-cookbook is installed by README's test command (pip install --no-deps tinker-cookbook==0.6.1)",
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 HERE = Path(__file__).parent
 HUB_NAME = "Qwen/Qwen3-8B"

@@ -10,6 +10,8 @@ import torch
 
 from platoon.backends.local import losses
 
+pytestmark = pytest.mark.torch
+
 
 def _inputs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Learner logprobs, sampler logprobs and advantages, in float64 as the references are."""

@@ -6,6 +6,8 @@ import pytest
 import tinker
 from tinker import types
 
+pytestmark = pytest.mark.torch
+
 PROMPT = [11, 12, 13, 14, 15, 16]
 
 
