@@ -36,7 +36,6 @@ from platoon.backends.local.bodies import (
     RetrieveFuture,
     RetrieveFutures,
     SamplerRef,
-    SamplingParams,
     SaveExternal,
     SaveForSampler,
     SaveWeights,
@@ -63,7 +62,8 @@ from platoon.backends.local.proto import (
     encode_forward_backward_output,
     encode_sample_response,
 )
-from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+from platoon.backends.local.sampler import Sampler, SampleRequest
+from platoon.backends.local.sampling_requests import read_sample_request
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef, not_offered
 from platoon.backends.local.stability import StabilityRecords
 
@@ -587,56 +587,7 @@ class TinkerService:
         else:
             self._check_base_model(req.base_model)
             weights = WeightsRef()
-        unsupported = [
-            name
-            for name, value in (
-                ("target_prompt_logprobs", req.target_prompt_logprobs),
-                ("prompt_alt_tokens_k", req.prompt_alt_tokens_k),
-                ("prompt_logprobs_last_n", req.prompt_logprobs_last_n),
-            )
-            if value
-        ]
-        if unsupported:
-            raise UserError(f"this server does not support {', '.join(unsupported)}")
-        prompt: list[int] = []
-        for chunk in req.prompt.chunks:
-            if chunk.get("type", "encoded_text") != "encoded_text":
-                raise UserError(f"prompt chunk type {chunk.get('type')!r} is not supported (text only)")
-            tokens = chunk.get("tokens")
-            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                raise UserError("prompt chunk tokens must be a list of integers")
-            prompt.extend(tokens)
-        return SampleRequest(
-            prompt=prompt,
-            num_samples=req.num_samples,
-            params=self._sample_params(req.sampling_params),
-            prompt_logprobs=bool(req.prompt_logprobs),
-            weights=weights,
-            topk_prompt=req.topk_prompt_logprobs,
-            topk_sample=req.topk_sample_logprobs,
-        )
-
-    def _sample_params(self, p: SamplingParams) -> SampleParams:
-        stop = p.stop
-        tokens: frozenset[int]
-        strings: tuple[str, ...]
-        if stop is None:
-            tokens, strings = self.engine.eos_ids, ()
-        elif isinstance(stop, str):
-            tokens, strings = frozenset(), (stop,) if stop else ()
-        elif all(isinstance(s, int) for s in stop):
-            tokens, strings = frozenset(int(s) for s in stop), ()
-        else:
-            tokens, strings = frozenset(), tuple(str(s) for s in stop if s)
-        return SampleParams(
-            max_tokens=p.max_tokens,
-            seed=p.seed,
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            stop_tokens=tokens,
-            stop_strings=strings,
-        )
+        return read_sample_request(req, weights, self.engine.eos_ids)
 
     async def retrieve_futures(self, body: bytes) -> Answer:
         """A sampling client's completions after its cursor (long-polled, as retrieve_future)."""
