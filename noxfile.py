@@ -36,6 +36,7 @@ PYTHONS = {v: interpreter(v) for v in ("3.11", "3.12", "3.13")}
 def tests(session: nox.Session) -> None:
     session.install("torch==2.13.0")
     session.install("-e", ".[all,dev]")
+    session.install("--no-deps", "tinker-cookbook==0.6.1")  # as README's test command does
     session.install("-e", "./plugins/platoon-textcraft")
     session.run("pytest", *session.posargs)
 
@@ -72,6 +73,7 @@ def flaky(session: nox.Session) -> None:
     runs = int(session.posargs[0]) if session.posargs else 20
     session.install("torch==2.13.0")
     session.install("-e", ".[all,dev]")
+    session.install("--no-deps", "tinker-cookbook==0.6.1")  # as README's test command does
     session.install("-e", "./plugins/platoon-textcraft")
     reports = Path(session.create_tmp()) / "flaky"
     reports.mkdir(exist_ok=True)

@@ -83,10 +83,12 @@ def new_id() -> str:
 
 
 def derive_seed(*parts: object) -> int:
-    """A sampling seed in [0, 2**63) that depends only on `parts` (a run's seed, a step, an
-    index): the same parts give the same seed on every machine and in every process."""
+    """A sampling seed in [0, 2**30) that depends only on `parts` (a run's seed, a step, an
+    index): the same parts give the same seed on every machine and in every process. 30 bits,
+    so that every Tinker server takes it: skyrl-tx holds a seed in an int32 and adds the sample's
+    index to it, which leaves room for 2**30 samples."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
+    return int.from_bytes(digest, "big") >> 34
 
 
 class Event(msgspec.Struct, frozen=True, tag=True, kw_only=True):

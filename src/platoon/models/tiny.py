@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from platoon.models.tokenizers import save_toy_tokenizer
+from platoon.models.tokenizers import make_portable, save_toy_tokenizer
 
 __all__ = ["save_tiny_model"]
 
@@ -47,6 +47,7 @@ def save_tiny_model(
     else:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # nosec B615 # a local directory, never a download
         tokenizer.save_pretrained(directory)
+        make_portable(directory)
 
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id

@@ -30,6 +30,7 @@ __all__ = [
     "QWEN3_INSTRUCT_CHAT_TEMPLATE",
     "TokenizerBuildError",
     "llama3_tokenizer",
+    "make_portable",
     "qwen3_tokenizer",
     "save_llama3_tokenizer",
     "save_qwen3_tokenizer",
@@ -464,12 +465,20 @@ def _save(tokenizer: Any, directory: str | Path, *, chat_template: str, **specia
     )
     wrapped.chat_template = chat_template
     wrapped.save_pretrained(str(directory))
-    # transformers 5 writes its own class name; the generic one loads in 4.x as well.
-    config_path = directory / "tokenizer_config.json"
+    make_portable(directory)
+    return directory
+
+
+def make_portable(directory: str | Path) -> None:
+    """Make a saved tokenizer load in transformers 4 as well as 5: transformers 5 writes its own
+    class name (`TokenizersBackend`, which 4.x does not have; servers that pin transformers < 5,
+    such as skyrl-tx, fail on it) and how it was loaded (`is_local`, `local_files_only`)."""
+    config_path = Path(directory) / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("is_local", "local_files_only"):
+        config.pop(key, None)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
-    return directory
 
 
 def _add_qwen_tokens(tokenizer: Any, special: list[str], added: list[str]) -> None:

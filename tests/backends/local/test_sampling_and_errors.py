@@ -67,7 +67,9 @@ def test_bad_training_input_is_a_user_error_and_the_server_keeps_serving(service
     cases = [
         ([datum([1, 2, 10_000, 4])], "cross_entropy", None, "outside the vocabulary"),
         ([datum([1, 2, 3, 4], weights=[1.0, 1.0])], "cross_entropy", None, "has 2 values for 3 input tokens"),
-        (good, "stable_reinforce", None, "unsupported loss_fn 'stable_reinforce'"),
+        (good, "stable_reinforce", None, "needs provenance on every datum"),
+        (good, "custom", None, "server-side custom losses"),
+        (good, "no_such_loss", None, "unsupported loss_fn 'no_such_loss'"),
         (good, "cross_entropy", {"beta": 1.0}, "does not take loss_fn_config"),
         (good, "importance_sampling", None, "needs loss_fn_inputs"),
     ]

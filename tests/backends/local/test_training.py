@@ -174,6 +174,7 @@ def test_rl_losses_follow_the_documented_math(service, tiny_model):
         loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": q.tolist(), "advantages": adv.tolist()},
     )
     r = np.exp(p - q)
+    s = np.exp((p - q)[adv != 0].mean())
     expected = {
         "importance_sampling": (None, -(r * adv).sum()),
         "ppo": (
@@ -185,6 +186,11 @@ def test_rl_losses_follow_the_documented_math(service, tiny_model):
             -(np.clip(r, 0.9, 1.1) * p * adv).sum(),
         ),
         "dro": ({"beta": 0.05}, -(p * adv - 0.5 * 0.05 * (p - q) ** 2).sum()),
+        # GSPO-token: one ratio, the geometric mean over the tokens with an advantage (no mask sent).
+        "gspo": (
+            {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1},
+            -np.minimum(s * adv, np.clip(s, 0.9, 1.1) * adv).sum(),
+        ),
     }
     for loss_fn, (config, value) in expected.items():
         out = client.forward([rl], loss_fn, config).result()

@@ -49,6 +49,7 @@ async def serve(
     max_batch: int = 64,
     max_body_mb: int = 256,
     facts: dict[str, object] | None = None,
+    client_config: dict[str, object] | None = None,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load `model` and serve the Tinker API until cancelled.
@@ -62,8 +63,10 @@ async def serve(
     (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
     (`ServingError` without one); requests over `max_body_mb` are refused with 413, as are
     compressed ones decoding past their route's cap (`max_body_mb` for a training batch, a few
-    MiB for the routes that carry ids and numbers). `facts`, when given, is filled with where the model runs
-    (device, dtype, attention) before the URL is reported.
+    MiB for the routes that carry ids and numbers). `facts`, when given, is filled with where
+    the model runs (device, dtype, attention) before the URL is reported. `client_config` adds
+    SDK feature flags to what the server's client/config answers (e.g.
+    `sample_use_retrieve_futures`).
     """
     require_key(host, api_key, "the Tinker server")
     with contextlib.ExitStack() as stack:
@@ -74,7 +77,13 @@ async def serve(
         )
         if facts is not None:
             facts.update(engine.facts())
-        service = TinkerService(engine, model_name=name or model, api_key=api_key, max_batch=max_batch)
+        service = TinkerService(
+            engine,
+            model_name=name or model,
+            api_key=api_key,
+            max_batch=max_batch,
+            client_config=client_config,
+        )
         app = create_app(service, max_body=max_body_mb * 2**20)
         await serve_asgi(app, host, port, task_status=task_status)
 
@@ -92,6 +101,7 @@ class ServeOptions(TypedDict, total=False):
     max_batch: int
     max_body_mb: int
     facts: dict[str, object] | None
+    client_config: dict[str, object] | None
 
 
 @contextlib.asynccontextmanager

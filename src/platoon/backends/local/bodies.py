@@ -26,6 +26,15 @@ class CreateSession(msgspec.Struct):
     display_name: str | None = None
 
 
+class _FinishReason(msgspec.Struct):
+    type: str = "success"
+
+
+class FinishSession(msgspec.Struct):
+    reason: _FinishReason = msgspec.field(default_factory=_FinishReason)
+    detail: str | None = None
+
+
 class SessionRef(msgspec.Struct):
     session_id: str
 
@@ -112,7 +121,40 @@ class Asample(msgspec.Struct):
     target_prompt_logprobs: object = None
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool | None = None
 
 
 class RetrieveFuture(msgspec.Struct):
     request_id: str
+
+
+class FuturesTarget(msgspec.Struct):
+    sampling_session_id: str
+    cloned_sampler_id: int = 0
+    type: str = "sampling_session"
+
+
+class RetrieveFutures(msgspec.Struct):
+    target: FuturesTarget
+    prev_cursor: int = 0
+    timeout: float | None = None
+    retrieved_request_ids: list[str] = []
+
+
+class SamplerRef(msgspec.Struct):
+    sampling_session_id: str
+
+
+class CopyWeights(msgspec.Struct):
+    source_path: str
+    session_id: str | None = None
+    model_seq_id: int | None = None
+    destination_project_id: str | None = None
+    ttl_seconds: int | None = None
+    weights_access_token: str | None = None
+
+
+class SaveExternal(msgspec.Struct):
+    model_id: str
+    path: str
+    seq_id: int | None = None

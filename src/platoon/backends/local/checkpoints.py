@@ -101,6 +101,18 @@ class CheckpointStore:
         shutil.rmtree(directory, ignore_errors=True)
         staging.rename(directory)
 
+    def copy(self, tinker_path: str, run_id: str) -> str:
+        """Copy a checkpoint, whole, into run `run_id` under the same kind and name."""
+        source = self.local_path(tinker_path)
+        kind, name = source.parent.name, source.name
+        path, directory = self.path(run_id, kind, name)
+        self.run_dir(run_id)  # a valid run id
+        if directory.exists():
+            raise EngineError(f"checkpoint {path} already exists")
+        check_manifest(source)
+        self.write(directory, lambda staging: _copy_files(source, staging))
+        return path
+
     # ---- the catalogue ----------------------------------------------------------------
 
     def runs(self) -> list[str]:
@@ -183,6 +195,12 @@ class CheckpointStore:
         staging = target.with_suffix(".partial")
         staging.write_text(json.dumps(marks))
         staging.replace(target)
+
+
+def _copy_files(source: Path, staging: Path) -> None:
+    for path in source.iterdir():
+        if path.is_file() and path.name != _MANIFEST:
+            shutil.copy2(path, staging / path.name)
 
 
 def _write_manifest(directory: Path) -> None:

@@ -386,7 +386,8 @@ class Engine:
                 for name in data[order[0]].inputs
                 if name != "target_tokens"
             }
-            loss = losses.compute_loss(loss_fn, flat, inputs, config)
+            sizes = [data[i].tokens.size for i in order]
+            loss = losses.compute_loss(loss_fn, flat, inputs, config, sizes)
             if not forward_only:
                 loss.backward()
         values = token_logprobs.detach().float().cpu().numpy()
@@ -446,6 +447,10 @@ class Engine:
     def mark_checkpoint(self, run_id: str, checkpoint_id: str, **fields: Unpack[Mark]) -> None:
         """Set `public` or `expires_at` (unix time, None = never) on a saved checkpoint."""
         self.store.mark(run_id, checkpoint_id, fields)
+
+    def copy_checkpoint(self, tinker_path: str, run_id: str) -> str:
+        """Copy a saved checkpoint into another run; return the copy's tinker path."""
+        return self.store.copy(tinker_path, run_id)
 
     def weights_info(self, tinker_path: str) -> LoraSpec:
         return read_spec(self.local_path(tinker_path))

@@ -18,6 +18,7 @@ import anyio
 import msgspec
 
 __all__ = [
+    "CompletionLog",
     "FutureStore",
     "Outcome",
     "SeqError",
@@ -36,6 +37,7 @@ class Outcome(msgspec.Struct, frozen=True):
 
     body: bytes
     content_type: str = "application/json"
+    ok: bool = True  # False: a failure the SDK raises as RequestFailedError
 
 
 def json_outcome(value: object) -> Outcome:
@@ -48,7 +50,7 @@ def proto_outcome(body: bytes) -> Outcome:
 
 def failure(message: str, category: str = "user") -> Outcome:
     """A failed request as the SDK reads it: it raises `RequestFailedError` with the message."""
-    return json_outcome({"error": message, "category": category})
+    return Outcome(msgspec.json.encode({"error": message, "category": category}), ok=False)
 
 
 class _Future:
@@ -101,6 +103,16 @@ class FutureStore:
     def known(self, request_id: str) -> bool:
         return request_id in self._futures
 
+    def outcome(self, request_id: str) -> Outcome | None:
+        future = self._futures.get(request_id)
+        return future.outcome if future is not None else None
+
+    def retrieved(self, request_id: str) -> None:
+        """The client has the result: keep it only `keep_retrieved` seconds more."""
+        future = self._futures.get(request_id)
+        if future is not None and future.outcome is not None and future.retrieved_at is None:
+            future.retrieved_at = time.monotonic()
+
     async def wait(self, request_id: str, timeout: float) -> Outcome | None:
         """The outcome, or None if it is still pending after `timeout` seconds."""
         future = self._futures.get(request_id)
@@ -125,6 +137,52 @@ class FutureStore:
             key = self._key_of.pop(rid, None)
             if key is not None:
                 self._keys.pop(key, None)
+
+
+class Completion(msgspec.Struct, frozen=True):
+    cursor: int
+    request_id: str
+    ok: bool
+    size: int
+
+
+class CompletionLog:
+    """Finished requests of each target (a sampling session and clone), numbered from 1: what
+    `retrieve_futures` reports after the cursor a client has seen. A target keeps at most
+    `keep` unacknowledged completions (a client that never polls costs no more)."""
+
+    def __init__(self, keep: int = 10_000) -> None:
+        self._keep = keep
+        self._events: dict[Hashable, list[Completion]] = {}
+        self._last: dict[Hashable, int] = {}
+        self._changed: dict[Hashable, anyio.Event] = {}
+
+    def add(self, target: Hashable, request_id: str, outcome: Outcome) -> None:
+        cursor = self._last.get(target, 0) + 1
+        self._last[target] = cursor
+        events = self._events.setdefault(target, [])
+        events.append(Completion(cursor, request_id, outcome.ok, len(outcome.body)))
+        del events[: max(0, len(events) - self._keep)]
+        changed = self._changed.pop(target, None)
+        if changed is not None:
+            changed.set()
+
+    async def after(self, target: Hashable, cursor: int, timeout: float) -> tuple[list[Completion], int]:
+        """The completions numbered above `cursor` (dropping those at or below it, which the
+        client has seen), waiting up to `timeout` seconds for one; and the cursor to pass next."""
+        events = self._events.get(target, [])
+        events[:] = [e for e in events if e.cursor > cursor]
+        if not events and timeout > 0:
+            changed = self._changed.setdefault(target, anyio.Event())
+            with anyio.move_on_after(timeout):
+                await changed.wait()
+            events = [e for e in self._events.get(target, []) if e.cursor > cursor]
+        return events, max([cursor, *(e.cursor for e in events)])
+
+    def forget(self, targets: Callable[[Hashable], bool]) -> None:
+        for target in [t for t in self._events if targets(t)]:
+            del self._events[target]
+            self._last.pop(target, None)
 
 
 class SeqError(ValueError):

@@ -8,6 +8,7 @@ and sample results only as protobuf. The message classes are the SDK's own
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import msgspec
 import numpy as np
@@ -19,6 +20,7 @@ __all__ = [
     "ForwardBackwardCall",
     "ProtoError",
     "SampledSequence",
+    "Span",
     "Topk",
     "decode_forward_backward",
     "encode_forward_backward_output",
@@ -37,11 +39,23 @@ class ProtoError(ValueError):
     seq: tuple[str, int] | None = None
 
 
+class Span(msgspec.Struct, frozen=True):
+    """A run of a datum's positions that claims to be positions [offset, offset + length) of a
+    sampled sequence's prompt (`sampled` false) or of its sampled tokens (provenance)."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
 class Datum(msgspec.Struct):
-    """One training example: the input tokens and its per-token loss inputs (1-D, same length)."""
+    """One training example: the input tokens and its per-token loss inputs (1-D, same length),
+    and, when the client gave it, the provenance of its input tokens and of its targets."""
 
     tokens: np.ndarray
     inputs: dict[str, np.ndarray]
+    spans: tuple[tuple[Span, ...], tuple[Span, ...]] | None = None
 
 
 class ForwardBackwardCall(msgspec.Struct):
@@ -98,7 +112,25 @@ def _datum(index: int, msg: pb.Datum) -> Datum:
         parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
     tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
     inputs = {name: _tensor(name, tensor) for name, tensor in msg.loss_fn_inputs.items()}
-    return Datum(tokens=tokens, inputs=inputs)
+    spans = None
+    if len(msg.model_input_spans) or len(msg.loss_fn_input_spans):
+        spans = (_spans(index, msg.model_input_spans), _spans(index, msg.loss_fn_input_spans))
+    return Datum(tokens=tokens, inputs=inputs, spans=spans)
+
+
+def _spans(index: int, spans: Iterable[pb.ProvenanceSpan]) -> tuple[Span, ...]:
+    out = []
+    for span in spans:
+        kind = span.WhichOneof("span")
+        if kind is None:
+            raise ProtoError(f"datum {index}: a provenance span names no kind")
+        run = getattr(span, kind)
+        if run.offset < 0 or run.length < 0 or not run.sequence_id:
+            raise ProtoError(
+                f"datum {index}: a provenance span has a negative offset or length, or no sequence_id"
+            )
+        out.append(Span(kind == "sampled_tokens", run.sequence_id, run.offset, run.length))
+    return tuple(out)
 
 
 def decode_forward_backward(body: bytes) -> ForwardBackwardCall:

@@ -18,8 +18,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from platoon.backends.local.checkpoints import CheckpointInfo
-from platoon.backends.local.service import Answer, TinkerService
+from platoon.backends.local.service import Answer, Session, TinkerService
 from platoon.backends.local.specs import EngineError, LoraSpec
+from platoon.backends.local.unoffered import refusal
 
 __all__ = ["rest_routes"]
 
@@ -61,6 +62,58 @@ class _Ttl(msgspec.Struct):
 
 class _WeightsInfo(msgspec.Struct):
     tinker_path: str
+
+
+class _SearchCursor(msgspec.Struct):
+    last_created_at: datetime.datetime
+    last_session_id: str
+
+
+class _Status(msgspec.Struct):
+    type: str
+    reasons: list[str] | None = None
+
+
+class _Search(msgspec.Struct):
+    session_id: str | None = None
+    project_ids: list[str] | None = None
+    user_metadata: dict[str, str] = {}
+    display_name: str | None = None
+    statuses: list[_Status] | None = None
+    limit: int = 50
+    cursor: _SearchCursor | None = None
+
+
+def _status(session: Session) -> dict[str, object]:
+    if not session.finished:
+        return {"type": "active"}
+    return {"type": "client_finished", "reason": {"type": session.finish_reason or "success"}}
+
+
+def _matches(search: _Search, session: Session) -> bool:
+    """A session matches by id or by display name (either, when both are given), by every
+    metadata pair, and by any of the statuses."""
+    named = search.session_id is not None or search.display_name is not None
+    if named:
+        by_id = search.session_id == session.id
+        name = (session.display_name or "").lower()
+        words = (search.display_name or "").lower().split()
+        by_name = bool(words) and all(w in name for w in words)
+        if not (by_id or by_name):
+            return False
+    metadata = session.user_metadata or {}
+    if any(metadata.get(k) != v for k, v in search.user_metadata.items()):
+        return False
+    if search.statuses is not None:
+        status = _status(session)
+        reason = session.finish_reason or "success"
+        if not any(
+            q.type == status["type"]
+            and (q.type != "client_finished" or q.reasons is None or reason in q.reasons)
+            for q in search.statuses
+        ):
+            return False
+    return True
 
 
 def rest_routes(service: TinkerService) -> list[Route]:
@@ -171,6 +224,44 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "display_name": session.display_name,
         }
 
+    async def search_sessions(request: Request) -> Answer:
+        search = msgspec.json.decode(await request.body() or b"{}", type=_Search)
+        if search.project_ids is not None:
+            return refusal("projects", "this server has one owner and no projects; leave project_ids out")
+        if not 1 <= search.limit <= 200:
+            return _error("limit must be between 1 and 200", 400)
+
+        def key(session: Session) -> tuple[datetime.datetime, str]:
+            return datetime.datetime.fromtimestamp(session.created_at, datetime.UTC), session.id
+
+        found = sorted((s for s in service.sessions.values() if _matches(search, s)), key=key, reverse=True)
+        if search.cursor is not None:
+            after = (search.cursor.last_created_at, search.cursor.last_session_id)
+            found = [s for s in found if key(s) < after]
+        page = found[: search.limit]
+
+        def summary(session: Session) -> dict[str, object]:
+            saved = [c for run in session.models for c in engine.checkpoints(run)]
+            return {
+                "session_id": session.id,
+                "created_at": _when(session.created_at),
+                "owner": OWNER,
+                "project_id": OWNER,
+                "status": _status(session),
+                "checkpoints_count": len(saved),
+                "display_name": session.display_name,
+                "user_metadata": session.user_metadata,
+                "checkpoint_storage_bytes": sum(c.size_bytes for c in saved),
+            }
+
+        sessions = await service.run_sync(lambda: [summary(s) for s in page])
+        more = len(found) > len(page)
+        last = page[-1] if page else None
+        cursor = (
+            {"last_created_at": _when(last.created_at), "last_session_id": last.id} if more and last else None
+        )
+        return {"sessions": sessions, "next_cursor": cursor}
+
     async def weights_info(request: Request) -> Answer:
         path = msgspec.json.decode(await request.body(), type=_WeightsInfo).tinker_path
         spec = await service.run_sync(lambda: engine.weights_info(path))
@@ -207,6 +298,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
         ),
         Route(f"{v1}/checkpoints", endpoint(user_checkpoints), methods=["GET"]),
         Route(f"{v1}/sessions", endpoint(list_sessions), methods=["GET"]),
+        Route(f"{v1}/sessions/search", endpoint(search_sessions), methods=["POST"]),
         Route(f"{v1}/sessions/{{session_id}}", endpoint(get_session), methods=["GET"]),
         Route(f"{v1}/weights_info", endpoint(weights_info), methods=["POST"]),
     ]

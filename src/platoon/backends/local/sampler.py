@@ -82,6 +82,7 @@ class _Job:
         self.prompt_logprobs: list[float | None] | None = None
         self.topk_prompt: Topk | None = None
         self.cache_hit_tokens = 0
+        self.cancelled = False  # its caller gave up: its rows leave the batch at the next step
         self.generator: torch.Generator | None = None
         if request.params.seed is not None:
             self.generator = torch.Generator(device=device)
@@ -260,7 +261,16 @@ class Sampler:
         self._pending.setdefault(request.weights, []).append(job)
         self._arrived = True
         self._wakeup.set()
-        await job.done.wait()
+        try:
+            await job.done.wait()
+        except anyio.get_cancelled_exc_class():
+            # Cancelled (the client's cancel_future): a queued job leaves the queue, a running
+            # one is marked, and the worker thread drops its rows when it next samples.
+            job.cancelled = True
+            queue = self._pending.get(request.weights, [])
+            if job in queue:
+                queue.remove(job)
+            raise
         if job.error is not None:
             raise job.error
         assert job.result is not None
@@ -513,6 +523,8 @@ class Sampler:
         keep: list[int] = []
         finished: list[_Job] = []
         for i, row in enumerate(batch.rows):
+            if row.job.cancelled:
+                continue
             token = token_list[i]
             row.tokens.append(token)
             row.logprobs.append(chosen[i])

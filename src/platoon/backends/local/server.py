@@ -25,6 +25,7 @@ from platoon.backends.local.proto import ProtoError, peek_seq
 from platoon.backends.local.rest import rest_routes
 from platoon.backends.local.service import Answer, TinkerService, UserError, error_response
 from platoon.backends.local.specs import EngineError
+from platoon.backends.local.unoffered import unoffered_routes
 from platoon.serving import BodyTooLarge, Guard, Scope, read_body_limited
 
 __all__ = ["TinkerService", "create_app"]
@@ -133,9 +134,6 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
             ordered_paths.add(f"/api/v1{path}")
         return Route(f"/api/v1{path}", endpoint, methods=["POST"])
 
-    async def not_found(body: bytes) -> Response:
-        return error_response("not supported by this server", 404)
-
     async def ok(body: bytes) -> Answer:
         return {"status": "accepted"}
 
@@ -150,12 +148,12 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         return result if isinstance(result, Response) else JSONResponse(result)
 
     async def finish(request: Request) -> Response:
-        result = await service.finish_session(request.path_params["session_id"])
+        result = await service.finish_session(request.path_params["session_id"], await request.body())
         return result if isinstance(result, Response) else JSONResponse(result)
 
     routes = [
         post("/client/config", service.client_config),
-        post("/client/dynamic_config", not_found),
+        post("/client/dynamic_config", service.dynamic_config),
         post("/create_session", service.create_session),
         post("/session_heartbeat", service.heartbeat),
         post("/telemetry", ok),
@@ -166,13 +164,20 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         post("/save_weights", service.save_weights, ordered=True),
         post("/save_weights_for_sampler", service.save_weights_for_sampler, ordered=True),
         post("/load_weights", service.load_weights, ordered=True),
+        post("/save_weights_external", service.save_weights_external, ordered=True),
+        post("/copy_weights", service.copy_weights),
+        post("/unload_model", service.unload_model),
         post("/create_sampling_session", service.create_sampling_session),
         post("/asample", service.asample, decoded=PROMPT_DECODED),
         post("/retrieve_future", service.retrieve_future),
+        post("/retrieve_futures", service.retrieve_futures),
+        post("/cancel_future", service.cancel_future),
+        post("/join_sampling_session", service.join_sampling_session),
         Route("/api/v1/sessions/{session_id}/finish", finish, methods=["POST"]),
         Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),
         Route("/api/v1/healthz", healthz, methods=["GET"]),
         Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
+        *unoffered_routes(),
         *rest_routes(service),
     ]
     app = Starlette(routes=routes, lifespan=service.lifespan)

@@ -24,22 +24,27 @@ from starlette.responses import JSONResponse, Response
 
 from platoon.backends.local.bodies import (
     Asample,
+    CopyWeights,
     CreateModel,
     CreateSamplingSession,
     CreateSession,
+    FinishSession,
     LoadWeights,
     LoraConfig,
     ModelRef,
     OptimizerConfig,
     OptimStep,
     RetrieveFuture,
-    SamplingParams,
+    RetrieveFutures,
+    SamplerRef,
+    SaveExternal,
     SaveForSampler,
     SaveWeights,
     SessionRef,
 )
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import (
+    CompletionLog,
     FutureStore,
     Job,
     Outcome,
@@ -50,30 +55,40 @@ from platoon.backends.local.futures import (
     json_outcome,
     proto_outcome,
 )
+from platoon.backends.local.losses import DERIVED_INPUTS
 from platoon.backends.local.proto import (
+    ForwardBackwardCall,
+    SampledSequence,
     decode_forward_backward,
     encode_forward_backward_output,
     encode_sample_response,
 )
-from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
-from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef
+from platoon.backends.local.sampler import Sampler, SampleRequest
+from platoon.backends.local.sampling_requests import read_sample_request
+from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef, not_offered
+from platoon.backends.local.stability import StabilityRecords
 
-__all__ = ["Answer", "TinkerService", "UserError", "error_response"]
+__all__ = ["Answer", "Session", "TinkerService", "UserError", "error_response"]
 
 T = TypeVar("T")
 Answer = dict[str, object] | Response  # a handler's answer: JSON to encode, or a response as is
 
 log = structlog.get_logger(__name__)
+CLONE_STRIDE = 1_000_000_000  # a cloned sampling client numbers its requests from clone * this
 
 
 class UserError(ValueError):
     """A request the server refuses; answered as `{"error", "category": "user"}`."""
 
 
-class _Session:
+class Session:
+    """A client's session: its training models and samplers, and how it ended."""
+
     def __init__(self, session_id: str, request: CreateSession | None = None) -> None:
         self.id = session_id
+        self.created_at = time.time()
         self.finished = False
+        self.finish_reason: str | None = None  # success, errored or interrupted, as the client said
         self.models: list[str] = []
         self.samplers: list[str] = []
         self.user_metadata = _strings(request.user_metadata if request else None)
@@ -82,12 +97,13 @@ class _Session:
 
 class _Model:
     def __init__(
-        self, session: _Session, queue: SeqQueue, rank: int, user_metadata: Mapping[str, object] | None = None
+        self, session: Session, queue: SeqQueue, rank: int, user_metadata: Mapping[str, object] | None = None
     ) -> None:
         self.session = session
         self.queue = queue
         self.rank = rank
         self.ready = False
+        self.unloaded = False
         self.user_metadata = _strings(user_metadata)
         self.last_request = time.time()
 
@@ -97,10 +113,11 @@ def _strings(metadata: Mapping[str, object] | None) -> dict[str, str] | None:
 
 
 class _SamplerSession:
-    def __init__(self, session: _Session, weights: WeightsRef, model_path: str | None) -> None:
+    def __init__(self, session: Session, weights: WeightsRef, model_path: str | None) -> None:
         self.session = session
         self.weights = weights
         self.model_path = model_path
+        self.clones = 0  # clients that joined it (join_sampling_session); the original is 0
 
 
 class TinkerService:
@@ -114,19 +131,26 @@ class TinkerService:
         api_key: str | None = None,
         poll_timeout: float = 25.0,
         max_batch: int = 64,
+        client_config: Mapping[str, object] | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key
         self.poll_timeout = poll_timeout
         self.futures = FutureStore()
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[str, Session] = {}
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, _SamplerSession] = {}
         self._lane = anyio.CapacityLimiter(1)
         self.sampler = Sampler(engine, self.run_sync, max_batch=max_batch)
         self._tg: anyio.abc.TaskGroup | None = None
         self._names = {model_name, str(engine.model_dir)}
+        # The SDK's feature flags this server answers client/config with (all off by default,
+        # as hosted Tinker's are; a test or an operator may turn the ones served here on).
+        self.client_flags = {"pjwt_auth_enabled": False, **(client_config or {})}
+        self.stability = StabilityRecords()
+        self.completions = CompletionLog()
+        self._cancel: dict[str, anyio.CancelScope] = {}
 
     async def run_sync(self, fn: Callable[[], T]) -> T:
         """Run torch work in the single worker thread."""
@@ -146,7 +170,7 @@ class TinkerService:
 
     # ---- lookups ----
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
             raise UserError(f"unknown session_id {session_id!r}")
@@ -158,6 +182,8 @@ class TinkerService:
         model = self.models.get(model_id)
         if model is None or not model.ready:
             raise UserError(self._unknown_model(model_id))
+        if model.unloaded:
+            raise UserError(f"model {model_id} was unloaded")
         if model.session.finished:
             raise UserError(f"session {model.session.id} of model {model_id} has finished")
         model.last_request = time.time()
@@ -189,21 +215,35 @@ class TinkerService:
 
     # ---- running work ----
 
-    def _future(self, key: Hashable | None, work: Callable[[], Awaitable[Outcome]]) -> tuple[str, bool]:
+    def _future(
+        self, key: Hashable | None, work: Callable[[], Awaitable[Outcome]], target: Hashable | None = None
+    ) -> tuple[str, bool]:
+        """New work answered by a future. With a `target` (a sampler and clone) the work can be
+        cancelled (`cancel_future`) and its completion is reported to `retrieve_futures`."""
         request_id, new = self.futures.create(key)
         if new:
-            self._spawn(lambda: self._settle(request_id, work))
+            self._spawn(lambda: self._settle(request_id, work, target))
         return request_id, new
 
-    async def _settle(self, request_id: str, work: Callable[[], Awaitable[Outcome]]) -> None:
-        try:
-            outcome = await work()
-        except (EngineError, UserError, SeqError) as exc:
-            outcome = failure(str(exc))
-        except Exception as exc:
-            log.exception("request failed", request_id=request_id)
-            outcome = failure(f"internal error: {exc!r}", "server")
+    async def _settle(
+        self, request_id: str, work: Callable[[], Awaitable[Outcome]], target: Hashable | None = None
+    ) -> None:
+        outcome = failure(f"request {request_id} was cancelled by the client")
+        with anyio.CancelScope() as scope:
+            if target is not None:
+                self._cancel[request_id] = scope
+            try:
+                outcome = await work()
+            except (EngineError, UserError, SeqError) as exc:
+                outcome = failure(str(exc))
+            except Exception as exc:
+                log.exception("request failed", request_id=request_id)
+                outcome = failure(f"internal error: {exc!r}", "server")
+            finally:
+                self._cancel.pop(request_id, None)
         self.futures.resolve(request_id, outcome)
+        if target is not None:
+            self.completions.add(target, request_id, outcome)
 
     def _queued(
         self,
@@ -258,12 +298,16 @@ class TinkerService:
     # ---- handlers ----
 
     async def client_config(self, body: bytes) -> Answer:
-        return {"pjwt_auth_enabled": False}
+        return dict(self.client_flags)
+
+    async def dynamic_config(self, body: bytes) -> Answer:
+        # Cancelling is served: an abandoned sample stops at once instead of running on.
+        return {"sample_cancel_enabled": True}
 
     async def create_session(self, body: bytes) -> Answer:
         request = msgspec.json.decode(body, type=CreateSession)
         session_id = f"local-{uuid.uuid4().hex[:12]}"
-        self.sessions[session_id] = _Session(session_id, request)
+        self.sessions[session_id] = Session(session_id, request)
         return {"session_id": session_id, "type": "create_session"}
 
     async def heartbeat(self, body: bytes) -> Answer:
@@ -275,12 +319,16 @@ class TinkerService:
             return error_response(f"session {ref.session_id} has finished", 410)
         return {"type": "session_heartbeat"}
 
-    async def finish_session(self, session_id: str) -> Answer:
+    async def finish_session(self, session_id: str, body: bytes = b"") -> Answer:
         session = self.sessions.get(session_id)
         if session is None:
             return error_response(f"unknown session_id {session_id!r}", 404)
         if not session.finished:
             session.finished = True
+            try:
+                session.finish_reason = msgspec.json.decode(body or b"{}", type=FinishSession).reason.type
+            except msgspec.DecodeError:
+                session.finish_reason = "success"
             for model_id in session.models:
                 model = self.models.get(model_id)
                 if model is not None:
@@ -290,6 +338,9 @@ class TinkerService:
                 if sampler is not None and sampler.weights.key is not None:
                     weights = sampler.weights
                     await self.run_sync(functools.partial(self.engine.drop_weights, weights))
+            self.stability.forget_session(session_id)
+            samplers = set(session.samplers)
+            self.completions.forget(lambda target: isinstance(target, tuple) and target[0] in samplers)
         return {}
 
     async def create_model(self, body: bytes) -> Answer:
@@ -322,7 +373,8 @@ class TinkerService:
             "model_data": {
                 "arch": getattr(self.engine.base.config, "model_type", None),
                 "model_name": self.model_name,
-                "tokenizer_id": str(self.engine.model_dir),
+                # The served name: a client elsewhere loads the tokenizer by it (hub name or path).
+                "tokenizer_id": self.model_name,
             },
             "is_lora": True,
             "lora_rank": model.rank,
@@ -336,8 +388,11 @@ class TinkerService:
             if len(body) <= 2**20
             else await anyio.to_thread.run_sync(decode_forward_backward, body)
         )
+        refused = self._derive_inputs(call)
 
         def compute() -> Outcome:
+            if refused is not None:
+                raise UserError(refused)
             logprobs, metrics = self.engine.forward_backward(
                 call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
             )
@@ -345,6 +400,27 @@ class TinkerService:
 
         request_id = self._queued(call.model_id, call.seq_id, compute=compute)
         return {"request_id": request_id, "model_id": call.model_id}
+
+    def _derive_inputs(self, call: ForwardBackwardCall) -> str | None:
+        """stable_reinforce's per-token inputs from each datum's provenance and the sampler's
+        records, added in place (on the event loop, which owns the records); or why not."""
+        if call.loss_fn != "stable_reinforce":
+            return None
+        model = self.models.get(call.model_id)
+        if model is None:
+            return None  # the queued request fails on the unknown model
+        try:
+            for i, datum in enumerate(call.data):
+                sent = DERIVED_INPUTS & set(datum.inputs)
+                if sent:
+                    raise UserError(
+                        f"datum {i}: loss_fn_inputs {sorted(sent)} are derived by the server from "
+                        "provenance; do not send them"
+                    )
+                datum.inputs.update(self.stability.resolve(model.session.id, i, datum))
+        except (UserError, EngineError) as exc:
+            return str(exc)
+        return None
 
     async def optim_step(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=OptimStep)
@@ -442,9 +518,7 @@ class TinkerService:
             when = time.time() + ttl_seconds
             await self.run_sync(lambda: self.engine.mark_checkpoint(run, checkpoint_id, expires_at=when))
 
-    def _add_sampler(
-        self, session: _Session, seq_id: int, weights: WeightsRef, model_path: str | None
-    ) -> str:
+    def _add_sampler(self, session: Session, seq_id: int, weights: WeightsRef, model_path: str | None) -> str:
         sampler_id = f"{session.id}:sample:{seq_id}"
         self.samplers[sampler_id] = _SamplerSession(session, weights, model_path)
         session.samplers.append(sampler_id)
@@ -478,17 +552,33 @@ class TinkerService:
         key = ("sample", req.sampling_session_id, req.seq_id) if req.seq_id is not None else None
         num = max(req.num_samples, 0)
 
+        target = None
+        if req.sampling_session_id is not None:
+            target = (req.sampling_session_id, (req.seq_id or 0) // CLONE_STRIDE)
+
         async def work() -> Outcome:
             request = self._sample_request(req)
             result = await self.sampler.sample(request)
+            if req.record_stability_info:
+                self._record(req, request_id, request.prompt, result.sequences)
             return proto_outcome(
                 encode_sample_response(
                     result.sequences, result.prompt_logprobs, result.topk_prompt, result.cache_hit_tokens
                 )
             )
 
-        request_id, _ = self._future(key, work)
+        request_id, _ = self._future(key, work, target)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num)]}
+
+    def _record(
+        self, req: Asample, request_id: str, prompt: list[int], sequences: list[SampledSequence]
+    ) -> None:
+        """Keep what stable_reinforce will check a datum's provenance against."""
+        sampler = self.samplers.get(req.sampling_session_id or "")
+        if sampler is None:
+            raise UserError("record_stability_info needs a sampling session (a sampling client)")
+        ids = [f"{request_id}:{i}" for i in range(len(sequences))]
+        self.stability.record(sampler.session.id, ids, prompt, sequences)
 
     def _sample_request(self, req: Asample) -> SampleRequest:
         if req.sampling_session_id is not None:
@@ -503,56 +593,87 @@ class TinkerService:
         else:
             self._check_base_model(req.base_model)
             weights = WeightsRef()
-        unsupported = [
-            name
-            for name, value in (
-                ("target_prompt_logprobs", req.target_prompt_logprobs),
-                ("prompt_alt_tokens_k", req.prompt_alt_tokens_k),
-                ("prompt_logprobs_last_n", req.prompt_logprobs_last_n),
-            )
-            if value
-        ]
-        if unsupported:
-            raise UserError(f"this server does not support {', '.join(unsupported)}")
-        prompt: list[int] = []
-        for chunk in req.prompt.chunks:
-            if chunk.get("type", "encoded_text") != "encoded_text":
-                raise UserError(f"prompt chunk type {chunk.get('type')!r} is not supported (text only)")
-            tokens = chunk.get("tokens")
-            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                raise UserError("prompt chunk tokens must be a list of integers")
-            prompt.extend(tokens)
-        return SampleRequest(
-            prompt=prompt,
-            num_samples=req.num_samples,
-            params=self._sample_params(req.sampling_params),
-            prompt_logprobs=bool(req.prompt_logprobs),
-            weights=weights,
-            topk_prompt=req.topk_prompt_logprobs,
-            topk_sample=req.topk_sample_logprobs,
-        )
+        return read_sample_request(req, weights, self.engine.eos_ids)
 
-    def _sample_params(self, p: SamplingParams) -> SampleParams:
-        stop = p.stop
-        tokens: frozenset[int]
-        strings: tuple[str, ...]
-        if stop is None:
-            tokens, strings = self.engine.eos_ids, ()
-        elif isinstance(stop, str):
-            tokens, strings = frozenset(), (stop,) if stop else ()
-        elif all(isinstance(s, int) for s in stop):
-            tokens, strings = frozenset(int(s) for s in stop), ()
+    async def retrieve_futures(self, body: bytes) -> Answer:
+        """A sampling client's completions after its cursor (long-polled, as retrieve_future)."""
+        req = msgspec.json.decode(body, type=RetrieveFutures)
+        if req.target.sampling_session_id not in self.samplers:
+            return error_response(f"unknown sampling_session_id {req.target.sampling_session_id!r}", 404)
+        for request_id in req.retrieved_request_ids:
+            self.futures.retrieved(request_id)
+        timeout = self.poll_timeout if req.timeout is None else max(0.0, min(req.timeout, self.poll_timeout))
+        target = (req.target.sampling_session_id, req.target.cloned_sampler_id)
+        events, cursor = await self.completions.after(target, req.prev_cursor, timeout)
+        completions = [
+            {"state": "finished", "request_id": e.request_id, "response_payload_uncompressed_size": e.size}
+            if e.ok
+            else {"state": "failed", "request_id": e.request_id}
+            for e in events
+        ]
+        return {"completions": completions, "cursor": cursor}
+
+    async def cancel_future(self, body: bytes) -> Answer:
+        """Stop a sampling request its client gave up on; it then fails as cancelled."""
+        req = msgspec.json.decode(body, type=RetrieveFuture)
+        if not self.futures.known(req.request_id):
+            return error_response(f"unknown request_id {req.request_id!r}", 404)
+        scope = self._cancel.get(req.request_id)
+        if scope is not None:
+            scope.cancel()
+        elif self.futures.outcome(req.request_id) is None:
+            raise UserError(f"request {req.request_id} cannot be cancelled: only sampling requests can")
+        return {}
+
+    async def join_sampling_session(self, body: bytes) -> Answer:
+        """A clone id for an unpickled sampling client, so its seq_ids never meet another's."""
+        req = msgspec.json.decode(body, type=SamplerRef)
+        sampler = self.samplers.get(req.sampling_session_id)
+        if sampler is None:
+            return error_response(f"unknown sampling_session_id {req.sampling_session_id!r}", 404)
+        if sampler.session.finished:
+            return error_response(f"session {sampler.session.id} has finished", 410)
+        sampler.clones += 1
+        return {"type": "join_sampling_session", "client_counter": sampler.clones}
+
+    async def unload_model(self, body: bytes) -> Answer:
+        """Free a training model before its session ends; requests still queued fail."""
+        ref = msgspec.json.decode(body, type=ModelRef)
+        model = self._model(ref.model_id)
+        model.unloaded = True
+        model.queue.close()
+        return {"model_id": ref.model_id, "type": "unload_model"}
+
+    async def copy_weights(self, body: bytes) -> Answer:
+        """Copy a checkpoint into a new training run (one that holds no trainable model)."""
+        req = msgspec.json.decode(body, type=CopyWeights)
+        if req.session_id is not None and req.model_seq_id is not None:
+            self._session(req.session_id)
+            run_id = f"{req.session_id}:train:{req.model_seq_id}"
+            if run_id in self.models:
+                raise UserError(f"training run {run_id} already exists")
+        elif req.destination_project_id is not None:
+            run_id = f"copy-{uuid.uuid4().hex[:12]}"  # one owner, no projects: any id is this server
         else:
-            tokens, strings = frozenset(), tuple(str(s) for s in stop if s)
-        return SampleParams(
-            max_tokens=p.max_tokens,
-            seed=p.seed,
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            stop_tokens=tokens,
-            stop_strings=strings,
-        )
+            raise UserError("copy_weights needs destination_project_id, or session_id and model_seq_id")
+        path = await self.run_sync(lambda: self.engine.copy_checkpoint(req.source_path, run_id))
+        await self._expire(path, req.ttl_seconds)
+        return {"tinker_path": path}
+
+    async def save_weights_external(self, body: bytes) -> Answer:
+        """Refused in its place in the model's order, so the requests behind it still run."""
+        req = msgspec.json.decode(body, type=SaveExternal)
+
+        async def refused() -> Outcome:
+            raise UserError(
+                not_offered(
+                    "save_weights_external (external weights with signed download URLs)",
+                    "save_state or save_weights_for_sampler write the checkpoint under the server's "
+                    "--checkpoint-dir, where its files can be read",
+                )
+            )
+
+        return {"request_id": self._queued(req.model_id, req.seq_id or 0, refused), "model_id": req.model_id}
 
     async def retrieve_future(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=RetrieveFuture)

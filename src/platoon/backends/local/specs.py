@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["AdamParams", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef"]
+__all__ = ["AdamParams", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef", "not_offered"]
+
+
+def not_offered(feature: str, instead: str) -> str:
+    """How the server refuses a feature of the Tinker API it does not have, in one line."""
+    return f"{feature} is not offered by platoon's Tinker server: {instead}"
 
 
 class EngineError(ValueError):
