@@ -56,6 +56,8 @@ __all__ = [
     "RunFinished",
     "SessionOpenRequested",
     "SessionOpened",
+    "StepRequested",
+    "StepStarted",
     "TaskRef",
     "TasksListed",
     "TasksRequested",
@@ -278,6 +280,24 @@ class SessionOpenRequested(Request, frozen=True, kw_only=True):
 class SessionOpened(Reply, frozen=True, kw_only=True):
     instruction: str = ""
     tools: list[ToolSpec] = msgspec.field(default_factory=list)
+    steps: int = 1  # a multi-step task's steps: the agent plays each in turn (`StepRequested`)
+
+
+@register_event
+class StepRequested(Request, frozen=True, kw_only=True):
+    """An agent finished a step of a multi-step task: verify it and begin the next."""
+
+    episode_id: str
+    agent_id: str
+    env: str
+
+
+@register_event
+class StepStarted(Reply, frozen=True, kw_only=True):
+    """The next step's instruction, or None when the task is over (its last step was played,
+    or a step's result ended it)."""
+
+    instruction: str | None = None
 
 
 @register_event

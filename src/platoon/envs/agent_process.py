@@ -24,8 +24,10 @@ async def run_requested_agent(
     cwd: str | None = None,
     user: str | None = None,
     timeout: float | None = None,
+    offline: bool = False,
 ) -> AgentProcessExited:
-    """Run what `req` describes in `box`; `timeout` caps the request's own (the task's limit)."""
+    """Run what `req` describes in `box`; `timeout` caps the request's own (the task's limit), and
+    `offline` runs it without the sandbox's network (a task phase that has none)."""
     try:
         payload = json.loads(req.payload)
         argv = [str(a) for a in payload["argv"]]
@@ -48,6 +50,7 @@ async def run_requested_agent(
             user=user,
             timeout=applied,
             output_cap=req.output_cap,
+            offline=offline,
         )
     except SandboxError as exc:
         return AgentProcessExited(reply_to=req.request_id, error=str(exc))

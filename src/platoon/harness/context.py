@@ -16,7 +16,16 @@ from typing import Any, Literal
 import msgspec
 
 from platoon.bus import Bus
-from platoon.bus.events import ChatReplied, ChatRequested, TaskRef, ToolCalled, ToolReturned, ToolSpec
+from platoon.bus.events import (
+    ChatReplied,
+    ChatRequested,
+    StepRequested,
+    StepStarted,
+    TaskRef,
+    ToolCalled,
+    ToolReturned,
+    ToolSpec,
+)
 
 __all__ = [
     "AgentContext",
@@ -133,6 +142,7 @@ class AgentContext:
         request_timeout: float | None = None,
         spawner: Callable[..., Awaitable[AgentResult]] | None = None,
         env_faults: list[str] | None = None,
+        steps: int = 1,
     ) -> None:
         self.bus = bus
         self.task = task
@@ -150,6 +160,7 @@ class AgentContext:
         # The environment's failures in this episode (shared with subagents): they make the
         # episode an error, however the agent carries on.
         self.env_faults = env_faults if env_faults is not None else []
+        self.steps = steps  # a multi-step task's steps, played in turn (see `next_step`)
         self._tools = list(tools)
         self._spawner = spawner
         self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
@@ -259,6 +270,22 @@ class AgentContext:
             completion_tokens=reply.completion_tokens,
             parse_errors=reply.parse_errors,
         )
+
+    async def next_step(self) -> str | None:
+        """Done with this step of a multi-step task: the environment verifies it and begins the
+        next, whose instruction becomes this context's (returned); None when the task is over.
+        The programs call it between harness runs; a failure is the environment's."""
+        reply = await self.bus.request(
+            StepRequested(episode_id=self.episode_id, agent_id=self.agent_id, env=self.task.env),
+            timeout=None,  # the step's verifier and the next step's setup have limits of their own
+        )
+        assert isinstance(reply, StepStarted)
+        if reply.error is not None:
+            self.env_faults.append(reply.error)
+            return None
+        if reply.instruction is not None:
+            self.instruction = reply.instruction
+        return reply.instruction
 
     async def spawn(self, instruction: str, **options: object) -> AgentResult:
         """Run a subagent on `instruction` and return its result (recursive programs only)."""

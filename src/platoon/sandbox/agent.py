@@ -97,9 +97,11 @@ async def run_agent(
     user: str | None = None,
     timeout: float | None = None,
     output_cap: int = OUTPUT_CAP,
+    offline: bool = False,
 ) -> AgentExit:
     """Run `argv` in `box` (see the module docstring); `files` are written into its home, the
-    toolchain and the spec's folder are mounted read-only at TOOLCHAIN_DIR and SPEC_DIR."""
+    toolchain and the spec's folder are mounted read-only at TOOLCHAIN_DIR and SPEC_DIR. `offline`
+    runs it without the sandbox's network (its forwards still reach the host's endpoints)."""
     if not supports_agents(box):
         raise SandboxError(
             f"the {type(box).__name__} provider fixes its mounts when it starts, so an agent cannot "
@@ -144,6 +146,7 @@ async def run_agent(
                 timeout=timeout,
                 user=user,
                 mounts=tuple(mounts),
+                **({"offline": True} if offline else {}),
             )
         return _exit(run, result, time.monotonic() - started)
 
