@@ -321,6 +321,9 @@ class AgentProcessRequested(Request, frozen=True, kw_only=True):
     spec_dir: str | None = None
     timeout: float | None = None
     output_cap: int = 65_536
+    # the toolchain's Python installation, when it lives outside the sandbox's base: mounted
+    # read-only at its own path (see `platoon.harness.toolchain`)
+    interpreter: str | None = None
 
 
 @register_event
@@ -394,6 +397,9 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
     role: str = ""  # the role its program gave it, if any (how `by: role` chose the policy)
     # its calls' sampling seeds derive from it; None: a subagent's derives from its parent's
     seed: int | None = None
+    # the agent checks its tool calls itself (its harness's `checks_tool_calls`): calls the tools'
+    # schemas do not fit reach it as calls, for it to answer, instead of staying text
+    checks_tool_calls: bool = False
 
 
 @register_event

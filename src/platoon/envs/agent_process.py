@@ -46,6 +46,7 @@ async def run_requested_agent(
             forwards=[Forward(port=int(port), target=target) for port, target in req.forwards.items()],
             toolchain=req.toolchain,
             spec_dir=req.spec_dir,
+            interpreter=req.interpreter,
             cwd=cwd,
             user=user,
             timeout=applied,

@@ -276,6 +276,7 @@ class AgentTree:
                     policy_version=request.policy_versions.get(policy, request.policy_version),
                     policy=policy,
                     role=role or "",
+                    checks_tool_calls=getattr(chosen, "checks_tool_calls", False),
                 ),
                 timeout=parent.request_timeout,
             )

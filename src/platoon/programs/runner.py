@@ -259,6 +259,7 @@ class EpisodeRunner(ComponentBase):
                     policy=policy,
                     role=ROOT_ROLE,
                     seed=request.seed,
+                    checks_tool_calls=getattr(get_harness(harness_name), "checks_tool_calls", False),
                 ),
                 timeout=self.request_timeout,
             )
