@@ -276,7 +276,7 @@ class HarborSession:
             self.results.append(await self._verify_step())
             if self.index + 1 < len(self.task.steps):
                 left = ", ".join(s.name for s in self.task.steps[self.index + 1 :])
-                self.notes.append(f"steps {left} were not played (the episode program plays one step)")
+                self.notes.append(f"steps {left} were not played")
         combined = combine_steps(self.task.config.multi_step_reward_strategy, self.results)
         parts = {
             f"steps/{step.name}/{key}": value
