@@ -212,3 +212,30 @@ def test_every_part_of_every_purpose_declares_what_it_takes_and_publishes(site, 
         )
     graph = event_graph(run.declared())
     assert not graph.undeclared
+
+
+def test_a_harbor_entry_keeps_its_artifacts_in_the_run_folder(site):
+    from platoon.assembly.builders import _env_services
+
+    task = site / "tasks" / "t"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text('[environment]\ndocker_image = "x"\n')
+    (task / "instruction.md").write_text("do\n")
+    (task / "tests" / "test.sh").write_text("true\n")
+    entry = {
+        "service": "harbor",
+        "service_kwargs": {"dataset": str(site / "tasks")},
+        "harness": "platoon-bash",
+    }
+    own = {
+        **entry,
+        "name": "own",
+        "service_kwargs": {**entry["service_kwargs"], "artifacts_dir": "/elsewhere"},
+    }
+    config = validate_config({**RAW, "environments": [{**entry, "name": "tasks"}, own]})
+    services = _env_services(config, site / "run")
+    assert [s.backend.artifacts_dir for s in services] == [
+        str(site / "run" / "artifacts" / "tasks"),
+        "/elsewhere",
+    ]
+    assert [s.backend.artifacts_dir for s in _env_services(config)] == [None, "/elsewhere"]

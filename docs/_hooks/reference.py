@@ -553,6 +553,8 @@ SPEC_KEYS = {
     "(a host process with the host's environment: trusted code only).",
     "toolchain": "Pinned packages built once into the site cache and mounted read-only at `{toolchain}`.",
     "output_cap": "Bytes of the tail of stdout and of stderr kept; stdout's tail is the agent's final message.",
+    "checks_tool_calls": "`true` when the agent checks its tool calls itself and answers a bad one "
+    "(OpenHands): the gateway then returns calls the tools' schemas do not fit as calls, not text.",
 }
 OPTION_KEYS = {
     "type": "`int`, `float`, `str` or `bool`.",
@@ -565,7 +567,8 @@ OPTION_KEYS = {
 TOOLCHAIN_KEYS = {
     "pip": "pip requirements, each pinned with `==` to one version, installed into a venv.",
     "npm": "npm packages, each pinned with `@` to one version; their bins are linked into `bin/`.",
-    "python": "The interpreter the venv is made with; the sandbox must have it too.",
+    "python": "The interpreter the venv is made with (the sandbox must have it too), or a version "
+    '(`"3.12"`): the site\'s `pythons:` or one platoon finds, mounted read-only into the sandbox.',
 }
 PLACEHOLDERS = {
     "instruction": "The task's instruction for this agent.",

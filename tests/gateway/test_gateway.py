@@ -300,6 +300,26 @@ async def test_a_malformed_tool_call_comes_back_as_text_with_an_error(toy_tokeni
     assert record.completion_tokens == sampled_tokens(toy_tokenizer, bad)
 
 
+@pytest.mark.anyio
+async def test_an_agent_that_checks_its_own_calls_gets_the_calls_its_schemas_do_not_fit(toy_tokenizer):
+    """OpenHands answers a bad call with its own error: the gateway hands such calls back as calls
+    (bad JSON is still text: it is no call at all)."""
+    unfit = '<tool_call>\n{"name": "guess", "arguments": {"number": "seven"}}\n</tool_call>'
+    unknown = '<tool_call>\n{"name": "peek", "arguments": {}}\n</tool_call>'
+    broken = "<tool_call>\n{not json}\n</tool_call>"
+    async with running_gateway(toy_tokenizer, [unfit, unknown, broken]) as gw:
+        ctx = await gw.context("ep1", checks_tool_calls=True)
+        replies = [await ctx.chat([{"role": "user", "content": "Guess."}], GUESS_TOOLS) for _ in range(3)]
+
+    calls = [
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in r.tool_calls]
+        for r in replies
+    ]
+    assert calls == [[("guess", {"number": "seven"})], [("peek", {})], []]
+    assert [r.finish_reason for r in replies] == ["tool_calls", "tool_calls", "stop"]
+    assert "invalid JSON" in replies[2].parse_errors[0]
+
+
 # --- token-exact history ----------------------------------------------------------------------
 
 

@@ -218,3 +218,16 @@ async def test_eight_sandboxes_run_concurrently():
         for i in range(8):
             tg.start_soon(one, i)
     assert sorted(results) == sorted(f"{i}\n" for i in range(8))
+
+
+async def test_one_command_can_run_without_the_sandboxs_network():
+    if SandboxNetwork.unavailable():
+        pytest.skip(SandboxNetwork.unavailable())
+    route = "awk 'NR > 1 && $2 == \"00000000\"' /proc/net/route | grep -c ."
+    async with BwrapSandbox(SandboxSpec(network=True)) as box:
+        online = await box.exec(route)
+        offline = await box.exec(route, offline=True)
+        await box.exec("echo kept > /tmp/f", offline=True)
+        after = await box.exec("cat /tmp/f; " + route)
+    assert (online.stdout, offline.stdout) == ("1\n", "0\n")
+    assert after.stdout == "kept\n1\n"  # the same files; the network back for the next command

@@ -94,6 +94,8 @@ class FakePlayer:
                 group_id=request.group_id,
                 task=request.task,
                 reward=reward,
+                # a verifier's side metric beside the reward, as a Harbor task's reward.json gives
+                rewards={} if reward is None else {"reward": reward, "exact": float(reward == 1.0)},
                 status="completed" if reward is not None else "error",
                 reason=None if reward is not None else "the harness raised ValueError: x",
                 purpose=request.purpose,
@@ -132,6 +134,10 @@ async def test_the_report_adds_up(tmp_path):
     assert sorted(by_task["c"].rewards, key=str) == sorted(RESULTS["c"], key=str)
     assert by_task["c"].failures == ["the harness raised ValueError: x"]
     assert report.seconds > 0
+    # Side metrics: each graded episode's, and their means (5 of the 11 graded rewards are 1.0).
+    assert report.reward_parts == {"exact": pytest.approx(5 / 11), "reward": pytest.approx(0.5)}
+    assert sorted(p["exact"] for p in by_task["a"].parts) == [1.0] * 4
+    assert published.metrics["eval/reward/exact/mean"] == pytest.approx(5 / 11)
 
     assert published.step == 7
     assert published.metrics["eval/pass@1"] == report.pass_at_k["1"]

@@ -4,6 +4,8 @@ lock.json and the worker handshake record of the opened policies.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import structlog
 
 from platoon.assembly.policies import OpenPolicy
@@ -28,12 +30,16 @@ from platoon.train.distributed import parsers_identity
 log = structlog.get_logger("platoon.assembly")
 
 
-def _env_services(config: Config) -> list[EnvService]:
-    """One env service per environment entry."""
-    return [
-        build_env_service(name, entry.service, entry.env, dict(entry.service_kwargs))
-        for name, entry in zip(entry_names(config), config.environments, strict=True)
-    ]
+def _env_services(config: Config, run_dir: Path | None = None) -> list[EnvService]:
+    """One env service per environment entry. A Harbor entry's artifacts go to the run's folder
+    (`<run dir>/artifacts/<entry>`) unless it names its own `artifacts_dir`."""
+    services = []
+    for name, entry in zip(entry_names(config), config.environments, strict=True):
+        kwargs = dict(entry.service_kwargs)
+        if entry.service == "harbor" and run_dir is not None:
+            kwargs.setdefault("artifacts_dir", str(run_dir / "artifacts" / name))
+        services.append(build_env_service(name, entry.service, entry.env, kwargs))
+    return services
 
 
 def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, object]:

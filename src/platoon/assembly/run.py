@@ -299,7 +299,7 @@ class Run:
         def grader() -> Grader:
             return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
 
-        envs = _env_services(config)
+        envs = _env_services(config, s.run_dir)
         assert s.runner is not None
         runner = s.runner
         if s.purpose in ("eval", "rollout"):

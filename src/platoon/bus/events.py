@@ -56,6 +56,8 @@ __all__ = [
     "RunFinished",
     "SessionOpenRequested",
     "SessionOpened",
+    "StepRequested",
+    "StepStarted",
     "TaskRef",
     "TasksListed",
     "TasksRequested",
@@ -280,6 +282,24 @@ class SessionOpenRequested(Request, frozen=True, kw_only=True):
 class SessionOpened(Reply, frozen=True, kw_only=True):
     instruction: str = ""
     tools: list[ToolSpec] = msgspec.field(default_factory=list)
+    steps: int = 1  # a multi-step task's steps: the agent plays each in turn (`StepRequested`)
+
+
+@register_event
+class StepRequested(Request, frozen=True, kw_only=True):
+    """An agent finished a step of a multi-step task: verify it and begin the next."""
+
+    episode_id: str
+    agent_id: str
+    env: str
+
+
+@register_event
+class StepStarted(Reply, frozen=True, kw_only=True):
+    """The next step's instruction, or None when the task is over (its last step was played,
+    or a step's result ended it)."""
+
+    instruction: str | None = None
 
 
 @register_event
@@ -303,6 +323,9 @@ class AgentProcessRequested(Request, frozen=True, kw_only=True):
     spec_dir: str | None = None
     timeout: float | None = None
     output_cap: int = 65_536
+    # the toolchain's Python installation, when it lives outside the sandbox's base: mounted
+    # read-only at its own path (see `platoon.harness.toolchain`)
+    interpreter: str | None = None
 
 
 @register_event
@@ -376,6 +399,9 @@ class AgentOpenRequested(Request, frozen=True, kw_only=True):
     role: str = ""  # the role its program gave it, if any (how `by: role` chose the policy)
     # its calls' sampling seeds derive from it; None: a subagent's derives from its parent's
     seed: int | None = None
+    # the agent checks its tool calls itself (its harness's `checks_tool_calls`): calls the tools'
+    # schemas do not fit reach it as calls, for it to answer, instead of staying text
+    checks_tool_calls: bool = False
 
 
 @register_event

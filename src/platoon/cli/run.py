@@ -127,6 +127,11 @@ def evaluate(args: Any) -> int:
     summary = {
         "reward_mean": report.reward_mean,
         "pass@k": report.pass_at_k,
+        **(
+            {"reward_parts": parts}
+            if (parts := {k: v for k, v in report.reward_parts.items() if k != "reward"})
+            else {}
+        ),
         "episodes": report.episodes,
         "failures": report.failures,
     }

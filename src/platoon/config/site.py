@@ -27,6 +27,9 @@ class Site(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True
     # The sandbox runtime: auto, bwrap, docker, singularity, enroot, or a plugin's. Kept as given:
     # the sandbox registry names a typo when a service resolves it (the contracts know no components).
     provider: str = "auto"
+    # Python interpreters a command-line agent's toolchain may be built with, when it needs
+    # another version than the sandbox's (OpenHands needs 3.12); tried before those platoon finds.
+    pythons: list[FilePath] = []
 
 
 def site_path() -> Path:
@@ -48,7 +51,7 @@ def load_site(path: str | os.PathLike[str] | None = None) -> Site:
     where = Path(os.path.abspath(given))
     data = read_file(where) if explicit or where.exists() else {}
     for f in msgspec.structs.fields(Site):  # defaults go through path resolution too, for ~
-        data.setdefault(f.name, f.default)
+        data.setdefault(f.name, f.default if f.default is not msgspec.NODEFAULT else f.default_factory())
     try:
         site = convert(data, Site, base_dir=where.parent)
     except ConfigError as exc:

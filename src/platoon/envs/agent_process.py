@@ -24,8 +24,10 @@ async def run_requested_agent(
     cwd: str | None = None,
     user: str | None = None,
     timeout: float | None = None,
+    offline: bool = False,
 ) -> AgentProcessExited:
-    """Run what `req` describes in `box`; `timeout` caps the request's own (the task's limit)."""
+    """Run what `req` describes in `box`; `timeout` caps the request's own (the task's limit), and
+    `offline` runs it without the sandbox's network (a task phase that has none)."""
     try:
         payload = json.loads(req.payload)
         argv = [str(a) for a in payload["argv"]]
@@ -44,10 +46,12 @@ async def run_requested_agent(
             forwards=[Forward(port=int(port), target=target) for port, target in req.forwards.items()],
             toolchain=req.toolchain,
             spec_dir=req.spec_dir,
+            interpreter=req.interpreter,
             cwd=cwd,
             user=user,
             timeout=applied,
             output_cap=req.output_cap,
+            offline=offline,
         )
     except SandboxError as exc:
         return AgentProcessExited(reply_to=req.request_id, error=str(exc))

@@ -10,6 +10,7 @@ ORS classes, ORS servers and Harbor datasets each implement:
     AgentProcessRequested -> AgentProcessExited (a command-line agent run in the session's sandbox)
     GradeRequested       -> Graded
     EpisodeFinished      -> a tool still running for the episode is stopped
+    StepRequested        -> StepStarted       (a multi-step task's next step, after the last is verified)
     EpisodeGraded        -> every session of that episode is closed
 
 Requests run concurrently, one task each, but the calls to one live session run one at a time
@@ -43,6 +44,8 @@ from platoon.bus.events import (
     Reply,
     SessionOpened,
     SessionOpenRequested,
+    StepRequested,
+    StepStarted,
     TaskRef,
     TasksListed,
     TasksRequested,
@@ -189,9 +192,10 @@ class EnvService(ComponentBase):
         AgentProcessRequested,
         GradeRequested,
         EpisodeFinished,
+        StepRequested,
         EpisodeGraded,
     )
-    publishes = (TasksListed, SessionOpened, ToolReturned, AgentProcessExited, Graded)
+    publishes = (TasksListed, SessionOpened, ToolReturned, AgentProcessExited, Graded, StepStarted)
 
     def __init__(
         self,
@@ -246,6 +250,7 @@ class EnvService(ComponentBase):
             (AgentProcessRequested, self._on_agent_process),
             (GradeRequested, self._on_grade),
             (EpisodeFinished, self._on_episode_finished),
+            (StepRequested, self._on_step),
             (EpisodeGraded, self._on_episode_graded),
         ]
         try:
@@ -364,6 +369,16 @@ class EnvService(ComponentBase):
                 if agent == agent_id:
                     scope.cancel()
 
+    def _on_step(self, req: StepRequested) -> None:
+        if req.env != self.name:
+            return
+        slot = self._slots.get((req.episode_id, req.agent_id))
+        if slot is None:
+            error = self._no_session(req.episode_id, req.agent_id)
+            self._spawn(self._reply, StepStarted(reply_to=req.request_id, error=error))
+            return
+        self._spawn(self._step, req, slot, *slot.enqueue())
+
     def _on_episode_graded(self, event: EpisodeGraded) -> None:
         self._graded[event.episode_id] = None
         if len(self._graded) > _GRADED_MEMORY:
@@ -460,8 +475,11 @@ class EnvService(ComponentBase):
         self._by_episode.setdefault(req.episode_id, set()).add(req.agent_id)
         use_own = slot.subtask or req.instruction is None
         instruction = slot.session.instruction if use_own or req.instruction is None else req.instruction
+        steps = getattr(slot.session, "step_count", 1)
         await self._reply(
-            SessionOpened(reply_to=req.request_id, instruction=instruction, tools=list(slot.session.tools))
+            SessionOpened(
+                reply_to=req.request_id, instruction=instruction, tools=list(slot.session.tools), steps=steps
+            )
         )
 
     async def _call(
@@ -517,6 +535,26 @@ class EnvService(ComponentBase):
             env_fault=env_fault and self.tool_errors == "env",
         )
         await self._reply(reply)
+
+    async def _step(
+        self, req: StepRequested, slot: _Slot, previous: anyio.Event | None, done: anyio.Event
+    ) -> None:
+        """Verify the step the agent played and begin the next (a session without steps has none)."""
+        instruction: str | None = None
+        error: str | None = None
+        try:
+            if previous is not None:
+                await previous.wait()
+            next_step = getattr(slot.session, "next_step", None)
+            if slot.closed or req.agent_id in slot.ended:
+                error = "the agent's episode has ended"
+            elif next_step is not None:
+                instruction = await next_step()
+        except Exception as exc:
+            error = f"the next step failed: {_describe(exc)}"
+        finally:
+            done.set()
+        await self._reply(StepStarted(reply_to=req.request_id, instruction=instruction, error=error))
 
     async def _agent_process(self, req: AgentProcessRequested, slot: _Slot) -> None:
         start = time.perf_counter()

@@ -299,6 +299,7 @@ class Gateway(ComponentBase):
             min_version=request.policy_version,
             policy=request.policy if request.policy in self.policies else self.default_policy,
             seed=seed,
+            checks_tool_calls=request.checks_tool_calls,
         )
         self.agents[session.key] = session
         self.by_agent[session.agent_id] = session
@@ -459,7 +460,10 @@ class Gateway(ComponentBase):
             self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        sampled, parsed, stop_sequence = read_reply(sampled, tools, controls, renderer)
+        # An agent that checks its own calls gets every well-formed call, fitting its schemas or not.
+        sampled, parsed, stop_sequence = read_reply(
+            sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls
+        )
         message = parsed.to_openai()
         call_id = new_id()
         key = turn_key(message)

@@ -95,8 +95,12 @@ def read_reply(
     tools: Sequence[Tool] | None,
     controls: Controls,
     renderer: Renderer,
+    *,
+    check_arguments: bool = True,
 ) -> tuple[SampledCompletion, ParsedMessage, str | None]:
-    """Parse a completion, cut at the first stop (what is after it was never the reply)."""
+    """Parse a completion, cut at the first stop (what is after it was never the reply).
+    Without `check_arguments` a call is taken whatever its name and arguments (its client checks)."""
+    checked = (tools or None) if check_arguments else None
     tokens = list(sampled.tokens)
     stop_ids = set(renderer.stop_token_ids)
     stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
@@ -111,7 +115,7 @@ def read_reply(
     if stop is None:
         parsed = renderer.parse_text(
             controls.prefill + text,
-            tools or None,
+            checked,
             stopped=stop_at is not None,
             tool_calls=controls.parse_tools,
         )
@@ -123,7 +127,7 @@ def read_reply(
         tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
     )
     parsed = renderer.parse_text(
-        controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
+        controls.prefill + text[: stop.kept], checked, stopped=True, tool_calls=controls.parse_tools
     )
     if stop.sequence is not None:
         parsed.finish_reason = "stop"

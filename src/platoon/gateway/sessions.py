@@ -61,6 +61,7 @@ class AgentSession:
     closed: bool = False
     in_flight: int = 0  # HTTP calls being answered
     policy: str = "default"  # the policy sampled for this agent
+    checks_tool_calls: bool = False  # its client checks its tool calls: no schema check here
     # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
     # conversation without instructions, reply included; the response object). Bounded.
     responses: OrderedDict[str, tuple[list[Message], ResponsesReply]] = field(default_factory=OrderedDict)

@@ -32,6 +32,11 @@ like any other, and the environment's tools over MCP (`{mcp_url}`). A spec::
     [exit_codes]                           # exit code -> status; 0 is completed, others error
     3 = "limit"
 
+`checks_tool_calls = true` says the agent validates its tool calls itself (OpenHands answers a bad
+one with an error the model sees): the gateway then returns calls whose arguments do not fit the
+tools' schemas as calls, not as text. `[toolchain] python = "3.12"` builds its venv with a Python
+of that version (see `platoon.harness.toolchain`).
+
 Placeholders: `{instruction}`, `{gateway_url}`, `{gateway_root}` (the same without `/v1`, for
 clients that add it themselves), `{api_key}`, `{max_steps}`, `{mcp_url}`,
 `{workdir}`, `{option.NAME}`, `{python}` (platoon's interpreter), `{spec_dir}` (the spec's
@@ -88,7 +93,13 @@ from platoon.config import load_site
 from platoon.envs.agent_process import run_requested_agent
 from platoon.harness.context import AgentContext, AgentResult
 from platoon.harness.mcp import serve_tools
-from platoon.harness.toolchain import MOUNT_POINT, Toolchain, ToolchainError, build_toolchain
+from platoon.harness.toolchain import (
+    MOUNT_POINT,
+    Toolchain,
+    ToolchainError,
+    build_toolchain,
+    toolchain_interpreter,
+)
 from platoon.sandbox import SandboxError, SandboxSpec, create_sandbox
 from platoon.sandbox.agent import AGENT_HOME, SPEC_DIR
 
@@ -135,6 +146,9 @@ class CommandSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_on
     runs_in: Literal["sandbox", "host"] = "sandbox"
     toolchain: Toolchain = Toolchain()
     output_cap: int = 65_536  # bytes of the tail of stdout and of stderr kept
+    # The agent checks its tool calls' arguments itself and answers a bad one with an error it
+    # shows the model (OpenHands): the gateway then hands back calls the tools' schemas do not fit.
+    checks_tool_calls: bool = False
 
 
 def load_spec_harness(path: str | os.PathLike[str]) -> CommandHarness:
@@ -328,6 +342,7 @@ class CommandHarness:
         self.name = spec.name
         self.description = spec.description
         self.spec_dir = spec_dir or Path.cwd()
+        self.checks_tool_calls = spec.checks_tool_calls
         self.options_type = options_struct(spec)
         self.exit_codes = {int(code): status for code, status in spec.exit_codes.items()}
         used = {
@@ -379,7 +394,8 @@ class CommandHarness:
                 return
             if self.spec.toolchain:
                 try:
-                    self._toolchain = await build_toolchain(self.spec.toolchain, load_site().cache)
+                    site = load_site()
+                    self._toolchain = await build_toolchain(self.spec.toolchain, site.cache, site.pythons)
                 except ToolchainError as exc:
                     raise SpecError(f"harness {self.name!r}: its toolchain did not build: {exc}") from None
             if not self.spec.install:
@@ -475,6 +491,7 @@ class CommandHarness:
                 payload=json.dumps(payload),
                 forwards=forwards,
                 toolchain=str(self._toolchain) if self._toolchain is not None else None,
+                interpreter=toolchain_interpreter(self._toolchain) if self._toolchain is not None else None,
                 spec_dir=str(self.spec_dir) if self.uses_spec_dir else None,
                 timeout=self.spec.timeout,
                 output_cap=self.spec.output_cap,

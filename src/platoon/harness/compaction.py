@@ -65,6 +65,12 @@ class CompactingContext(AgentContext):
         self._cut = 0  # how many of the harness's messages the summary stands for
         self._last_prompt_tokens = 0
 
+    async def next_step(self) -> str | None:
+        """A new step is a new conversation: its history has nothing to summarize yet."""
+        instruction = await super().next_step()
+        self.summary, self._cut, self._last_prompt_tokens = None, 0, 0
+        return instruction
+
     async def chat(
         self,
         messages: list[dict[str, Any]],

@@ -17,7 +17,16 @@ import anyio.lowlevel
 import msgspec
 
 from platoon.bus import Bus
-from platoon.bus.events import ChatReplied, ChatRequested, TaskRef, ToolCalled, ToolReturned, ToolSpec
+from platoon.bus.events import (
+    ChatReplied,
+    ChatRequested,
+    StepRequested,
+    StepStarted,
+    TaskRef,
+    ToolCalled,
+    ToolReturned,
+    ToolSpec,
+)
 
 __all__ = [
     "AgentContext",
@@ -135,6 +144,7 @@ class AgentContext:
         spawner: Callable[..., Awaitable[AgentResult]] | None = None,
         env_faults: list[str] | None = None,
         on_env_fault: Callable[[], None] | None = None,
+        steps: int = 1,
     ) -> None:
         self.bus = bus
         self.task = task
@@ -155,6 +165,7 @@ class AgentContext:
         # Called on the first: the runner ends the episode there, instead of letting the agent call
         # a dead environment for every step it has left.
         self.on_env_fault = on_env_fault
+        self.steps = steps  # a multi-step task's steps, played in turn (see `next_step`)
         self._tools = list(tools)
         self._spawner = spawner
         self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
@@ -267,6 +278,22 @@ class AgentContext:
             completion_tokens=reply.completion_tokens,
             parse_errors=reply.parse_errors,
         )
+
+    async def next_step(self) -> str | None:
+        """Done with this step of a multi-step task: the environment verifies it and begins the
+        next, whose instruction becomes this context's (returned); None when the task is over.
+        The programs call it between harness runs; a failure is the environment's."""
+        reply = await self.bus.request(
+            StepRequested(episode_id=self.episode_id, agent_id=self.agent_id, env=self.task.env),
+            timeout=None,  # the step's verifier and the next step's setup have limits of their own
+        )
+        assert isinstance(reply, StepStarted)
+        if reply.error is not None:
+            self.env_faults.append(reply.error)
+            return None
+        if reply.instruction is not None:
+            self.instruction = reply.instruction
+        return reply.instruction
 
     async def spawn(self, instruction: str, **options: object) -> AgentResult:
         """Run a subagent on `instruction` and return its result (recursive programs only)."""

@@ -11,27 +11,47 @@ concurrent episodes (or processes) build it once and never see half an install.
 pip packages go into a venv made with `python` (default `/usr/bin/python3`): an interpreter the
 sandbox has too, since under bwrap the sandbox's `/usr` is the host's. Node comes from the
 sandbox's base in the same way; only the packages are in the toolchain.
+
+`python` may instead name a version (`"3.12"`) for agents that need a newer Python than the
+sandbox's: the venv is made with the first interpreter of that version among those the site
+profile names (`pythons:`), then on PATH, under /usr and /usr/local, and in pyenv's and uv's
+folders; none is one clear error. Such an interpreter lives outside the sandbox's base, so its
+installation folder (`sys.base_prefix`, recorded in the toolchain's marker) is mounted read-only
+at its own path beside the toolchain.
 """
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 import msgspec
 
-__all__ = ["MOUNT_POINT", "Toolchain", "ToolchainError", "build_toolchain", "toolchain_dir"]
+__all__ = [
+    "MOUNT_POINT",
+    "Toolchain",
+    "ToolchainError",
+    "build_toolchain",
+    "find_python",
+    "toolchain_dir",
+    "toolchain_interpreter",
+]
 
 MOUNT_POINT = "/opt/platoon/toolchain"
 _MARKER = ".platoon-toolchain.json"
+_VERSION = re.compile(r"3\.\d+")
+_PROBE = "import json, sys; print(json.dumps([list(sys.version_info[:2]), sys.base_prefix]))"
 
 
 class ToolchainError(RuntimeError):
@@ -48,6 +68,11 @@ class Toolchain(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     def __bool__(self) -> bool:
         return bool(self.pip or self.npm)
 
+    @property
+    def version(self) -> str | None:
+        """The Python version `python` names (`"3.12"`), or None when it names an interpreter."""
+        return self.python if _VERSION.fullmatch(self.python) else None
+
     def digest(self) -> str:
         text = json.dumps({"pip": self.pip, "npm": self.npm, "python": self.python, "v": 1}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -58,12 +83,78 @@ def toolchain_dir(toolchain: Toolchain, cache: str | os.PathLike[str]) -> Path:
     return Path(cache) / "toolchains" / toolchain.digest()
 
 
-async def build_toolchain(toolchain: Toolchain, cache: str | os.PathLike[str]) -> Path:
-    """The toolchain's folder, built now unless it already is (once, across processes)."""
-    return await anyio.to_thread.run_sync(_build, toolchain, Path(cache), abandon_on_cancel=False)
+async def build_toolchain(
+    toolchain: Toolchain, cache: str | os.PathLike[str], pythons: Sequence[str] = ()
+) -> Path:
+    """The toolchain's folder, built now unless it already is (once, across processes);
+    `pythons` are the site's interpreters, tried first when the toolchain names a version."""
+    return await anyio.to_thread.run_sync(_build, toolchain, Path(cache), pythons, abandon_on_cancel=False)
 
 
-def _build(toolchain: Toolchain, cache: Path) -> Path:
+def toolchain_interpreter(folder: str | os.PathLike[str]) -> str | None:
+    """The installation folder of the interpreter a built toolchain's venv runs on, when a sandbox
+    must be shown it (it lives outside the sandbox's base); None otherwise."""
+    try:
+        info = json.loads((Path(folder) / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    prefix = info.get("mount")
+    return prefix if isinstance(prefix, str) else None
+
+
+def find_python(version: str, named: Sequence[str] = ()) -> tuple[str, str] | None:
+    """(interpreter, its sys.base_prefix) of the first Python `version` (`"3.12"`) among `named`, on
+    PATH, under /usr and /usr/local, and in pyenv's and uv's folders; None when there is none."""
+    home = os.path.expanduser("~")
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.join(home, ".pyenv")
+    candidates = [
+        *named,
+        shutil.which(f"python{version}") or "",
+        f"/usr/bin/python{version}",
+        f"/usr/local/bin/python{version}",
+        *sorted(
+            glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", f"python{version}")),
+            reverse=True,
+        ),
+        *sorted(
+            glob.glob(
+                os.path.join(
+                    home, ".local", "share", "uv", "python", f"cpython-{version}.*", "bin", f"python{version}"
+                )
+            ),
+            reverse=True,
+        ),
+    ]
+    wanted = [int(part) for part in version.split(".")]
+    for candidate in dict.fromkeys(c for c in candidates if c):
+        if not os.access(candidate, os.X_OK):
+            continue
+        try:
+            done = subprocess.run([candidate, "-c", _PROBE], capture_output=True, text=True, timeout=30)
+            found, prefix = json.loads(done.stdout)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            continue
+        if found == wanted:
+            return candidate, prefix
+    return None
+
+
+def _interpreter(toolchain: Toolchain, pythons: Sequence[str]) -> tuple[str, str | None]:
+    """The interpreter to make the venv with, and the folder to mount for it (None: none needed)."""
+    if toolchain.version is None:
+        return toolchain.python, None
+    found = find_python(toolchain.version, pythons)
+    if found is None:
+        raise ToolchainError(
+            f"it needs Python {toolchain.version} and there is none: name one in the site profile "
+            f"(pythons: [/path/to/python{toolchain.version}]) or install one (pyenv, uv, apt)"
+        )
+    interpreter, prefix = found
+    visible = prefix == "/usr" or prefix.startswith("/usr/")  # under bwrap the sandbox's /usr is the host's
+    return interpreter, None if visible else prefix
+
+
+def _build(toolchain: Toolchain, cache: Path, pythons: Sequence[str] = ()) -> Path:
     target = toolchain_dir(toolchain, cache)
     if (target / _MARKER).exists():
         return target
@@ -75,12 +166,13 @@ def _build(toolchain: Toolchain, cache: Path) -> Path:
         # The venv must be made at the path it is used at (its scripts' shebangs name it), which
         # is the mount point inside a sandbox: build it in place there under bwrap, or directly at
         # the target path when the mount point is the target (tests, host runs) — see `_install`.
+        interpreter, mount = _interpreter(toolchain, pythons) if toolchain.pip else (toolchain.python, None)
         work = target.parent / f"{target.name}.building-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         started = time.monotonic()
         try:
-            _install(toolchain, work)
+            _install(toolchain, work, interpreter)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -88,6 +180,8 @@ def _build(toolchain: Toolchain, cache: Path) -> Path:
             "pip": toolchain.pip,
             "npm": toolchain.npm,
             "python": toolchain.python,
+            "interpreter": interpreter,
+            "mount": mount,
             "build_s": round(time.monotonic() - started, 1),
         }
         (work / _MARKER).write_text(json.dumps(info) + "\n")
@@ -96,15 +190,16 @@ def _build(toolchain: Toolchain, cache: Path) -> Path:
     return target
 
 
-def _install(toolchain: Toolchain, work: Path) -> None:
+def _install(toolchain: Toolchain, work: Path, interpreter: str | None = None) -> None:
     """Install into `work`, running the installers in a bwrap that shows `work` at the mount point."""
+    python = interpreter or toolchain.python
     steps: list[list[str]] = []
     if toolchain.pip:
-        steps.append([toolchain.python, "-m", "venv", "--without-pip", MOUNT_POINT])
+        steps.append([python, "-m", "venv", "--without-pip", MOUNT_POINT])
         # The host's pip installs into the venv (`--python`), so the venv needs no pip of its own.
         steps.append(
             [
-                toolchain.python,
+                python,
                 "-m",
                 "pip",
                 "--python",

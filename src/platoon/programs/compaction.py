@@ -9,11 +9,11 @@ compact with `program: recursive` and `program_options: {compaction: {compact_at
 
 from platoon.harness import AgentResult
 from platoon.harness.compaction import CompactingContext, CompactionOptions
-from platoon.programs.registry import Episode, program
+from platoon.programs.registry import Episode, play_steps, program
 
 __all__ = ["compacting"]
 
 
 @program("compacting", options=CompactionOptions)
 async def compacting(episode: Episode) -> AgentResult:
-    return await episode.harness.run(CompactingContext(episode.root, episode.options))
+    return await play_steps(episode.harness, CompactingContext(episode.root, episode.options))

@@ -59,7 +59,7 @@ from platoon.harness import (
     validate_options,
 )
 from platoon.harness.compaction import CompactingContext, CompactionOptions
-from platoon.programs.registry import Episode, program
+from platoon.programs.registry import Episode, play_steps, program
 
 __all__ = ["LOCAL_ENV", "SPAWN_TOOL", "AgentTree", "RecursiveOptions", "recursive"]
 
@@ -276,6 +276,7 @@ class AgentTree:
                     policy_version=request.policy_versions.get(policy, request.policy_version),
                     policy=policy,
                     role=role or "",
+                    checks_tool_calls=getattr(chosen, "checks_tool_calls", False),
                 ),
                 timeout=parent.request_timeout,
             )
@@ -386,4 +387,4 @@ class _SpawnError(Exception):
 async def recursive(episode: Episode) -> AgentResult:
     options = episode.options if isinstance(episode.options, RecursiveOptions) else RecursiveOptions()
     tree = AgentTree(episode, options.compaction)
-    return await episode.harness.run(tree.equip(episode.root))
+    return await play_steps(episode.harness, tree.equip(episode.root))

@@ -25,6 +25,7 @@ __all__ = [
     "Program",
     "ProgramError",
     "get_program",
+    "play_steps",
     "program",
     "program_names",
     "validate_program_options",
@@ -61,6 +62,16 @@ class Episode:
 
 
 _programs: dict[str, Program] = {}
+
+
+async def play_steps(harness: Harness, ctx: AgentContext) -> AgentResult:
+    """Let the harness play the task; on a multi-step task (`ctx.steps > 1`), once per step, each
+    run with the next step's instruction, until the environment says the task is over or a run
+    does not complete."""
+    result = await harness.run(ctx)
+    while ctx.steps > 1 and result.status == "completed" and await ctx.next_step() is not None:
+        result = await harness.run(ctx)
+    return result
 
 
 def program(name: str, *, options: type | None = None) -> Callable[[P], P]:

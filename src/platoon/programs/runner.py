@@ -44,6 +44,8 @@ from platoon.bus.events import (
     ModelCallFinished,
     SessionOpened,
     SessionOpenRequested,
+    StepRequested,
+    StepStarted,
     ToolCalled,
     ToolReturned,
     new_id,
@@ -109,6 +111,7 @@ class EpisodeRunner(ComponentBase):
         AgentProcessExited,
         Graded,
         ModelCallFinished,
+        StepStarted,
     )
     publishes = (
         SessionOpenRequested,
@@ -120,6 +123,7 @@ class EpisodeRunner(ComponentBase):
         ToolReturned,
         AgentProcessRequested,
         GradeRequested,
+        StepRequested,
         AgentFinished,
         EpisodeFinished,
     )
@@ -264,6 +268,7 @@ class EpisodeRunner(ComponentBase):
                     policy=policy,
                     role=ROOT_ROLE,
                     seed=request.seed,
+                    checks_tool_calls=getattr(get_harness(harness_name), "checks_tool_calls", False),
                 ),
                 timeout=self.request_timeout,
             )
@@ -306,6 +311,7 @@ class EpisodeRunner(ComponentBase):
             api_key=key.key,
             request_timeout=self.request_timeout,
             env_faults=self._env_faults.setdefault(request.episode_id, []),
+            steps=opened.steps,
         )
 
     async def _finish(

@@ -6,7 +6,7 @@ any registered through the `platoon.sandbox_providers` entry point group.
         result = await box.exec("echo hi")
 """
 
-from .base import BaseSandbox, CommandSandbox, Sandbox
+from .base import BaseSandbox, CommandSandbox, Sandbox, supports_offline
 from .errors import SandboxError
 from .registry import (
     ENTRY_POINT_GROUP,
@@ -38,4 +38,5 @@ __all__ = [
     "provider_names",
     "register_provider",
     "resolve_provider",
+    "supports_offline",
 ]

@@ -93,13 +93,17 @@ async def run_agent(
     forwards: list[Forward] = (),  # type: ignore[assignment]
     toolchain: str | os.PathLike[str] | None = None,
     spec_dir: str | os.PathLike[str] | None = None,
+    interpreter: str | os.PathLike[str] | None = None,
     cwd: str | None = None,
     user: str | None = None,
     timeout: float | None = None,
     output_cap: int = OUTPUT_CAP,
+    offline: bool = False,
 ) -> AgentExit:
     """Run `argv` in `box` (see the module docstring); `files` are written into its home, the
-    toolchain and the spec's folder are mounted read-only at TOOLCHAIN_DIR and SPEC_DIR."""
+    toolchain and the spec's folder are mounted read-only at TOOLCHAIN_DIR and SPEC_DIR, and the
+    `interpreter`'s installation folder (one outside the sandbox's base) at its own path. `offline`
+    runs it without the sandbox's network (its forwards still reach the host's endpoints)."""
     if not supports_agents(box):
         raise SandboxError(
             f"the {type(box).__name__} provider fixes its mounts when it starts, so an agent cannot "
@@ -134,6 +138,9 @@ async def run_agent(
             mounts.append(Mount(source=os.fspath(toolchain), target=TOOLCHAIN_DIR, read_only=True))
         if spec_dir is not None:
             mounts.append(Mount(source=os.fspath(spec_dir), target=SPEC_DIR, read_only=True))
+        if interpreter is not None:  # a Python installation the toolchain's venv runs on
+            prefix = os.fspath(interpreter)
+            mounts.append(Mount(source=prefix, target=prefix, read_only=True))
         started = time.monotonic()
         async with _forwarding(run, forwards):
             command = f"exec python3 {RUN_DIR}/launcher.py {shlex.quote(RUN_DIR + '/config.json')}"
@@ -144,6 +151,7 @@ async def run_agent(
                 timeout=timeout,
                 user=user,
                 mounts=tuple(mounts),
+                **({"offline": True} if offline else {}),
             )
         return _exit(run, result, time.monotonic() - started)
 

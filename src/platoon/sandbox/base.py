@@ -22,7 +22,7 @@ from ._process import OUTPUT_LIMIT, run_process
 from .errors import SandboxError
 from .spec import ExecResult, Mount, SandboxSpec
 
-__all__ = ["BaseSandbox", "CommandSandbox", "Sandbox"]
+__all__ = ["BaseSandbox", "CommandSandbox", "Sandbox", "exec_phase", "supports_offline"]
 
 
 @runtime_checkable
@@ -54,6 +54,27 @@ class Sandbox(Protocol):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+def supports_offline(box: object) -> bool:
+    """Whether the sandbox can run one command without the network it was started with."""
+    return bool(getattr(box, "exec_offline", False))
+
+
+async def exec_phase(
+    box: Sandbox,
+    command: str,
+    *,
+    offline: bool,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    user: str | None = None,
+) -> ExecResult:
+    """`box.exec`, without the sandbox's network when `offline` (a task phase that has none)."""
+    if offline and box.spec.network:
+        return await box.exec(command, cwd=cwd, env=env, timeout=timeout, user=user, offline=True)  # type: ignore[call-arg]
+    return await box.exec(command, cwd=cwd, env=env, timeout=timeout, user=user)
 
 
 def remote_path(path: str) -> str:
@@ -128,19 +149,25 @@ class CommandSandbox(BaseSandbox):
         timeout: float | None = None,
         user: str | None = None,
         mounts: tuple[Mount, ...] = (),
+        offline: bool = False,
     ) -> ExecResult:
         """Run `command` with `bash -c`; `mounts` (providers with `exec_mounts` only) are added
-        for this command alone."""
+        for this command alone, and `offline` takes the sandbox's network away from it (providers
+        with `exec_offline` only; a sandbox without network needs nothing)."""
         self._check_started()
         if timeout is not None and timeout <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout!r}")
         cwd = remote_path(cwd or self.spec.workdir)
+        extra: dict[str, object] = {}
         if mounts:
             if not getattr(self, "exec_mounts", False):
                 raise SandboxError(f"{type(self).__name__} cannot add mounts to one command")
-            argv = self._exec_argv(command, cwd=cwd, env=_env(env), user=user, mounts=mounts)  # type: ignore[call-arg]
-        else:
-            argv = self._exec_argv(command, cwd=cwd, env=_env(env), user=user)
+            extra["mounts"] = mounts
+        if offline and self.spec.network:
+            if not supports_offline(self):
+                raise SandboxError(f"{type(self).__name__} cannot take the network away from one command")
+            extra["offline"] = True
+        argv = self._exec_argv(command, cwd=cwd, env=_env(env), user=user, **extra)
         result = await run_process(
             argv, timeout=timeout, output_limit=self.output_limit, env=self.process_env
         )

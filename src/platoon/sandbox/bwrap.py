@@ -179,8 +179,10 @@ class BwrapSandbox(CommandSandbox):
             prefix += ["taskset", "-c", ",".join(map(str, sorted(chosen)))]
         return prefix
 
-    # A process per command, so each command may get mounts of its own (`exec(mounts=...)`).
+    # A process per command, so each command may get mounts of its own (`exec(mounts=...)`), and
+    # may be left out of the sandbox's network (`exec(offline=True)`: a namespace of its own).
     exec_mounts = True
+    exec_offline = True
 
     def _exec_argv(
         self,
@@ -190,6 +192,7 @@ class BwrapSandbox(CommandSandbox):
         env: Mapping[str, str],
         user: str | None,
         mounts: tuple[Mount, ...] = (),
+        offline: bool = False,
     ) -> list[str]:
         args = [*self._prefix, *self._root_args, "--dev", "/dev", "--proc", "/proc"]
         # Root inside maps to the host's uid 0, so host-wide kernel knobs must not be writable.
@@ -199,7 +202,7 @@ class BwrapSandbox(CommandSandbox):
         for mount in (*self.spec.mounts, *mounts):
             args += ["--ro-bind" if mount.read_only else "--bind", mount.source, mount.target]
         args += ["--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        if self._network is not None:
+        if self._network is not None and not offline:
             args.append("--share-net")  # the sandbox's own namespace, entered by nsenter
         # Always a user namespace: root inside holds its capabilities there, not over the host.
         uid, gid, home = self._lookup_user(user) if user is not None else (0, 0, "/root")

@@ -59,6 +59,9 @@ class TaskResult(msgspec.Struct, kw_only=True):
     task_id: str
     rewards: list[float | None]
     failures: list[str] = []
+    # each graded episode's named rewards (a verifier's side metrics such as `exact`, each rule's
+    # part), in the order of `rewards`' graded entries
+    parts: list[dict[str, float]] = []
 
 
 class EvalReport(msgspec.Struct, kw_only=True):
@@ -79,11 +82,15 @@ class EvalReport(msgspec.Struct, kw_only=True):
     tasks: list[TaskResult]
     # several policies: per policy, its agents, their calls and own rewards (as by_depth's)
     by_policy: dict[str, dict[str, float]] = {}
+    # the mean of each named reward over the graded episodes that reported it (`exact`, `rule/x`)
+    reward_parts: dict[str, float] = {}
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {f"{prefix}/episodes": float(self.episodes), f"{prefix}/graded": float(self.graded)}
         if self.reward_mean is not None:
             out[f"{prefix}/reward_mean"] = self.reward_mean
+        for name, value in self.reward_parts.items():
+            out[f"{prefix}/reward/{name}/mean"] = value
         for k, v in self.pass_at_k.items():
             out[f"{prefix}/pass@{k}"] = v
         for env, stats in self.by_env.items():
@@ -226,6 +233,8 @@ def _report(
         result = per_task[(task.env, task.split, task.task_id)]
         finite = event.reward is not None and math.isfinite(event.reward)
         result.rewards.append(event.reward if finite else None)  # eval.json stays valid JSON
+        if finite:
+            result.parts.append({k: v for k, v in event.rewards.items() if math.isfinite(v)})
         if not finite:
             reason = (
                 failure_kind(event.reason or event.status) if event.reward is None else "non_finite_reward"
@@ -239,6 +248,11 @@ def _report(
         if rewards and mean is not None
         else None
     )
+    named: defaultdict[str, list[float]] = defaultdict(list)
+    for t in per_task.values():
+        for part in t.parts:
+            for name, value in part.items():
+                named[name].append(value)
     pass_k: dict[str, float] = {}
     for k in sorted({1, group_size}):
         scores = []
@@ -269,6 +283,7 @@ def _report(
         by_env=dict(by_env),
         by_depth={},
         tasks=list(per_task.values()),
+        reward_parts={name: sum(values) / len(values) for name, values in sorted(named.items())},
     )
 
 

@@ -11,6 +11,9 @@ sampled tokens.
 | codex | Responses, streamed | `exec_command` {cmd} |
 | claude-code | Anthropic Messages, streamed | `Bash` {command, description} |
 | pi | chat completions, streamed | `bash` {command} |
+| openhands | chat completions (litellm) | `terminal` {command, security_risk} |
+
+OpenHands needs Python 3.12: its test runs where the site names one or platoon finds one.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from platoon.bus.events import (
     TaskRef,
     new_id,
 )
-from platoon.config import AgentsConfig
+from platoon.config import AgentsConfig, load_site
 from platoon.credit import CreditConfig
 from platoon.envs import EnvService
 from platoon.envs.harbor.service import HarborBackend
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
 from platoon.harness import AgentContext, AgentResult, get_harness, harness
+from platoon.harness.toolchain import find_python
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
 from platoon.train.batcher import CreditAssigner
@@ -99,7 +103,27 @@ AGENTS = [
         "The sum is in answer.txt.",
     ),
     Agent("pi", {}, "bash", lambda c: {"command": c}, "The sum is in answer.txt."),
+    # OpenHands' tools ask for a `security_risk`: a policy that gives one makes a valid call.
+    Agent(
+        "openhands",
+        {},
+        "terminal",
+        lambda c: {"command": c, "security_risk": "LOW"},
+        "The sum is in answer.txt.",
+    ),
 ]
+
+
+def _no_python(version: str) -> str | None:
+    """Why an agent that needs Python `version` cannot run here (None: it can)."""
+    if find_python(version, load_site().pythons) is None:
+        return f"no Python {version} here (the site's pythons:, PATH, pyenv, uv)"
+    return None
+
+
+def _agent_param(agent: Agent) -> Any:
+    why = _no_python("3.12") if agent.harness == "openhands" else None
+    return pytest.param(agent, id=agent.harness, marks=pytest.mark.skipif(why is not None, reason=why or ""))
 
 
 async def play(
@@ -147,7 +171,7 @@ async def installed(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", AGENTS, ids=lambda a: a.harness)
+@pytest.mark.parametrize("agent", [_agent_param(a) for a in AGENTS])
 async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, sum_task, tmp_path):
     await installed(agent.harness)
     entry = EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)
@@ -226,3 +250,38 @@ async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
     [batch] = batches
     assert [d.agent_id for d in batch.datums] == [child.agent_id]
     assert sum(d.num_trained_tokens for d in batch.datums) == sum(len(c.completion_tokens) for c in calls)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_no_python("3.12") is not None, reason=_no_python("3.12") or "")
+async def test_openhands_answers_the_calls_its_schemas_do_not_fit(toy_tokenizer, sum_task, tmp_path):
+    """OpenHands checks its tool calls itself: a call without `security_risk` and a call of a tool
+    it lacks reach it as calls, and it answers each with its own error for the model to read,
+    instead of the gateway turning them into text that would end the agent."""
+    turns = [
+        {"name": "terminal", "arguments": {"command": COMMANDS[0]}},
+        {"name": "no_such_tool", "arguments": {"x": 1}},
+        *({"name": "terminal", "arguments": {"command": c, "security_risk": "LOW"}} for c in COMMANDS),
+        "The sum is in answer.txt.",
+    ]
+
+    def policy(messages: list[dict[str, Any]]) -> str:
+        turn = turns[sum(1 for m in messages if m.get("role") == "assistant")]
+        return turn if isinstance(turn, str) else f"<tool_call>\n{json.dumps(turn)}\n</tool_call>"
+
+    await installed("openhands")
+    entry = EntrySettings(name=ENV, harness="openhands", max_steps=8)
+    events, _ = await play(toy_tokenizer, sum_task, tmp_path, policy, entry)
+    finished = next(e for e in events if isinstance(e, EpisodeFinished))
+    exited = next(e for e in events if isinstance(e, AgentProcessExited))
+    assert finished.status == "completed", (finished.reason, exited.stderr[-3000:])
+    assert next(e for e in events if isinstance(e, EpisodeGraded)).reward == 1.0
+    calls = [e for e in events if isinstance(e, ModelCallFinished)]
+    assert len(calls) == len(turns)
+    # What each bad call was answered with: OpenHands' own errors, in the next prompt.
+    answers = [
+        toy_tokenizer.decode(b.prompt_tokens[len(a.prompt_tokens) :]) for a, b in itertools.pairwise(calls)
+    ]
+    assert "Failed to provide security_risk field in tool 'terminal'" in answers[0]
+    assert "Tool 'no_such_tool' not found" in answers[1]
+    assert "19 23" in answers[2]  # the valid calls ran

@@ -206,7 +206,7 @@ async def test_a_failing_healthcheck_stops_the_sandbox(make_task, tmp_path):
     make_task(toml=toml)
     state = tmp_path / "state"
     harbor = backend(tmp_path / "tasks", tmp_path, provider_options={"state_dir": str(state)})
-    with pytest.raises(EnvError, match="healthcheck 'test -e /app/ready' did not pass after 2 tries"):
+    with pytest.raises(EnvError, match="healthcheck 'test -e /app/ready' failed 1 times in a row"):
         await harbor.open(TaskInfo(split="train", task_id="task", index=0), {})
     assert list(state.iterdir()) == []
 

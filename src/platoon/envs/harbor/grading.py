@@ -1,6 +1,7 @@
 """Grading by the task's own tests, as Harbor's verifier does.
 
-Old rewards are deleted, `tests/` is uploaded to /tests after the agent is done,
+Old rewards are deleted, `tests/` (a step's: the task's tests, then its own) is uploaded to
+/tests after the agent is done,
 `test.sh` runs within `verifier.timeout_sec` with its output in
 /logs/verifier/test-stdout.txt, and the reward is read from reward.json (a flat object
 of finite numbers) or else reward.txt (one number). The exit status of test.sh is
@@ -20,8 +21,9 @@ import anyio
 import msgspec
 
 from ...sandbox import Sandbox, SandboxError
+from ...sandbox.base import exec_phase
 from .errors import HarborError
-from .task import HarborTask, resolve_env
+from .task import HarborStep, HarborTask, resolve_env
 
 __all__ = ["Grade", "grade", "parse_rewards", "read_rewards"]
 
@@ -43,17 +45,27 @@ async def grade(
     *,
     logs_dir: str | os.PathLike[str] | None = None,
     pass_env: Sequence[str] = (),
+    step: HarborStep | None = None,
+    offline: bool = False,
 ) -> Grade:
-    """Run `task`'s tests in the (started) `sandbox` and read the reward.
+    """Run `task`'s tests (or `step`'s, of a multi-step task) in the (started) `sandbox` and read
+    the reward; `offline` runs them without the sandbox's network (the verifier phase has none).
 
     `logs_dir`, when given, receives /logs/verifier (test-stdout.txt and the reward files).
     """
     verifier = task.config.verifier
+    timeout, user = verifier.timeout_sec, verifier.user
+    sources = [task.tests_dir]
+    variables = dict(verifier.env)
+    if step is not None:
+        own = step.config.verifier
+        timeout, sources = own.timeout_sec, step.tests_dirs
+        user = own.user if own.user is not None else user
+        variables |= own.env
     try:
-        env = resolve_env(verifier.env, allowed=pass_env)
+        env = resolve_env(variables, allowed=pass_env)
     except HarborError as exc:
         return Grade({}, None, f"verifier env: {exc}")
-    user = None if verifier.user is None else str(verifier.user)
     try:
         # Nothing the agent left in /tests or as a reward may reach the verifier.
         prepared = await sandbox.exec(
@@ -63,16 +75,19 @@ async def grade(
         )
         if not prepared.ok:
             return Grade({}, None, f"could not prepare {VERIFIER_DIR}: {prepared.stderr.strip()}")
-        await sandbox.upload(task.tests_dir, "/tests")
-        result = await sandbox.exec(
+        for source in sources:
+            await sandbox.upload(source, "/tests")
+        result = await exec_phase(
+            sandbox,
             f"bash /tests/test.sh > {VERIFIER_DIR}/test-stdout.txt 2>&1",
+            offline=offline,
             env=env,
-            timeout=verifier.timeout_sec,
-            user=user,
+            timeout=timeout,
+            user=None if user is None else str(user),
         )
         if result.timed_out:
             await _keep_logs(sandbox, logs_dir)
-            return Grade({}, None, f"verifier timed out after {verifier.timeout_sec:g} s")
+            return Grade({}, None, f"verifier timed out after {timeout:g} s")
         with tempfile.TemporaryDirectory(prefix="platoon-verifier-") as tmp:
             local = Path(logs_dir) if logs_dir is not None else Path(tmp)
             await sandbox.download(VERIFIER_DIR, local)

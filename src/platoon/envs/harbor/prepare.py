@@ -38,7 +38,9 @@ import anyio.to_thread
 import msgspec
 
 from ...sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox
+from ...sandbox.base import exec_phase
 from ...sandbox.bwrap import WRITABLE
+from .config import EnvironmentConfig
 from .dataset import dataset_digest
 from .errors import HarborError
 from .spec import sandbox_spec_for
@@ -310,13 +312,16 @@ def _copy_step(
     )
 
 
-async def apply_plan(sandbox: Sandbox, plan: BuildPlan, *, timeout: float | None = None) -> None:
-    """Replay the plan's steps in a started sandbox; HarborError names the step that failed."""
+async def apply_plan(
+    sandbox: Sandbox, plan: BuildPlan, *, timeout: float | None = None, offline: bool = False
+) -> None:
+    """Replay the plan's steps in a started sandbox; HarborError names the step that failed.
+    `offline` runs them without the sandbox's network (the task's own has none)."""
     for step in plan.steps:
         if step.kind == "mkdir":
             await _check(sandbox, step, f"mkdir -p -- {shlex.quote(step.target)}", "/", {}, timeout)
         elif step.kind == "run":
-            await _check(sandbox, step, step.command, step.workdir, step.env, timeout)
+            await _check(sandbox, step, step.command, step.workdir, step.env, timeout, offline)
         else:
             await _copy(sandbox, step, timeout)
 
@@ -350,9 +355,15 @@ async def _copy(sandbox: Sandbox, step: BuildStep, timeout: float | None) -> Non
 
 
 async def _check(
-    sandbox: Sandbox, step: BuildStep, command: str, cwd: str, env: Mapping[str, str], timeout: float | None
+    sandbox: Sandbox,
+    step: BuildStep,
+    command: str,
+    cwd: str,
+    env: Mapping[str, str],
+    timeout: float | None,
+    offline: bool = False,
 ) -> None:
-    result = await sandbox.exec(command, cwd=cwd, env=env, timeout=timeout)
+    result = await exec_phase(sandbox, command, offline=offline, cwd=cwd, env=env, timeout=timeout)
     if result.timed_out:
         raise HarborError(f"Dockerfile:{step.line}: {step.kind} timed out after {timeout:g} s")
     if result.return_code != 0:
@@ -372,12 +383,20 @@ def find_layer(task: HarborTask, cache: str | os.PathLike[str]) -> Path | None:
     return directory if (directory / _LAYER_MARKER).is_file() else None
 
 
-def bwrap_spec(task: HarborTask, plan: BuildPlan | None, pass_env: Sequence[str] = ()) -> SandboxSpec:
-    """The sandbox of a task under bwrap: the host as base, with the Dockerfile's WORKDIR and ENV."""
-    spec = sandbox_spec_for(task, pass_env=pass_env)
+def bwrap_spec(
+    task: HarborTask,
+    plan: BuildPlan | None,
+    pass_env: Sequence[str] = (),
+    *,
+    environment: EnvironmentConfig | None = None,
+    network: bool | None = None,
+) -> SandboxSpec:
+    """The sandbox of a task under bwrap: the host as base, with the Dockerfile's WORKDIR and ENV
+    (`environment` and `network` as `sandbox_spec_for` takes them)."""
+    spec = sandbox_spec_for(task, pass_env=pass_env, environment=environment, network=network)
     if plan is None:
         return spec
-    workdir = task.config.environment.workdir or plan.workdir or spec.workdir
+    workdir = (environment or task.config.environment).workdir or plan.workdir or spec.workdir
     return msgspec.structs.replace(spec, workdir=workdir, env={**plan.env, **spec.env})
 
 

@@ -7,11 +7,13 @@
           index: [{metadata: [topic]}]
           holdout: {fraction: 0.25, group_by: topic}
 
+          artifacts_dir: ./artifacts    # where artifacts go, <task>/<session>/ (a run: its run dir's)
+
 Splits are `train` and `eval` (the held-out groups; `test` is the same tasks). A session
 starts the task's sandbox with the site profile's provider, gives the agent one `bash`
 tool that runs in the task's workdir, and grades by the task's own tests when the grader
-asks, after the agent is done. `[agent].timeout_sec` ends the agent (its tool answers
-`finished` once the time is up); the verifier still runs. Closing stops the sandbox.
+asks, after the agent is done (see `platoon.envs.harbor.session` for the phases). Closing
+stops the sandbox.
 
 Under bwrap the host's system directories are the base (bwrap cannot run images) and the
 task's files come from the layer `platoon prepare` built, or from replaying its Dockerfile
@@ -21,54 +23,39 @@ task's `docker_image`, or the image `platoon prepare` built from its Dockerfile.
 
 from __future__ import annotations
 
-import math
 import os
-import time
+import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-from msgspec.structs import replace
 
-from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.config import load_site
-from platoon.envs.agent_process import run_requested_agent
-from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
-from platoon.sandbox import Sandbox, SandboxError, SandboxSpec, create_sandbox, resolve_provider
-from platoon.sandbox.base import remote_path
+from platoon.envs.service import EnvError, TaskInfo
+from platoon.sandbox import (
+    Sandbox,
+    SandboxError,
+    SandboxSpec,
+    create_sandbox,
+    get_provider,
+    resolve_provider,
+    supports_offline,
+)
 
 from . import prepare
+from .config import EnvironmentConfig
 from .dataset import Dataset, load_dataset
 from .errors import HarborError
-from .grading import grade
-from .spec import sandbox_spec_for
-from .task import HarborTask
+from .session import BASH_TOOL, HarborSession, healthcheck
+from .spec import phase_network, sandbox_network, sandbox_spec_for, separate_verifier
+from .task import HarborStep, HarborTask
 
 TOOL_OUTPUT_CHARS = 30_000  # of one bash call's output
 
 __all__ = ["BASH_TOOL", "HarborBackend", "HarborSession"]
 
-DEFAULT_COMMAND_TIMEOUT = 60.0
-BASH_TOOL = ToolSpec(
-    name="bash",
-    description=(
-        "Run a bash command in the task's sandbox, in its working directory. Files persist "
-        "between commands; background processes do not. Returns the output and the exit code."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "command": {"type": "string", "description": "the bash command to run"},
-            "timeout": {
-                "type": "number",
-                "description": "seconds before the command is stopped (default 60)",
-            },
-        },
-        "required": ["command"],
-    },
-)
 _SPLITS = ("train", "eval", "test")
+_LOGS = "/logs/agent /logs/verifier /logs/artifacts"
 
 
 class HarborBackend:
@@ -77,7 +64,8 @@ class HarborBackend:
     `provider` and `cache` default to the site profile's; `provider_options` go to the
     sandbox provider (for docker: `url`, `ulimits`; for bwrap: `state_dir`). A `bash` call's
     output is kept to `tool_output_chars` characters (its head and its tail): what a model can
-    read of it, and what the event log stores.
+    read of it, and what the event log stores. `artifacts_dir` receives each session's artifacts
+    (none are kept without it).
     """
 
     def __init__(
@@ -91,11 +79,13 @@ class HarborBackend:
         provider_options: Mapping[str, Any] | None = None,
         tool_output_chars: int = TOOL_OUTPUT_CHARS,
         pass_env: Sequence[str] = (),
+        artifacts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if tool_output_chars < 256:
             raise EnvError(f"tool_output_chars must be at least 256, got {tool_output_chars}")
         self.tool_output_chars = tool_output_chars
         self.pass_env = tuple(pass_env)  # host variables tasks' ${VAR} templates may read
+        self.artifacts_dir = None if artifacts_dir is None else os.fspath(artifacts_dir)
         if provider is None or cache is None:
             site = load_site()
             provider = provider or site.provider
@@ -130,44 +120,101 @@ class HarborBackend:
         if harbor_task is None:
             raise EnvError(f"unknown task {task.task_id!r}")
         try:
-            spec, provision = self._sandbox_for(harbor_task)
+            box = await self.start(harbor_task)
         except HarborError as exc:
             raise EnvError(f"task {harbor_task.name}: {exc}") from None
-        box = create_sandbox(spec, self.provider, **self.provider_options)
+        session = HarborSession(
+            harbor_task,
+            box,
+            start=self.start,
+            pass_env=self.pass_env,
+            tool_output_chars=self.tool_output_chars,
+            artifacts_dir=self.artifacts_dir,
+        )
         try:
-            await box.start()
-            await provision(box)
-            await _healthcheck(box, harbor_task)
+            await session.begin()
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await box.stop()
             if isinstance(exc, SandboxError | HarborError):
-                raise EnvError(
-                    f"task {harbor_task.name}: the sandbox did not start: {exc}{self._hint(spec)}"
-                ) from None
+                raise EnvError(f"task {harbor_task.name}: {exc}") from None
             raise
-        return HarborSession(self, harbor_task, box)
+        return session
 
-    def _sandbox_for(self, task: HarborTask) -> tuple[SandboxSpec, Any]:
+    async def start(
+        self, task: HarborTask, environment: EnvironmentConfig | None = None, network: bool | None = None
+    ) -> Sandbox:
+        """A started sandbox of `task` (or of another `[environment]` of it, with `network`), its
+        files in place and its healthcheck passed; raises HarborError saying why not."""
+        env_config = environment or task.config.environment
+        if network is None:
+            network = sandbox_network(task)
+            self._check_phases(task, network)
+        spec, provision = self._sandbox_for(task, env_config, network)
+        box = create_sandbox(spec, self.provider, **self.provider_options)
+        try:
+            await box.start()
+            # Harbor's log folders exist before anything runs, writable by the agent's user.
+            made = await box.exec(f"mkdir -p {_LOGS} && chmod 777 {_LOGS}", cwd="/")
+            if not made.ok:
+                raise HarborError(f"could not make {_LOGS}: {made.stderr.strip()}")
+            offline = network and not phase_network(task, "setup") and environment is None
+            await provision(box, offline)
+            if env_config.storage_mb is not None:
+                await _check_storage(box, env_config.storage_mb)
+            if env_config.healthcheck is not None:
+                await healthcheck(box, env_config.healthcheck)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await box.stop()
+            if isinstance(exc, SandboxError | HarborError):
+                raise HarborError(f"the sandbox did not start: {exc}{self._hint(spec)}") from None
+            raise
+        return box
+
+    def _check_phases(self, task: HarborTask, network: bool) -> None:
+        """Refuse phases with different networks where the provider cannot part them."""
+        steps: list[HarborStep | None] = list(task.steps) or [None]
+        phases = [phase_network(task, "setup")]
+        phases += [phase_network(task, "agent", step) for step in steps]
+        phases += [
+            phase_network(task, "verifier", step) for step in steps if not separate_verifier(task, step)
+        ]
+        if network and not all(phases) and not supports_offline(get_provider(self.provider)):
+            raise HarborError(
+                "its phases differ in network (agent.network_mode or verifier.network_mode): the "
+                f"{self.provider} provider cannot take the network from one phase's commands; use bwrap"
+            )
+
+    def _sandbox_for(
+        self, task: HarborTask, environment: EnvironmentConfig | None = None, network: bool | None = None
+    ) -> tuple[SandboxSpec, Any]:
         """The sandbox spec, and what to do in the started sandbox before the agent comes."""
+        environment = environment or task.config.environment
+        network = sandbox_network(task) if network is None else network
         if self.provider != "bwrap":
-            image = task.config.environment.docker_image or prepare.image_tag(task)
+            image = (
+                environment.docker_image or task.config.environment.docker_image or prepare.image_tag(task)
+            )
             if image is None:
                 raise HarborError(
                     f"provider {self.provider} needs [environment].docker_image or a Dockerfile"
                 )
-            return sandbox_spec_for(task, image=image, pass_env=self.pass_env), _nothing
+            spec = sandbox_spec_for(
+                task, image=image, environment=environment, network=network, pass_env=self.pass_env
+            )
+            return spec, _nothing
         if task.dockerfile is None and task.config.environment.docker_image is None:
             raise HarborError("bwrap runs a Dockerfile's steps; this task has a compose file only")
         plan = prepare.plan_dockerfile(task) if task.dockerfile is not None else None
-        spec = prepare.bwrap_spec(task, plan, self.pass_env)
+        spec = prepare.bwrap_spec(task, plan, self.pass_env, environment=environment, network=network)
         if plan is None:
             return spec, _nothing
         layer = prepare.find_layer(task, self.cache)
         if layer is not None:
-            return spec, lambda box: prepare.restore_layer(box, layer)
-        return spec, lambda box: prepare.apply_plan(
-            box, plan, timeout=task.config.environment.build_timeout_sec
+            return spec, lambda box, offline: prepare.restore_layer(box, layer)
+        return spec, lambda box, offline: prepare.apply_plan(
+            box, plan, timeout=task.config.environment.build_timeout_sec, offline=offline
         )
 
     def _hint(self, spec: SandboxSpec) -> str:
@@ -179,146 +226,20 @@ class HarborBackend:
         """Nothing to release: each session owns its sandbox."""
 
 
-async def _nothing(box: Sandbox) -> None:
+async def _nothing(box: Sandbox, offline: bool) -> None:
     return None
 
 
-async def _healthcheck(box: Sandbox, task: HarborTask) -> None:
-    """Wait for `[environment.healthcheck]` to pass, as Harbor does before the agent starts."""
-    check = task.config.environment.healthcheck
-    if check is None:
-        return
-    await anyio.sleep(check.start_period_sec)
-    for attempt in range(check.retries + 1):
-        result = await box.exec(check.command, timeout=check.timeout_sec)
-        if result.ok:
-            return
-        if attempt < check.retries:
-            await anyio.sleep(check.interval_sec)
-    raise HarborError(f"healthcheck {check.command!r} did not pass after {check.retries + 1} tries")
-
-
-class HarborSession:
-    """One task's sandbox, played through the `bash` tool and graded by the task's tests."""
-
-    tools = [BASH_TOOL]
-
-    def __init__(self, backend: HarborBackend, task: HarborTask, sandbox: Sandbox) -> None:
-        self.backend = backend
-        self.task = task
-        self.sandbox = sandbox
-        self.instruction = task.instruction
-        agent = task.config.agent
-        self.user = None if agent.user is None else str(agent.user)
-        self.deadline = None if agent.timeout_sec is None else time.monotonic() + agent.timeout_sec
-        self.graded = False
-
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        if name != "bash":
-            raise ToolError(f"unknown tool {name!r}; the tool is bash")
-        if self.graded:
-            raise ToolError("the episode has been graded; the sandbox takes no more commands")
-        command, timeout = _bash_arguments(arguments)
-        left = self._time_left()
-        if left is not None and left <= 0:
-            return self._time_up()
-        cut = left is not None and left < timeout
-        try:
-            result = await self.sandbox.exec(
-                command, timeout=left if left is not None and cut else timeout, user=self.user
-            )
-        except SandboxError as exc:
-            raise EnvError(f"the sandbox failed: {exc}") from None
-        if result.timed_out and cut:
-            return self._time_up()
-        parts = [result.stdout, result.stderr]
-        text = _head_and_tail(
-            "\n".join(p.rstrip("\n") for p in parts if p.strip()), self.backend.tool_output_chars
+async def _check_storage(box: Sandbox, storage_mb: int) -> None:
+    """`storage_mb`: the sandbox must have that much free space where the agent works (no provider
+    here can cap a sandbox's disk, as Harbor's docker cannot)."""
+    workdir = shlex.quote(box.spec.workdir)
+    result = await box.exec(f"df -Pk {workdir} | tail -n 1", cwd="/")
+    fields = result.stdout.split()
+    if not result.ok or len(fields) < 4 or not fields[3].isdigit():
+        raise HarborError(f"environment.storage_mb: could not read the free space of {box.spec.workdir}")
+    free_mb = int(fields[3]) // 1024
+    if free_mb < storage_mb:
+        raise HarborError(
+            f"environment.storage_mb = {storage_mb}: the sandbox has {free_mb} MB free at {box.spec.workdir}"
         )
-        status = (
-            f"[timed out after {timeout:g} s]" if result.timed_out else f"[exit code {result.return_code}]"
-        )
-        return ToolResult(output=f"{text}\n{status}" if text else status)
-
-    def _time_left(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.monotonic()
-
-    def _time_up(self) -> ToolResult:
-        limit = self.task.config.agent.timeout_sec
-        return ToolResult(
-            output=f"[the agent's time limit of {limit:g} s is up; the task's tests grade the result]",
-            finished=True,
-        )
-
-    async def run_agent(self, req: AgentProcessRequested) -> AgentProcessExited:
-        """Run a command-line agent in this task's sandbox, in its workdir, as its agent user;
-        `[agent].timeout_sec` bounds it."""
-
-        left = self._time_left()
-        if left is not None and left <= 0:
-            return AgentProcessExited(reply_to=req.request_id, error=self._limit(), timed_out=True)
-        exited = await run_requested_agent(
-            self.sandbox, req, cwd=self.sandbox.spec.workdir, user=self.user, timeout=left
-        )
-        if exited.timed_out and left is not None and (req.timeout is None or left < req.timeout):
-            return replace(exited, error=self._limit())  # the task's limit fired, not the agent's own
-        return exited
-
-    def _limit(self) -> str:
-        """The task's agent time limit, as a stopped agent's reason names it (it has one here)."""
-        return f"the task's {self.task.config.agent.timeout_sec:g} s timeout"
-
-    async def read_file(self, path: str) -> str:
-        """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="platoon-file-") as folder:
-            local = Path(folder) / "file"
-            try:
-                await self.sandbox.download(remote_path(path), local)
-            except SandboxError as exc:
-                raise EnvError(f"the sandbox failed: {exc}") from None
-            return local.read_bytes()[:262_144].decode("utf-8", errors="replace")
-
-    async def grade(self) -> Grade:
-        """Run the task's tests now (the agent is done) and return every reward they wrote."""
-        self.graded = True
-        result = await grade(self.sandbox, self.task, pass_env=self.backend.pass_env)
-        return Grade(reward=result.reward, rewards=dict(result.rewards), reason=result.reason)
-
-    async def fork(self, mode: Literal["fresh", "copy"]) -> HarborSession:
-        if mode != "fresh":
-            raise EnvError("harbor sessions fork only `fresh` (a new sandbox of the same task)")
-        return await self.backend.open(TaskInfo(split="train", task_id=self.task.name, index=0), {})
-
-    async def close(self) -> None:
-        await self.sandbox.stop()
-
-
-def _head_and_tail(text: str, limit: int) -> str:
-    """`text`, or its first and last parts with how much was cut between them."""
-    if len(text) <= limit:
-        return text
-    note = f"\n[... {len(text) - limit} characters of output cut ...]\n"
-    head = (limit - len(note)) // 2
-    tail = limit - len(note) - head
-    return text[:head] + note + text[len(text) - tail :]
-
-
-def _bash_arguments(arguments: Mapping[str, Any]) -> tuple[str, float]:
-    unknown = set(arguments) - {"command", "timeout"}
-    if unknown:
-        raise ToolError(f"bash takes command and timeout, not {', '.join(sorted(unknown))}")
-    command = arguments.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ToolError("bash needs a non-empty `command` string")
-    timeout = arguments.get("timeout", DEFAULT_COMMAND_TIMEOUT)
-    if timeout is None:
-        timeout = DEFAULT_COMMAND_TIMEOUT
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not (math.isfinite(timeout) and timeout > 0)
-    ):
-        raise ToolError(f"bash `timeout` must be a positive number of seconds, got {timeout!r}")
-    return command, float(timeout)

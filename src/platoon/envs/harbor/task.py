@@ -1,7 +1,10 @@
 """One Harbor task directory, parsed and checked.
 
 A task is `task.toml`, `instruction.md`, `environment/` (or a prebuilt
-`[environment].docker_image`), `tests/test.sh` and optionally `solution/`.
+`[environment].docker_image`), `tests/test.sh` and optionally `solution/`. A multi-step task
+(`[[steps]]`) has `steps/<name>/instruction.md` per step, and its tests in
+`steps/<name>/tests/` or the task's `tests/`, with optional `steps/<name>/workdir/` files (and a
+`setup.sh` among them) put in place before the step's agent starts.
 """
 
 from __future__ import annotations
@@ -15,10 +18,24 @@ from typing import Any
 import msgspec
 
 from .checks import COMPOSE_FILES, check_compose, check_dockerfile, check_tree
-from .config import TaskConfig, parse_task_config
+from .config import StepConfig, TaskConfig, parse_task_config
 from .errors import HarborError
 
-__all__ = ["HarborTask", "load_task", "resolve_env"]
+__all__ = ["HarborStep", "HarborTask", "load_task", "resolve_env"]
+
+# Harbor seeds an agent with a task's prior ATIF trajectory; no platoon harness takes one.
+_TRAJECTORY = "trajectory.json"
+
+
+class HarborStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a multi-step task. `tests_dirs` are uploaded to /tests in order (the task's
+    tests, then the step's own), so a step's `test.sh` replaces the task's."""
+
+    name: str
+    instruction: str
+    config: StepConfig
+    tests_dirs: list[str]
+    workdir_dir: str | None = None
 
 
 class HarborTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +51,7 @@ class HarborTask(msgspec.Struct, frozen=True, kw_only=True):
     dockerfile: str | None = None
     compose_file: str | None = None
     solution_dir: str | None = None
+    steps: list[HarborStep] = []
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -66,16 +84,24 @@ def _load(root: Path) -> HarborTask:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise HarborError(f"task.toml is not valid TOML: {exc}") from None
     config = parse_task_config(raw)
-    instruction_path = root / "instruction.md"
-    if not instruction_path.is_file():
-        raise HarborError("instruction.md is missing")
-    try:
-        instruction = instruction_path.read_text()
-    except UnicodeDecodeError:
-        raise HarborError("instruction.md is not UTF-8 text") from None
+    if (root / _TRAJECTORY).exists():
+        raise HarborError(f"{_TRAJECTORY}: platoon does not seed an agent with a prior trajectory")
     tests = root / "tests"
-    if not (tests / "test.sh").is_file():
-        raise HarborError("tests/test.sh is missing")
+    steps = [_load_step(root, step) for step in config.steps or ()]
+    if steps:
+        instruction = steps[0].instruction
+    else:
+        instruction = _read_text(root, "instruction.md")
+        if not (tests / "test.sh").is_file():
+            raise HarborError("tests/test.sh is missing")
+    separate = [config.verifier.separate] + [s.config.verifier.separate for s in steps]
+    for folder in [tests] + [Path(d) for s in steps for d in s.tests_dirs]:
+        bundled = [n for n in ("Dockerfile", "docker-compose.yaml") if (folder / n).is_file()]
+        if any(separate) and bundled:
+            raise HarborError(
+                f"{folder.relative_to(root)}/{bundled[0]}: a separate verifier built from its tests needs a "
+                "container engine; platoon starts the verifier from the task's environment"
+            )
     env_dir = root / "environment"
     if not env_dir.is_dir() and not config.environment.docker_image:
         raise HarborError("needs environment/ or [environment].docker_image")
@@ -100,6 +126,42 @@ def _load(root: Path) -> HarborTask:
         dockerfile=str(dockerfile) if dockerfile else None,
         compose_file=str(compose) if compose else None,
         solution_dir=str(solution) if solution.is_dir() else None,
+        steps=steps,
+    )
+
+
+def _read_text(root: Path, rel: str) -> str:
+    path = root / rel
+    if not path.is_file():
+        raise HarborError(f"{rel} is missing")
+    try:
+        return path.read_text()
+    except UnicodeDecodeError:
+        raise HarborError(f"{rel} is not UTF-8 text") from None
+
+
+def _load_step(root: Path, config: StepConfig) -> HarborStep:
+    """A step's folder: its instruction, its tests (its own or the task's), its workdir files."""
+    folder = root / "steps" / config.name
+    if not folder.is_dir():
+        raise HarborError(f"step {config.name!r}: steps/{config.name}/ is missing")
+    if (folder / _TRAJECTORY).exists():
+        raise HarborError(
+            f"steps/{config.name}/{_TRAJECTORY}: platoon does not seed an agent with a prior trajectory"
+        )
+    instruction = _read_text(root, f"steps/{config.name}/instruction.md")
+    tests = [d for d in (root / "tests", folder / "tests") if d.is_dir()]
+    if not any((d / "test.sh").is_file() for d in tests):
+        raise HarborError(
+            f"step {config.name!r}: neither steps/{config.name}/tests/test.sh nor tests/test.sh exists"
+        )
+    workdir = folder / "workdir"
+    return HarborStep(
+        name=config.name,
+        instruction=instruction,
+        config=config,
+        tests_dirs=[str(d) for d in tests],
+        workdir_dir=str(workdir) if workdir.is_dir() else None,
     )
 
 
