@@ -4,7 +4,7 @@ Each route the SDK names is answered: served, or refused here the way a service 
 feature it does not have, with a 400 the SDK raises as its own `BadRequestError`, whose
 message names the feature and what to do instead (the body carries it as `error`, which the SDK
 shows, and `detail`, which its command line shows). `x-should-retry: false` keeps the SDK from
-retrying a refusal. `tests/backends/local/test_conformance.py` walks every route the pinned
+retrying a refusal. `tests/backends/local/test_sdk_routes.py` walks every route the pinned
 SDK's code names, so a route added by a new SDK fails that test until it is decided here or
 served.
 """
