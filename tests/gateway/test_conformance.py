@@ -381,11 +381,12 @@ async def test_previous_response_id_continues_a_stored_conversation(toy_tokenize
                 model=MODEL, instructions="Play.", input="Higher.", previous_response_id=first.id
             )
             unstored = await chat.responses.create(model=MODEL, input="Guess.", store=False)
-            with pytest.raises(openai.NotFoundError) as error:
+            with pytest.raises(openai.BadRequestError) as error:
                 await chat.responses.create(model=MODEL, input="Again.", previous_response_id=unstored.id)
             one, two, _ = await gw.settled()
     assert second.output_text == "Seventy-five?"
-    assert error.value.body["param"] == "previous_response_id"
+    assert error.value.code == "previous_response_not_found"
+    assert error.value.param == "previous_response_id"
     # The second call's prompt holds the first call's, and its reply as the exact sampled tokens.
     assert two.prompt_tokens[: len(one.prompt_tokens) + len(one.completion_tokens)] == [
         *one.prompt_tokens,

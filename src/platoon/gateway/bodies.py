@@ -34,11 +34,13 @@ __all__ = [
 
 
 class DialectError(ValueError):
-    """A request body that does not follow its dialect; `param` names the field."""
+    """A request body that does not follow its dialect; `param` names the field, `code` is the
+    OpenAI error code the API gives such a body (None where it gives none)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 T = TypeVar("T")

@@ -485,6 +485,7 @@ class Gateway(ComponentBase):
                     duration_s=duration,
                     messages=[dict(m) for m in messages] if record_messages else None,
                     policy=session.policy,
+                    parse_errors=list(parsed.errors),
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.

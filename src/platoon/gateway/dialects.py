@@ -106,6 +106,13 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         if exc.param is not None and _ROLE.fullmatch(exc.param):
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
+    _openai_ranges(request.temperature, request.top_p)
+    for i, message in enumerate(request.messages):
+        if message.role == "tool" and not message.tool_call_id:
+            raise DialectError(
+                "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.",
+                f"messages.{i}.tool_call_id",
+            )
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -122,6 +129,28 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
     tools = _objects(body.get("tools")) if request.tools is not None else None
     return ChatCall(messages, tools, params, request.n or 1, bool(request.stream))
+
+
+def _openai_ranges(temperature: float | None, top_p: float | None) -> None:
+    """OpenAI's ranges, refused in its words: temperature from 0 to 2, top_p from 0 to 1."""
+    for name, value, high in (("temperature", temperature, 2), ("top_p", top_p, 1)):
+        if value is None or 0 <= value <= high:
+            continue
+        above = value > high
+        side, bound = ("above maximum", f"<= {high}") if above else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid '{name}': decimal {side} value. Expected a value {bound}, but got {value} instead.",
+            name,
+            "decimal_above_max_value" if above else "decimal_below_min_value",
+        )
+
+
+def _anthropic_ranges(temperature: float | None, top_p: float | None) -> None:
+    """Anthropic's ranges, refused in its words: temperature and top_p from 0 to 1."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and not 0 <= value <= 1:
+            side = "less than or equal to 1" if value > 1 else "greater than or equal to 0"
+            raise DialectError(f"{name}: Input should be {side}", name)
 
 
 def _objects(value: object) -> list[Mapping[str, object]]:
@@ -309,6 +338,7 @@ def responses_request(body: Mapping[str, object]) -> Call:
                 "parameters": tool.parameters or {"type": "object", "properties": {}},
             }
             tools.append({"type": "function", "function": function})
+    _openai_ranges(request.temperature, request.top_p)
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -511,6 +541,7 @@ def count_tokens_request(body: Mapping[str, object]) -> tuple[list[Message], lis
 
 
 def _messages(request: bodies.MessagesRequest) -> Call:
+    _anthropic_ranges(request.temperature, request.top_p)
     messages: list[Message] = []
     if request.system is not None:
         messages.append({"role": "system", "content": _text(request.system, "system", what="block")})

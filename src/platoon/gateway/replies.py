@@ -53,7 +53,8 @@ def take_controls(
     markers, plain = stream_markers
     controls = Controls(stops=stops, markers=markers, plain=plain)
     names = [_tool_name(t) for t in tools or ()]
-    if choice == "none":
+    if choice == "none" or (choice == "auto" and not names):
+        # No tools to call: tool-call markup is text, as a model without tools writes it.
         controls.parse_tools = False
         controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
     elif choice == "required" or isinstance(choice, Mapping):
