@@ -270,6 +270,68 @@ async def test_tool_choice_required_and_named_are_enforced(toy_tokenizer):
     assert records[1].prompt_tokens[-len(opening) :] == opening
 
 
+async def test_a_scripted_policy_sees_the_forced_opening_and_may_write_the_whole_call(toy_tokenizer):
+    openings: list[str] = []
+
+    def policy(messages: list[dict[str, Any]]) -> str:
+        last = messages[-1]
+        assert (last["role"], last["prefix"]) == ("assistant", True)
+        openings.append(last["content"])
+        return tool_call_text(len(openings))  # the whole call, opening included
+
+    async with running_gateway(toy_tokenizer, policy, serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with clients(opened) as (chat, claude):
+            required = await chat.chat.completions.create(
+                model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required"
+            )
+            one_tool = await claude.messages.create(
+                model=MODEL,
+                max_tokens=100,
+                messages=USER,
+                tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "tool", "name": "guess"},
+            )
+    [call] = required.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"number": 1}
+    assert [(b.type, b.input) for b in one_tool.content] == [("tool_use", {"number": 2})]
+    assert openings == ["<tool_call>\n", '<tool_call>\n{"name": "guess", "arguments": ']
+
+
+async def test_a_forced_call_that_does_not_parse_is_sampled_again_then_refused(toy_tokenizer):
+    """Never the forced markup returned as text: a reply that does not continue the opening into a
+    call is sampled again (up to three samples); only the sample that called is recorded."""
+    script = ["I would rather explain.", tool_call_text(10)] + ["Still no call."] * 6
+    async with running_gateway(toy_tokenizer, script, serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with clients(opened) as (chat, claude):
+            second = await chat.chat.completions.create(
+                model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required", seed=7
+            )
+            with pytest.raises(openai.InternalServerError) as chat_error:
+                await chat.chat.completions.create(
+                    model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required"
+                )
+            with pytest.raises(anthropic.InternalServerError) as claude_error:
+                await claude.messages.create(
+                    model=MODEL,
+                    max_tokens=100,
+                    messages=USER,
+                    tools=ANTHROPIC_TOOLS,
+                    tool_choice={"type": "any"},
+                )
+            [record] = await gw.settled()
+    [call] = second.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"number": 10}
+    assert toy_tokenizer.decode(record.completion_tokens).startswith('{"name": "guess"')
+    assert chat_error.value.status_code == 502
+    assert chat_error.value.body["message"].startswith(
+        "tool_choice asks for a tool call, and the policy wrote none in 3 samples (last: tool call 1: "
+    )
+    assert claude_error.value.body["error"]["type"] == "api_error"
+    assert gw.gateway.budgets["ep1"].calls == 1  # a refused call costs nothing
+
+
 async def test_parallel_tool_calls_false_keeps_one_call(toy_tokenizer):
     two = tool_call_text(10) + "\n" + tool_call_text(20)
     async with running_gateway(toy_tokenizer, [two, two], serve_http=True) as gw:

@@ -46,7 +46,7 @@ from platoon.bus.events import (
 )
 from platoon.gateway.errors import GatewayError, sampler_error
 from platoon.gateway.params import call_params, longest_token, text_size
-from platoon.gateway.renderers import Renderer, RendererError
+from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
 from platoon.gateway.shapes import Message, Params, Tool
@@ -411,14 +411,9 @@ class Gateway(ComponentBase):
         started = time.time()
         clock = time.perf_counter()
         reserved = False
-        text = TextStream(
-            renderer.tokenizer,
-            markers=controls.markers,
-            stops=controls.stops,
-            after_first_call=controls.after_first_call,
-            stop_token_ids=renderer.stop_token_ids,
-            plain=controls.plain,
-        )
+        conversation = _as_dicts(messages)
+        if controls.prefill:  # the forced opening, for scripted policies (real ones see the tokens)
+            conversation = [*conversation, {"role": "assistant", "content": controls.prefill, "prefix": True}]
         try:
             if kind == "policy":
                 # Checked again and reserved now: concurrent calls of one budget may have
@@ -426,31 +421,52 @@ class Gateway(ComponentBase):
                 budget.check()
                 budget.calls += 1
                 reserved = True
-            try:
-                if _streams(sampler) and (stream or controls.stops):
-                    tokens: list[int] = []
-                    logprobs: list[float] = []
-                    reason: StopReason = "stop"
-                    chunks = sampler.sample_stream(prompt, sample_params, messages=_as_dicts(messages))
-                    try:
-                        async for chunk in chunks:
-                            tokens += chunk.tokens
-                            logprobs += chunk.logprobs
-                            reason = chunk.stop_reason or reason
-                            delta = text.feed(chunk.tokens)
-                            if delta and stream:
-                                yield delta
-                            if text.stop is not None:
-                                break  # a stop sequence: no need to sample further
-                    finally:
-                        if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
-                            await chunks.aclose()
-                    sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
-                else:
-                    sampled = await sampler.sample(prompt, sample_params, messages=_as_dicts(messages))
-            except Exception as exc:
-                log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                raise sampler_error(exc) from exc
+            # A reply forced to call a tool (tool_choice) whose continuation is no call is
+            # sampled again, a bounded number of times, then refused: never markup as text.
+            # Nothing of a forced reply streams before it is parsed, so a retry sends nothing twice.
+            attempt = 0
+            while True:
+                text = TextStream(
+                    renderer.tokenizer,
+                    markers=controls.markers,
+                    stops=controls.stops,
+                    after_first_call=controls.after_first_call,
+                    stop_token_ids=renderer.stop_token_ids,
+                    plain=controls.plain,
+                )
+                params_now = _resampled(sample_params, attempt)
+                try:
+                    if _streams(sampler) and (stream or controls.stops):
+                        tokens: list[int] = []
+                        logprobs: list[float] = []
+                        reason: StopReason = "stop"
+                        chunks = sampler.sample_stream(prompt, params_now, messages=conversation)
+                        try:
+                            async for chunk in chunks:
+                                tokens += chunk.tokens
+                                logprobs += chunk.logprobs
+                                reason = chunk.stop_reason or reason
+                                delta = text.feed(chunk.tokens)
+                                if delta and stream:
+                                    yield delta
+                                if text.stop is not None:
+                                    break  # a stop sequence: no need to sample further
+                        finally:
+                            if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
+                                await chunks.aclose()
+                        sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
+                    else:
+                        sampled = await sampler.sample(prompt, params_now, messages=conversation)
+                except Exception as exc:
+                    log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
+                    raise sampler_error(exc) from exc
+                sampled, parsed, stop_sequence = read_reply(sampled, tools, controls, renderer)
+                attempt += 1
+                if not controls.prefill or parsed.tool_calls:
+                    break
+                if attempt == _FORCED_TRIES:
+                    raise _no_forced_call(attempt, parsed, sampled)
+                log.debug("a forced tool call did not parse; sampling again", attempt=attempt)
         except BaseException:
             if reserved:
                 budget.calls -= 1
@@ -459,7 +475,6 @@ class Gateway(ComponentBase):
             self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        sampled, parsed, stop_sequence = read_reply(sampled, tools, controls, renderer)
         message = parsed.to_openai()
         call_id = new_id()
         key = turn_key(message)
@@ -523,6 +538,31 @@ class Gateway(ComponentBase):
 
 
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
+_FORCED_TRIES = 3  # samples of a reply forced to call a tool before it is refused
+
+
+def _resampled(params: SampleParams, attempt: int) -> SampleParams:
+    """The parameters of sample `attempt` of one call: a seeded call's later samples get seeds of
+    their own (the same seed would sample the same reply again)."""
+    if attempt == 0 or params.seed is None:
+        return params
+    return msgspec.structs.replace(params, seed=derive_seed(params.seed, "resample", attempt))
+
+
+def _no_forced_call(tries: int, parsed: ParsedMessage, sampled: SampledCompletion) -> GatewayError:
+    """The refusal of a reply forced to call a tool that never did."""
+    why = (
+        parsed.errors[-1]
+        if parsed.errors
+        else "it ran out of max_tokens"
+        if sampled.stop_reason == "length"
+        else "it wrote no call"
+    )
+    return GatewayError(
+        "sampler",
+        f"tool_choice asks for a tool call, and the policy wrote none in {tries} samples (last: {why}); "
+        "ask again, or without tool_choice",
+    )
 
 
 def _streams(sampler: Sampler) -> TypeGuard[StreamingSampler]:

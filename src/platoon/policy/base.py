@@ -58,7 +58,9 @@ class Sampler(Protocol):
     """One policy version that can sample completions.
 
     `messages` is the conversation the prompt was rendered from; real samplers ignore it,
-    scripted test policies may answer from it.
+    scripted test policies may answer from it. When the reply's opening was forced (a tool
+    call `tool_choice` asks for), the prompt ends with its tokens and `messages` with it as
+    `{"role": "assistant", "content": OPENING, "prefix": True}`.
     """
 
     version: int
