@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -21,6 +22,7 @@ import openai
 import pytest
 from test_gateway import GUESS_TOOLS, running_gateway, tool_call_text
 
+from platoon.policy.tinker import TinkerSamplerFactory, closing
 from platoon.testing.policies import ScriptedSamplerFactory
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
@@ -386,6 +388,47 @@ async def test_logprobs_come_back_when_asked(toy_tokenizer):
             )
             [record] = await gw.settled()
     assert [t.logprob for t in completion.choices[0].logprobs.content] == record.logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("tinker")
+    from platoon.testing.models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=2, seed=0)
+
+
+@pytest.mark.torch
+async def test_top_logprobs_come_from_a_sampler_that_gives_them(toy_tokenizer, tiny_model):
+    """The embedded sampler gives the top alternatives at each sampled token: the client gets
+    them, and they are the model's own (checked against transformers)."""
+    import tinker
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from platoon.backends.local import running_server_in_thread
+
+    async with running_server_in_thread(str(tiny_model), device="cpu") as url:
+        async with closing(tinker.ServiceClient(base_url=url, api_key="tml-local")) as service:
+            factory = TinkerSamplerFactory(service, base_model=str(tiny_model))
+            async with running_gateway(toy_tokenizer, factory=factory, serve_http=True) as gw:
+                opened = await gw.open("ep1")
+                async with clients(opened) as (chat, _):
+                    completion = await chat.chat.completions.create(
+                        model=MODEL, messages=USER, logprobs=True, top_logprobs=3, max_tokens=6, seed=1
+                    )
+                    [record] = await gw.settled()
+    content = completion.choices[0].logprobs.content
+    assert [t.logprob for t in content] == record.logprobs and len(content) == 6
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    tokens = [*record.prompt_tokens, *record.completion_tokens]
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, len(record.prompt_tokens) - 1 : -1]
+    best = torch.log_softmax(logits.float(), dim=-1).topk(3)
+    for token, values, ids in zip(content, best.values.tolist(), best.indices.tolist(), strict=True):
+        assert [a.token for a in token.top_logprobs] == [toy_tokenizer.decode([i]) for i in ids]
+        assert [a.logprob for a in token.top_logprobs] == pytest.approx(values, abs=1e-4)
 
 
 async def test_a_prompt_over_the_context_is_a_400_at_once(toy_tokenizer):

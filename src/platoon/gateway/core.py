@@ -58,6 +58,7 @@ from platoon.policy.base import (
     SamplerFactory,
     StopReason,
     StreamingSampler,
+    TopLogprobs,
 )
 
 __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
@@ -397,6 +398,14 @@ class Gateway(ComponentBase):
             if sample_params.max_tokens is None or sample_params.max_tokens > room:
                 sample_params = msgspec.structs.replace(sample_params, max_tokens=room)
         sampler = await self._sampler_for(session)
+        most = getattr(sampler, "max_top_logprobs", 0)  # a sampler that has none has no attribute
+        if sample_params.top_logprobs > most:
+            raise GatewayError(
+                "bad_request",
+                f"top_logprobs: this policy's sampler gives {most or 'no'} top alternatives per token, "
+                f"{sample_params.top_logprobs} were asked for (the embedded and Tinker samplers give up to 20)",
+                param="top_logprobs",
+            )
 
         # The limiter is held on behalf of this call, not of a task: a stream is answered by
         # the task that started it and then by the one that sends the response.
@@ -439,12 +448,14 @@ class Gateway(ComponentBase):
                     if _streams(sampler) and (stream or controls.stops):
                         tokens: list[int] = []
                         logprobs: list[float] = []
+                        top: TopLogprobs = []
                         reason: StopReason = "stop"
                         chunks = sampler.sample_stream(prompt, params_now, messages=conversation)
                         try:
                             async for chunk in chunks:
                                 tokens += chunk.tokens
                                 logprobs += chunk.logprobs
+                                top += chunk.top_logprobs or []
                                 reason = chunk.stop_reason or reason
                                 delta = text.feed(chunk.tokens)
                                 if delta and stream:
@@ -454,7 +465,9 @@ class Gateway(ComponentBase):
                         finally:
                             if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
                                 await chunks.aclose()
-                        sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
+                        sampled = SampledCompletion(
+                            tokens=tokens, logprobs=logprobs, stop_reason=reason, top_logprobs=top or None
+                        )
                     else:
                         sampled = await sampler.sample(prompt, params_now, messages=conversation)
                 except Exception as exc:
@@ -519,6 +532,7 @@ class Gateway(ComponentBase):
             logprobs=list(sampled.logprobs),
             stop_sequence=stop_sequence,
             streamed=text.sent if stream else "",
+            top_logprobs=sampled.top_logprobs,
         )
 
     def _check_size(self, chars: int, state: GatewayPolicy) -> None:

@@ -107,6 +107,14 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
     _openai_ranges(request.temperature, request.top_p)
+    top = request.top_logprobs
+    if top is not None and not 0 <= top <= 20:
+        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
+            "top_logprobs",
+            "integer_above_max_value" if top > 20 else "integer_below_min_value",
+        )
     for i, message in enumerate(request.messages):
         if message.role == "tool" and not message.tool_call_id:
             raise DialectError(
@@ -125,6 +133,8 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         "seed": request.seed,
         "tool_choice": {"name": choice.function.name} if isinstance(choice, ChatToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
+        # Alternatives come back with the logprobs, so only a call that asks for those samples them.
+        "top_logprobs": top if request.logprobs else None,
     }
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
     tools = _objects(body.get("tools")) if request.tools is not None else None
@@ -162,18 +172,33 @@ def _read_as_system(message: Mapping[str, object]) -> Message:
     return {**message, "role": "system"} if message["role"] == "developer" else dict(message)
 
 
-def _logprobs_content(tokens: list[str], logprobs: list[float]) -> JsonObject:
+class Logprobs(NamedTuple):
+    """A choice's logprobs as the client reads them: each token's text and logprob, and the top
+    alternatives at each (text, logprob), when asked for."""
+
+    tokens: list[str]
+    logprobs: list[float]
+    top: list[list[tuple[str, float]]] | None = None
+
+
+def _logprobs_content(logprobs: Logprobs) -> JsonObject:
+    tops = logprobs.top or [[] for _ in logprobs.tokens]
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=False)
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode()),
+                "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top],
+            }
+            for t, lp, top in zip(logprobs.tokens, logprobs.logprobs, tops, strict=False)
         ]
     }
 
 
 def chat_response(
     model: str,
-    choices: list[tuple[AssistantMessage, str, tuple[list[str], list[float]] | None]],
+    choices: list[tuple[AssistantMessage, str, Logprobs | None]],
     usage: tuple[int, int],
     response_id: str,
 ) -> ChatCompletion:
@@ -187,7 +212,7 @@ def chat_response(
             {
                 "index": i,
                 "message": message,
-                "logprobs": _logprobs_content(*lp) if lp is not None else None,
+                "logprobs": _logprobs_content(lp) if lp is not None else None,
                 "finish_reason": finish,
             }
             for i, (message, finish, lp) in enumerate(choices)

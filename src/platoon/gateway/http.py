@@ -296,6 +296,13 @@ def build_app(gateway: Gateway) -> Guard:
     def token_texts(tokens: list[int]) -> list[str]:
         return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
 
+    def logprobs_of(c: Completion) -> dialects.Logprobs:
+        decode = gateway.renderer.tokenizer.decode
+        top = (
+            None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
+        )
+        return dialects.Logprobs(token_texts(c.tokens), c.logprobs, top)
+
     def sample(
         session: AgentSession,
         messages: Sequence[Message],
@@ -380,7 +387,7 @@ def build_app(gateway: Gateway) -> Guard:
                     (
                         c.message,
                         c.finish_reason,
-                        (token_texts(c.tokens), c.logprobs) if want_logprobs else None,
+                        logprobs_of(c) if want_logprobs else None,
                     )
                     for c in done
                 ]

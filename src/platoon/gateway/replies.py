@@ -120,8 +120,12 @@ def read_reply(
             parsed.finish_reason = "length"
         return sampled, parsed, None
     keep = tokens_through(tokenizer, body, stop.end)
+    top = sampled.top_logprobs
     sampled = SampledCompletion(
-        tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
+        tokens=tokens[:keep],
+        logprobs=list(sampled.logprobs[:keep]),
+        stop_reason="stop",
+        top_logprobs=None if top is None else top[:keep],
     )
     parsed = renderer.parse_text(
         controls.prefill + text[: stop.kept], tools or None, stopped=True, tool_calls=controls.parse_tools
