@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -21,6 +22,7 @@ import openai
 import pytest
 from test_gateway import GUESS_TOOLS, running_gateway, tool_call_text
 
+from platoon.policy.tinker import TinkerSamplerFactory, closing
 from platoon.testing.policies import ScriptedSamplerFactory
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
@@ -270,6 +272,68 @@ async def test_tool_choice_required_and_named_are_enforced(toy_tokenizer):
     assert records[1].prompt_tokens[-len(opening) :] == opening
 
 
+async def test_a_scripted_policy_sees_the_forced_opening_and_may_write_the_whole_call(toy_tokenizer):
+    openings: list[str] = []
+
+    def policy(messages: list[dict[str, Any]]) -> str:
+        last = messages[-1]
+        assert (last["role"], last["prefix"]) == ("assistant", True)
+        openings.append(last["content"])
+        return tool_call_text(len(openings))  # the whole call, opening included
+
+    async with running_gateway(toy_tokenizer, policy, serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with clients(opened) as (chat, claude):
+            required = await chat.chat.completions.create(
+                model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required"
+            )
+            one_tool = await claude.messages.create(
+                model=MODEL,
+                max_tokens=100,
+                messages=USER,
+                tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "tool", "name": "guess"},
+            )
+    [call] = required.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"number": 1}
+    assert [(b.type, b.input) for b in one_tool.content] == [("tool_use", {"number": 2})]
+    assert openings == ["<tool_call>\n", '<tool_call>\n{"name": "guess", "arguments": ']
+
+
+async def test_a_forced_call_that_does_not_parse_is_sampled_again_then_refused(toy_tokenizer):
+    """Never the forced markup returned as text: a reply that does not continue the opening into a
+    call is sampled again (up to three samples); only the sample that called is recorded."""
+    script = ["I would rather explain.", tool_call_text(10)] + ["Still no call."] * 6
+    async with running_gateway(toy_tokenizer, script, serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with clients(opened) as (chat, claude):
+            second = await chat.chat.completions.create(
+                model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required", seed=7
+            )
+            with pytest.raises(openai.InternalServerError) as chat_error:
+                await chat.chat.completions.create(
+                    model=MODEL, messages=USER, tools=GUESS_TOOLS, tool_choice="required"
+                )
+            with pytest.raises(anthropic.InternalServerError) as claude_error:
+                await claude.messages.create(
+                    model=MODEL,
+                    max_tokens=100,
+                    messages=USER,
+                    tools=ANTHROPIC_TOOLS,
+                    tool_choice={"type": "any"},
+                )
+            [record] = await gw.settled()
+    [call] = second.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"number": 10}
+    assert toy_tokenizer.decode(record.completion_tokens).startswith('{"name": "guess"')
+    assert chat_error.value.status_code == 502
+    assert chat_error.value.body["message"].startswith(
+        "tool_choice asks for a tool call, and the policy wrote none in 3 samples (last: tool call 1: "
+    )
+    assert claude_error.value.body["error"]["type"] == "api_error"
+    assert gw.gateway.budgets["ep1"].calls == 1  # a refused call costs nothing
+
+
 async def test_parallel_tool_calls_false_keeps_one_call(toy_tokenizer):
     two = tool_call_text(10) + "\n" + tool_call_text(20)
     async with running_gateway(toy_tokenizer, [two, two], serve_http=True) as gw:
@@ -324,6 +388,47 @@ async def test_logprobs_come_back_when_asked(toy_tokenizer):
             )
             [record] = await gw.settled()
     assert [t.logprob for t in completion.choices[0].logprobs.content] == record.logprobs
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("tinker")
+    from platoon.testing.models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=2, seed=0)
+
+
+@pytest.mark.torch
+async def test_top_logprobs_come_from_a_sampler_that_gives_them(toy_tokenizer, tiny_model):
+    """The embedded sampler gives the top alternatives at each sampled token: the client gets
+    them, and they are the model's own (checked against transformers)."""
+    import tinker
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from platoon.backends.local import running_server_in_thread
+
+    async with running_server_in_thread(str(tiny_model), device="cpu") as url:
+        async with closing(tinker.ServiceClient(base_url=url, api_key="tml-local")) as service:
+            factory = TinkerSamplerFactory(service, base_model=str(tiny_model))
+            async with running_gateway(toy_tokenizer, factory=factory, serve_http=True) as gw:
+                opened = await gw.open("ep1")
+                async with clients(opened) as (chat, _):
+                    completion = await chat.chat.completions.create(
+                        model=MODEL, messages=USER, logprobs=True, top_logprobs=3, max_tokens=6, seed=1
+                    )
+                    [record] = await gw.settled()
+    content = completion.choices[0].logprobs.content
+    assert [t.logprob for t in content] == record.logprobs and len(content) == 6
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    tokens = [*record.prompt_tokens, *record.completion_tokens]
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, len(record.prompt_tokens) - 1 : -1]
+    best = torch.log_softmax(logits.float(), dim=-1).topk(3)
+    for token, values, ids in zip(content, best.values.tolist(), best.indices.tolist(), strict=True):
+        assert [a.token for a in token.top_logprobs] == [toy_tokenizer.decode([i]) for i in ids]
+        assert [a.logprob for a in token.top_logprobs] == pytest.approx(values, abs=1e-4)
 
 
 async def test_a_prompt_over_the_context_is_a_400_at_once(toy_tokenizer):
@@ -381,11 +486,12 @@ async def test_previous_response_id_continues_a_stored_conversation(toy_tokenize
                 model=MODEL, instructions="Play.", input="Higher.", previous_response_id=first.id
             )
             unstored = await chat.responses.create(model=MODEL, input="Guess.", store=False)
-            with pytest.raises(openai.NotFoundError) as error:
+            with pytest.raises(openai.BadRequestError) as error:
                 await chat.responses.create(model=MODEL, input="Again.", previous_response_id=unstored.id)
             one, two, _ = await gw.settled()
     assert second.output_text == "Seventy-five?"
-    assert error.value.body["param"] == "previous_response_id"
+    assert error.value.code == "previous_response_not_found"
+    assert error.value.param == "previous_response_id"
     # The second call's prompt holds the first call's, and its reply as the exact sampled tokens.
     assert two.prompt_tokens[: len(one.prompt_tokens) + len(one.completion_tokens)] == [
         *one.prompt_tokens,

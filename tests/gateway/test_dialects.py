@@ -44,6 +44,7 @@ def test_chat_request_reads_messages_tools_and_params():
         "seed": 3,
         "tool_choice": None,
         "parallel_tool_calls": None,
+        "top_logprobs": None,
     }
     assert (n, stream) == (2, True)
     assert body["messages"][0]["role"] == "developer"  # the body is not changed
@@ -66,7 +67,7 @@ def test_chat_request_passes_tool_choice_on_with_the_tools():
     ("extra", "field"),
     [
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"top_logprobs": "three"}, "top_logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"no_such_parameter": 1}, "no_such_parameter"),
@@ -77,6 +78,18 @@ def test_chat_request_refuses_what_it_cannot_honour(extra, field):
     with pytest.raises(DialectError) as error:
         dialects.chat_request({"messages": [{"role": "user", "content": "Hi"}], **extra})
     assert error.value.param == field and str(error.value).startswith(field)
+
+
+def test_chat_request_asks_for_top_logprobs_with_logprobs_only_and_in_openais_range():
+    ask = {"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 3}
+    assert dialects.chat_request({**ask, "logprobs": True}).params["top_logprobs"] == 3
+    assert dialects.chat_request(ask).params["top_logprobs"] is None
+    with pytest.raises(DialectError) as error:
+        dialects.chat_request({**ask, "logprobs": True, "top_logprobs": 21})
+    assert (error.value.param, error.value.code) == ("top_logprobs", "integer_above_max_value")
+    assert str(error.value) == (
+        "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got 21 instead."
+    )
 
 
 def test_chat_request_takes_hints_and_neutral_values():
@@ -122,7 +135,7 @@ def test_chat_request_names_the_bad_field(body, field):
 
 def test_chat_response_and_its_stream_carry_the_same_answer():
     message = {"role": "assistant", "content": "Trying.", "reasoning_content": "Think.", "tool_calls": [CALL]}
-    logprobs = (["Try", "ing", "."], [-0.1, -0.2, -0.3])
+    logprobs = dialects.Logprobs(["Try", "ing", "."], [-0.1, -0.2, -0.3])
     response = dialects.chat_response("m", [(message, "tool_calls", logprobs)], (10, 3), "abc")
     assert response["id"] == "chatcmpl-abc" and response["object"] == "chat.completion"
     [choice] = response["choices"]
@@ -146,7 +159,9 @@ def test_chat_response_and_its_stream_carry_the_same_answer():
 
 def test_chat_stream_sends_logprobs_of_a_reply_without_text_on_the_last_chunk():
     message = {"role": "assistant", "content": None, "tool_calls": [CALL]}
-    response = dialects.chat_response("m", [(message, "tool_calls", (["a"], [-0.5]))], (1, 1), "x")
+    response = dialects.chat_response(
+        "m", [(message, "tool_calls", dialects.Logprobs(["a"], [-0.5]))], (1, 1), "x"
+    )
     chunks = [json.loads(p) for p in list(dialects.chat_stream(response, include_usage=False))[:-1]]
     with_logprobs = [c for c in chunks if c["choices"][0].get("logprobs")]
     assert len(with_logprobs) == 1

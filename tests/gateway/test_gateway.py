@@ -288,7 +288,7 @@ async def test_tool_calls_come_back_parsed(toy_tokenizer):
 
 @pytest.mark.anyio
 async def test_a_malformed_tool_call_comes_back_as_text_with_an_error(toy_tokenizer):
-    bad = '<tool_call>\n{"name": "guess", "arguments": {"number": "seven"}}\n</tool_call>'
+    bad = '<tool_call>\n{"name": "guess", "arguments": {"number": seven}}\n</tool_call>'
     async with running_gateway(toy_tokenizer, [bad]) as gw:
         ctx = await gw.context("ep1")
         reply = await ctx.chat([{"role": "user", "content": "Guess."}], GUESS_TOOLS)
@@ -296,7 +296,7 @@ async def test_a_malformed_tool_call_comes_back_as_text_with_an_error(toy_tokeni
 
     assert reply.tool_calls == [] and reply.finish_reason == "stop"
     assert "seven" in reply.text
-    assert "must be integer" in reply.parse_errors[0]
+    assert "invalid JSON in tool call" in reply.parse_errors[0]
     assert record.completion_tokens == sampled_tokens(toy_tokenizer, bad)
 
 
@@ -318,6 +318,18 @@ async def test_an_agent_that_checks_its_own_calls_gets_the_calls_its_schemas_do_
     assert calls == [[("guess", {"number": "seven"})], [("peek", {})], []]
     assert [r.finish_reason for r in replies] == ["tool_calls", "tool_calls", "stop"]
     assert "invalid JSON" in replies[2].parse_errors[0]
+
+
+async def test_a_call_whose_arguments_do_not_fit_comes_back_as_a_call_with_the_error(toy_tokenizer):
+    bad = '<tool_call>\n{"name": "guess", "arguments": {"number": "seven"}}\n</tool_call>'
+    async with running_gateway(toy_tokenizer, [bad]) as gw:
+        ctx = await gw.context("ep1")
+        reply = await ctx.chat([{"role": "user", "content": "Guess."}], GUESS_TOOLS)
+
+    [call] = reply.tool_calls
+    assert json.loads(call["function"]["arguments"]) == {"number": "seven"}
+    assert reply.finish_reason == "tool_calls" and reply.text == ""
+    assert reply.parse_errors == ["tool call 1: argument 'number' of 'guess' must be integer, got string"]
 
 
 # --- token-exact history ----------------------------------------------------------------------

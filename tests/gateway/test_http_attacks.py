@@ -63,7 +63,8 @@ async def test_one_agents_long_prompt_does_not_hold_up_another_agents_call(toy_t
         async def call(name, opened, content):
             async with client_for(opened) as client:
                 results[name] = await client.post(
-                    "/chat/completions", json={"messages": [{"role": "user", "content": content}]}
+                    "/chat/completions",
+                    json={"model": "platoon-policy", "messages": [{"role": "user", "content": content}]},
                 )
             if name == "small":
                 other_answered.set()
@@ -83,11 +84,12 @@ MALFORMED = [
     (b'{"messages": [{"role": "user", "content": "x"}', "not valid JSON"),
     (b"\xff\xfe", "not valid JSON"),
 ]
+ASKS = b'{"model": "platoon-policy", "messages": [{"role": "user", "content": "x"}], '
 BAD_VALUES = [
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000000000}', "max_tokens"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', "temperature"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 2}', "top_p"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 3.5}', "max_tokens"),
+    (ASKS + b'"max_tokens": 1000000000000}', "max_tokens"),
+    (ASKS + b'"temperature": -1}', "temperature"),
+    (ASKS + b'"top_p": 2}', "top_p"),
+    (ASKS + b'"max_tokens": 3.5}', "max_tokens"),
 ]
 
 
@@ -127,7 +129,9 @@ async def test_one_agent_cannot_take_every_slot(toy_tokenizer):
 
         async def call(opened):
             async with client_for(opened) as client:
-                response = await client.post("/chat/completions", json={"messages": USER})
+                response = await client.post(
+                    "/chat/completions", json={"model": "platoon-policy", "messages": USER}
+                )
                 statuses.append(response.status_code)
 
         async with anyio.create_task_group() as tg:

@@ -19,6 +19,7 @@ from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 USER = [{"role": "user", "content": "Hi."}]
+MODEL = "platoon-policy"
 
 
 def client_for(opened: Any) -> httpx.AsyncClient:
@@ -40,13 +41,13 @@ def anthropic_client(opened: Any, key: str | None = None) -> anthropic.AsyncAnth
 BAD_BODIES = [
     ("/chat/completions", {"model": "platoon-policy"}, "messages"),
     ("/chat/completions", {"messages": USER, "temperature": "hot"}, "temperature"),
-    ("/chat/completions", {"messages": USER, "max_tokens": 0}, "max_tokens"),
-    ("/chat/completions", {"messages": USER, "max_completion_tokens": 0}, "max_tokens"),
+    ("/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 0}, "max_tokens"),
+    ("/chat/completions", {"model": MODEL, "messages": USER, "max_completion_tokens": 0}, "max_tokens"),
     ("/chat/completions", {"messages": USER, "n": 99}, "n"),
     ("/chat/completions", {"messages": USER, "stop": [1]}, "stop"),
     ("/chat/completions", {"messages": USER, "tools": {"a": 1}}, "tools"),
     ("/chat/completions", {"messages": [{"content": "no role"}]}, "messages.0"),
-    ("/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+    ("/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
     ("/responses", {"model": "platoon-policy"}, "input"),
     ("/responses", {"input": [{"type": "web_search_call"}]}, "input.0.type"),
     ("/responses", {"input": "hi", "previous_response_id": 7}, "previous_response_id"),
@@ -316,16 +317,18 @@ async def test_context_length_errors_in_each_dialect(toy_tokenizer, anyio_backen
 async def test_max_tokens_is_clamped_to_the_room_left_over_http(toy_tokenizer, anyio_backend):
     prompt = len(get_renderer("qwen3_instruct", toy_tokenizer).render(USER))
     text = "one two three four five six seven eight nine ten"
-    async with running_gateway(toy_tokenizer, [text] * 3, serve_http=True, context_window=prompt + 4) as gw:
+    window = prompt + 4
+    async with running_gateway(toy_tokenizer, [text] * 3, serve_http=True, context_window=window) as gw:
         opened = await gw.open("ep1")
         async with openai_client(opened) as client, anthropic_client(opened) as claude:
+            # Within the window, not beside the prompt: clamped, as agents ask for their usual limit.
             chat = await client.chat.completions.create(
-                model="platoon-policy", messages=USER, max_completion_tokens=500
+                model="platoon-policy", messages=USER, max_completion_tokens=window
             )
             responses = await client.responses.create(
-                model="platoon-policy", input="Hi.", max_output_tokens=500
+                model="platoon-policy", input="Hi.", max_output_tokens=window
             )
-            messages = await claude.messages.create(model="platoon-policy", max_tokens=500, messages=USER)
+            messages = await claude.messages.create(model="platoon-policy", max_tokens=window, messages=USER)
         records = await gw.settled()
 
     assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 4
@@ -399,8 +402,10 @@ async def test_a_malformed_assistant_turn_is_400_not_500(toy_tokenizer, turn):
         opened = await gw.open("ep1")
         async with client_for(opened) as client:
             # A first call, so that the agent has sampled turns to look the history up in.
-            await client.post("/chat/completions", json={"messages": USER})
-            response = await client.post("/chat/completions", json={"messages": [*USER, turn, *USER]})
+            await client.post("/chat/completions", json={"model": MODEL, "messages": USER})
+            response = await client.post(
+                "/chat/completions", json={"model": MODEL, "messages": [*USER, turn, *USER]}
+            )
 
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("messages.1.")

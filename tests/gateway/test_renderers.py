@@ -343,13 +343,20 @@ def test_parse_truncated_reasoning(qwen3_tokenizer):
     assert message == {"role": "assistant", "content": "", "reasoning_content": "Still thinking about"}
 
 
-def test_parse_reports_bad_tool_calls_as_text(qwen3_tokenizer):
+def test_parse_reports_bad_tool_calls(qwen3_tokenizer):
     renderer = get_renderer("qwen3_instruct", qwen3_tokenizer)
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}}\n</tool_call>'
     parsed = renderer.parse(qwen3_tokenizer.encode(text + "<|im_end|>", add_special_tokens=False), TOOLS)
-    assert parsed.tool_calls == [] and parsed.content == text and parsed.finish_reason == "stop"
+    # Arguments that do not fit the schema: still a call, with the error beside it.
+    [call] = parsed.tool_calls
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": 3}'}
+    assert parsed.content == "" and parsed.finish_reason == "tool_calls"
     assert parsed.errors == ["tool call 1: argument 'city' of 'get_weather' must be string, got integer"]
-    assert parsed.to_openai() == {"role": "assistant", "content": text}
+    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3}\n</tool_call>'
+    parsed = renderer.parse(qwen3_tokenizer.encode(broken + "<|im_end|>", add_special_tokens=False), TOOLS)
+    assert parsed.tool_calls == [] and parsed.content == broken and parsed.finish_reason == "stop"
+    assert parsed.errors[0].startswith("tool call 1: invalid JSON in tool call")
+    assert parsed.to_openai() == {"role": "assistant", "content": broken}
 
 
 def test_parse_with_another_tool_call_parser(qwen3_tokenizer):

@@ -100,6 +100,22 @@ def test_hermes_without_tools_accepts_any_name():
         ("not json at all", "invalid JSON in tool call: Expecting value at line 1 column 1"),
         ('["get_weather"]', 'a tool call must be a JSON object with a string "name"'),
         ('{"arguments": {"city": "Paris"}}', 'a tool call must be a JSON object with a string "name"'),
+        ('{"name": "add", "arguments": [1, 2]}', "arguments of 'add' must be a JSON object, got array"),
+        ('{"name": "add", "arguments": "1 + 2"}', "arguments of 'add' must be a JSON object, got a string"),
+    ],
+)
+def test_hermes_what_cannot_be_a_call_stays_as_text_with_an_error(body, error):
+    text = "Calling.\n" + hermes(body)
+    result = HermesToolParser().parse(text, TOOLS)
+    assert result.tool_calls == []
+    assert result.content == text
+    assert len(result.errors) == 1
+    assert result.errors[0].startswith("tool call 1: " + error)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
         (
             '{"name": "get_wether", "arguments": {}}',
             "unknown tool 'get_wether' (available: get_weather, add)",
@@ -132,26 +148,26 @@ def test_hermes_without_tools_accepts_any_name():
             '{"name": "add", "arguments": {"a": 1, "b": 2, "c": 3}}',
             "'add' has no argument 'c' (expected: a, b)",
         ),
-        ('{"name": "add", "arguments": [1, 2]}', "arguments of 'add' must be a JSON object, got array"),
-        ('{"name": "add", "arguments": "1 + 2"}', "arguments of 'add' must be a JSON object, got a string"),
     ],
 )
-def test_hermes_malformed_call_stays_as_text_with_an_error(body, error):
-    text = "Calling.\n" + hermes(body)
-    result = HermesToolParser().parse(text, TOOLS)
-    assert result.tool_calls == []
-    assert result.content == text
-    assert len(result.errors) == 1
-    assert result.errors[0].startswith("tool call 1: " + error)
+def test_hermes_a_call_that_does_not_fit_the_tools_is_a_call_with_an_error(body, error):
+    """As the APIs return it: the agent answers it (unknown tool, bad arguments) and goes on."""
+    result = HermesToolParser().parse("Calling.\n" + hermes(body), TOOLS)
+    expected = json.loads(body)
+    assert calls(result) == [(expected["name"], expected["arguments"])]
+    assert result.content == "Calling."
+    assert result.errors == ["tool call 1: " + error]
 
 
-def test_hermes_good_calls_survive_a_bad_neighbour():
+def test_hermes_good_calls_and_bad_neighbours_are_numbered_in_order():
     bad = hermes('{"name": "add", "arguments": {"a": "one", "b": 2}}')
     good = hermes('{"name": "add", "arguments": {"a": 1, "b": 2}}')
-    result = HermesToolParser().parse(good + "\n" + bad, TOOLS)
-    assert calls(result) == [("add", {"a": 1, "b": 2})]
-    assert result.content == bad
-    assert result.errors == ["tool call 2: argument 'a' of 'add' must be number, got string"]
+    broken = hermes('{"name": "add", "arguments": {"a": 1')
+    result = HermesToolParser().parse(good + "\n" + bad + "\n" + broken, TOOLS)
+    assert calls(result) == [("add", {"a": 1, "b": 2}), ("add", {"a": "one", "b": 2})]
+    assert result.content == broken
+    assert result.errors[0] == "tool call 2: argument 'a' of 'add' must be number, got string"
+    assert result.errors[1].startswith("tool call 3: invalid JSON in tool call")
 
 
 def test_hermes_unterminated_block_is_reported():
@@ -188,27 +204,32 @@ def test_llama3_plain_text_is_content():
     assert result == ToolParseResult(content="Paris is sunny. {not a call}")
 
 
+def test_llama3_malformed_json_stays_as_text():
+    text = '{"name": "add", "parameters": {"a": 1, '
+    result = get_tool_call_parser("llama3").parse(text, TOOLS)
+    assert result.tool_calls == [] and result.content == text.strip()
+    assert result.errors[0].startswith("tool call 1: invalid JSON in tool call")
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ('{"name": "add", "parameters": {"a": 1, ', "tool call 1: invalid JSON in tool call"),
         ('<|python_tag|>{"name": "nope", "parameters": {}}', "tool call 1: unknown tool 'nope'"),
         ('{"name": "add", "parameters": {"a": 1}}', "tool call 1: 'add' is missing required argument(s): b"),
     ],
 )
-def test_llama3_malformed_calls(text, error):
+def test_llama3_calls_that_do_not_fit_the_tools_are_calls_with_an_error(text, error):
     result = get_tool_call_parser("llama3").parse(text, TOOLS)
-    assert result.tool_calls == []
+    assert len(result.tool_calls) == 1 and result.content == ""
     assert result.errors[0].startswith(error)
-    assert result.content == text.split("<|python_tag|>")[-1].strip()
 
 
 def test_llama3_bad_second_call_keeps_first():
-    text = '{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "parameters": {"a": 1}}'
+    text = '{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "parameters": [1]}'
     result = get_tool_call_parser("llama3").parse(text, TOOLS)
     assert calls(result) == [("add", {"a": 1, "b": 2})]
-    assert result.content == '{"name": "add", "parameters": {"a": 1}}'
-    assert result.errors == ["tool call 2: 'add' is missing required argument(s): b"]
+    assert result.content == '{"name": "add", "parameters": [1]}'
+    assert result.errors == ["tool call 2: arguments of 'add' must be a JSON object, got array"]
 
 
 # json fallback
@@ -237,9 +258,13 @@ def test_json_malformed_calls_keep_the_whole_reply():
     parser = get_tool_call_parser("json")
     broken = parser.parse('{"name": "add", "arguments": {"a": 1', TOOLS)
     assert broken.tool_calls == [] and broken.errors[0].startswith("tool call 1: invalid JSON in tool call")
-    listed = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "sub", "arguments": {}}]'
+    listed = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "sub", "arguments": 5}]'
     result = parser.parse(listed, TOOLS)
     assert result.tool_calls == [] and result.content == listed
+    assert result.errors == ["tool call 2: arguments of 'sub' must be a JSON object, got integer"]
+    unknown = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "sub", "arguments": {}}]'
+    result = parser.parse(unknown, TOOLS)
+    assert calls(result) == [("add", {"a": 1, "b": 2}), ("sub", {})] and result.content == ""
     assert result.errors == ["tool call 2: unknown tool 'sub' (available: get_weather, add)"]
 
 

@@ -81,6 +81,32 @@ def test_the_builtin_model_appears_at_its_path_whole_or_not_at_all(tmp_path, mon
     assert [p.name for p in final.parent.iterdir()] == [TINY_MODEL]  # nothing left aside
 
 
+@pytest.mark.torch
+def test_a_tiny_model_an_older_platoon_built_gets_the_window_real_agents_need(tmp_path, monkeypatch):
+    """The window is only a number in the config (rotary positions have no weights): a model
+    built with the old 2,048 has the same weights, and its cached copy is widened in place."""
+    from platoon.models import loading as models
+    from platoon.models.tiny import TINY_CONTEXT
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"runs: {tmp_path / 'runs'}\ncache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(site))
+    old = tmp_path / "cache" / "models" / TINY_MODEL
+    models.save_tiny_model(
+        old, hidden_size=64, num_layers=2, seed=TINY_MODEL_SEED, max_position_embeddings=2048
+    )
+    weights = (old / "model.safetensors").read_bytes()
+    new = models.save_tiny_model(tmp_path / "new", hidden_size=64, num_layers=2, seed=TINY_MODEL_SEED)
+    assert (new / "model.safetensors").read_bytes() == weights
+
+    assert resolve_model(TINY_MODEL) == str(old)
+    config = json.loads((old / "config.json").read_text())
+    assert config["max_position_embeddings"] == TINY_CONTEXT == 65536
+    assert config == json.loads((new / "config.json").read_text())
+    assert (old / "model.safetensors").read_bytes() == weights
+    assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
+
+
 def test_the_built_in_model_is_one_model_whatever_the_seed_of_the_run_that_builds_it(tmp_path, monkeypatch):
     """`train.seed` seeds a run's LoRA and samples, never the built-in model's weights: a
     site's `platoon-tiny-qwen3` is the same model whichever config used it first."""

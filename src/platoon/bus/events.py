@@ -226,6 +226,9 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
     # log; an in-process call's are in its `ChatRequested`.
     messages: list[dict[str, Any]] | None = None
     policy: str = "default"  # the policy that sampled it (see `policies:`)
+    # What is wrong with the reply's tool calls, one line each (a call kept as text, a call to a
+    # tool not declared, arguments that do not fit): an HTTP agent's reply carries no such field.
+    parse_errors: list[str] = msgspec.field(default_factory=list)
 
 
 @register_event

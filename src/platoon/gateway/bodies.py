@@ -4,8 +4,8 @@ One struct per request (`ChatRequest`, `ResponsesRequest`, `MessagesRequest`), t
 where the wire has a `type` or `role` tag. Unknown fields inside a body are ignored, as the
 APIs do (clients send cache hints, ids, statuses, annotations); unknown top-level parameters
 are refused, so that no request is silently sampled without what it asked for. Parameters the
-gateway cannot honour (penalties, JSON output formats, top log-probabilities) are accepted
-only at their neutral value. `read` turns a parsed JSON body into its struct, or raises
+gateway cannot honour (penalties, JSON output formats; top log-probabilities but in chat
+completions) are accepted only at their neutral value. `read` turns a parsed JSON body into its struct, or raises
 `DialectError` naming the field in the dotted form the clients show (`messages.0.role`).
 
 What a field means for sampling, and which shapes are then refused (an image, a tool of
@@ -34,11 +34,13 @@ __all__ = [
 
 
 class DialectError(ValueError):
-    """A request body that does not follow its dialect; `param` names the field."""
+    """A request body that does not follow its dialect; `param` names the field, `code` is the
+    OpenAI error code the API gives such a body (None where it gives none)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 T = TypeVar("T")
@@ -85,7 +87,6 @@ class _Common(_Hints, kw_only=True):
     honour (it samples the policy as is), accepted only at their neutral value or null. Clients
     that speak several APIs send them across, so every dialect takes them all."""
 
-    top_logprobs: Literal[0] | None = None
     frequency_penalty: Zero | None = None
     presence_penalty: Zero | None = None
     logit_bias: Empty[dict[str, object]] | None = None
@@ -111,7 +112,8 @@ def _names(kind: type[Struct]) -> frozenset[str]:
     return frozenset(f.encode_name for f in msgspec.structs.fields(kind))
 
 
-NEUTRAL = _names(_Common) - _names(_Hints)
+# Top log-probabilities are served in chat completions only (where the sampler gives them).
+NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs"}
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
@@ -193,6 +195,7 @@ class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None  # served where the policy's sampler gives them (see `dialects`)
     reasoning_effort: str | None = None  # the policy's chat template decides how it reasons
     verbosity: str | None = None
 
@@ -294,6 +297,7 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     previous_response_id: str | None = None
+    top_logprobs: Literal[0] | None = None
     include: list[str] | None = None
     reasoning: ReasoningOptions | None = None
     client_metadata: dict[str, object] | None = None
@@ -381,6 +385,7 @@ class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     top_k: int | None = None
     stream: bool | None = None
     thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
+    top_logprobs: Literal[0] | None = None
     context_management: dict[str, object] | None = None
 
 

@@ -46,7 +46,7 @@ from platoon.bus.events import (
 )
 from platoon.gateway.errors import GatewayError, sampler_error
 from platoon.gateway.params import call_params, longest_token, text_size
-from platoon.gateway.renderers import Renderer, RendererError
+from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
 from platoon.gateway.shapes import Message, Params, Tool
@@ -58,6 +58,7 @@ from platoon.policy.base import (
     SamplerFactory,
     StopReason,
     StreamingSampler,
+    TopLogprobs,
 )
 
 __all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
@@ -398,6 +399,14 @@ class Gateway(ComponentBase):
             if sample_params.max_tokens is None or sample_params.max_tokens > room:
                 sample_params = msgspec.structs.replace(sample_params, max_tokens=room)
         sampler = await self._sampler_for(session)
+        most = getattr(sampler, "max_top_logprobs", 0)  # a sampler that has none has no attribute
+        if sample_params.top_logprobs > most:
+            raise GatewayError(
+                "bad_request",
+                f"top_logprobs: this policy's sampler gives {most or 'no'} top alternatives per token, "
+                f"{sample_params.top_logprobs} were asked for (the embedded and Tinker samplers give up to 20)",
+                param="top_logprobs",
+            )
 
         # The limiter is held on behalf of this call, not of a task: a stream is answered by
         # the task that started it and then by the one that sends the response.
@@ -412,14 +421,9 @@ class Gateway(ComponentBase):
         started = time.time()
         clock = time.perf_counter()
         reserved = False
-        text = TextStream(
-            renderer.tokenizer,
-            markers=controls.markers,
-            stops=controls.stops,
-            after_first_call=controls.after_first_call,
-            stop_token_ids=renderer.stop_token_ids,
-            plain=controls.plain,
-        )
+        conversation = _as_dicts(messages)
+        if controls.prefill:  # the forced opening, for scripted policies (real ones see the tokens)
+            conversation = [*conversation, {"role": "assistant", "content": controls.prefill, "prefix": True}]
         try:
             if kind == "policy":
                 # Checked again and reserved now: concurrent calls of one budget may have
@@ -427,31 +431,59 @@ class Gateway(ComponentBase):
                 budget.check()
                 budget.calls += 1
                 reserved = True
-            try:
-                if _streams(sampler) and (stream or controls.stops):
-                    tokens: list[int] = []
-                    logprobs: list[float] = []
-                    reason: StopReason = "stop"
-                    chunks = sampler.sample_stream(prompt, sample_params, messages=_as_dicts(messages))
-                    try:
-                        async for chunk in chunks:
-                            tokens += chunk.tokens
-                            logprobs += chunk.logprobs
-                            reason = chunk.stop_reason or reason
-                            delta = text.feed(chunk.tokens)
-                            if delta and stream:
-                                yield delta
-                            if text.stop is not None:
-                                break  # a stop sequence: no need to sample further
-                    finally:
-                        if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
-                            await chunks.aclose()
-                    sampled = SampledCompletion(tokens=tokens, logprobs=logprobs, stop_reason=reason)
-                else:
-                    sampled = await sampler.sample(prompt, sample_params, messages=_as_dicts(messages))
-            except Exception as exc:
-                log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                raise sampler_error(exc) from exc
+            # A reply forced to call a tool (tool_choice) whose continuation is no call is
+            # sampled again, a bounded number of times, then refused: never markup as text.
+            # Nothing of a forced reply streams before it is parsed, so a retry sends nothing twice.
+            attempt = 0
+            while True:
+                text = TextStream(
+                    renderer.tokenizer,
+                    markers=controls.markers,
+                    stops=controls.stops,
+                    after_first_call=controls.after_first_call,
+                    stop_token_ids=renderer.stop_token_ids,
+                    plain=controls.plain,
+                )
+                params_now = _resampled(sample_params, attempt)
+                try:
+                    if _streams(sampler) and (stream or controls.stops):
+                        tokens: list[int] = []
+                        logprobs: list[float] = []
+                        top: TopLogprobs = []
+                        reason: StopReason = "stop"
+                        chunks = sampler.sample_stream(prompt, params_now, messages=conversation)
+                        try:
+                            async for chunk in chunks:
+                                tokens += chunk.tokens
+                                logprobs += chunk.logprobs
+                                top += chunk.top_logprobs or []
+                                reason = chunk.stop_reason or reason
+                                delta = text.feed(chunk.tokens)
+                                if delta and stream:
+                                    yield delta
+                                if text.stop is not None:
+                                    break  # a stop sequence: no need to sample further
+                        finally:
+                            if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
+                                await chunks.aclose()
+                        sampled = SampledCompletion(
+                            tokens=tokens, logprobs=logprobs, stop_reason=reason, top_logprobs=top or None
+                        )
+                    else:
+                        sampled = await sampler.sample(prompt, params_now, messages=conversation)
+                except Exception as exc:
+                    log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
+                    raise sampler_error(exc) from exc
+                # An agent that checks its own calls gets every well-formed call as it came.
+                sampled, parsed, stop_sequence = read_reply(
+                    sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls
+                )
+                attempt += 1
+                if not controls.prefill or parsed.tool_calls:
+                    break
+                if attempt == _FORCED_TRIES:
+                    raise _no_forced_call(attempt, parsed, sampled)
+                log.debug("a forced tool call did not parse; sampling again", attempt=attempt)
         except BaseException:
             if reserved:
                 budget.calls -= 1
@@ -460,10 +492,6 @@ class Gateway(ComponentBase):
             self.limiter.release_on_behalf_of(holder)
         duration = time.perf_counter() - clock
 
-        # An agent that checks its own calls gets every well-formed call, fitting its schemas or not.
-        sampled, parsed, stop_sequence = read_reply(
-            sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls
-        )
         message = parsed.to_openai()
         call_id = new_id()
         key = turn_key(message)
@@ -489,6 +517,7 @@ class Gateway(ComponentBase):
                     duration_s=duration,
                     messages=[dict(m) for m in messages] if record_messages else None,
                     policy=session.policy,
+                    parse_errors=list(parsed.errors),
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
@@ -507,6 +536,7 @@ class Gateway(ComponentBase):
             logprobs=list(sampled.logprobs),
             stop_sequence=stop_sequence,
             streamed=text.sent if stream else "",
+            top_logprobs=sampled.top_logprobs,
         )
 
     def _check_size(self, chars: int, state: GatewayPolicy) -> None:
@@ -526,6 +556,31 @@ class Gateway(ComponentBase):
 
 
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
+_FORCED_TRIES = 3  # samples of a reply forced to call a tool before it is refused
+
+
+def _resampled(params: SampleParams, attempt: int) -> SampleParams:
+    """The parameters of sample `attempt` of one call: a seeded call's later samples get seeds of
+    their own (the same seed would sample the same reply again)."""
+    if attempt == 0 or params.seed is None:
+        return params
+    return msgspec.structs.replace(params, seed=derive_seed(params.seed, "resample", attempt))
+
+
+def _no_forced_call(tries: int, parsed: ParsedMessage, sampled: SampledCompletion) -> GatewayError:
+    """The refusal of a reply forced to call a tool that never did."""
+    why = (
+        parsed.errors[-1]
+        if parsed.errors
+        else "it ran out of max_tokens"
+        if sampled.stop_reason == "length"
+        else "it wrote no call"
+    )
+    return GatewayError(
+        "sampler",
+        f"tool_choice asks for a tool call, and the policy wrote none in {tries} samples (last: {why}); "
+        "ask again, or without tool_choice",
+    )
 
 
 def _streams(sampler: Sampler) -> TypeGuard[StreamingSampler]:

@@ -106,6 +106,21 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         if exc.param is not None and _ROLE.fullmatch(exc.param):
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
+    _openai_ranges(request.temperature, request.top_p)
+    top = request.top_logprobs
+    if top is not None and not 0 <= top <= 20:
+        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
+            "top_logprobs",
+            "integer_above_max_value" if top > 20 else "integer_below_min_value",
+        )
+    for i, message in enumerate(request.messages):
+        if message.role == "tool" and not message.tool_call_id:
+            raise DialectError(
+                "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.",
+                f"messages.{i}.tool_call_id",
+            )
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -118,10 +133,34 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         "seed": request.seed,
         "tool_choice": {"name": choice.function.name} if isinstance(choice, ChatToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
+        # Alternatives come back with the logprobs, so only a call that asks for those samples them.
+        "top_logprobs": top if request.logprobs else None,
     }
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
     tools = _objects(body.get("tools")) if request.tools is not None else None
     return ChatCall(messages, tools, params, request.n or 1, bool(request.stream))
+
+
+def _openai_ranges(temperature: float | None, top_p: float | None) -> None:
+    """OpenAI's ranges, refused in its words: temperature from 0 to 2, top_p from 0 to 1."""
+    for name, value, high in (("temperature", temperature, 2), ("top_p", top_p, 1)):
+        if value is None or 0 <= value <= high:
+            continue
+        above = value > high
+        side, bound = ("above maximum", f"<= {high}") if above else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid '{name}': decimal {side} value. Expected a value {bound}, but got {value} instead.",
+            name,
+            "decimal_above_max_value" if above else "decimal_below_min_value",
+        )
+
+
+def _anthropic_ranges(temperature: float | None, top_p: float | None) -> None:
+    """Anthropic's ranges, refused in its words: temperature and top_p from 0 to 1."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if value is not None and not 0 <= value <= 1:
+            side = "less than or equal to 1" if value > 1 else "greater than or equal to 0"
+            raise DialectError(f"{name}: Input should be {side}", name)
 
 
 def _objects(value: object) -> list[Mapping[str, object]]:
@@ -133,18 +172,33 @@ def _read_as_system(message: Mapping[str, object]) -> Message:
     return {**message, "role": "system"} if message["role"] == "developer" else dict(message)
 
 
-def _logprobs_content(tokens: list[str], logprobs: list[float]) -> JsonObject:
+class Logprobs(NamedTuple):
+    """A choice's logprobs as the client reads them: each token's text and logprob, and the top
+    alternatives at each (text, logprob), when asked for."""
+
+    tokens: list[str]
+    logprobs: list[float]
+    top: list[list[tuple[str, float]]] | None = None
+
+
+def _logprobs_content(logprobs: Logprobs) -> JsonObject:
+    tops = logprobs.top or [[] for _ in logprobs.tokens]
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs, strict=False)
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode()),
+                "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top],
+            }
+            for t, lp, top in zip(logprobs.tokens, logprobs.logprobs, tops, strict=False)
         ]
     }
 
 
 def chat_response(
     model: str,
-    choices: list[tuple[AssistantMessage, str, tuple[list[str], list[float]] | None]],
+    choices: list[tuple[AssistantMessage, str, Logprobs | None]],
     usage: tuple[int, int],
     response_id: str,
 ) -> ChatCompletion:
@@ -158,7 +212,7 @@ def chat_response(
             {
                 "index": i,
                 "message": message,
-                "logprobs": _logprobs_content(*lp) if lp is not None else None,
+                "logprobs": _logprobs_content(lp) if lp is not None else None,
                 "finish_reason": finish,
             }
             for i, (message, finish, lp) in enumerate(choices)
@@ -309,6 +363,7 @@ def responses_request(body: Mapping[str, object]) -> Call:
                 "parameters": tool.parameters or {"type": "object", "properties": {}},
             }
             tools.append({"type": "function", "function": function})
+    _openai_ranges(request.temperature, request.top_p)
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -511,6 +566,7 @@ def count_tokens_request(body: Mapping[str, object]) -> tuple[list[Message], lis
 
 
 def _messages(request: bodies.MessagesRequest) -> Call:
+    _anthropic_ranges(request.temperature, request.top_p)
     messages: list[Message] = []
     if request.system is not None:
         messages.append({"role": "system", "content": _text(request.system, "system", what="block")})

@@ -11,12 +11,16 @@ ErrorKind = Literal["budget", "context_length", "bad_request", "auth", "sampler"
 
 
 class GatewayError(Exception):
-    """A call the gateway will not or cannot answer; `kind` picks the HTTP status and dialect."""
+    """A call the gateway will not or cannot answer; `kind` picks the HTTP status and dialect,
+    `code` the OpenAI error code where the API has a more precise one than the kind's."""
 
-    def __init__(self, kind: ErrorKind, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self, kind: ErrorKind, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.param = param
+        self.code = code
 
 
 _CONTEXT_WORDS = ("context length", "context window", "too long", "maximum context", "exceeds the context")

@@ -24,7 +24,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import NoReturn, Protocol, TypeVar
+from typing import Literal, NoReturn, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -116,20 +116,23 @@ class _JSON(JSONResponse):
         return msgspec.json.encode(content)
 
 
-def _openai_error(kind: str, message: str, param: str | None = None) -> JSONResponse:
+def _openai_error(kind: str, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
     body = {
         "error": {
             "message": message,
             "type": _OPENAI_TYPE.get(kind, "invalid_request_error"),
             "param": param,
-            "code": _OPENAI_CODE.get(kind),
+            "code": code or _OPENAI_CODE.get(kind),
         }
     }
     headers = {"retry-after": "1"} if kind == "overloaded" else None
     return JSONResponse(body, status_code=_STATUS.get(kind, 400), headers=headers)
 
 
-def _anthropic_error(kind: str, message: str) -> JSONResponse:
+def _anthropic_error(
+    kind: str, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    """Anthropic's error body: a type and a message (no param, no code)."""
     if kind == "context_length":
         message = f"prompt is too long: {message}"
     body = {
@@ -137,6 +140,31 @@ def _anthropic_error(kind: str, message: str) -> JSONResponse:
         "error": {"type": _ANTHROPIC_TYPE.get(kind, "invalid_request_error"), "message": message},
     }
     return JSONResponse(body, status_code=_STATUS.get(kind, 400))
+
+
+class _ErrorResponse(Protocol):
+    """A dialect's error response (`_openai_error`, `_anthropic_error`)."""
+
+    def __call__(
+        self, kind: str, message: str, param: str | None = None, code: str | None = None
+    ) -> JSONResponse: ...
+
+
+_Api = Literal["chat", "responses", "messages"]
+
+
+def _no_model(api: _Api) -> GatewayError:
+    """A body without a model, as each API answers it."""
+    if api == "chat":
+        return GatewayError("bad_request", "you must provide a model parameter")
+    if api == "responses":
+        return GatewayError(
+            "bad_request",
+            "Missing required parameter: 'model'.",
+            param="model",
+            code="missing_required_parameter",
+        )
+    return GatewayError("bad_request", "model: Field required", param="model")
 
 
 def _key(request: Request) -> str | None:
@@ -268,6 +296,13 @@ def build_app(gateway: Gateway) -> Guard:
     def token_texts(tokens: list[int]) -> list[str]:
         return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
 
+    def logprobs_of(c: Completion) -> dialects.Logprobs:
+        decode = gateway.renderer.tokenizer.decode
+        top = (
+            None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
+        )
+        return dialects.Logprobs(token_texts(c.tokens), c.logprobs, top)
+
     def sample(
         session: AgentSession,
         messages: Sequence[Message],
@@ -283,11 +318,12 @@ def build_app(gateway: Gateway) -> Guard:
             session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
         )
 
-    def model_of(body: Body) -> str:
-        """The model a body asks for: one the gateway serves, or a 404."""
+    def model_of(body: Body, api: _Api) -> str:
+        """The model a body asks for: one the gateway serves, or a 404; none is a 400, as each API
+        answers it."""
         model = body.get("model")
-        if model in (None, ""):
-            return gateway.model_name
+        if model is None or model == "":
+            raise _no_model(api)
         if not isinstance(model, str) or model not in gateway.model_names:
             raise GatewayError(
                 "not_found",
@@ -297,10 +333,26 @@ def build_app(gateway: Gateway) -> Guard:
             )
         return model
 
+    def check_max_tokens(value: object, name: str, api: _Api, model: str) -> None:
+        """Refuse a max_tokens beyond the context window as each API refuses one beyond the
+        model's output limit. One that fits the window but not beside the prompt is clamped to
+        the room left (agents ask for their model's usual limit whatever the prompt)."""
+        window = gateway.context_window
+        if window is None or not isinstance(value, int) or value <= window:
+            return
+        if api == "messages":
+            message = f"max_tokens: {value} > {window}, which is the maximum allowed number of output tokens for {model}"
+        else:
+            message = (
+                f"{name} is too large: {value}. This model supports at most {window} completion tokens, "
+                f"whereas you provided {value}."
+            )
+        raise GatewayError("bad_request", message, param=name)
+
     async def answer(
         request: Request,
         call: Callable[[AgentSession, Body], Awaitable[Response]],
-        error: Callable[..., JSONResponse],
+        error: _ErrorResponse,
     ) -> Response:
         try:
             session = gateway.authenticate(_key(request))
@@ -315,20 +367,16 @@ def build_app(gateway: Gateway) -> Guard:
             finally:
                 session.in_flight -= 1
         except dialects.DialectError as exc:
-            return (
-                error("bad_request", str(exc), exc.param)
-                if error is _openai_error
-                else error("bad_request", str(exc))
-            )
+            return error("bad_request", str(exc), exc.param, exc.code)
         except GatewayError as exc:
-            return (
-                error(exc.kind, str(exc), exc.param) if error is _openai_error else error(exc.kind, str(exc))
-            )
+            return error(exc.kind, str(exc), exc.param, exc.code)
 
     async def chat_completions(request: Request) -> Response:
         async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, n, stream = dialects.chat_request(body)
-            model = model_of(body)
+            model = model_of(body, "chat")
+            limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+            check_max_tokens(params.get("max_tokens"), limit, "chat", model)
             kind = _kind(request)
             want_logprobs = bool(body.get("logprobs"))
             options = body.get("stream_options")  # an object or null: `chat_request` checked it
@@ -339,7 +387,7 @@ def build_app(gateway: Gateway) -> Guard:
                     (
                         c.message,
                         c.finish_reason,
-                        (token_texts(c.tokens), c.logprobs) if want_logprobs else None,
+                        logprobs_of(c) if want_logprobs else None,
                     )
                     for c in done
                 ]
@@ -364,17 +412,19 @@ def build_app(gateway: Gateway) -> Guard:
     async def responses(request: Request) -> Response:
         async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, stream = dialects.responses_request(body)
-            model = model_of(body)
+            model = model_of(body, "responses")
+            check_max_tokens(params.get("max_tokens"), "max_output_tokens", "responses", model)
             previous = body.get("previous_response_id")  # a string or null: `responses_request` checked it
             instructions = 1 if body.get("instructions") else 0
             if isinstance(previous, str) and previous:
                 kept = session.responses.get(previous)
                 if kept is None:
                     raise GatewayError(
-                        "not_found",
-                        f"no response {previous!r} is kept for this agent (responses are kept for "
-                        "the episode's life when sent with store true, the default)",
+                        "bad_request",
+                        f"Previous response with id '{previous}' not found. (Responses are kept for "
+                        "the episode's life when sent with store true, the default.)",
                         param="previous_response_id",
+                        code="previous_response_not_found",
                     )
                 # The earlier conversation, then this input; instructions are not carried over.
                 messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
@@ -402,7 +452,8 @@ def build_app(gateway: Gateway) -> Guard:
     async def messages_endpoint(request: Request) -> Response:
         async def call(session: AgentSession, body: Body) -> Response:
             messages, tools, params, stream = dialects.anthropic_request(body)
-            model = model_of(body)
+            model = model_of(body, "messages")
+            check_max_tokens(params.get("max_tokens"), "max_tokens", "messages", model)
             rid = new_id()
 
             def finish(c: Completion) -> AnthropicReply:
@@ -422,6 +473,7 @@ def build_app(gateway: Gateway) -> Guard:
     async def count_tokens(request: Request) -> Response:
         async def call(session: AgentSession, body: Body) -> Response:
             messages, tools = dialects.count_tokens_request(body)
+            model_of(body, "messages")
             try:
                 tokens = gateway.renderer.render(messages, tools)
             except ValueError as exc:
@@ -445,7 +497,7 @@ def build_app(gateway: Gateway) -> Guard:
     async def model(request: Request) -> Response:
         try:
             gateway.authenticate(_key(request))
-            name = model_of({"model": request.path_params["model"]})
+            name = model_of({"model": request.path_params["model"]}, "chat")
         except GatewayError as exc:
             return _openai_error(exc.kind, str(exc), exc.param)
         return JSONResponse(model_object(name))

@@ -27,6 +27,7 @@ _PARAM_RANGES: dict[str, tuple[type, float, float]] = {
     "top_p": (float, 0.0, 1.0),
     "top_k": (int, -1, 2**31 - 1),
     "seed": (int, -(2**63), 2**63 - 1),
+    "top_logprobs": (int, 0, 20),
 }
 
 
@@ -71,6 +72,7 @@ def checked_params(values: Mapping[str, object]) -> SampleParams:
     top_p = _checked(values, "top_p")
     top_k = _checked(values, "top_k")
     seed = _checked(values, "seed")
+    top_logprobs = _checked(values, "top_logprobs")
     stop = values.get("stop")
     stops: list[str] | list[int] | None
     if stop is None or isinstance(stop, str):
@@ -88,6 +90,7 @@ def checked_params(values: Mapping[str, object]) -> SampleParams:
         top_k=_DEFAULTS.top_k if top_k is None else int(top_k),
         stop=stops,
         seed=None if seed is None else int(seed),
+        top_logprobs=0 if top_logprobs is None else int(top_logprobs),
     )
 
 

@@ -80,8 +80,9 @@ class ParsedMessage(msgspec.Struct):
     """An assistant reply read back from sampled tokens.
 
     `finish_reason` is "length" when no stop token was sampled, "tool_calls" when the reply
-    carries calls, else "stop". `errors` holds one line per call that could not be accepted;
-    such calls stay in `content` as the model wrote them.
+    carries calls, else "stop". `errors` holds one line per call that is wrong: one that
+    cannot be a call stays in `content` as the model wrote it; one to a tool not declared, or
+    whose arguments do not fit its schema, is a call all the same (`toolcalls`).
     """
 
     content: str

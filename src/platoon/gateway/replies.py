@@ -53,7 +53,8 @@ def take_controls(
     markers, plain = stream_markers
     controls = Controls(stops=stops, markers=markers, plain=plain)
     names = [_tool_name(t) for t in tools or ()]
-    if choice == "none":
+    if choice == "none" or (choice == "auto" and not names):
+        # No tools to call: tool-call markup is text, as a model without tools writes it.
         controls.parse_tools = False
         controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
     elif choice == "required" or isinstance(choice, Mapping):
@@ -123,8 +124,12 @@ def read_reply(
             parsed.finish_reason = "length"
         return sampled, parsed, None
     keep = tokens_through(tokenizer, body, stop.end)
+    top = sampled.top_logprobs
     sampled = SampledCompletion(
-        tokens=tokens[:keep], logprobs=list(sampled.logprobs[:keep]), stop_reason="stop"
+        tokens=tokens[:keep],
+        logprobs=list(sampled.logprobs[:keep]),
+        stop_reason="stop",
+        top_logprobs=None if top is None else top[:keep],
     )
     parsed = renderer.parse_text(
         controls.prefill + text[: stop.kept], checked, stopped=True, tool_calls=controls.parse_tools

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
+from platoon.policy.base import TopLogprobs
 
 __all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "sampled_turns", "turn_key"]
 
@@ -81,6 +82,7 @@ class Completion:
     tokens: list[int]
     logprobs: list[float]
     stop_sequence: str | None = None  # the client's stop sequence that ended the reply
+    top_logprobs: TopLogprobs | None = None  # per token, when the call asked for them
     streamed: str = ""  # the content sent as deltas while sampling
 
 

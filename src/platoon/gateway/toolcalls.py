@@ -1,8 +1,10 @@
 """Tool-call parsers: turn a model's text into OpenAI tool calls.
 
-A parser never raises on model output. A call it cannot accept (bad JSON, an unknown tool,
-arguments that do not fit the tool's JSON schema) stays in `content` as the text the model
-wrote, and `errors` says why in a line the harness can show back to the model.
+A parser never raises on model output. What cannot be a call (bad JSON, no name, arguments
+that are not an object) stays in `content` as the text the model wrote. A call the API would
+still return (to a tool that was not declared, with arguments that do not fit the tool's JSON
+schema) is a call, for the agent to answer as it answers a bad call from the real API. Either
+way `errors` says what is wrong, one line per call, which the harness can show the model.
 
 Formats follow SGLang's detectors: `hermes`/`qwen` (`<tool_call>{json}</tool_call>`), `llama3`
 (`{"name": ..., "parameters": ...}`, optionally after `<|python_tag|>`, several joined by `;`),
@@ -43,7 +45,8 @@ class UnknownToolParserError(KeyError):
 
 
 class ToolParseResult(msgspec.Struct):
-    """What a parser read: the text that is not a call, the calls, and one line per rejected call."""
+    """What a parser read: the text that is not a call, the calls, and one line per call that is
+    wrong (kept as text, or a call that does not fit the declared tools)."""
 
     content: str
     tool_calls: list[ToolCall] = []
@@ -127,7 +130,9 @@ def _check_arguments(name: str, arguments: object, schema: Mapping[str, object])
 def _accept_call(
     obj: object, schemas: Mapping[str, Mapping[str, object]] | None, *, arguments_keys: tuple[str, ...]
 ) -> tuple[ToolCall | None, str | None]:
-    """Turn one decoded call object into an OpenAI tool call, or say why not."""
+    """One decoded call object as an OpenAI tool call, and what is wrong with it: no call when it
+    cannot be one (no name, arguments that are not an object), a call and the problem when it
+    calls a tool that was not declared or does not fit the tool's schema."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, 'a tool call must be a JSON object with a string "name"'
     name = obj["name"]
@@ -142,15 +147,14 @@ def _accept_call(
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             return None, f"arguments of '{name}' must be a JSON object, got a string"
-    if schemas is not None:
-        if name not in schemas:
-            return None, f"unknown tool '{name}' (available: {', '.join(schemas) or 'none'})"
-        problem = _check_arguments(name, arguments, schemas[name])
-        if problem:
-            return None, problem
-    elif not isinstance(arguments, dict):
+    if not isinstance(arguments, dict):
         return None, f"arguments of '{name}' must be a JSON object, got {_json_type_name(arguments)}"
-    return make_tool_call(name, arguments), None
+    call = make_tool_call(name, arguments)
+    if schemas is None:
+        return call, None
+    if name not in schemas:
+        return call, f"unknown tool '{name}' (available: {', '.join(schemas) or 'none'})"
+    return call, _check_arguments(name, arguments, schemas[name])
 
 
 def _json_error(exc: json.JSONDecodeError) -> str:
@@ -185,17 +189,18 @@ class HermesToolParser:
         calls: list[ToolCall] = []
         errors: list[str] = []
         pos = 0
+        number = 0
         while (begin := text.find(self.start, pos)) != -1:
             kept.append(text[pos:begin])
+            number += 1
             close = text.find(self.end, begin + len(self.start))
             if close == -1:
                 kept.append(text[begin:])
-                errors.append(f"tool call {len(calls) + len(errors) + 1}: unterminated {self.start} block")
+                errors.append(f"tool call {number}: unterminated {self.start} block")
                 pos = len(text)
                 break
             block = text[begin : close + len(self.end)]
             body = text[begin + len(self.start) : close]
-            number = len(calls) + len(errors) + 1
             try:
                 call, problem = _accept_call(
                     json.loads(body.strip()), schemas, arguments_keys=("arguments", "parameters")
@@ -206,6 +211,7 @@ class HermesToolParser:
                 calls.append(call)
             else:
                 kept.append(block)
+            if problem:
                 errors.append(f"tool call {number}: {problem}")
             pos = close + len(self.end)
         kept.append(text[pos:])
@@ -235,12 +241,13 @@ class Llama3ToolParser:
         errors: list[str] = []
         kept = [before]
         pos = 0
+        number = 0
         while pos < len(action):
             while pos < len(action) and (action[pos].isspace() or action[pos] == ";"):
                 pos += 1
             if pos >= len(action):
                 break
-            number = len(calls) + len(errors) + 1
+            number += 1
             try:
                 obj, end = decoder.raw_decode(action, pos)
             except json.JSONDecodeError as exc:
@@ -252,6 +259,7 @@ class Llama3ToolParser:
                 calls.append(call)
             else:
                 kept.append(action[pos:end])
+            if problem:
                 errors.append(f"tool call {number}: {problem}")
             pos = end
         return ToolParseResult(
@@ -290,16 +298,20 @@ class JsonToolParser:
         schemas = _tool_schemas(tools)
         calls: list[ToolCall] = []
         errors: list[str] = []
+        whole = True
         for number, obj in enumerate(objects, 1):
             call, problem = _accept_call(obj, schemas, arguments_keys=("arguments", "parameters"))
             if call is not None:
                 calls.append(call)
             else:
+                whole = False
+            if problem:
                 errors.append(f"tool call {number}: {problem}")
-        # One bad call keeps the whole reply as text: a list cannot be split back into its source.
-        if errors:
+        # One call that cannot be one keeps the whole reply as text: a list cannot be split back
+        # into its source.
+        if not whole:
             return ToolParseResult(content=stripped, tool_calls=[], errors=errors)
-        return ToolParseResult(content="", tool_calls=calls)
+        return ToolParseResult(content="", tool_calls=calls, errors=errors)
 
 
 _PARSERS: dict[str, Callable[[], ToolCallParser]] = {}

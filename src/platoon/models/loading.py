@@ -16,7 +16,7 @@ from platoon import models
 from platoon.config import SystemError, load_site
 from platoon.gateway.autoparser import AutoParserError, choose_tool_call_parser
 from platoon.gateway.renderers import get_renderer
-from platoon.models.tiny import save_tiny_model
+from platoon.models.tiny import TINY_CONTEXT, save_tiny_model
 from platoon.models.tokenizers import tokenizer_class, toy_tokenizer
 
 __all__ = [
@@ -118,7 +118,22 @@ def _tiny_model() -> str:
                     raise
         finally:
             shutil.rmtree(building, ignore_errors=True)
+    _widen_context(directory)
     return str(directory)
+
+
+def _widen_context(directory: Path) -> None:
+    """Give a tiny model an older platoon built (a 2,048-token window) today's window. Only the
+    config changes (the weights do not depend on it), replaced whole so that a reader sees the
+    old config or the new one, never half of one."""
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("max_position_embeddings", 0) >= TINY_CONTEXT:
+        return
+    config["max_position_embeddings"] = TINY_CONTEXT
+    partial = path.with_name(f".config-{os.getpid()}.json")
+    partial.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(partial, path)
 
 
 def tiny_model_path() -> str:

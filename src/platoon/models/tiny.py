@@ -12,7 +12,12 @@ from pathlib import Path
 
 from platoon.models.tokenizers import make_portable, save_toy_tokenizer
 
-__all__ = ["save_tiny_model"]
+__all__ = ["TINY_CONTEXT", "save_tiny_model"]
+
+# The tiny model's context window. Positions cost nothing (rotary embeddings have no weights
+# per position; the KV cache grows only with the prompt), and the real agents' first prompts are
+# long: Claude Code's runs past 30k tokens, and it asks for 32k more.
+TINY_CONTEXT = 65536
 
 
 def save_tiny_model(
@@ -24,7 +29,7 @@ def save_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int | None = None,
-    max_position_embeddings: int = 2048,
+    max_position_embeddings: int = TINY_CONTEXT,
     vocab_size: int | None = None,
     seed: int = 0,
 ) -> Path:

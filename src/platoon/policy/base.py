@@ -18,6 +18,7 @@ __all__ = [
     "StopReason",
     "StreamingSampler",
     "Tokenizer",
+    "TopLogprobs",
 ]
 
 StopReason = Literal["stop", "length"]
@@ -35,14 +36,22 @@ class SampleParams(msgspec.Struct, frozen=True, kw_only=True):
     top_k: int = -1
     stop: list[str] | list[int] | None = None
     seed: int | None = None
+    # The most likely alternatives to return at each sampled token (Tinker's
+    # `topk_sample_logprobs`); a sampler gives at most its `max_top_logprobs` (0 when it has none).
+    top_logprobs: int = 0
+
+
+TopLogprobs = list[list[tuple[int, float]]]  # per sampled token, (token id, logprob) alternatives
 
 
 class SampledCompletion(msgspec.Struct, frozen=True, kw_only=True):
-    """What a sampler returned: the token ids (a matched stop token included) and logprobs."""
+    """What a sampler returned: the token ids (a matched stop token included) and logprobs, and
+    the top alternatives at each token when `SampleParams.top_logprobs` asked for them."""
 
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+    top_logprobs: TopLogprobs | None = None
 
 
 class Tokenizer(Protocol):
@@ -58,7 +67,9 @@ class Sampler(Protocol):
     """One policy version that can sample completions.
 
     `messages` is the conversation the prompt was rendered from; real samplers ignore it,
-    scripted test policies may answer from it.
+    scripted test policies may answer from it. When the reply's opening was forced (a tool
+    call `tool_choice` asks for), the prompt ends with its tokens and `messages` with it as
+    `{"role": "assistant", "content": OPENING, "prefix": True}`.
     """
 
     version: int
@@ -78,6 +89,7 @@ class SampledChunk(msgspec.Struct, frozen=True, kw_only=True):
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 @runtime_checkable

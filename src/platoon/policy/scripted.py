@@ -26,6 +26,10 @@ class ScriptedSampler:
     The text is tokenized with the run's tokenizer and ends with the renderer's stop token
     (`stop_token`, Qwen3's `<|im_end|>` by default), as a model's completion would. Every token
     gets the same `logprob`, so tests can check that logprobs travel with the tokens.
+
+    When the gateway forced the reply's opening (`tool_choice`), the messages end with it as
+    `{"role": "assistant", "content": OPENING, "prefix": True}`; a text that starts with the
+    opening is answered from after it, so a script may write the whole reply or the rest.
     """
 
     def __init__(
@@ -94,10 +98,14 @@ class ScriptedSampler:
     async def _complete(
         self, params: SampleParams, messages: list[dict[str, Any]] | None
     ) -> tuple[list[int], Any]:
-        text = self._respond(messages or [])
+        messages = messages or []
+        text = self._respond(messages)
         if inspect.isawaitable(text):
             text = await text
         self.calls += 1
+        opening = messages[-1] if messages and messages[-1].get("prefix") is True else None
+        if opening is not None and isinstance(opening.get("content"), str):
+            text = text.removeprefix(opening["content"])
         encoded = self._encoded.get(text)
         if encoded is None:
             # A model's sampler costs no tokenizing; scripts repeat their texts, so cache them.

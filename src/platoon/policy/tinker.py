@@ -102,6 +102,8 @@ def _server_reason(message: str) -> str | None:
 class TinkerSampler:
     """A `Sampler` over one `tinker.SamplingClient` (one set of weights: one version)."""
 
+    max_top_logprobs = 20  # the Tinker API returns the top alternatives at each sampled token
+
     def __init__(self, client: tinker.SamplingClient, version: int = 0) -> None:
         self.client = client
         self.version = version
@@ -126,6 +128,7 @@ class TinkerSampler:
                 stop=params.stop,
                 seed=params.seed,
             ),
+            topk_sample_logprobs=params.top_logprobs,
         )
         try:
             result = await wait_future(future)
@@ -138,10 +141,16 @@ class TinkerSampler:
         logprobs = sequence.logprobs
         if logprobs is None:
             raise RuntimeError("the Tinker service returned no logprobs; they are needed for training")
+        top = None
+        if params.top_logprobs:
+            if sequence.topk_logprobs is None:
+                raise RuntimeError("the Tinker service returned no top logprobs, which the call asked for")
+            top = [[(int(t), float(lp)) for t, lp in at or []] for at in sequence.topk_logprobs]
         return SampledCompletion(
             tokens=list(sequence.tokens),
             logprobs=[float(x) for x in logprobs],
             stop_reason="length" if sequence.stop_reason == "length" else "stop",
+            top_logprobs=top,
         )
 
 

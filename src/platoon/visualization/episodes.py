@@ -195,6 +195,7 @@ def episode_view(row: EpisodeRow | None, records: Sequence[Record]) -> EpisodeVi
                 stop_reason=event.stop_reason,
                 policy_version=event.policy_version,
                 duration_s=event.duration_s,
+                parse_errors=list(event.parse_errors),
                 logprob_mean=(sum(event.logprobs) / len(event.logprobs)) if event.logprobs else None,
                 # The prompt does not extend the last call's tokens: a new datum (compaction,
                 # truncation, a re-rendered history).

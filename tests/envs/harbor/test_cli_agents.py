@@ -14,6 +14,11 @@ sampled tokens.
 | openhands | chat completions (litellm) | `terminal` {command, security_risk} |
 
 OpenHands needs Python 3.12: its test runs where the site names one or platoon finds one.
+
+Then each agent for real, on a sampled model: the tiny random-init model (its window fits the
+agents' long first prompts) on the embedded Tinker server, through the gateway, from inside the
+sandbox. Its replies are noise, so the agent ends soon; what is checked is that its first prompt
+reaches the model whole and the sampled tokens come back recorded.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import itertools
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,6 +56,8 @@ from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
 from platoon.harness import AgentContext, AgentResult, get_harness, harness
 from platoon.harness.toolchain import find_python
+from platoon.policy.base import SamplerFactory
+from platoon.policy.tinker import TinkerSamplerFactory, closing
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
 from platoon.train.batcher import CreditAssigner
@@ -127,9 +136,10 @@ def _agent_param(agent: Agent) -> Any:
 
 
 async def play(
-    tokenizer: Any, task: Any, tmp_path: Any, policy: Any, entry: EntrySettings
+    tokenizer: Any, task: Any, tmp_path: Any, factory: SamplerFactory, entry: EntrySettings
 ) -> tuple[list[Event], list[BatchReady]]:
-    """One episode of the `sum` task with `entry`: its events and the batch it made."""
+    """One episode of the `sum` task with `entry` on the policy `factory` samples: its events and
+    the batch it made."""
     backend = HarborBackend(
         task.parent,
         provider="bwrap",
@@ -138,10 +148,7 @@ async def play(
     )
     components = [
         EnvService(ENV, backend),
-        Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
-        ),
+        Gateway(renderer=get_renderer("qwen3_instruct", tokenizer), sampler_factory=factory),
         EpisodeRunner([entry], request_timeout=60),
         Grader(),
         # A group of one keeps its datums (its advantage is 0): the datums are what is checked.
@@ -175,7 +182,8 @@ async def installed(name: str) -> None:
 async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_tokenizer, sum_task, tmp_path):
     await installed(agent.harness)
     entry = EntrySettings(name=ENV, harness=agent.harness, max_steps=8, harness_options=agent.options)
-    events, batches = await play(toy_tokenizer, sum_task, tmp_path, agent.policy, entry)
+    factory = ScriptedSamplerFactory(toy_tokenizer, agent.policy)
+    events, batches = await play(toy_tokenizer, sum_task, tmp_path, factory, entry)
 
     exited = next(e for e in events if isinstance(e, AgentProcessExited))
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
@@ -204,6 +212,71 @@ async def test_agent_solves_a_harbor_task_in_its_sandbox(agent: Agent, toy_token
     assert [d.agent_id for d in batch.datums] == [agent_id]
     sampled = sum(len(c.completion_tokens) for c in calls)
     assert sum(d.num_trained_tokens for d in batch.datums) == sampled
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny testing model, with the toy tokenizer the scripted tests use."""
+    pytest.importorskip("torch")
+    pytest.importorskip("tinker")
+    from platoon.testing.models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=64, num_layers=2, seed=0)
+
+
+@asynccontextmanager
+async def embedded(model: Path) -> AsyncIterator[SamplerFactory]:
+    """Samplers of `model` on the embedded Tinker server (on the CPU), as `train.backend: local`
+    opens them."""
+    import tinker
+
+    from platoon.backends.local import running_server_in_thread
+
+    async with running_server_in_thread(str(model), device="cpu") as url:
+        async with closing(tinker.ServiceClient(base_url=url, api_key="tml-local")) as client:
+            yield TinkerSamplerFactory(client, base_model=str(model))
+
+
+# Each agent as it is shipped (a turn or step limit where its noise would go on long), and the
+# least its first prompt holds in the toy tokenizer's tokens: all but mini-swe-agent's are past
+# the 2,048-token window the tiny model had.
+REAL = {
+    "mini-swe-agent": ({"step_limit": 1}, 400),
+    "codex": ({}, 15_000),
+    "claude-code": ({"max_turns": 1}, 30_000),
+    "pi": ({}, 3_000),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(REAL))
+async def test_agent_calls_the_tiny_model_in_its_sandbox(
+    name: str, tiny_model, toy_tokenizer, sum_task, tmp_path
+):
+    await installed(name)
+    options, least = REAL[name]
+    entry = EntrySettings(name=ENV, harness=name, max_steps=4, harness_options=options)
+    started = time.monotonic()
+    async with embedded(tiny_model) as factory:
+        events, _ = await play(toy_tokenizer, sum_task, tmp_path, factory, entry)
+    took = time.monotonic() - started
+
+    exited = next(e for e in events if isinstance(e, AgentProcessExited))
+    finished = next(e for e in events if isinstance(e, EpisodeFinished))
+    calls = [e for e in events if isinstance(e, ModelCallFinished)]
+    # The agent's long first prompt fit the window and was sampled: noise, with its logprobs.
+    assert calls, (finished.status, finished.reason, exited.stdout[-3000:], exited.stderr[-3000:])
+    assert finished.status != "error", (finished.reason, exited.stderr[-3000:])
+    first = calls[0]
+    assert len(first.prompt_tokens) >= least
+    assert first.completion_tokens and len(first.logprobs) == len(first.completion_tokens)
+    assert all(lp <= 0 for lp in first.logprobs)
+    longest = max(len(c.prompt_tokens) for c in calls)
+    print(
+        f"{name}: {len(calls)} model calls, longest prompt {longest} tokens, "
+        f"{took:.1f} s in all ({exited.duration_s:.1f} s the agent process), status {finished.status}"
+    )
 
 
 def _where_it_breaks(tokenizer: Any, previous: list[int], call: ModelCallFinished) -> str:
@@ -238,7 +311,8 @@ async def test_a_command_line_agent_runs_as_a_subagent_in_the_tasks_sandbox(
         max_steps=8,
         agents=AgentsConfig(max_depth=1),
     )
-    events, batches = await play(toy_tokenizer, sum_task, tmp_path, pi.policy, entry)
+    factory = ScriptedSamplerFactory(toy_tokenizer, pi.policy)
+    events, batches = await play(toy_tokenizer, sum_task, tmp_path, factory, entry)
 
     root, child = [e for e in events if isinstance(e, AgentSpawned)]
     assert (child.parent_id, child.depth, child.harness) == (root.agent_id, 1, "pi")
