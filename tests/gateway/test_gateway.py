@@ -320,6 +320,7 @@ async def test_an_agent_that_checks_its_own_calls_gets_the_calls_its_schemas_do_
     assert "invalid JSON" in replies[2].parse_errors[0]
 
 
+@pytest.mark.anyio
 async def test_a_call_whose_arguments_do_not_fit_comes_back_as_a_call_with_the_error(toy_tokenizer):
     bad = '<tool_call>\n{"name": "guess", "arguments": {"number": "seven"}}\n</tool_call>'
     async with running_gateway(toy_tokenizer, [bad]) as gw:
