@@ -205,7 +205,9 @@ async def test_an_assembled_gateway_refuses_a_prompt_past_the_models_window_befo
     from platoon.models.tiny import save_tiny_model
     from platoon.policy.scripted import ScriptedSamplerFactory
 
-    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(tmp_path / "tiny"))
+    tokenizer = AutoTokenizer.from_pretrained(
+        save_tiny_model(tmp_path / "tiny", max_position_embeddings=2048)
+    )
     renderer = get_renderer("qwen3_instruct", tokenizer)
     gateway = _gateway(GatewaySettings(), renderer, ScriptedSamplerFactory(tokenizer, ["ok"]))
     assert gateway.context_window == 2048

@@ -1,5 +1,7 @@
 """Sampling stop rules and bad input, through the real tinker SDK."""
 
+import json
+
 import anyio
 import httpx
 import pytest
@@ -240,17 +242,20 @@ def test_seeded_rows_draw_from_the_distribution_each_by_its_own_seed():
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the tinker SDK's own loop is asyncio's
-async def test_a_prompt_over_the_window_is_refused_in_words_an_agent_can_read(base_sampler, anyio_backend):
+async def test_a_prompt_over_the_window_is_refused_in_words_an_agent_can_read(
+    base_sampler, tiny_model, anyio_backend
+):
     """Through platoon's sampler and the gateway's error: the server's reason, not the SDK's
     internals (`self.model_cls=<class 'tinker.SampleResponse'>` reached agents once)."""
     from platoon.gateway.errors import sampler_error
     from platoon.policy import SampleParams
     from platoon.policy.tinker import TinkerSampler
 
+    window = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
     with pytest.raises(Exception) as caught:
-        await TinkerSampler(base_sampler).sample([21] * 5000, SampleParams(max_tokens=4))
+        await TinkerSampler(base_sampler).sample([21] * (window + 10), SampleParams(max_tokens=4))
     error = sampler_error(caught.value)
     assert error.kind == "context_length", error
     text = str(error)
-    assert "2048" in text, text  # the window, from the server's own message
+    assert str(window) in text, text  # the window, from the server's own message
     assert not any(word in text for word in ("self.", "model_cls", "request_id", "<class")), text
