@@ -41,6 +41,30 @@ async def test_a_huge_prompt_is_refused_before_it_is_tokenized(qwen3_tokenizer):
     assert calls == []
 
 
+@pytest.mark.parametrize(
+    "tools",
+    [
+        # ten thousand tools, each small
+        [
+            {"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
+            for i in range(10_000)
+        ],
+        # one tool whose schema is 1.3 MB
+        [{"type": "function", "function": {"name": "big", "description": "x" * 1_300_000}}],
+    ],
+    ids=["many", "huge"],
+)
+async def test_too_many_or_too_large_tools_are_refused_before_they_are_rendered(toy_tokenizer, tools):
+    async with running_gateway(toy_tokenizer, ["ok"], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        gw.gateway.renderer.render = lambda *a, **k: pytest.fail("rendered")
+        client = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="platoon-policy", messages=USER, tools=tools)
+        await client.close()
+    assert refused.value.status_code == 400 and "tools" in str(refused.value)
+
+
 async def test_one_agents_long_prompt_does_not_hold_up_another_agents_call(toy_tokenizer):
     """The long prompt is tokenized off the event loop: while it is, another call is answered."""
     async with running_gateway(toy_tokenizer, ["ok", "ok"], serve_http=True) as gw:

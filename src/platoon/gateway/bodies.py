@@ -403,6 +403,25 @@ def tag(value: Struct) -> str:
     return str(value.__struct_config__.tag)
 
 
+# An agent's tools, bounded: OpenAI takes at most 128 functions; real agents send a few dozen
+# whose schemas add up to tens of KiB. Past these a request is refused, not rendered into memory.
+MAX_TOOLS = 512
+MAX_TOOLS_BYTES = 1 << 20
+
+
+def _check_tools(tools: object) -> None:
+    if not isinstance(tools, list):
+        return
+    if len(tools) > MAX_TOOLS:
+        raise DialectError(f"tools: {len(tools)} tools, more than the {MAX_TOOLS} allowed", param="tools")
+    size = len(msgspec.json.encode(tools))
+    if size > MAX_TOOLS_BYTES:
+        raise DialectError(
+            f"tools: their definitions take {size} bytes, more than the {MAX_TOOLS_BYTES} allowed",
+            param="tools",
+        )
+
+
 def read(body: object, kind: type[S], api: str, whole: Mapping[str, str] | None = None) -> S:
     """`body` (parsed JSON) as a `kind`, or a `DialectError` naming the field.
 
@@ -411,6 +430,7 @@ def read(body: object, kind: type[S], api: str, whole: Mapping[str, str] | None 
     """
     if not isinstance(body, Mapping):
         raise DialectError("the body must be a JSON object")
+    _check_tools(body.get("tools"))
     try:
         request = msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
