@@ -77,3 +77,45 @@ def test_a_tokenizer_that_is_not_here_says_every_way_on(site, capsys, monkeypatc
         assert way in err
     assert "train-local.yaml" in err
     assert not (site / "runs" / "quickstart" / "hosted" / "identity.json").exists()  # no run to resume
+
+
+def test_a_tinker_server_of_an_older_api_is_named_with_what_to_use_instead(site, capsys):
+    """skyrl-tx 0.3 (and any server of the SDKs before 0.25) has no client/config, the SDK's
+    first call: a server here answers 404 to everything, as it does to that."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = b'{"detail":"Not Found"}'
+            self.send_response(404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = [
+            "train",
+            "train-local.yaml",
+            "train.backend=tinker",
+            f"tinker_base_url={url}",
+            "stats.trial_name=old",
+        ]
+        assert main(argv) != 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert f"the Tinker server at {url} has no /api/v1/client/config" in err
+    assert "SDKs before 0.25" in err and "train.backend=local" in err
+    assert "Traceback" not in err

@@ -29,6 +29,7 @@ from platoon.policy.tinker import (
     sampling_client,
     tinker_endpoint,
     tinker_service_client,
+    unsupported_server,
     wait_future,
 )
 from platoon.train.checkpoints import (
@@ -296,7 +297,13 @@ async def _training_client(
             base_model=policy.model_name or "", rank=policy.lora_rank, seed=policy.seed
         ).result()
 
-    return await anyio.to_thread.run_sync(create)
+    try:
+        return await anyio.to_thread.run_sync(create)
+    except Exception as exc:
+        unsupported = unsupported_server(exc)
+        if unsupported is None:
+            raise
+        raise unsupported from None
 
 
 async def _loaded_sampler(client: tinker.TrainingClient, policy: PolicySettings) -> str | None:

@@ -33,6 +33,7 @@ __all__ = [
     "sampling_client",
     "tinker_endpoint",
     "tinker_service_client",
+    "unsupported_server",
     "wait_future",
 ]
 
@@ -227,6 +228,29 @@ def tinker_service_client(base_url: str | None) -> tinker.ServiceClient:
         ) from None
     base_url, api_key = tinker_endpoint(base_url)
     return tinker.ServiceClient(base_url=base_url, api_key=api_key or "tml-local")
+
+
+_OLD_WIRE = (
+    "it speaks the Tinker API of SDKs before 0.25 (as skyrl-tx 0.3 does), which the tinker 0.38 that "
+    "platoon uses cannot read; train on platoon's embedded server (train.backend=local) or hosted "
+    "Tinker (docs/how-to/self-hosted-tinker.md has the servers tried)"
+)
+
+
+def unsupported_server(exc: BaseException) -> SystemError | None:
+    """A Tinker server this SDK cannot talk to, said in one line (None: another failure).
+
+    Such a server lacks `client/config` (the SDK's first call) or answers results as JSON where
+    the SDK reads only protobuf."""
+    response = getattr(exc, "response", None)
+    if getattr(exc, "status_code", None) == 404 and response is not None:
+        url = response.request.url
+        if url.path.endswith("/client/config"):
+            where = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+            return SystemError(f"the Tinker server at {where} has no {url.path}: {_OLD_WIRE}")
+    if isinstance(exc, ValueError) and "Server returned a JSON payload" in str(exc):
+        return SystemError(f"the Tinker server answered in JSON where this SDK reads protobuf: {_OLD_WIRE}")
+    return None
 
 
 def tinker_endpoint(configured: str | None) -> tuple[str | None, str | None]:
