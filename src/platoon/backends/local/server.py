@@ -69,29 +69,32 @@ def _route(
     handler: Callable[[bytes], Awaitable[Answer]],
     max_decoded: int,
     *,
+    big_bodies: list[anyio.Lock],
     ordered: bool = False,
 ) -> Callable[[Request], Awaitable[Response]]:
     """An endpoint. An `ordered` one (a model's training requests) that rejects a request, for
     whatever reason, still uses up its seq_id with a failure, so the client's later requests
     do not wait for it forever."""
 
-    big_bodies: list[anyio.Lock] = []  # made on first use, inside the event loop
-
-    async def decoded(request: Request) -> bytes:
+    async def endpoint(request: Request) -> Response:
         raw, encoding = await request.body(), request.headers.get("content-encoding")
         if len(raw) <= INLINE_BYTES and encoding in (None, "", "identity"):
-            return read_body_limited(raw, encoding, max_decoded)
-        # Off the event loop, so the server answers others (and signals) while a large or
-        # compressed body decodes; one at a time, so a few small bombs cannot add up in memory.
+            return await answer(request, raw, encoding, inline=True)
+        # A large or compressed body decodes off the event loop, so the server answers others (and
+        # signals) meanwhile; and one at a time, decoded and handled, so that a few small bombs
+        # cannot add up in memory.
         if not big_bodies:
             big_bodies.append(anyio.Lock())
         async with big_bodies[0]:
-            return await anyio.to_thread.run_sync(read_body_limited, raw, encoding, max_decoded)
+            return await answer(request, raw, encoding, inline=False)
 
-    async def endpoint(request: Request) -> Response:
+    async def answer(request: Request, raw: bytes, encoding: str | None, *, inline: bool) -> Response:
         body = b""
         try:
-            body = await decoded(request)
+            if inline:
+                body = read_body_limited(raw, encoding, max_decoded)
+            else:
+                body = await anyio.to_thread.run_sync(read_body_limited, raw, encoding, max_decoded)
             result = await handler(body)
         except Exception as exc:
             if isinstance(exc, BodyTooLarge):
@@ -121,6 +124,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     """
 
     ordered_paths: set[str] = set()
+    big_bodies: list[anyio.Lock] = []  # one lock for the app, made on first use inside its loop
 
     def post(
         path: str,
@@ -129,7 +133,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         ordered: bool = False,
         decoded: int = SMALL_DECODED,
     ) -> Route:
-        endpoint = _route(service, handler, min(decoded, max_body), ordered=ordered)
+        endpoint = _route(service, handler, min(decoded, max_body), big_bodies=big_bodies, ordered=ordered)
         if ordered:
             ordered_paths.add(f"/api/v1{path}")
         return Route(f"/api/v1{path}", endpoint, methods=["POST"])
