@@ -345,7 +345,9 @@ async def test_openhands_answers_the_calls_its_schemas_do_not_fit(toy_tokenizer,
 
     await installed("openhands")
     entry = EntrySettings(name=ENV, harness="openhands", max_steps=8)
-    events, _ = await play(toy_tokenizer, sum_task, tmp_path, policy, entry)
+    events, _ = await play(
+        toy_tokenizer, sum_task, tmp_path, ScriptedSamplerFactory(toy_tokenizer, policy), entry
+    )
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
     exited = next(e for e in events if isinstance(e, AgentProcessExited))
     assert finished.status == "completed", (finished.reason, exited.stderr[-3000:])
