@@ -96,6 +96,17 @@ def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, 
     assert last["sft/heldout_loss"] == heldout[-1]
     checkpoints = [json.loads(line) for line in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
     assert [c["step"] for c in checkpoints] == [1, 3, 5, 7, 9, 11]  # one an epoch
+    # The viewer draws the run as any other: its loss curves from metrics.jsonl.
+    from starlette.testclient import TestClient
+
+    from platoon.visualization import RunSet
+    from platoon.visualization.app import make_app
+
+    viewer = TestClient(make_app(RunSet([run_dir])), base_url="http://127.0.0.1")
+    [listed] = viewer.get("/api/runs").json()["runs"]
+    plotted = viewer.get("/api/metrics", params={"run": listed["id"]}).json()
+    assert [r["sft/heldout_loss"] for r in plotted["rows"] if "sft/heldout_loss" in r] == heldout
+    assert len([r for r in plotted["rows"] if "train/loss_per_token" in r]) == 12
     kept = sft_datums(read_run(expert).episodes, lambda e, a: "default")["default"]
     dropped = sft_datums(read_run(babbler).episodes, lambda e, a: "default")["default"]
     trained = checkpoints[-1]["sampler_path"]
@@ -145,11 +156,15 @@ def test_a_stopped_sft_run_resumed_trains_the_weights_of_one_that_never_stopped(
 
 def _adapter(run_dir) -> list[float]:
     """The final checkpoint's LoRA weights, flattened."""
-    from safetensors.numpy import load_file
-
     last = json.loads((run_dir / "checkpoints.jsonl").read_text().splitlines()[-1])
     session, _, name = last["sampler_path"].removeprefix("tinker://").split("/")
-    tensors = load_file(run_dir / "tinker" / session / "sampler_weights" / name / "adapter_model.safetensors")
+    return _adapter_at(run_dir / "tinker" / session / "sampler_weights" / name)
+
+
+def _adapter_at(directory) -> list[float]:
+    from safetensors.numpy import load_file
+
+    tensors = load_file(directory / "adapter_model.safetensors")
     return [float(x) for key in sorted(tensors) for x in tensors[key].ravel()]
 
 
@@ -173,3 +188,58 @@ def test_a_filter_that_keeps_nothing_says_what_the_rewards_were(site, tiny_model
         anyio.run(
             lambda: sft(config, run_dir=site / "sft", sources=[babbler], where=["reward>=1"], console=False)
         )
+
+
+@pytest.mark.slow
+def test_rl_starts_from_the_state_an_sft_run_wrote(site, tiny_model):
+    """SFT then RL is two commands: `checkpoint.load_path` names the SFT run's directory, and on
+    the embedded backend the RL run's own server loads the state from its own folder."""
+    from platoon.api import train
+
+    expert = record(site / "expert", "bisect", tasks=4)
+    sft_dir = site / "sft"
+    anyio.run(
+        lambda: sft(
+            validate_config(sft_config(tiny_model, epochs=1)),
+            run_dir=sft_dir,
+            sources=[expert],
+            console=False,
+        )
+    )
+    raw = sft_config(tiny_model)
+    raw["train"] |= {
+        "batch_size": 1,
+        "max_training_steps": 1,
+        "save_every": 0,
+        "workflow_config": {
+            "group_size": 2,
+            "remove_constant_reward_groups": False,
+            "rollout_config": {"max_steps": 1, "inference_params": {"max_completion_tokens": 4}},
+        },
+    }
+    raw["checkpoint"] = {"load_path": str(sft_dir)}
+    rl_dir = site / "rl"
+    anyio.run(lambda: train(validate_config(raw), run_dir=rl_dir, console=False))
+    [loaded] = rl_dir.glob("tinker/*/sampler_weights/loaded")
+    assert _adapter_at(loaded) == _adapter(sft_dir)  # its first rollouts sampled the SFT weights
+    state = json.loads((sft_dir / "checkpoints.jsonl").read_text().splitlines()[-1])["state_path"]
+    session, _, name = state.removeprefix("tinker://").split("/")
+    assert (rl_dir / "tinker" / session / "weights" / name / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_with_several_policies_each_trains_on_the_agents_the_config_gives_it(site, tiny_model):
+    expert = record(site / "expert", "bisect", tasks=4)
+    raw = sft_config(tiny_model, epochs=1, batch_size=2)
+    raw["environments"][0]["agents"] = {"policy": {"by": "role", "map": {"root": "searcher"}}}
+    raw["policies"] = {"searcher": {}, "critic": {"frozen": True}}
+    run_dir = site / "sft"
+    last = anyio.run(lambda: sft(validate_config(raw), run_dir=run_dir, sources=[expert], console=False))
+    assert last["searcher/train/trained_tokens"] > 0 and "critic/train/loss" not in last
+    steps = [
+        json.loads(line)["step"]
+        for line in (run_dir / "checkpoints" / "searcher" / "checkpoints.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1]
+    assert not (run_dir / "checkpoints" / "critic").exists()
+    assert [r["step"] for r in rows(run_dir)] == [0, 1]

@@ -114,10 +114,11 @@ class SftFeeder(ComponentBase):
             for step in range(self.start_step, plan.total_steps):
                 for policy in self.clients:
                     datums = plan.batch(policy, step)
+                    own = f"{policy}/" if self.prefixed else ""  # several: each one's under its name
                     stats = {
                         "sft/epoch": float(plan.epoch_of(step) + 1),
-                        "train/datums": float(len(datums)),
-                        "train/trained_tokens": float(sum(d.num_trained_tokens for d in datums)),
+                        f"{own}train/datums": float(len(datums)),
+                        f"{own}train/trained_tokens": float(sum(d.num_trained_tokens for d in datums)),
                     }
                     await bus.publish(BatchReady(step=step, datums=datums, stats=stats, policy=policy))
                 async for event in finished:
