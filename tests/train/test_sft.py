@@ -17,10 +17,29 @@ import pytest
 from recordings import number_search, record
 
 from platoon.api import sft
+from platoon.bus.events import Datum
 from platoon.config import validate_config
 from platoon.train.recorded import RecordedError, read_run, sft_datums
+from platoon.train.sft import SftPlan
 
-pytestmark = pytest.mark.torch
+
+def test_each_epoch_trains_every_datum_once_in_an_order_the_seed_and_step_decide():
+    def datums(n: int) -> list[Datum]:
+        return [
+            Datum(model_input=[i], target_tokens=[i], logprobs=[0.0], advantages=[0.0], weights=[1.0])
+            for i in range(n)
+        ]
+
+    plan = SftPlan(train={"a": datums(10), "b": datums(3)}, heldout={}, batch_size=4, epochs=2, seed=1)
+    assert (plan.steps_per_epoch, plan.total_steps) == (3, 6)  # the policy with the most sets it
+    for epoch in range(2):
+        seen = [d.model_input[0] for step in range(3) for d in plan.batch("a", epoch * 3 + step)]
+        assert sorted(seen) == list(range(10))
+        assert [len(plan.batch("b", epoch * 3 + step)) for step in range(3)] == [3, 0, 0]
+    assert plan.batch("a", 0) != plan.batch("a", 3)  # each epoch its own shuffle
+    again = SftPlan(train={"a": datums(10)}, heldout={}, batch_size=4, epochs=5, seed=1)
+    assert again.batch("a", 4) == plan.batch("a", 4)  # the same step, whatever the run's length
+    assert [plan.ends_epoch(s) for s in range(6)] == [False, False, True] * 2
 
 
 def sft_config(tiny_model: str, **sft_keys) -> dict:
@@ -76,6 +95,7 @@ def mean_logprob(model: str, run_dir, sampler_path: str | None, datums) -> float
 
 @pytest.mark.learning
 @pytest.mark.slow
+@pytest.mark.torch
 def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, tiny_model):
     expert, babbler = record(site / "expert", "bisect", tasks=16), record(site / "babbler", "babble", tasks=8)
     config = validate_config(sft_config(tiny_model, heldout=0.25))
@@ -120,6 +140,7 @@ def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, 
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_a_stopped_sft_run_resumed_trains_the_weights_of_one_that_never_stopped(site, tiny_model):
     from platoon.assembly import SftSources, assemble
     from platoon.bus.events import CheckpointSaved
@@ -168,6 +189,8 @@ def _adapter_at(directory) -> list[float]:
     return [float(x) for key in sorted(tensors) for x in tensors[key].ravel()]
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_episodes_of_another_tokenizer_are_refused_before_anything_trains(site, tiny_model, qwen3_tokenizer):
     qwen = site / "qwen3"
     qwen3_tokenizer.save_pretrained(qwen)
@@ -181,6 +204,7 @@ def test_episodes_of_another_tokenizer_are_refused_before_anything_trains(site, 
     assert not (site / "sft" / "identity.json").exists()
 
 
+@pytest.mark.torch
 def test_a_filter_that_keeps_nothing_says_what_the_rewards_were(site, tiny_model):
     babbler = record(site / "babbler", "babble", tasks=4)
     config = validate_config(sft_config(tiny_model))
@@ -191,6 +215,7 @@ def test_a_filter_that_keeps_nothing_says_what_the_rewards_were(site, tiny_model
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_rl_starts_from_the_state_an_sft_run_wrote(site, tiny_model):
     """SFT then RL is two commands: `checkpoint.load_path` names the SFT run's directory, and on
     the embedded backend the RL run's own server loads the state from its own folder."""
@@ -228,6 +253,7 @@ def test_rl_starts_from_the_state_an_sft_run_wrote(site, tiny_model):
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_with_several_policies_each_trains_on_the_agents_the_config_gives_it(site, tiny_model):
     expert = record(site / "expert", "bisect", tasks=4)
     raw = sft_config(tiny_model, epochs=1, batch_size=2)
