@@ -376,8 +376,8 @@ def resolve(
             if purpose == "worker"
             else "the config has no train: section (it names the policy that trains)"
         )
-    if purpose in ("eval", "rollout") and not config.environments:
-        raise SystemError("the config has no environments")
+    if purpose in ("eval", "rollout", "train", "worker") and not config.environments:
+        raise SystemError("the config has no environments (one with sft: and none is for platoon sft alone)")
     policies = _policy_settings(config, purpose, policy)
     pol = next(iter(policies.values()))
     several = policies if config.policies and train else {}

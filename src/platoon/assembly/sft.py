@@ -16,6 +16,7 @@ from platoon.assembly.builders import _tokenizer_lock
 from platoon.assembly.policies import OpenPolicy
 from platoon.assembly.settings import PolicySettings, SftSettings
 from platoon.config.policies import PolicyChoiceError, choose_policy
+from platoon.train.conversations import is_conversations, read_conversations
 from platoon.train.recorded import (
     RecordedAgent,
     RecordedEpisode,
@@ -42,7 +43,7 @@ def sft_plan(s: SftSettings, policies: Mapping[str, OpenPolicy], trained: Sequen
     if not s.sources:
         raise RecordedError("platoon sft learns from recorded episodes: name them with --from RUN_DIR")
     where = Where.parse(s.where)
-    runs = [read_run(source) for source in s.sources]
+    runs = [_read(source, policies, trained) for source in s.sources]
     for run in runs:
         if run.damage:
             log.warning("recorded episodes skipped: the event log is damaged", detail=run.damage)
@@ -82,6 +83,16 @@ def sft_plan(s: SftSettings, policies: Mapping[str, OpenPolicy], trained: Sequen
         epochs=s.epochs,
         seed=s.seed,
     )
+
+
+def _read(source: str, policies: Mapping[str, OpenPolicy], trained: Sequence[str]) -> RecordedRun:
+    """A run directory's recorded episodes, or a JSONL of conversations rendered with the
+    renderer of the first trained policy, which they then train."""
+    if not is_conversations(source):
+        return read_run(source)
+    name = trained[0] if trained else next(iter(policies))
+    policy = policies[name]
+    return read_conversations(source, policy.renderer, _tokenizer_lock(policy), policy=name)
 
 
 class _Assigner:

@@ -115,7 +115,7 @@ def read_run(run_dir: str | Path) -> RecordedRun:
     left out."""
     path = Path(run_dir)
     if not path.exists():
-        raise RecordedError(f"--from {run_dir}: no such run directory")
+        raise RecordedError(f"--from {run_dir}: no such run directory (or conversations file)")
     episodes: dict[str, RecordedEpisode] = {}
     abandoned: set[str] = set()
     damage = LogDamage(path="")
