@@ -62,7 +62,7 @@ def test_sft_trains_beside_the_rl_run_and_names_the_state_to_start_from(site, re
     assert [c["step"] for c in checkpoints] == [1, 3]  # 6 datums, 4 a step: 2 steps an epoch
     assert "trained 4 steps" in out and "per token" in out
     assert f"state   {checkpoints[-1]['state_path']}" in out
-    assert f"checkpoint.load_path={run_dir}" in out
+    assert f"then    platoon train CONFIG checkpoint.load_path={run_dir}" in out
     assert "step 4/4" in err and "per token" in err and "epoch 2" in err
     lock = json.loads((run_dir / "lock.json").read_text())
     assert lock["config"]["sft"]["epochs"] == 2 and lock["tokenizer"]["fingerprint"].startswith("sha256:")
@@ -77,6 +77,9 @@ def test_sft_says_in_one_line_what_it_cannot_learn_from(site, recorded, capsys):
     assert "Traceback" not in err
     assert main(["sft", str(config), "--from", str(site / "nowhere")]) == 1
     assert "--from " + str(site / "nowhere") + ": no such run directory" in capsys.readouterr().err
+    (site / "empty").mkdir()
+    assert main(["sft", str(config), "--from", str(site / "empty")]) == 1
+    assert "no event log (events.msgpack) there" in capsys.readouterr().err
     assert main(["sft", str(config), "--from", str(expert), "--where", "reward~1"]) == 1
     assert "is not a filter this understands" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):

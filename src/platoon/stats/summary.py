@@ -107,7 +107,7 @@ def sft_summary(run_dir: Path, seconds: float | None = None) -> str:
     """The end of `platoon sft`: how the loss per token moved in training and on the held-out
     episodes, and the checkpoint that `platoon train` starts from (`checkpoint.load_path`)."""
     rows = _rows(run_dir)
-    steps = [r for r in rows if "train/loss" in r or "train/skipped" in r or "policy/version" in r]
+    steps = [r for r in rows if any(k.endswith("policy/version") for k in r)]  # not the held-out rows
     took = f" in {seconds:.0f} s" if seconds is not None else ""
     lines = [f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}"]
     for prefix in ["", *(f"{p}/" for p in _policies(rows))]:
@@ -116,16 +116,15 @@ def sft_summary(run_dir: Path, seconds: float | None = None) -> str:
             lines.append(f"loss    {prefix}{losses[0]:.3f} → {losses[-1]:.3f} per token  {sparkline(losses)}")
         heldout = _series(rows, f"{prefix}sft/heldout_loss")
         if heldout:
-            lines.append(
-                f"held    {prefix}out loss per token by epoch: {' → '.join(f'{v:.3f}' for v in heldout)}"
-            )
+            lines.append(f"heldout {prefix}{' → '.join(f'{v:.3f}' for v in heldout)} per token, by epoch")
     checkpoints = sorted(run_dir.glob("checkpoints/*/checkpoints.jsonl")) or [run_dir / "checkpoints.jsonl"]
     for path in checkpoints:
         last = _rows_of(path)[-1:] if path.exists() else []
         if last and isinstance(last[0].get("state_path"), str):
             who = f" ({path.parent.name})" if path.parent != run_dir else ""
             lines.append(f"state   {last[0]['state_path']}{who}")
-    lines.append(f"run     {run_dir}  (RL from here: platoon train CONFIG checkpoint.load_path={run_dir})")
+    lines.append(f"run     {run_dir}")
+    lines.append(f"then    platoon train CONFIG checkpoint.load_path={run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:
         lines.append(f"view    platoon view {run_dir}")
     return "\n".join(lines)

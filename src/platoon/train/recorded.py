@@ -25,6 +25,7 @@ from pathlib import Path
 import structlog
 
 from platoon.bus import LogDamage, read_events
+from platoon.bus.eventlog import EVENT_LOG_NAME
 from platoon.bus.events import (
     AgentOpenRequested,
     AgentSpawned,
@@ -118,16 +119,14 @@ def read_run(run_dir: str | Path) -> RecordedRun:
         raise RecordedError(f"--from {run_dir}: no such run directory (or conversations file)")
     episodes: dict[str, RecordedEpisode] = {}
     abandoned: set[str] = set()
+    if path.is_dir() and not (path / EVENT_LOG_NAME).is_file():
+        raise RecordedError(f"--from {run_dir}: no event log ({EVENT_LOG_NAME}) there")
     damage = LogDamage(path="")
-    try:
-        events = list(read_events(path, damage))
-    except FileNotFoundError:
-        raise RecordedError(f"--from {run_dir}: no event log (events.msgpack) there") from None
 
     def episode(episode_id: str) -> RecordedEpisode:
         return episodes.setdefault(episode_id, RecordedEpisode(episode_id, str(path)))
 
-    for event in events:
+    for event in read_events(path, damage):
         match event:
             case EpisodeRequested():
                 e = episode(event.episode_id)

@@ -155,5 +155,5 @@ class SftFeeder(ComponentBase):
             prefix = f"{policy}/" if self.prefixed else ""
             out[f"{prefix}sft/heldout_loss"] = loss / max(tokens, 1)
             out[f"{prefix}sft/heldout_tokens"] = float(tokens)
-            log.info("held-out loss", policy=policy, loss_per_token=round(loss / max(tokens, 1), 4))
+            log.info("held-out loss measured", policy=policy, mean_nll=round(loss / max(tokens, 1), 4))
         return out
