@@ -193,6 +193,7 @@ async def test_an_evaluation_builds_exactly_its_parts(tmp_path, monkeypatch):
         ("rollout", False),
         ("worker", True),
         ("gateway", False),
+        ("sft", False),
     ],
 )
 def test_every_part_of_every_purpose_declares_what_it_takes_and_publishes(site, purpose, nats):

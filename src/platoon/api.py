@@ -7,21 +7,22 @@ application, as the `platoon` commands do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
-from platoon.assembly import assemble, import_packages
+from platoon.assembly import SftSources, assemble, import_packages
 from platoon.bus.events import EvalRequested, Evaluated
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.policy.base import SamplerFactory
 from platoon.train.evaluate import EvalReport
 from platoon.train.loop import Scheduler
+from platoon.train.sft import SftFeeder
 
-__all__ = ["evaluate", "run", "train"]
+__all__ = ["evaluate", "run", "sft", "train"]
 
 
 async def run(
@@ -78,6 +79,30 @@ async def train(
         scheduler = run.component(Scheduler)
         await scheduler.done.wait()
     return scheduler.last
+
+
+async def sft(
+    config: Config,
+    *,
+    run_dir: Path,
+    sources: Sequence[str | Path],
+    where: Sequence[str] = (),
+    agent: str | None = None,
+    resume: bool = False,
+    console: bool = True,
+) -> dict[str, float]:
+    """Everything `platoon sft` does: train the config's policy with the cross-entropy loss on
+    the recorded episodes of `sources` (run directories) that pass `where`, writing into
+    `run_dir`; returns the last step's metrics, with the last held-out loss when `sft.heldout`
+    holds episodes out."""
+    if config.train is None:
+        raise ValueError("the config has no train: section (it names the policy that trains)")
+    asked = SftSources(tuple(str(s) for s in sources), tuple(where), agent)
+    run = assemble(config, "sft", run_dir=run_dir, resume=resume, console=console, sft=asked)
+    async with run.running():
+        feeder = run.component(SftFeeder)
+        await feeder.done.wait()
+    return {**feeder.last, **(feeder.heldout[-1] if feeder.heldout else {})}
 
 
 async def evaluate(

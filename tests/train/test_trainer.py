@@ -163,6 +163,31 @@ async def test_a_step_whose_datums_are_all_stale_trains_nothing_and_keeps_the_ve
     assert finished.metrics["policy/version"] == 2.0
 
 
+async def test_without_rollouts_every_datum_trains_by_cross_entropy_and_samplers_wait_for_checkpoints(
+    tmp_path,
+):
+    """An SFT run's trainer: recorded datums of any policy version train (there is no policy
+    they could be stale to), nothing is announced to samplers, and the loss per token is said."""
+    options = {"loss_fn": "cross_entropy", "rollouts": False, "save_every": 2, "total_steps": 2}
+    async with trainer_bus(tmp_path, **options) as (bus, trainer, seen):
+        finished = await steps(bus, [BatchReady(step=s, datums=[datum(9), datum(0)]) for s in range(2)])
+    client = trainer.client
+    assert client.calls == [
+        "forward_backward:cross_entropy",
+        "optim_step",
+        "forward_backward:cross_entropy",
+        "optim_step",
+        "save_state:state-000002",
+        "save_weights_for_sampler:ckpt-000002",
+    ]
+    assert all(len(data) == 2 for data in client.data)
+    assert set(client.data[0][0].loss_fn_inputs) == {"target_tokens", "weights"}
+    assert not [e for e in seen if isinstance(e, PolicyUpdated)]
+    assert [m.metrics["policy/version"] for m in finished] == [1.0, 2.0]
+    assert finished[0].metrics["train/loss_per_token"] == 1.5 / 4  # two datums, two trained tokens each
+    assert not any(k.startswith("staleness/") for k in finished[0].metrics)
+
+
 async def test_a_checkpoint_every_save_every_steps_and_at_the_last(tmp_path):
     async with trainer_bus(tmp_path, save_every=2, total_steps=5) as (bus, trainer, seen):
         await steps(bus, [BatchReady(step=s, datums=[datum(s)]) for s in range(5)])

@@ -15,6 +15,8 @@ What each purpose runs (`platoon graph CONFIG --purpose P` lists it from `run.pa
     worker    env services, gateway, following runner, grader, result seal, policy follower,
               plugins and the two NATS bridges, run by `Run.worker()` (a worker starts in stages)
     gateway   the gateway alone, and an event log if asked for (`platoon gateway serve`)
+    sft       event log, the SFT feeder (recorded datums in place of rollouts and credit),
+              trainer(s), metrics, plugins (`platoon sft`)
 
 The config is read here and nowhere after: `resolve` turns it into one settings object per
 component (`Settings`), and a component gets its own, never the `Config`. A policy (its model,
@@ -23,7 +25,8 @@ tokenizer, renderer, training service, training client and sampler factory) is o
 
 The rooms: `settings` (the config, resolved), `parts` (what each purpose runs, and `assemble`),
 `policies` (opening a policy), `builders` (making the components), `run` (the run's
-lifecycle and resumption), `nats` and `worker` (a distributed run's trainer and worker sides).
+lifecycle and resumption), `nats` and `worker` (a distributed run's trainer and worker sides),
+`sft` (an SFT run's recorded episodes, read and checked).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from platoon.assembly.settings import (
     Purpose,
     RunnerSettings,
     Settings,
+    SftSettings,
+    SftSources,
     check_training_service,
     credit_settings,
     entry_names,
@@ -67,6 +72,8 @@ __all__ = [
     "RunnerSettings",
     "SchedulerSettings",
     "Settings",
+    "SftSettings",
+    "SftSources",
     "assemble",
     "check_training_service",
     "credit_settings",

@@ -21,7 +21,7 @@ from platoon.envs import build_env_service
 from platoon.envs.service import EnvService
 from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import Renderer
-from platoon.models.loading import model_window
+from platoon.models.loading import TOY_TOKENIZER, model_window, tokenizer_identity
 from platoon.policy.base import SampleParams, SamplerFactory
 from platoon.programs import Grader
 from platoon.rewards import build_reward_rules
@@ -42,14 +42,27 @@ def _env_services(config: Config, run_dir: Path | None = None) -> list[EnvServic
     return services
 
 
+def _tokenizer_lock(policy: OpenPolicy) -> dict[str, str]:
+    """The policy's tokenizer as lock.json records it: the name the config gave it and the
+    fingerprint of its vocabulary (see `tokenizer_identity`)."""
+    p = policy.settings
+    scripted = TOY_TOKENIZER if p.scripted else None  # a scripted policy's fallback, named
+    return tokenizer_identity(policy.tokenizer, p.tokenizer or p.model_name or scripted)
+
+
 def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, object]:
     """What lock.json records of a run's several policies (the first's as the run's own)."""
     first = next(iter(opened.values()))
     return {
         "renderer": first.settings.renderer_name,
         "tool_call_parser": first.tool_call_parser,
+        "tokenizer": _tokenizer_lock(first),
         "policies": {
-            name: {"renderer": p.settings.renderer_name, "tool_call_parser": p.tool_call_parser}
+            name: {
+                "renderer": p.settings.renderer_name,
+                "tool_call_parser": p.tool_call_parser,
+                "tokenizer": _tokenizer_lock(p),
+            }
             for name, p in opened.items()
         },
     }

@@ -16,6 +16,7 @@ from platoon import plugins
 from platoon.assembly.run import Part, Run
 from platoon.assembly.settings import (
     Settings,
+    SftSources,
     resolve,
 )
 from platoon.bus import EventLog
@@ -32,6 +33,7 @@ from platoon.train.distributed import LeaseKeeper, PolicyAnnouncer, WorkerRegist
 from platoon.train.evaluate import Evaluator
 from platoon.train.loop import Scheduler
 from platoon.train.policies import StepJoin
+from platoon.train.sft import SftFeeder
 from platoon.train.trainer import Trainer
 from platoon.train.worker import FollowingRunner, PolicyFollower, ResultSeal
 
@@ -69,6 +71,14 @@ def _parts(settings: Settings, config: Config, plugin_components: Sequence[objec
             *plugs,
             Part("nats:results", NatsBridge),
             Part("nats:work", NatsBridge),
+        ]
+    if purpose == "sft":
+        return [
+            Part("event-log", EventLog),
+            Part("sft-feeder", SftFeeder),
+            *_trainer_parts(settings, Trainer),
+            Part("metrics", MetricsSink),
+            *plugs,
         ]
     rollouts = [Part("gateway", Gateway), Part("episode-runner", EpisodeRunner), Part("grader", Grader)]
     if purpose in ("eval", "rollout"):
@@ -123,16 +133,18 @@ def assemble(
     drain_timeout: float | None = None,
     gateway: ServedGateway | None = None,
     events_dir: str | Path | None = None,
+    sft: SftSources | None = None,
 ) -> Run:
     """The run `config` describes for `purpose`: its settings and parts, nothing started.
 
     `policy` (scripted:MODULE:ATTR) or `sampler_factory` (an object, in tests) replace the
     model's sampler; `split` and `progress` are the evaluator's; `resume`, `console` and `live`
     the training run's; `nats_url`, `worker_name` and `drain_timeout` a worker's; `gateway`
-    (host, port, model_name, renderer_name) and `events_dir` a served gateway's."""
+    (host, port, model_name, renderer_name) and `events_dir` a served gateway's; `sft` (the
+    recorded episodes, filters and agent) an SFT run's."""
     directory = Path(run_dir) if run_dir is not None else None
     builtin = loading.builtin_model_dir(config.train.model_name) if config.train is not None else None
-    if purpose in ("train", "worker") and config.train is not None and builtin is not None:
+    if purpose in ("train", "worker", "sft") and config.train is not None and builtin is not None:
         # A trainer (and its workers) name a built-in model by its directory, which is built
         # (or pulled) when the run opens.
         config = msgspec.structs.replace(
@@ -148,6 +160,7 @@ def assemble(
         resume=resume,
         console=console,
         live=live,
+        sources=sft,
     )
     if purpose == "gateway":
         served, g = gateway or ServedGateway(), settings.gateway

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,6 +135,8 @@ async def open_policy(
         yield loaded
         return
     checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
+    if service is None and policy.load_path and policy.trainer is not None:
+        policy = loaded.settings = _start_state(policy, checkpoint_dir)
     if service is None and policy.trainer is None and policy.backend == "local" and policy.model_path:
         # A finished run's weights: the embedded server opens on that run's checkpoints.
         checkpoint_dir, path = _finished_weights(policy)
@@ -196,6 +199,13 @@ async def open_policies(
                 where = None
                 if trains and run_dir is not None:
                     where = run_dir / ("tinker" if not services else f"tinker-{name}")
+                for other in loaded.values():  # the training states they start from, on this service
+                    if (
+                        keys[other.settings.name] == key
+                        and other.settings.load_path
+                        and other.settings.trainer
+                    ):
+                        other.settings = _start_state(other.settings, where)
                 services[key] = await stack.enter_async_context(_service(policy.settings, where))
         for name, policy in loaded.items():
             key, frozen = keys[name], policy.settings.kl_policy
@@ -215,6 +225,53 @@ async def open_policies(
                 )
             )
         yield opened
+
+
+def _start_state(policy: PolicySettings, checkpoint_dir: Path | None) -> PolicySettings:
+    """The policy with the training state it starts from (`load_path`) made loadable: a run
+    directory (an SFT run's, say) names its newest checkpoint's state, and on the embedded
+    backend the state's files are copied from the run that wrote them into this run's
+    checkpoint folder, where this run's own server finds them. A `tinker://` path that no run
+    here holds is left to the service (hosted Tinker, or a server the runs share)."""
+    assert policy.load_path is not None
+    ref, roots = policy.load_path, list(policy.runs)
+    directory = Path(ref).expanduser()
+    if not ref.startswith("tinker://") and directory.is_dir():
+        ref, roots = _newest_state(directory, policy.name), [str(directory)]
+    if policy.backend != "local" or checkpoint_dir is None:
+        return replace(policy, load_path=ref)
+    try:
+        found, path = locate_weights(ref, roots)
+    except CheckpointNotFound as exc:
+        if directory.is_dir():
+            raise SystemError(f"checkpoint.load_path: {exc}") from None
+        return replace(policy, load_path=ref)  # perhaps already on this run's service
+    session, kind, name = path.removeprefix("tinker://").split("/")
+    source, target = found / session / kind / name, checkpoint_dir / session / kind / name
+    if source.resolve() != target.resolve() and not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, target)
+        log.info("training state copied in to start from", state=path, source=str(source))
+    return replace(policy, load_path=path)
+
+
+def _newest_state(run_dir: Path, policy: str) -> str:
+    """The newest checkpoint's training state of a run directory (of `policy`'s, or of its one
+    policy, in a run of several)."""
+    stores = [CheckpointStore(run_dir)]
+    several = sorted(p.parent for p in run_dir.glob("checkpoints/*/checkpoints.jsonl"))
+    if several:
+        named = [d for d in several if d.name == policy]
+        if not named and len(several) > 1:
+            names = ", ".join(d.name for d in several)
+            raise SystemError(
+                f"checkpoint.load_path: {run_dir} holds the states of {names}; name one's directory"
+            )
+        stores = [CheckpointStore((named or several)[0])]
+    latest = stores[0].latest()
+    if latest is None:
+        raise SystemError(f"checkpoint.load_path: {run_dir} saved no checkpoint to start from")
+    return latest.state_path
 
 
 def _finished_weights(policy: PolicySettings) -> tuple[Path, str]:

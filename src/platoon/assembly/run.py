@@ -21,12 +21,14 @@ from platoon.assembly.builders import (
     _parsers_identity,
     _policies_gateway,
     _policy_lock,
+    _tokenizer_lock,
 )
 from platoon.assembly.nats import (
     trainer_components,
 )
 from platoon.assembly.policies import OpenPolicy, load_policy, open_policies, open_policy
-from platoon.assembly.settings import Settings, check_training_service
+from platoon.assembly.settings import TRAINING, Settings, check_training_service
+from platoon.assembly.sft import sft_identity, sft_plan, with_schedule
 from platoon.assembly.worker import build_worker
 from platoon.bus import Bus, EventLog, running
 from platoon.config import Config, SystemError, write_run_files
@@ -46,6 +48,7 @@ from platoon.train.checkpoints import (
 from platoon.train.evaluate import Evaluator
 from platoon.train.loop import Scheduler
 from platoon.train.policies import StepJoin, policy_stores, resume_points
+from platoon.train.sft import SftFeeder, SftPlan
 from platoon.train.trainer import Trainer
 from platoon.train.worker import Worker
 
@@ -140,6 +143,7 @@ class Run:
         self._worker_name = worker_name
         self._drain_timeout = drain_timeout
         self.components: list[object] | None = None  # once running, in the order of the parts
+        self.plan: SftPlan | None = None  # an SFT run's, once its recorded episodes are read
 
     def component(self, kind: type[C]) -> C:
         """The running component of class `kind` (the one there is)."""
@@ -168,7 +172,7 @@ class Run:
     @contextlib.asynccontextmanager
     async def _opened(self) -> AsyncIterator[list[object]]:
         s = self.settings
-        if s.purpose == "train":
+        if s.purpose in TRAINING:
             async with self._opened_training() as components:
                 yield components
             return
@@ -185,7 +189,11 @@ class Run:
         loaded = load_policy(s.policy)
         if s.purpose in ("eval", "rollout"):
             assert s.run_dir is not None
-            lock = {"renderer": s.policy.renderer_name, "tool_call_parser": loaded.tool_call_parser}
+            lock = {
+                "renderer": s.policy.renderer_name,
+                "tool_call_parser": loaded.tool_call_parser,
+                "tokenizer": _tokenizer_lock(loaded),
+            }
             write_run_files(s.run_dir, self.config, {**lock, "policy": s.policy.scripted})
         async with open_policy(loaded) as policy:
             yield self._build(policy)
@@ -206,6 +214,10 @@ class Run:
         loaded = load_policy(s.policy)  # a tokenizer that is not there is said before the run exists
         store = CheckpointStore(run_dir)
         identity = run_identity(self.config)
+        if s.sft is not None:  # its data, read and checked before the run exists
+            self.plan = sft_plan(s.sft, {s.policy.name: loaded}, [s.policy.name])
+            loaded.settings = with_schedule(loaded.settings, self.plan, s.sft.save_every)
+            identity["sft"] = sft_identity(self.plan)
         candidates = store.candidates() if s.resume else []
         if s.resume:
             store.check_identity(identity)
@@ -228,6 +240,7 @@ class Run:
             lock = {
                 "renderer": s.policy.renderer_name,
                 "tool_call_parser": policy.tool_call_parser,
+                "tokenizer": _tokenizer_lock(policy),
                 "resumed_from_step": start_step,
             }
             write_run_files(run_dir, self.config, lock)
@@ -246,6 +259,11 @@ class Run:
         run_store = CheckpointStore(run_dir)  # the run's identity.json
         stores = policy_stores(run_dir, trained, several=True)
         identity = run_identity(self.config)
+        if s.sft is not None:
+            self.plan = sft_plan(s.sft, loaded, trained)
+            for name in trained:
+                loaded[name].settings = with_schedule(loaded[name].settings, self.plan, s.sft.save_every)
+            identity["sft"] = sft_identity(self.plan)
         if s.resume:
             run_store.check_identity(identity)
             candidates = resume_points(stores)
@@ -295,6 +313,9 @@ class Run:
                 built.append(EventLog(s.run_dir, flush_every=1))
             return self._checked(built)
 
+        if s.purpose == "sft":
+            return self._built_sft([*(several or {"": policy}).values()], start_step)
+
         # `tinker` judges that name no service or model use the run's own.
         def grader() -> Grader:
             return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
@@ -315,7 +336,6 @@ class Run:
                     *self._plugins,
                 ]
             )
-        assert s.credit is not None and s.scheduler is not None and s.metrics is not None
         assert s.run_dir is not None
         checkpoint = policy.checkpoint
         version = checkpoint.policy_version if checkpoint else 0
@@ -325,6 +345,7 @@ class Run:
         if several:
             trainers.append(StepJoin(list(versions)))
             version = min(versions.values())
+        assert s.credit is not None and s.scheduler is not None and s.metrics is not None
         if s.nats is not None:
             opened = several or {policy.settings.name: policy}
             nats = replace(s.nats, identity=s.nats.identity | _parsers_identity(opened))
@@ -366,6 +387,31 @@ class Run:
                 *self._plugins,
             ]
         )
+
+    def _built_sft(self, policies: list[OpenPolicy], start_step: int) -> list[object]:
+        """An SFT run's components: the feeder of recorded datums in place of rollouts and
+        credit, then the trainers (and with several, the step join) and metrics of any run."""
+        s, m = self.settings, self.settings.metrics
+        assert self.plan is not None and s.run_dir is not None and m is not None
+        trained = [p.trainer for p in policies if p.trainer is not None]
+        trainers: list[Trainer | StepJoin] = [*trained]
+        if s.policies:
+            trainers.append(StepJoin([t.policy for t in trained]))
+        feeder = SftFeeder(
+            self.plan,
+            {t.policy: t.client for t in trained},
+            start_step=start_step,
+            prefixed=bool(s.policies),
+        )
+        metrics = MetricsSink(
+            s.run_dir,
+            wandb=m.wandb,
+            experiment=m.experiment,
+            trial=m.trial,
+            console=m.console,
+            total_steps=self.plan.total_steps,
+        )
+        return self._checked([EventLog(s.run_dir), feeder, *trainers, metrics, *self._plugins])
 
     def _checked(self, components: list[object]) -> list[object]:
         """The components, once checked against the parts the run said it would have."""

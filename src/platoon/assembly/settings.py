@@ -17,7 +17,14 @@ import structlog
 from platoon.assembly.nats import NatsSettings, lease_timeout, worker_identity
 from platoon.config import Config, SystemError, entry_names, load_site
 from platoon.config.policies import DEFAULT_POLICY, resolve_policies
-from platoon.config.schema import TrainConfig, WandbConfig, policy_names, workflow_for
+from platoon.config.schema import (
+    PolicyChoice,
+    SftConfig,
+    TrainConfig,
+    WandbConfig,
+    policy_names,
+    workflow_for,
+)
 from platoon.credit import CreditConfig
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
@@ -28,8 +35,9 @@ from platoon.train.trainer import TrainerSettings
 
 log = structlog.get_logger("platoon.assembly")
 
-PURPOSES: tuple[str, ...] = ("train", "eval", "rollout", "worker", "gateway")
-Purpose = Literal["train", "eval", "rollout", "worker", "gateway"]
+PURPOSES: tuple[str, ...] = ("train", "eval", "rollout", "worker", "gateway", "sft")
+Purpose = Literal["train", "eval", "rollout", "worker", "gateway", "sft"]
+TRAINING: tuple[str, ...] = ("train", "sft")  # the purposes whose policies train
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,23 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True)
+class SftSettings:
+    """`platoon sft`'s: where the recorded episodes are, which to keep, and how to train on them
+    (`sft:` in the config)."""
+
+    sources: tuple[str, ...]  # run directories (their event logs) or conversation JSONL files
+    where: tuple[str, ...] = ()  # --where filters, all of which an episode must pass
+    agent: str | None = None  # --agent: only the agents of this role or harness train
+    epochs: int = 1
+    batch_size: int = 16
+    heldout: float = 0.0
+    seed: int = 0
+    save_every: int = 0  # 0: at the end of each epoch
+    # entry name -> how its agents choose their policy (`agents.policy`), for runs of several
+    choices: dict[str, PolicyChoice] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a run's components need, resolved from one config."""
 
@@ -117,6 +142,7 @@ class Settings:
     eval: EvalSettings | None = None
     metrics: MetricsSettings | None = None
     nats: NatsSettings | None = None
+    sft: SftSettings | None = None
     resume: bool = False
     event_log: bool = True
     # `policies:` (RFC 0001): every policy by name, `policy` first; empty: `policy` is the one
@@ -164,10 +190,26 @@ def credit_settings(config: Config) -> CreditConfig:
     )
 
 
-def _trainer_settings(train: TrainConfig, keep: int | None) -> TrainerSettings:
+def _trainer_settings(
+    train: TrainConfig, keep: int | None, *, sft: SftConfig | None = None
+) -> TrainerSettings:
     """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
-    `keep`: `checkpoint.keep`."""
+    `keep`: `checkpoint.keep`. `sft`: an SFT run's, whose trainer trains recorded datums with
+    the cross-entropy loss and no rollouts (its schedule is set once the datums are read)."""
     o = train.optimizer
+    if sft is not None:
+        return TrainerSettings(
+            base_model=train.model_name,
+            loss_fn="cross_entropy",
+            learning_rate=sft.learning_rate or o.learning_rate,
+            beta1=o.beta1,
+            beta2=o.beta2,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            grad_clip_norm=o.grad_clip_norm,
+            keep=keep,
+            rollouts=False,
+        )
     return TrainerSettings(
         base_model=train.model_name,
         loss_fn=train.loss_fn,
@@ -246,7 +288,8 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
         # A built-in model (the tiny one, a catalogue model) is named by its cache directory.
         builtin = loading.builtin_model_dir(train.model_name)
         model = builtin or train.model_name
-        trains = purpose == "train" and not spec.frozen
+        trains = purpose in TRAINING and not spec.frozen
+        rl = trains and purpose == "train"  # a KL penalty is RL's; SFT has no advantages to fold it in
         if trains and spec.model_path and config.policies:
             raise SystemError(
                 f"policies.{name}.model_path: a policy that trains starts from its base model, or "
@@ -266,11 +309,15 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             load_path=spec.load_path if trains else None,
             model_path=spec.model_path,
             scripted=scripted,
-            kl=trains and train.kl is not None,
-            kl_reference=train.kl.reference_path if trains and train.kl else None,
-            kl_policy=train.kl.reference_policy if trains and train.kl else None,
+            kl=rl and train.kl is not None,
+            kl_reference=train.kl.reference_path if rl and train.kl else None,
+            kl_policy=train.kl.reference_policy if rl and train.kl else None,
             trainer=(
-                _trainer_settings(msgspec.structs.replace(train, model_name=model), config.checkpoint.keep)
+                _trainer_settings(
+                    msgspec.structs.replace(train, model_name=model),
+                    config.checkpoint.keep,
+                    sft=(config.sft or SftConfig()) if purpose == "sft" else None,
+                )
                 if trains
                 else None
             ),
@@ -317,19 +364,20 @@ def resolve(
     resume: bool = False,
     console: bool = True,
     live: bool = False,
+    sources: SftSources | None = None,
 ) -> Settings:
     """Each component's settings, read from `config` once. Raises on what cannot be assembled."""
     if purpose not in PURPOSES:
         raise SystemError(f"no such purpose {purpose!r}: one of {', '.join(PURPOSES)}")
     train = config.train
-    if purpose in ("train", "worker") and train is None:
+    if purpose in ("train", "worker", "sft") and train is None:
         raise SystemError(
-            "the config has no train: section"
-            if purpose == "train"
-            else "a worker needs the trainer's config, with its train: section"
+            "a worker needs the trainer's config, with its train: section"
+            if purpose == "worker"
+            else "the config has no train: section (it names the policy that trains)"
         )
-    if purpose in ("eval", "rollout") and not config.environments:
-        raise SystemError("the config has no environments")
+    if purpose in ("eval", "rollout", "train", "worker") and not config.environments:
+        raise SystemError("the config has no environments (one with sft: and none is for platoon sft alone)")
     policies = _policy_settings(config, purpose, policy)
     pol = next(iter(policies.values()))
     several = policies if config.policies and train else {}
@@ -343,7 +391,7 @@ def resolve(
     )
     names = entry_names(config)
     runner = None
-    if purpose != "gateway":
+    if purpose not in ("gateway", "sft"):
         evaluating = purpose == "eval"
         runner = RunnerSettings(
             entries=entry_settings(config, eval=evaluating),
@@ -366,6 +414,13 @@ def resolve(
     )
     if purpose == "eval":
         settings = replace(settings, eval=_eval_settings(config, purpose, split, progress))
+    if purpose == "sft":
+        assert train is not None
+        return replace(
+            settings,
+            sft=_sft_settings(config, sources or SftSources()),
+            metrics=_metrics_settings(config, run_dir, console=console, live=False),
+        )
     if purpose != "train":
         return settings
     assert train is not None
@@ -405,15 +460,48 @@ def resolve(
             several=bool(several),
         ),
         eval=_eval_settings(config, purpose, None, None) if ev else None,
-        metrics=MetricsSettings(
-            wandb=config.stats.wandb,
-            experiment=config.stats.experiment_name,
-            trial=run_dir.name if run_dir else "",
-            console=console and not live,
-            progress=live,
-            total_steps=train.max_training_steps,
-        ),
+        metrics=_metrics_settings(config, run_dir, console=console, live=live),
         nats=nats,
+    )
+
+
+def _metrics_settings(config: Config, run_dir: Path | None, *, console: bool, live: bool) -> MetricsSettings:
+    return MetricsSettings(
+        wandb=config.stats.wandb,
+        experiment=config.stats.experiment_name,
+        trial=run_dir.name if run_dir else "",
+        console=console and not live,
+        progress=live,
+        total_steps=config.train.max_training_steps if config.train else None,
+    )
+
+
+@dataclass(frozen=True)
+class SftSources:
+    """What `platoon sft` was asked to learn from: its `--from`, `--where` and `--agent`."""
+
+    sources: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+    agent: str | None = None
+
+
+def _sft_settings(config: Config, asked: SftSources) -> SftSettings:
+    sft, train = config.sft or SftConfig(), config.train
+    assert train is not None
+    return SftSettings(
+        sources=asked.sources,
+        where=asked.where,
+        agent=asked.agent,
+        epochs=sft.epochs,
+        batch_size=sft.batch_size,
+        heldout=sft.heldout,
+        seed=train.seed if sft.seed is None else sft.seed,
+        save_every=sft.save_every,
+        choices={
+            name: entry.agents.policy
+            for name, entry in zip(entry_names(config), config.environments, strict=True)
+            if entry.agents.policy is not None
+        },
     )
 
 

@@ -66,6 +66,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler="platoon.cli.train:train_command")
 
+    p = sub.add_parser(
+        "sft", help="fine-tune the policy on recorded episodes (cross-entropy on their tokens)"
+    )
+    _config_args(p)
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        required=True,
+        metavar="RUN_DIR",
+        help="a run directory whose episodes to learn from (repeat for several)",
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="EXPR",
+        help="keep only episodes that pass: reward>=1, train, eval, split=NAME, env=NAME, role=NAME, ...",
+    )
+    p.add_argument("--agent", metavar="NAME", help="train only the calls of agents of this role or harness")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an SFT run from its last checkpoint")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--new-trial", action="store_true", help="if the run directory is taken, train as <trial>-2, -3, ..."
+    )
+    again.add_argument(
+        "--overwrite", action="store_true", help="if the run directory is taken, delete that run first"
+    )
+    p.set_defaults(handler="platoon.cli.sft:sft_command")
+
     p = sub.add_parser("eval", help="evaluate the policy on a split and write a JSON report")
     _config_args(p)
     p.add_argument("--split", help="the split to evaluate (default: the config's eval split)")
@@ -152,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument(
         "--purpose",
-        choices=["train", "eval", "rollout", "worker"],
+        choices=["train", "eval", "rollout", "worker", "sft"],
         default="train",
         help="which run of the config (default: train)",
     )

@@ -18,7 +18,7 @@ from platoon.config import Config, load_config
 
 __all__ = ["PURPOSES", "graph", "run_components"]
 
-PURPOSES = ("train", "eval", "rollout", "worker")
+PURPOSES = ("train", "eval", "rollout", "worker", "sft")
 
 
 def run_components(config: Config, purpose: str) -> list[tuple[str, Any]]:
@@ -34,7 +34,7 @@ def graph(args: Any) -> int:
 
     path = Path(args.config)
     config = load_config(path, args.overrides)
-    if args.purpose in ("train", "worker") and config.train is None:
+    if args.purpose in ("train", "worker", "sft") and config.train is None:
         raise CommandError(f"{path} has no train: section, so it has no {args.purpose} run", EXIT_CONFIG)
     import_packages(config, path.resolve().parent)
     drawn = event_graph(run_components(config, args.purpose))

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -36,8 +37,11 @@ class RunStopped(RuntimeError):
     """A training run ended by an error it could not go on past; the message says how to resume."""
 
 
-def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
-    """Where a stopped run stands and the command that goes on with it (secrets left out)."""
+def how_to_resume(
+    args: argparse.Namespace, directory: Path, command: Sequence[str] = ("platoon", "train")
+) -> str:
+    """Where a stopped run stands and the command that goes on with it (secrets left out).
+    `command`: the command's words before its config (`platoon sft` adds its `--from`s after)."""
     try:
         stores = [CheckpointStore(d) for d in sorted((directory / "checkpoints").glob("*")) if d.is_dir()]
         found = [store.latest() for store in stores or [CheckpointStore(directory)]]
@@ -45,11 +49,11 @@ def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
         latest = None if None in found else min(found, key=lambda c: c.step)  # type: ignore[union-attr]
     except ResumeError:
         latest = None
-    command = " ".join(
+    line = " ".join(
         [
-            "platoon train",
+            *command[:2],
             shlex.quote(str(args.config)),
-            *(shlex.quote(o) for o in getattr(args, "overrides", None) or ()),
+            *(shlex.quote(o) for o in [*command[2:], *(getattr(args, "overrides", None) or ())]),
             "--resume",
             shlex.quote(str(directory)),
         ]
@@ -59,7 +63,7 @@ def how_to_resume(args: argparse.Namespace, directory: Path) -> str:
         if latest
         else "it has no checkpoint yet, so a resume starts it again from step 1"
     )
-    return f"the run stopped; {where}: {redact_text(command)}"
+    return f"the run stopped; {where}: {redact_text(line)}"
 
 
 def _holds_run(directory: Path) -> bool:

@@ -260,7 +260,9 @@ def _cross_checks(data: Mapping[str, object]) -> list[str]:
     """Rules that no single key's type can say; tolerant of data that is badly typed elsewhere."""
     problems: list[str] = []
     environments = data.get("environments")
-    if environments in (None, []) and (data.get("train") is not None or data.get("eval") is not None):
+    # `platoon sft` alone learns from recorded episodes: a config for it may have no environment
+    rl = data.get("train") is not None and data.get("sft") is None
+    if environments in (None, []) and (rl or data.get("eval") is not None):
         problems.append("environments: at least one entry is needed to train or evaluate")
     environments = environments if isinstance(environments, list) else []
     names: dict[str, int] = {}

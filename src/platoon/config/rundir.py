@@ -64,11 +64,11 @@ def run_dir(config: Config, site: Site, *, purpose: str = "train", now: datetime
     """Where a run of ``config`` writes: ``<log_path or site.runs>/<experiment>/<trial>``.
 
     A config without ``stats.trial_name`` gets the UTC start time (``now``) as its trial name.
-    The trial folder of a config that trains is its training run's: an eval or a rollout of it
-    (``purpose``) writes beside it, in ``<trial>-eval`` or ``<trial>-rollout``.
+    The trial folder of a config that trains is its training run's: an eval, a rollout or an SFT
+    run of it (``purpose``) writes beside it, in ``<trial>-eval``, ``<trial>-rollout`` or ``<trial>-sft``.
     """
     trial = config.stats.trial_name or (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
-    beside = config.stats.trial_name and config.train is not None and purpose in ("eval", "rollout")
+    beside = config.stats.trial_name and config.train is not None and purpose in ("eval", "rollout", "sft")
     if beside and not trial.endswith(f"-{purpose}"):  # `guess-eval` is an eval's folder already
         trial = f"{trial}-{purpose}"
     return Path(config.log_path or site.runs) / config.stats.experiment_name / trial

@@ -36,6 +36,7 @@ __all__ = [
     "RewardConfig",
     "RewardRule",
     "RolloutConfig",
+    "SftConfig",
     "SplitsConfig",
     "StatsConfig",
     "TrainConfig",
@@ -365,6 +366,20 @@ class CheckpointConfig(_Strict, frozen=True):
     keep: PositiveInt | None = None  # checkpoints kept; None: all
 
 
+class SftConfig(_Strict, frozen=True):
+    """Supervised fine-tuning on recorded episodes (`platoon sft`): cross-entropy on the exact
+    tokens a run recorded, the policy's own completions weighted 1, prompts and tool results 0."""
+
+    epochs: PositiveInt = 1  # passes over the kept datums
+    batch_size: PositiveInt = 16  # datums (an agent's merged calls) per optimizer step
+    learning_rate: PositiveFloat | None = None  # None: train.optimizer.learning_rate
+    # share of the kept episodes held out (whole episodes, chosen by the seed): their loss per
+    # token is measured after each epoch and never trained on
+    heldout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    save_every: NonNegativeInt = 0  # steps between checkpoints; 0: at the end of each epoch
+    seed: int | None = None  # the order of datums in each epoch and the held-out draw; None: train.seed
+
+
 # --- stats, plugins, gateway, nats ----------------------------------------------------------------
 
 
@@ -451,6 +466,7 @@ class Config(_Strict, frozen=True):
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     nats: NatsConfig | None = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sft: SftConfig | None = None  # `platoon sft`'s settings; None: the defaults
     log_path: FilePath | None = None  # None: the site profile's runs
     # a self-hosted Tinker-API server for every Tinker client; None: $TINKER_BASE_URL or hosted
     tinker_base_url: str | None = None

@@ -5,10 +5,11 @@ model). Nothing here downloads at run time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -31,6 +32,7 @@ __all__ = [
     "model_window",
     "resolve_model",
     "tiny_model_path",
+    "tokenizer_identity",
     "tokenizer_named",
 ]
 
@@ -212,6 +214,21 @@ def model_window(tokenizer: object) -> int | None:
             return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and 0 < limit < 10**8 else None
+
+
+class _Vocabulary(Protocol):
+    def get_vocab(self) -> dict[str, int]: ...
+
+
+def tokenizer_identity(tokenizer: _Vocabulary, name: str | None = None) -> dict[str, str]:
+    """What lock.json records of a run's tokenizer: its name, for people, and a fingerprint of
+    its vocabulary (every token and its id, added tokens included), which is what decides whether
+    tokens recorded with one tokenizer mean the same under another (`platoon sft` compares them).
+    Two names for one vocabulary (the tiny model's directory and the toy tokenizer) match."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+    shown = name or getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+    return {"name": str(shown), "fingerprint": f"sha256:{digest[:32]}"}
 
 
 def make_renderer(

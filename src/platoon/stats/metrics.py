@@ -53,6 +53,8 @@ _CONSOLE_KEYS = (
     ("train/datums", "datums {:.0f}"),
     ("train/trained_tokens", "tokens {:.0f}"),
     ("train/loss", "loss {:.4g}"),
+    ("train/loss_per_token", "per token {:.3f}"),
+    ("sft/epoch", "epoch {:.0f}"),
     ("staleness/mean", "stale {:.2f}"),
     ("time/step", "{:.1f}s"),
 )

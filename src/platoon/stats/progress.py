@@ -27,6 +27,7 @@ _TABLE = (
     ("train/datums", "datums", "{:.0f}"),
     ("train/trained_tokens", "tokens", "{:.0f}"),
     ("train/loss", "loss", "{:.3g}"),
+    ("train/loss_per_token", "per token", "{:.3f}"),
     ("staleness/mean", "stale", "{:.2f}"),
     ("time/rollout", "rollout s", "{:.1f}"),
     ("time/train", "train s", "{:.1f}"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from platoon.stats.metrics import is_eval_row
 
-__all__ = ["sparkline", "train_summary"]
+__all__ = ["sft_summary", "sparkline", "train_summary"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -119,6 +119,56 @@ def _resumed_after(run_dir: Path) -> int:
         return 0
     step = lock.get("resumed_from_step") if isinstance(lock, dict) else None
     return step if isinstance(step, int) else 0
+
+
+def sft_summary(run_dir: Path, seconds: float | None = None) -> str:
+    """The end of `platoon sft`: how the loss per token moved in training and on the held-out
+    episodes, and the checkpoint that `platoon train` starts from (`checkpoint.load_path`)."""
+    rows = _rows(run_dir)
+    steps = [r for r in rows if any(k.endswith("policy/version") for k in r)]  # not the held-out rows
+    took = f" in {seconds:.0f} s" if seconds is not None else ""
+    lines = [f"trained {len(steps)} step{'s' * (len(steps) != 1)}{took}"]
+    for prefix in ["", *(f"{p}/" for p in _policies(rows))]:
+        losses = _series(steps, f"{prefix}train/loss_per_token")
+        if losses:
+            lines.append(f"loss    {prefix}{losses[0]:.3f} → {losses[-1]:.3f} per token  {sparkline(losses)}")
+        heldout = _series(rows, f"{prefix}sft/heldout_loss")
+        if heldout:
+            lines.append(f"heldout {prefix}{' → '.join(f'{v:.3f}' for v in heldout)} per token, by epoch")
+    checkpoints = sorted(run_dir.glob("checkpoints/*/checkpoints.jsonl")) or [run_dir / "checkpoints.jsonl"]
+    for path in checkpoints:
+        last = _rows_of(path)[-1:] if path.exists() else []
+        if last and isinstance(last[0].get("state_path"), str):
+            who = f" ({path.parent.name})" if path.parent != run_dir else ""
+            lines.append(f"state   {last[0]['state_path']}{who}")
+    lines.append(f"run     {run_dir}")
+    lines.append(f"then    platoon train CONFIG checkpoint.load_path={run_dir}")
+    if importlib.util.find_spec("platoon.visualization") is not None:
+        lines.append(f"view    platoon view {run_dir}")
+    return "\n".join(lines)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return _rows_of(run_dir / "metrics.jsonl")
+
+
+def _rows_of(path: Path) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill: the others still tell the story
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def _eval_only(row: dict) -> bool:
+    """A metrics row of an evaluation alone (one at the start, or between steps), not a step's."""
+    keys = [k for k in row if k not in ("step", "time")]
+    return bool(keys) and all(k.startswith("eval/") for k in keys)
 
 
 def _report(path: Path) -> dict:

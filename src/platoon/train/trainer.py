@@ -79,6 +79,7 @@ class TrainerSettings:
         kl_coefficient: float = 0.0,
         normalization: str = "sum",
         keep: int | None = None,
+        rollouts: bool = True,
     ) -> None:
         self.base_model = base_model
         self.loss_fn = loss_fn
@@ -98,6 +99,10 @@ class TrainerSettings:
         self.kl_coefficient = kl_coefficient
         self.normalization = normalization
         self.keep = keep  # checkpoints kept (`checkpoint.keep`); None: all
+        # whether rollouts sample the policy as it trains (RL): each step's sampler weights are
+        # saved and announced, and datums more than `max_staleness` versions old are dropped. A
+        # run without (`platoon sft`) trains every datum and saves samplers with checkpoints only.
+        self.rollouts = rollouts
 
 
 class Trainer(ComponentBase):
@@ -168,10 +173,12 @@ class Trainer(ComponentBase):
         import tinker
 
         started = time.monotonic()
-        kept, dropped = filter_stale(batch.datums, self.version, self.settings.max_staleness)
+        staleness = self.settings.max_staleness if self.settings.rollouts else None
+        kept, dropped = filter_stale(batch.datums, self.version, staleness)
         metrics: dict[str, float] = {}
-        metrics["staleness/dropped_datums"] = float(dropped)
-        if kept:
+        if self.settings.rollouts:
+            metrics["staleness/dropped_datums"] = float(dropped)
+        if kept and self.settings.rollouts:
             metrics["staleness/mean"] = sum(self.version - d.policy_version for d in kept) / len(kept)
             metrics["staleness/max"] = float(max(self.version - d.policy_version for d in kept))
         if kept and self.reference is not None:
@@ -189,26 +196,14 @@ class Trainer(ComponentBase):
             result = await wait_future(fwd_bwd)
             await wait_future(optim)
             metrics |= _loss_metrics(result)
+            trained = sum(d.num_trained_tokens for d in kept)
+            if self.settings.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
+                metrics["train/loss_per_token"] = metrics["train/loss"] / trained  # the mean NLL
             metrics["time/train"] = time.monotonic() - train_started
-            refresh_started = time.monotonic()
-            saved = await wait_future(self.client.save_weights_for_sampler(name=f"step-{batch.step + 1:06d}"))
-            self.version += 1
-            await bus.publish(
-                PolicyUpdated(
-                    version=self.version,
-                    sampler_path=saved.path,
-                    base_model=self.settings.base_model,
-                    base_url=self.settings.base_url,
-                    policy=self.policy,
-                )
-            )
-            metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
-            self.step_weights.published(self.version, saved.path)
-            if self.delete is not None:  # before the step is reported: a run that ends has none left
-                await self._delete(
-                    self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights"
-                )
-                self._record_step_weights(self.step_weights.paths())
+            if self.settings.rollouts:
+                await self._refresh_sampler(bus, batch, metrics)
+            else:
+                self.version += 1
         else:
             metrics["train/skipped"] = 1.0
             log.info("no datums to train on this step", step=step_number(batch.step), policy=self.policy)
@@ -227,6 +222,27 @@ class Trainer(ComponentBase):
             await bus.publish(PolicyStepFinished(step=batch.step, policy=self.policy, metrics=metrics))
         else:
             await bus.publish(TrainStepFinished(step=batch.step, metrics={**batch.stats, **metrics}))
+
+    async def _refresh_sampler(self, bus: Bus, batch: BatchReady, metrics: dict[str, float]) -> None:
+        """Save the step's sampler weights and announce them (`PolicyUpdated`): the rollouts
+        sample the new policy from now on."""
+        refresh_started = time.monotonic()
+        saved = await wait_future(self.client.save_weights_for_sampler(name=f"step-{batch.step + 1:06d}"))
+        self.version += 1
+        await bus.publish(
+            PolicyUpdated(
+                version=self.version,
+                sampler_path=saved.path,
+                base_model=self.settings.base_model,
+                base_url=self.settings.base_url,
+                policy=self.policy,
+            )
+        )
+        metrics["time/sampler_refresh"] = time.monotonic() - refresh_started
+        self.step_weights.published(self.version, saved.path)
+        if self.delete is not None:  # before the step is reported: a run that ends has none left
+            await self._delete(self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights")
+            self._record_step_weights(self.step_weights.paths())
 
     async def kl(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""

@@ -250,6 +250,7 @@ const PANELS = [
   { title: "datums", keys: ["train/datums", "credit/datums"] },
   { title: "staleness", keys: ["staleness/mean", "staleness/max", "staleness/dropped_datums"] },
   { title: "loss", keys: ["train/loss"] },
+  { title: "loss per token", keys: ["train/loss_per_token", "sft/heldout_loss"] },
 ];
 
 function metricPanels(rows) {
