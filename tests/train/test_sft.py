@@ -268,4 +268,4 @@ def test_with_several_policies_each_trains_on_the_agents_the_config_gives_it(sit
     ]
     assert steps == [2]  # steps trained
     assert not (run_dir / "checkpoints" / "critic").exists()
-    assert [r["step"] for r in rows(run_dir)] == [0, 1]
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]
