@@ -115,7 +115,7 @@ def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, 
     assert len(heldout) == 6 and heldout[-1] < 0.5 * heldout[0], heldout
     assert last["sft/heldout_loss"] == heldout[-1]
     checkpoints = [json.loads(line) for line in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in checkpoints] == [1, 3, 5, 7, 9, 11]  # one an epoch
+    assert [c["step"] for c in checkpoints] == [2, 4, 6, 8, 10, 12]  # one an epoch
     # The viewer draws the run as any other: its loss curves from metrics.jsonl.
     from starlette.testclient import TestClient
 
@@ -169,7 +169,7 @@ def test_a_stopped_sft_run_resumed_trains_the_weights_of_one_that_never_stopped(
         anyio.run(stop_after_step_two)
     assert 3 <= len((stopped / "checkpoints.jsonl").read_text().splitlines()) < 6
     anyio.run(lambda: sft(config, run_dir=stopped, sources=[expert], resume=True, console=False))
-    assert [r["step"] for r in rows(stopped)] == list(range(6)) == [r["step"] for r in rows(whole)]
+    assert [r["step"] for r in rows(stopped)] == list(range(1, 7)) == [r["step"] for r in rows(whole)]
     for a, b in zip(rows(stopped), rows(whole), strict=True):
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
     assert _adapter(whole) == pytest.approx(_adapter(stopped), abs=1e-6)
@@ -266,6 +266,6 @@ def test_with_several_policies_each_trains_on_the_agents_the_config_gives_it(sit
         json.loads(line)["step"]
         for line in (run_dir / "checkpoints" / "searcher" / "checkpoints.jsonl").read_text().splitlines()
     ]
-    assert steps == [1]
+    assert steps == [2]
     assert not (run_dir / "checkpoints" / "critic").exists()
-    assert [r["step"] for r in rows(run_dir)] == [0, 1]
+    assert [r["step"] for r in rows(run_dir)] == [1, 2]
