@@ -33,19 +33,15 @@ def test_sft_teaches_the_format_rl_alone_never_finds(tmp_path, monkeypatch, caps
     monkeypatch.syspath_prepend(str(ROOT / "examples" / "number-search"))
     runs = tmp_path / "runs" / "sft-then-rl"
     expert = ["eval", "config.yaml", "--split", "train", "--policy", "scripted:bisect_policy:bisect"]
-    assert main([*expert, "eval.max_tasks=32"]) == 0
-    assert (
-        main(
-            ["sft", "config.yaml", "--from", str(runs / "tiny-eval"), "--where", "reward>=1", "sft.epochs=12"]
-        )
-        == 0
-    )
+    assert main([*expert, "eval.max_tasks=64"]) == 0
+    assert main(["sft", "config.yaml", "--from", str(runs / "tiny-eval"), "--where", "reward>=1"]) == 0
     rl = ["train.max_training_steps=2", "eval.every=2", "train.save_every=2", "--quiet"]
     assert main(["train", "config.yaml", f"checkpoint.load_path={runs / 'tiny-sft'}", *rl]) == 0
     assert main(["train", "config.yaml", "stats.trial_name=rl-alone", *rl]) == 0
     after_sft, alone = evals(runs / "tiny"), evals(runs / "rl-alone")
-    # Measured (seeded): the base model 0.0 at step 0 and 2; from the SFT state 0.38 at step 0.
+    # Measured (seeded, the same every run): the base model 0.0 at steps 0 and 2; the SFT state
+    # 0.44 at step 0 (7 of the 16 test tasks, greedy), 0.44 after two RL steps.
     assert alone == {0: 0.0, 2: 0.0}, alone  # the base model never calls the tool right
-    assert after_sft[0] >= 0.25, after_sft  # the SFT state solves some held-out tasks at once
+    assert after_sft[0] >= 0.3, after_sft  # the SFT state solves held-out tasks at once
     out = capsys.readouterr().out
     assert "per token, by epoch" in out
