@@ -59,7 +59,7 @@ def test_sft_trains_beside_the_rl_run_and_names_the_state_to_start_from(site, re
     assert code == 0, err
     run_dir = site / "runs" / "search" / "bisect-sft"
     checkpoints = [json.loads(line) for line in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in checkpoints] == [2, 4]  # 6 datums, 4 a step: 2 steps an epoch, saved at its end
+    assert [c["step"] for c in checkpoints] == [2, 4]  # 6 datums, 4 a step: 2 steps an epoch
     assert "trained 4 steps" in out and "per token" in out
     assert f"state   {checkpoints[-1]['state_path']}" in out
     assert f"then    platoon train CONFIG checkpoint.load_path={run_dir}" in out

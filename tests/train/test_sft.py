@@ -115,7 +115,7 @@ def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, 
     assert len(heldout) == 6 and heldout[-1] < 0.5 * heldout[0], heldout
     assert last["sft/heldout_loss"] == heldout[-1]
     checkpoints = [json.loads(line) for line in (run_dir / "checkpoints.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in checkpoints] == [2, 4, 6, 8, 10, 12]  # one an epoch, by steps trained
+    assert [c["step"] for c in checkpoints] == [2, 4, 6, 8, 10, 12]  # one an epoch
     # The viewer draws the run as any other: its loss curves from metrics.jsonl.
     from starlette.testclient import TestClient
 
@@ -266,6 +266,6 @@ def test_with_several_policies_each_trains_on_the_agents_the_config_gives_it(sit
         json.loads(line)["step"]
         for line in (run_dir / "checkpoints" / "searcher" / "checkpoints.jsonl").read_text().splitlines()
     ]
-    assert steps == [2]  # steps trained
+    assert steps == [2]
     assert not (run_dir / "checkpoints" / "critic").exists()
     assert [r["step"] for r in rows(run_dir)] == [1, 2]

@@ -165,12 +165,6 @@ def _rows_of(path: Path) -> list[dict]:
     return rows
 
 
-def _eval_only(row: dict) -> bool:
-    """A metrics row of an evaluation alone (one at the start, or between steps), not a step's."""
-    keys = [k for k in row if k not in ("step", "time")]
-    return bool(keys) and all(k.startswith("eval/") for k in keys)
-
-
 def _report(path: Path) -> dict:
     try:
         report = json.loads(path.read_text())

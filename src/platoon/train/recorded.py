@@ -319,16 +319,20 @@ def sft_datums(
 
 def heldout_episodes(episodes: Sequence[RecordedEpisode], share: float, seed: int) -> set[str]:
     """The ids of the episodes held out: `share` of them (at least one when the share is above 0
-    and there are two or more), chosen by a hash of the seed and each id, so the same episodes
-    are held out whatever order the runs were read in."""
+    and there are two or more), chosen by a hash of the seed and each episode's task (its
+    environment, split, task id and which attempt at the task it was), never by its random id,
+    so a recording made again holds out the same tasks."""
     if share <= 0 or len(episodes) < 2:
         return set()
     count = min(len(episodes) - 1, max(1, math.floor(share * len(episodes) + 0.5)))
-
-    def rank(e: RecordedEpisode) -> str:
-        return hashlib.blake2b(f"{seed}:{e.episode_id}".encode(), digest_size=8).hexdigest()
-
-    return {e.episode_id for e in sorted(episodes, key=rank)[:count]}
+    attempts: dict[tuple[str, str, str], int] = {}
+    ranks: dict[str, str] = {}
+    for e in episodes:
+        task = (e.env, e.split, e.task_id or e.episode_id)
+        attempts[task] = attempts.get(task, 0) + 1
+        key = f"{seed}:{':'.join(task)}:{attempts[task]}"
+        ranks[e.episode_id] = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+    return {e.episode_id for e in sorted(episodes, key=lambda e: ranks[e.episode_id])[:count]}
 
 
 def datums_digest(datums: Sequence[Datum]) -> str:

@@ -108,9 +108,6 @@ class SftFeeder(ComponentBase):
         assert self._events is not None
         plan = self.plan
         with self._events as finished:
-            if self.start_step and plan.ends_epoch(self.start_step - 1):
-                # resumed at an epoch's end: its held-out loss, which a resume forgets, again
-                await self._measure(bus, self.start_step - 1)
             for step in range(self.start_step, plan.total_steps):
                 for policy in self.clients:
                     datums = plan.batch(policy, step)
