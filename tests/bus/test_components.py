@@ -84,6 +84,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     from platoon.train.evaluate import Evaluator
     from platoon.train.loop import Scheduler, SchedulerSettings
     from platoon.train.policies import StepJoin
+    from platoon.train.sft import SftFeeder, SftPlan
     from platoon.train.trainer import Trainer, TrainerSettings
     from platoon.train.worker import FollowingRunner, PolicyFollower, ResultSeal
 
@@ -116,6 +117,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
             SchedulerSettings({}, {}, batch_size=1, group_size=1, seed=0, total_steps=None, max_staleness=0)
         ),
         Evaluator(None, run_dir=tmp_path),
+        SftFeeder(SftPlan(train={}, heldout={}, batch_size=1, epochs=1, seed=0), {}),
         EventHandlerPlugin("plugin", lambda event: None, [RunFinished, PolicyUpdated]),
         NatsBridge(
             "nats://127.0.0.1:4222",
