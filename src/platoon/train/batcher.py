@@ -65,11 +65,22 @@ from platoon.credit import (
 )
 from platoon.stats.failures import failure_kind
 
-__all__ = ["CreditAssigner", "EpisodeRecord"]
+__all__ = ["CreditAssigner", "EpisodeRecord", "recorded_call"]
 
 log = structlog.get_logger("platoon.credit")
 
 _CREDIT_FAILED_STEPS = 3  # steps in a row with no group whose credit could be assigned
+
+
+def recorded_call(event: ModelCallFinished) -> Call:
+    """A model call as credit assignment reads it (the trainer's batcher and `platoon sft` both)."""
+    return Call(
+        prompt_tokens=event.prompt_tokens,
+        completion_tokens=event.completion_tokens,
+        logprobs=event.logprobs,
+        policy_version=event.policy_version,
+        kind=event.kind,
+    )
 
 
 @dataclass
@@ -208,13 +219,7 @@ class CreditAssigner(ComponentBase):
                             await self._release(bus, tg, event.episode_id)
                         case ModelCallFinished() if event.episode_id in self.records:
                             self.records[event.episode_id].calls.setdefault(event.agent_id, []).append(
-                                Call(
-                                    prompt_tokens=event.prompt_tokens,
-                                    completion_tokens=event.completion_tokens,
-                                    logprobs=event.logprobs,
-                                    policy_version=event.policy_version,
-                                    kind=event.kind,
-                                )
+                                recorded_call(event)
                             )
                             await self._release(bus, tg, event.episode_id)
                         case EpisodeGraded(purpose="train") if event.episode_id in self.abandoned:

@@ -38,6 +38,7 @@ from platoon.bus.events import (
 )
 from platoon.config import SystemError
 from platoon.credit import Call, merge_calls
+from platoon.train.batcher import recorded_call
 
 __all__ = [
     "RecordedAgent",
@@ -147,15 +148,7 @@ def read_run(run_dir: str | Path) -> RecordedRun:
             case AgentOpenRequested():
                 episode(event.episode_id).agent(event.agent_id).role = event.role
             case ModelCallFinished():
-                episode(event.episode_id).agent(event.agent_id).calls.append(
-                    Call(
-                        prompt_tokens=event.prompt_tokens,
-                        completion_tokens=event.completion_tokens,
-                        logprobs=event.logprobs,
-                        policy_version=event.policy_version,
-                        kind=event.kind,
-                    )
-                )
+                episode(event.episode_id).agent(event.agent_id).calls.append(recorded_call(event))
             case EpisodeFinished():
                 episode(event.episode_id).status = event.status
             case EpisodeGraded():
