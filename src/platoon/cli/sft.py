@@ -12,7 +12,7 @@ from pathlib import Path
 from platoon.api import sft
 from platoon.assembly import check_training_service, import_packages
 from platoon.cli.signals import run_async
-from platoon.cli.train import RunStopped, _claimed, how_to_resume
+from platoon.cli.train import _claimed, how_to_resume, run_stopped
 from platoon.config import load_config, load_site, run_dir
 from platoon.stats.summary import sft_summary
 from platoon.train.checkpoints import ResumeError
@@ -59,9 +59,6 @@ def sft_command(args: argparse.Namespace) -> int:
     except Exception as exc:
         if not (directory / "checkpoints.jsonl").exists() and not (directory / "metrics.jsonl").exists():
             raise  # it failed before it trained a step: there is nothing to resume
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # type: ignore[assignment]
-        why = str(exc) or type(exc).__name__
-        raise RunStopped(f"{why}\n{how_to_resume(args, directory, words)}") from exc
+        raise run_stopped(exc, how_to_resume(args, directory, words)) from exc
     print(sft_summary(directory, time.monotonic() - started))
     return 0

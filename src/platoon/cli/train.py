@@ -37,6 +37,14 @@ class RunStopped(RuntimeError):
     """A training run ended by an error it could not go on past; the message says how to resume."""
 
 
+def run_stopped(exc: BaseException, hint: str) -> RunStopped:
+    """A run that failed once it had something to resume: its reason (out of a task group's
+    wrapping) and `hint`, the command that resumes it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return RunStopped(f"{str(exc) or type(exc).__name__}\n{hint}")
+
+
 def how_to_resume(
     args: argparse.Namespace, directory: Path, command: Sequence[str] = ("platoon", "train")
 ) -> str:
@@ -150,9 +158,6 @@ def train_command(args: argparse.Namespace) -> int:
     except Exception as exc:
         if not (directory / "identity.json").exists():
             raise  # it failed before the run was set up: there is nothing to resume
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # type: ignore[assignment]
-        why = str(exc) or type(exc).__name__
-        raise RunStopped(f"{why}\n{how_to_resume(args, directory)}") from exc
+        raise run_stopped(exc, how_to_resume(args, directory)) from exc
     print(train_summary(directory, time.monotonic() - started))
     return 0
