@@ -192,7 +192,13 @@ async def sampling_client(
     def create() -> tinker.SamplingClient:
         return service_client.create_sampling_client(model_path=model_path, base_model=base_model).result()
 
-    return await anyio.to_thread.run_sync(create)
+    try:
+        return await anyio.to_thread.run_sync(create)
+    except Exception as exc:
+        unsupported = unsupported_server(exc)
+        if unsupported is None:
+            raise
+        raise unsupported from None
 
 
 @contextlib.asynccontextmanager
