@@ -69,7 +69,7 @@ def _route(
     handler: Callable[[bytes], Awaitable[Answer]],
     max_decoded: int,
     *,
-    big_bodies: list[anyio.Lock],
+    big_bodies: anyio.Lock,
     ordered: bool = False,
 ) -> Callable[[Request], Awaitable[Response]]:
     """An endpoint. An `ordered` one (a model's training requests) that rejects a request, for
@@ -83,9 +83,7 @@ def _route(
         # A large or compressed body decodes off the event loop, so the server answers others (and
         # signals) meanwhile; and one at a time, decoded and handled, so that a few small bombs
         # cannot add up in memory.
-        if not big_bodies:
-            big_bodies.append(anyio.Lock())
-        async with big_bodies[0]:
+        async with big_bodies:
             return await answer(request, raw, encoding, inline=False)
 
     async def answer(request: Request, raw: bytes, encoding: str | None, *, inline: bool) -> Response:
@@ -124,7 +122,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     """
 
     ordered_paths: set[str] = set()
-    big_bodies: list[anyio.Lock] = []  # one lock for the app, made on first use inside its loop
+    big_bodies = anyio.Lock()  # one for the app: large bodies are decoded and handled one at a time
 
     def post(
         path: str,
