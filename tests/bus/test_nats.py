@@ -27,6 +27,7 @@ from platoon.bus.events import (
     TrainStepFinished,
 )
 from platoon.bus.nats import NatsBridge, NatsBridgeError, event_id, subject_for
+from platoon.bus.nats.connection import synced
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server, free_port
 
 try:
@@ -544,7 +545,7 @@ async def test_a_hung_member_drops_out_of_the_work_group_and_loses_no_work(serve
     try:
         member = await hung.subscribe(subject_for("test", EpisodeRequested), queue=WORK_QUEUE)
         await member.unsubscribe(limit=2)  # as a worker's bridge joins, here for 2 offers
-        await hung.flush()
+        await synced(hung)
         async with Bus() as producer, Bus() as worker:
             got = []
             worker.subscribe(EpisodeRequested, got.append)

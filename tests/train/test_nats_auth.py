@@ -28,6 +28,7 @@ from platoon.bus.events import (
     WorkerStatus,
 )
 from platoon.bus.nats import Leases, NatsBridge, subject_for
+from platoon.bus.nats.connection import synced
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server
 from platoon.train.nats_auth import WORK_QUEUE, write_nats_setup
 
@@ -92,7 +93,7 @@ async def test_a_worker_cannot_steer_the_run(secured):
             done.set()
 
     await trainer.subscribe(f"platoon.{RUN}.>", cb=hear)
-    await trainer.flush()
+    await synced(trainer)
     forged = [
         PolicyAnnounced(trainer="evil", version=99, base_url="http://127.0.0.1:1"),
         RunFinished(status="completed"),
@@ -101,7 +102,7 @@ async def test_a_worker_cannot_steer_the_run(secured):
     for event in forged:
         await worker.publish(subject_for(RUN, type(event)), encode(event))
     await worker.publish(subject_for(RUN, WorkerStatus), encode(WorkerStatus(worker="w")))  # allowed
-    await worker.flush()
+    await synced(worker)
     with anyio.fail_after(10):
         await done.wait()  # the server handles one connection's messages in order
     assert heard == [subject_for(RUN, WorkerStatus)]
@@ -125,15 +126,15 @@ async def test_a_worker_takes_work_only_through_the_queue_group(secured):
 
     subject = subject_for(RUN, EpisodeRequested)
     await worker.subscribe(subject, queue=WORK_QUEUE, cb=take)
-    await worker.flush()
+    await synced(worker)
     await snooper.subscribe(subject, cb=snoop)  # refused by the server
     await snooper.subscribe(f"platoon.{RUN}.>", cb=snoop)  # refused too
-    await snooper.flush()
+    await synced(snooper)
     await trainer.publish(subject, encode(EpisodeRequested(episode_id="e", group_id="g", task=TASK)))
-    await trainer.flush()
+    await synced(trainer)
     with anyio.fail_after(10):
         await taken.wait()
-    await snooper.flush()  # anything delivered to it has been handed over by now
+    await synced(snooper)  # anything delivered to it has been handed over by now
     assert snooped == []
     await snooper.close()
     await worker.close()
@@ -190,7 +191,7 @@ async def test_results_count_only_from_the_worker_given_the_episode(secured):
                 await forger_bus.publish(
                     EpisodeGraded(episode_id=episode, group_id="g", task=TASK, reward=0.0)
                 )
-            await forger.flush()  # stored in the stream ahead of the real grade
+            await synced(forger)  # stored in the stream ahead of the real grade
             await worker_bus.publish(EpisodeGraded(episode_id="ep-1", group_id="g", task=TASK, reward=1.0))
             with anyio.fail_after(20):
                 await real_in.wait()
