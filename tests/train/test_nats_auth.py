@@ -191,7 +191,7 @@ async def test_results_count_only_from_the_worker_given_the_episode(secured):
                 await forger_bus.publish(
                     EpisodeGraded(episode_id=episode, group_id="g", task=TASK, reward=0.0)
                 )
-            await synced(forger)  # stored in the stream ahead of the real grade
+            await forger.flush()  # stored in the stream ahead of the real grade
             await worker_bus.publish(EpisodeGraded(episode_id="ep-1", group_id="g", task=TASK, reward=1.0))
             with anyio.fail_after(20):
                 await real_in.wait()
