@@ -63,4 +63,7 @@ def test_a_new_project_learns_on_the_cpu(tmp_path, monkeypatch, capsys):
     rows = (tmp_path / "runs" / "word-game" / "learns" / "metrics.jsonl").read_text().splitlines()
     rewards = [json.loads(row)["reward/mean"] for row in rows]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    # Measured over seeds 1-6 (a run's later steps differ with the machine's load: the sampler's
+    # batches, and so its last float bits, follow the timing): a rise of 0.19 to 0.37. With 30
+    # steps it was 0.07 to 0.21, and the bar failed under load.
     assert last >= first + 0.1, rewards

@@ -94,7 +94,7 @@ CONFIG = """# {title}. Run from this directory:
 #   PYTHONPATH=. platoon rollout config.yaml --task train:train-apple --policy scripted:scripted:solve
 #   PYTHONPATH=. platoon eval config.yaml --policy scripted:scripted:solve
 #   PYTHONPATH=. platoon train config.yaml     # the tiny model, on the embedded backend (CPU):
-#                                              # its reward climbs from about 0.27 in 30 s
+#                                              # its reward climbs from about 0.27 to about 0.55 in a minute
 environments:
   - name: {name}
     service: python://env:{cls}
@@ -106,7 +106,7 @@ train:
   renderer_name: qwen3_instruct
   lora_rank: 16
   batch_size: 4                       # tasks a step
-  max_training_steps: 30
+  max_training_steps: 50              # fewer: a rise that one seed in six barely shows
   seed: 2                             # task order and every sample derive from it
   optimizer: {{learning_rate: 0.02}}
   workflow_config:
