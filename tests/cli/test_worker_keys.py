@@ -88,6 +88,6 @@ def test_the_key_goes_to_the_workers_own_url_or_an_authenticated_announcement(re
 def test_nats_beyond_loopback_needs_credentials():
     config = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222"}})
     with pytest.raises(DistributedError, match="platoon nats init"):
-        _bridge(config, None, mirror=[])
+        _bridge(config, None, open_server="refuse", mirror=[])
     insecure = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222", "insecure": True}})
-    assert _bridge(insecure, None, mirror=[]) is not None  # made, not connected
+    assert _bridge(insecure, None, open_server="refuse", mirror=[]) is not None  # made, not connected
