@@ -141,7 +141,8 @@ async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> fl
             }
         ],
         "train": {"model_name": "platoon-toy-qwen3", "renderer_name": "qwen3_instruct"},
-        "nats": {"url": url, "run": run, "announce_every": 0.5},
+        # the benchmark's own server, on loopback: workers may use it without credentials
+        "nats": {"url": url, "run": run, "announce_every": 0.5, "insecure": True},
     }
     path = tmp / f"{run}.yaml"
     path.write_text(__import__("json").dumps(raw))

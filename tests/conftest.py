@@ -46,7 +46,7 @@ _BY_PATH = {
         "train/test_distributed",
         "train/test_nats_auth",
         "bus/test_nats",
-        "cli/test_worker_keys",
+        "cli/test_worker",  # and test_worker_keys
     ),
     "server": (
         "backends/",

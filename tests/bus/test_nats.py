@@ -391,6 +391,35 @@ async def test_durable_without_jetstream_is_a_clear_error(server):
             await NatsBridge(server.url, run="r", durable=[EpisodeGraded], connect_timeout=2).run(bus)
 
 
+async def test_a_server_that_lets_anyone_in_is_refused_or_warned_of_as_asked(server, tmp_path):
+    """Anyone who reaches such a server may publish what steers a run; a bridge told so refuses
+    it before subscribing to anything, or says so."""
+    from structlog.testing import capture_logs
+
+    async with Bus() as bus:
+        with pytest.raises(NatsBridgeError, match=rf"NATS at {server.url} lets anyone in.*platoon nats init"):
+            await NatsBridge(server.url, run="r", mirror=[TrainStepFinished], unauthenticated="refuse").run(
+                bus
+            )
+        with capture_logs() as logs:
+            async with bridged(bus, server.url, mirror=[TrainStepFinished], unauthenticated="warn"):
+                pass
+        warned = [e["event"] for e in logs if e["log_level"] == "warning"]
+        assert warned and warned[0].startswith("NATS lets anyone in")
+    credentials = tmp_path / "me.json"
+    credentials.write_text('{"user": "me", "password": "secret"}')
+    with NatsServer(args=["--user", "me", "--pass", "secret"]) as guarded:
+        async with Bus() as bus:
+            async with bridged(
+                bus,
+                guarded.url,
+                mirror=[TrainStepFinished],
+                credentials=credentials,
+                unauthenticated="refuse",
+            ) as bridge:
+                assert bridge.connection.auth_required
+
+
 def test_trio_is_refused():
     async def main():
         # refused before it touches the bus or the network

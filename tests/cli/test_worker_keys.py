@@ -88,6 +88,19 @@ def test_the_key_goes_to_the_workers_own_url_or_an_authenticated_announcement(re
 def test_nats_beyond_loopback_needs_credentials():
     config = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222"}})
     with pytest.raises(DistributedError, match="platoon nats init"):
-        _bridge(config, None, mirror=[])
+        _bridge(config, None, open_server="refuse", mirror=[])
     insecure = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222", "insecure": True}})
-    assert _bridge(insecure, None, mirror=[]) is not None  # made, not connected
+    assert _bridge(insecure, None, open_server="refuse", mirror=[]) is not None  # made, not connected
+
+
+def test_announcements_count_as_authenticated_only_where_the_server_was_checked(tmp_path):
+    """With `nats.insecure` the worker may be on a server that lets anyone in, credentials or not:
+    an announced URL then gets no key."""
+    from platoon.assembly.nats import authenticated
+
+    credentials = tmp_path / "worker.json"
+    credentials.write_text('{"user": "worker", "password": "p"}')
+    nats = {"url": "nats://127.0.0.1:4222", "credentials_file": str(credentials)}
+    assert authenticated(validate_config({**CONFIG, "nats": nats}))
+    assert not authenticated(validate_config({**CONFIG, "nats": {**nats, "insecure": True}}))
+    assert not authenticated(validate_config({**CONFIG, "nats": {"url": nats["url"]}}))

@@ -111,8 +111,8 @@ async def test_user_maps_names_and_ids():
 
 
 class _Listener:
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_server((host, 0))
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         threading.Thread(target=self._serve, daemon=True).start()
@@ -143,6 +143,46 @@ async def test_the_host_loopback_is_out_of_reach_with_or_without_network(network
         # With network on the sandbox has a way out: a default route on its own interface.
         has_default = any(line.split()[1] == "00000000" for line in routes.stdout.splitlines()[1:])
         assert has_default is network
+    finally:
+        listener.sock.close()
+
+
+def _host_addresses() -> list[str]:
+    """This machine's own IPv4 addresses beyond loopback, as its interfaces list them."""
+    import json
+    import subprocess
+
+    shown = subprocess.run(["ip", "-4", "-j", "addr", "show"], capture_output=True, text=True, check=True)
+    return [
+        a["local"]
+        for link in json.loads(shown.stdout)
+        for a in link.get("addr_info", [])
+        if not a["local"].startswith("127.")
+    ]
+
+
+async def test_a_sandbox_with_network_cannot_reach_the_host_through_its_own_addresses():
+    """A service bound to 0.0.0.0 (a bare `nats-server -js`) listens on the host's own addresses
+    too, and slirp4netns would carry a connection to one of them back to the host."""
+    if SandboxNetwork.unavailable():
+        pytest.skip(SandboxNetwork.unavailable())
+    if shutil.which("ip") is None or not _host_addresses():
+        pytest.skip("no `ip` command, or no address beyond loopback to try")
+    listener = _Listener("0.0.0.0")  # nosec B104 # the service the sandbox must not reach
+    try:
+        async with BwrapSandbox(SandboxSpec(network=True)) as box:
+            # root inside is root of a user namespace only: it cannot lift the block
+            await box.exec("ip route flush table main; ip route flush table local")
+            tried = {
+                address: await box.exec(f"timeout 5 bash -c 'echo hi > /dev/tcp/{address}/{listener.port}'")
+                for address in _host_addresses()
+            }
+            routes = await box.exec("cat /proc/net/route")
+        assert listener.accepted == 0
+        assert not any(result.ok for result in tried.values()), tried
+        assert any(
+            line.split()[1] == "00000000" for line in routes.stdout.splitlines()[1:]
+        )  # still a way out
     finally:
         listener.sock.close()
 

@@ -116,6 +116,7 @@ def make_config(tiny_model: str, *, url: str | None, run: str) -> dict:
             "announce_every": 0.5,
             "trainer_timeout": 5.0,
             "offer_timeout": 1.0,
+            "insecure": True,  # the test's own server, on loopback: no credentials needed
         }
     return config
 
@@ -338,6 +339,7 @@ def test_a_secured_run_trains_with_a_credential_per_role(site, tiny_model, tmp_p
     with NatsServer(args=["-c", str(setup.server_config)]) as server:
         config = make_config(tiny_model, url=server.url, run="secured")
         config["nats"]["credentials_file"] = str(setup.trainer_credentials)
+        config["nats"]["insecure"] = False  # the server asks for them: the workers check it does
         run = Cluster(site, config, "secured")
         try:
             run.start_trainer()

@@ -47,7 +47,14 @@ def train_on_workers(site: Path, tmp_path: Path, *overrides: str, workers: int =
 
     resolve_model(TINY_MODEL)  # built once, before the processes share it
     with NatsServer(jetstream=True, store_dir=tmp_path / "jetstream") as server:
-        overrides = (f"nats.url={server.url}", "nats.run=duet", "nats.announce_every=0.5", *overrides)
+        # the test's own server, on loopback: its workers may use it without credentials
+        overrides = (
+            f"nats.url={server.url}",
+            "nats.insecure=true",
+            "nats.run=duet",
+            "nats.announce_every=0.5",
+            *overrides,
+        )
 
         def spawn(*command: str, log: str) -> tuple[subprocess.Popen, Path]:
             path = tmp_path / log

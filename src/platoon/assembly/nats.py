@@ -11,7 +11,7 @@ import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -121,7 +121,11 @@ def _tls(nats: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _bridge(config: Config, url: str | None, **options: Any) -> NatsBridge:
+def _bridge(
+    config: Config, url: str | None, *, open_server: Literal["warn", "refuse"], **options: Any
+) -> NatsBridge:
+    """A bridge from the config's `nats:`. `open_server`: what it does on a server that lets
+    anyone in, unless `nats.insecure` allows that (a worker refuses: it obeys what it hears)."""
     nats = _nats(config, url)
     _check_authenticated(nats, url or nats.url)
     from platoon.bus.nats import (  # the nats extra: imported only by a distributed run
@@ -137,6 +141,7 @@ def _bridge(config: Config, url: str | None, **options: Any) -> NatsBridge:
             tls=_tls(nats),
             offer_timeout=nats.offer_timeout,
             connect_timeout=nats.connect_timeout,
+            unauthenticated="allow" if nats.insecure else open_server,
             **options,
         )
     except NatsBridgeError as exc:
@@ -194,8 +199,9 @@ def worker_identity(config: Config) -> dict[str, str]:
 
 
 def authenticated(config: Config) -> bool:
-    """Whether the run's NATS connection is authenticated (steering events come from the trainer)."""
-    return config.nats is not None and bool(config.nats.credentials_file)
+    """Whether the run's NATS connection is authenticated (steering events come from the trainer):
+    credentials given, and no `nats.insecure` to let the worker on a server that asks for none."""
+    return config.nats is not None and bool(config.nats.credentials_file) and not config.nats.insecure
 
 
 def trainer_components(
@@ -221,6 +227,7 @@ def trainer_components(
     bridge = _bridge(
         config,
         url,
+        open_server="warn",
         mirror=mirrored,
         work=[EpisodeRequested],
         durable=RESULT_TYPES,

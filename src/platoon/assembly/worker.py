@@ -48,13 +48,16 @@ def build_worker(
     results = _bridge(
         config,
         nats_url,
+        open_server="refuse",
         mirror=mirrored,
         durable=RESULT_TYPES,
         leases=leases,
         state=FACTS,
         read_state=True,
     )
-    work = _bridge(config, nats_url, work=[EpisodeRequested], consume_work=True, leases=leases)
+    work = _bridge(
+        config, nats_url, open_server="refuse", work=[EpisodeRequested], consume_work=True, leases=leases
+    )
     assert s.runner is not None
     seal = ResultSeal(worker=name, envs={e.name for e in s.runner.entries})
     if s.policies:

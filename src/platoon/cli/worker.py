@@ -7,6 +7,10 @@ the `base_url` the trainer announces, `$TINKER_BASE_URL` taking precedence, else
 Tinker), or from `--policy scripted:MODULE:ATTR`. SIGTERM or SIGINT stops it cleanly (a
 second one at once); so does the end of the trainer's run.
 
+It refuses a NATS server that lets anyone in, where anyone could announce a policy or end the
+run, unless `nats.insecure=true` says the server is the user's alone (`platoon nats init`
+writes one that asks each role for its password).
+
 Also runnable as `python -m platoon.cli.worker`, with the same arguments.
 """
 

@@ -433,7 +433,9 @@ class NatsConfig(_Strict, frozen=True):
     subjects: list[str] = []  # more event types (names or tags) mirrored between trainer and workers
     credentials_file: FilePath | None = None  # from `platoon nats init` (or a NATS .creds file)
     tls: NatsTLS | None = None  # TLS files for tls:// URLs
-    insecure: bool = False  # allow a server beyond loopback without credentials (isolated networks)
+    # allow a server that lets anyone in (a worker refuses one, since anyone could steer it),
+    # or one beyond loopback without credentials: only on a network nobody else reaches
+    insecure: bool = False
     connect_timeout: PositiveFloat = 10.0  # s to reach the server at start before giving up
     # Failure handling (see platoon.train.distributed): an episode with no sign of life for
     # lease_timeout s is re-requested, at most max_attempts times in all.

@@ -6,11 +6,18 @@ service the host listens on at 127.0.0.1: NATS, the training service, env server
 sandbox with network gets a namespace held open by a sleeping process; slirp4netns gives it a
 `tap0` with NAT to the outside and, with `--disable-host-loopback`, refuses connections to the
 host's loopback through its gateway address. Every command of the sandbox enters that namespace.
+
+slirp4netns opens the sandbox's connections as host sockets, so one to the host's own address
+(192.0.2.2, say) would reach every service bound to 0.0.0.0 there. The namespace therefore gets a
+`prohibit` route for each address the host's kernel takes as its own (its `local` routes, IPv4:
+slirp4netns gives the sandbox no IPv6). The routes belong to a namespace of the host's user
+namespace, so root inside the sandbox (root of a user namespace only) cannot remove them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -23,7 +30,7 @@ from .errors import SandboxError
 
 __all__ = ["SandboxNetwork"]
 
-_TOOLS = ("slirp4netns", "unshare", "nsenter")
+_TOOLS = ("slirp4netns", "unshare", "nsenter", "ip")
 # slirp4netns's built-in DNS forwarder inside the namespace.
 RESOLV_CONF = "nameserver 10.0.2.3\n"
 _ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -41,7 +48,7 @@ class SandboxNetwork:
         """Why a sandbox cannot have network here, or None when it can."""
         missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
         if missing:
-            return f"{', '.join(missing)} not installed (Debian: apt-get install slirp4netns util-linux)"
+            return f"{', '.join(missing)} not installed (Debian: apt-get install slirp4netns util-linux iproute2)"
         if os.geteuid() != 0:
             return "a network namespace of its own needs root here; run the task without network"
         return None
@@ -97,6 +104,24 @@ class SandboxNetwork:
         if not ready:
             await self.stop()
             raise SandboxError("slirp4netns could not configure the sandbox's network")
+        try:
+            await self._block_the_host(pid)
+        except (OSError, subprocess.CalledProcessError, ValueError, KeyError) as exc:
+            await self.stop()
+            raise SandboxError(f"could not keep the host's own addresses from the sandbox: {exc}") from None
+
+    async def _block_the_host(self, pid: int) -> None:
+        """A `prohibit` route in the namespace for every address of the host (see the module)."""
+        shown = await anyio.run_process(
+            ["ip", "-4", "-j", "route", "show", "table", "local", "type", "local"], env=_ENV
+        )
+        own = [route["dst"] for route in json.loads(shown.stdout)]
+        commands = "".join(f"route add prohibit {address}\n" for address in own)
+        await anyio.run_process(
+            ["nsenter", f"--net=/proc/{pid}/ns/net", "--", "ip", "-batch", "-"],
+            input=commands.encode(),
+            env=_ENV,
+        )
 
     def enter(self, argv: list[str]) -> list[str]:
         """`argv` run inside the namespace."""

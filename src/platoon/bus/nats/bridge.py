@@ -12,6 +12,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import msgspec
@@ -66,6 +67,10 @@ class NatsBridge(ComponentBase):
     `duplicate_window` and `max_age` (the stream's), `seen_limit` (ids remembered here).
     Work knobs: `offer_timeout` (how long a producer waits for a claim), `take_at_once` (the
     offers a consumer takes per membership), `withdraw` (see `platoon.bus.nats.work`).
+
+    `unauthenticated`: what to do on a server that lets anyone in (no `auth_required` in its
+    INFO), where anyone who reaches it may publish what steers a run: `allow` it, `warn`, or
+    `refuse` (`run` fails with `NatsBridgeError` before it subscribes to anything).
     """
 
     name = "nats-bridge"
@@ -104,6 +109,7 @@ class NatsBridge(ComponentBase):
         offer_timeout: float = 5.0,
         take_at_once: int = 4,
         withdraw: Sequence[type[Event]] = (),
+        unauthenticated: Literal["allow", "warn", "refuse"] = "allow",
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         for one in self.urls:
@@ -145,6 +151,7 @@ class NatsBridge(ComponentBase):
         self.offer_timeout = offer_timeout
         self.take_at_once = take_at_once
         self.withdraw = check_types("withdraw", withdraw)
+        self.unauthenticated = unauthenticated
         self.consume_work = consume_work
         self.consume_durable = consume_durable
         self.durable_name = durable_name
@@ -288,6 +295,7 @@ class NatsBridge(ComponentBase):
             self.taker.reset()
             nc = await self.connection.connect()
             try:
+                self._check_authentication()
                 await self._bridge(bus, nc, task_status)
             finally:
                 self._closing = True
@@ -305,6 +313,21 @@ class NatsBridge(ComponentBase):
                 )
             if self._idle is not None:
                 self._idle.set()  # wake `flush` callers: nothing more will go out
+
+    def _check_authentication(self) -> None:
+        if self.connection.auth_required or self.unauthenticated == "allow":
+            return
+        if self.unauthenticated == "refuse":
+            raise NatsBridgeError(
+                f"NATS at {self.server} lets anyone in, so anyone who reaches it could steer this run "
+                "(announce a policy, end it): start nats-server with the config `platoon nats init` "
+                "writes and set nats.credentials_file, or set nats.insecure=true if only you reach it"
+            )
+        log.warning(
+            "NATS lets anyone in: whoever reaches it can read this run's events and steer its workers "
+            "(use `platoon nats init`, or set nats.insecure: true if only you reach it)",
+            server=self.server,
+        )
 
     async def _bridge(self, bus: Bus, nc: NatsClient, task_status: TaskStatus[None]) -> None:
         assert self._outbox_out is not None

@@ -1,6 +1,7 @@
-"""One bridge's connection to NATS: where (URLs), as whom (credentials, TLS), and staying
-connected (reconnect forever, with an exponential, jittered backoff from `reconnect_wait` to
-`reconnect_max_wait`, over the least-tried server of a cluster).
+"""One bridge's connection to NATS: where (URLs), as whom (credentials, TLS), whether the
+server asks anyone who they are (`auth_required`), and staying connected (reconnect forever,
+with an exponential, jittered backoff from `reconnect_wait` to `reconnect_max_wait`, over the
+least-tried server of a cluster).
 
 `connect_timeout` bounds the first connection only. The bridge hears of each drop and return
 through two callbacks, and never sees nats-py's own options.
@@ -48,7 +49,7 @@ class Login(TypedDict, total=False):
 class Connection:
     """Connects, reconnects forever, and leaves cleanly. `server` is the URL it is connected
     to, without user and password (fit for events and logs); `last_error` the last error the
-    client reported."""
+    client reported; `auth_required` whether the server asked us to log in (its INFO says so)."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Connection:
         self.login = read_credentials(Path(credentials)) if credentials is not None else Login()
         self.server = public_url(urls[0])
         self.last_error = ""
+        self.auth_required: bool | None = None  # known once connected
         self.nc: NatsClient | None = None
         self._closing = closing
         self._disconnected = disconnected
@@ -112,6 +114,9 @@ class Connection:
             await close_quietly(nc)
             raise NatsBridgeError(f"could not connect to NATS at {self.server}: {exc}") from exc
         self._remember_server(nc)
+        # nats-py keeps the server's INFO only here; a server without users or tokens leaves
+        # `auth_required` out, and then anyone who reaches it may publish anything.
+        self.auth_required = bool(nc._server_info.get("auth_required"))
         self.nc = nc
         return nc
 
