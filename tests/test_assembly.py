@@ -147,6 +147,15 @@ def test_what_cannot_be_assembled_is_said_at_once(site):
         assemble(validate_config({"environments": RAW["environments"]}), "train")
     with pytest.raises(SystemError, match="no environments"):
         assemble(validate_config({}), "eval")
+    hosted = {**RAW, "train": {**RAW["train"], "backend": "tinker", "reproducible": True}}
+    with pytest.raises(SystemError, match=r"train\.reproducible: only the embedded backend"):
+        assemble(validate_config(hosted), "train")
+
+
+def test_a_reproducible_run_asks_its_embedded_server_for_sampling_row_by_row(site):
+    reproducible = {**RAW, "train": {**RAW["train"], "reproducible": True}}
+    assert assemble(validate_config(reproducible), "train", run_dir=site / "r").settings.policy.reproducible
+    assert not assemble(validate_config(RAW), "train", run_dir=site / "d").settings.policy.reproducible
 
 
 def test_a_plugin_is_listed_as_the_component_it_is(site):

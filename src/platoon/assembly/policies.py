@@ -96,7 +96,9 @@ async def _service(
     server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run."""
     if policy.backend == "local":
         assert policy.model_name is not None
-        options: ServeOptions = {"checkpoint_dir": checkpoint_dir} if checkpoint_dir is not None else {}
+        options: ServeOptions = {"batch_invariant": policy.reproducible}
+        if checkpoint_dir is not None:
+            options["checkpoint_dir"] = checkpoint_dir
         from platoon.backends.local import running_server_in_thread  # the local extra: torch
 
         async with running_server_in_thread(policy.local_model(), **options) as base_url:

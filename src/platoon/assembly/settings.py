@@ -52,6 +52,7 @@ class PolicySettings:
     backend: str = "tinker"  # "local": the embedded Tinker-compatible server
     base_url: str | None = None  # `tinker_base_url`; else $TINKER_BASE_URL, else hosted Tinker
     seed: int = 0
+    reproducible: bool = False  # the embedded server samples each sequence on its own
     lora_rank: int = 32
     load_path: str | None = None  # a training state to start from (`checkpoint.load_path`)
     model_path: str | None = None  # sampler weights to evaluate (`eval.model_path`)
@@ -290,6 +291,11 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
         model = builtin or train.model_name
         trains = purpose in TRAINING and not spec.frozen
         rl = trains and purpose == "train"  # a KL penalty is RL's; SFT has no advantages to fold it in
+        if train.reproducible and train.backend != "local":
+            raise SystemError(
+                "train.reproducible: only the embedded backend (train.backend: local) samples each "
+                "sequence on its own; a Tinker service batches as it likes"
+            )
         if trains and spec.model_path and config.policies:
             raise SystemError(
                 f"policies.{name}.model_path: a policy that trains starts from its base model, or "
@@ -305,6 +311,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             backend=train.backend,
             base_url=spec.tinker_base_url,
             seed=train.seed,
+            reproducible=train.reproducible,
             lora_rank=train.lora_rank,
             load_path=spec.load_path if trains else None,
             model_path=spec.model_path,

@@ -3,6 +3,7 @@
 import json
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 import tinker
@@ -177,6 +178,42 @@ async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
         tg.cancel_scope.cancel()
     assert all(len(r.sequences[0].tokens) == 16 for r in results)
     assert sampler.steps <= 16 + 2  # 8 requests x 16 tokens in about 16 batched steps, not 128
+
+
+@pytest.mark.anyio
+async def test_a_batch_invariant_sampler_draws_the_same_numbers_alone_and_in_any_batch(tiny_model, tmp_path):
+    """`train.reproducible`: a seeded request's tokens and logprobs, to the last bit, do not
+    depend on which requests share its batches (of other lengths, arriving while it decodes)."""
+    import random
+
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+    sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True)
+    targets = [[11, 12, 13, 14, 15], [40, 41, 42]]
+
+    def request(prompt: list[int], seed: int) -> SampleRequest:
+        return SampleRequest(prompt, 1, SampleParams(max_tokens=12, seed=seed), False, WeightsRef())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        alone = [await sampler.sample(request(t, 7 + i)) for i, t in enumerate(targets)]
+        crowded = {}
+
+        async def one(key: object, prompt: list[int], seed: int, yields: int) -> None:
+            for _ in range(yields):  # arrive while the others decode
+                await anyio.lowlevel.checkpoint()
+            crowded[key] = await sampler.sample(request(prompt, seed))
+
+        rng = random.Random(0)
+        async with anyio.create_task_group() as requests:
+            for i, t in enumerate(targets):
+                requests.start_soon(one, i, t, 7 + i, 2 + 3 * i)
+            for i in range(7):
+                prompt = [rng.randrange(20, 200) for _ in range(rng.randrange(2, 12))]
+                requests.start_soon(one, f"other{i}", prompt, i, rng.randrange(0, 6))
+        tg.cancel_scope.cancel()
+    for i, result in enumerate(alone):
+        assert crowded[i].sequences[0].tokens == result.sequences[0].tokens
+        assert crowded[i].sequences[0].logprobs == result.sequences[0].logprobs  # exactly
 
 
 def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_model):

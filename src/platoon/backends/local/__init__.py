@@ -47,6 +47,7 @@ async def serve(
     name: str | None = None,
     api_key: str | None = None,
     max_batch: int = 64,
+    batch_invariant: bool = False,
     max_body_mb: int = 256,
     facts: dict[str, object] | None = None,
     client_config: dict[str, object] | None = None,
@@ -54,19 +55,21 @@ async def serve(
 ) -> None:
     """Load `model` and serve the Tinker API until cancelled.
 
-    `model` is a local transformers directory or a name in the Hugging Face cache (nothing is
-    downloaded). Clients name it as `name` (default: `model` as given) or by its directory.
-    Checkpoints go to `checkpoint_dir` (default: a temporary directory removed on exit).
-    `device="auto"` takes the first CUDA device when there is one (bfloat16, flash attention
-    when installed, else SDPA), else the CPU (float32); one server process serves one device.
-    With `port=0` a free port is chosen; the base URL is reported through `task_status`
-    (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
-    (`ServingError` without one); requests over `max_body_mb` are refused with 413, as are
-    compressed ones decoding past their route's cap (`max_body_mb` for a training batch, a few
-    MiB for the routes that carry ids and numbers). `facts`, when given, is filled with where
-    the model runs (device, dtype, attention) before the URL is reported. `client_config` adds
-    SDK feature flags to what the server's client/config answers (e.g.
-    `sample_use_retrieve_futures`).
+        `model` is a local transformers directory or a name in the Hugging Face cache (nothing is
+        downloaded). Clients name it as `name` (default: `model` as given) or by its directory.
+        Checkpoints go to `checkpoint_dir` (default: a temporary directory removed on exit).
+        `device="auto"` takes the first CUDA device when there is one (bfloat16, flash attention
+        when installed, else SDPA), else the CPU (float32); one server process serves one device.
+        With `port=0` a free port is chosen; the base URL is reported through `task_status`
+        (`url = await task_group.start(serve, model)`). Beyond loopback an `api_key` is required
+        (`ServingError` without one); requests over `max_body_mb` are refused with 413, as are
+        compressed ones decoding past their route's cap (`max_body_mb` for a training batch, a few
+        MiB for the routes that carry ids and numbers). `batch_invariant` samples each sequence on
+    its own, so that its numbers never depend on what else is sampled at the time: a rerun with
+    the same seeds is then the same bit for bit, whatever the load (slower). `facts`, when given, is filled with where
+        the model runs (device, dtype, attention) before the URL is reported. `client_config` adds
+        SDK feature flags to what the server's client/config answers (e.g.
+        `sample_use_retrieve_futures`).
     """
     require_key(host, api_key, "the Tinker server")
     with contextlib.ExitStack() as stack:
@@ -82,6 +85,7 @@ async def serve(
             model_name=name or model,
             api_key=api_key,
             max_batch=max_batch,
+            batch_invariant=batch_invariant,
             client_config=client_config,
         )
         app = create_app(service, max_body=max_body_mb * 2**20)
@@ -99,6 +103,7 @@ class ServeOptions(TypedDict, total=False):
     name: str | None
     api_key: str | None
     max_batch: int
+    batch_invariant: bool
     max_body_mb: int
     facts: dict[str, object] | None
     client_config: dict[str, object] | None

@@ -204,8 +204,15 @@ class Sampler:
         max_batch: int = 64,
         prefix_cache_bytes: int = 2**30,
         slice_seconds: float = 0.02,
+        batch_invariant: bool = False,
     ) -> None:
         self.engine = engine
+        # Each row on its own: its numbers then never depend on the rows that share its batch.
+        # A batched forward's kernels change with the batch's size and padding (this CPU's
+        # decode logits differ by ~1e-7 between 2 rows and 3), and so do the logprobs a
+        # trainer's loss reads; Adam turns that into another run within a few steps. Slower:
+        # a forward per row, and no prefix cache (a hit's numbers differ from a prefill's).
+        self.batch_invariant = batch_invariant
         self._run_sync = run_sync
         self._max_batch = max_batch
         self._pending: dict[WeightsRef, list[_Job]] = {}
@@ -349,7 +356,7 @@ class Sampler:
                     return finished
 
     def _space(self, ref: WeightsRef) -> Space | None:
-        if ref.model_id is not None:
+        if ref.model_id is not None or self.batch_invariant:
             return None  # live training weights change under the cache
         return (ref.key, self.engine.generations.get(ref.key or "", 0))
 
@@ -378,7 +385,7 @@ class Sampler:
                 ready[prompt] = self._extend(model, space, prompt, entry, hit)
             for job in group:
                 job.cache_hit_tokens = hit
-        for same in _same_length(missing):
+        for same in [[p] for p in missing] if self.batch_invariant else _same_length(missing):
             ready |= self._run_prompts(model, space, same, prompts)
         new_rows: list[_Row] = []
         keys: list[list[torch.Tensor]] = []
@@ -617,6 +624,9 @@ class Sampler:
 
     def _decode(self, model: torch.nn.Module, batch: _Batch) -> None:
         assert batch.mask is not None
+        if self.batch_invariant:
+            self._decode_each(model, batch)
+            return
         device = self.engine.device
         ids = torch.tensor(batch.next_tokens, dtype=torch.long, device=device)[:, None]
         positions = torch.tensor([r.position for r in batch.rows], dtype=torch.long, device=device)[:, None]
@@ -630,6 +640,46 @@ class Sampler:
         )
         batch.cache = _cache_of(out)
         batch.logits = out.logits[:, -1].float()
+        for row in batch.rows:
+            row.position += 1
+
+    def _decode_each(self, model: torch.nn.Module, batch: _Batch) -> None:
+        """`_decode`, one forward per row on the row's own cache without its padding (a row's
+        tokens are the last `position` of its left-padded cache)."""
+        from transformers import DynamicCache
+
+        assert batch.cache is not None and batch.mask is not None
+        device = self.engine.device
+        held = [_kv(layer) for layer in batch.cache.layers]
+        added: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in held]
+        logits: list[torch.Tensor] = []
+        for i, row in enumerate(batch.rows):
+            cache = DynamicCache()
+            for layer, (keys, values) in enumerate(held):
+                cache.update(
+                    keys[i : i + 1, :, -row.position :], values[i : i + 1, :, -row.position :], layer
+                )
+            out = model(
+                input_ids=torch.tensor([[batch.next_tokens[i]]], dtype=torch.long, device=device),
+                attention_mask=torch.ones(1, row.position + 1, dtype=torch.long, device=device),
+                position_ids=torch.tensor([[row.position]], dtype=torch.long, device=device),
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
+            for layer, (keys, values) in enumerate(map(_kv, _cache_of(out).layers)):
+                added[layer][0].append(keys[:, :, -1:])
+                added[layer][1].append(values[:, :, -1:])
+            logits.append(out.logits[:, -1].float())
+        for layer, (keys, values), (new_keys, new_values) in zip(
+            batch.cache.layers, held, added, strict=True
+        ):
+            _set_kv(
+                layer,
+                torch.cat([keys, torch.cat(new_keys)], dim=2),
+                torch.cat([values, torch.cat(new_values)], dim=2),
+            )
+        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        batch.logits = torch.cat(logits)
         for row in batch.rows:
             row.position += 1
 

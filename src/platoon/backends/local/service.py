@@ -131,6 +131,7 @@ class TinkerService:
         api_key: str | None = None,
         poll_timeout: float = 25.0,
         max_batch: int = 64,
+        batch_invariant: bool = False,
         client_config: Mapping[str, object] | None = None,
     ) -> None:
         self.engine = engine
@@ -142,7 +143,7 @@ class TinkerService:
         self.models: dict[str, _Model] = {}
         self.samplers: dict[str, _SamplerSession] = {}
         self._lane = anyio.CapacityLimiter(1)
-        self.sampler = Sampler(engine, self.run_sync, max_batch=max_batch)
+        self.sampler = Sampler(engine, self.run_sync, max_batch=max_batch, batch_invariant=batch_invariant)
         self._tg: anyio.abc.TaskGroup | None = None
         self._names = {model_name, str(engine.model_dir)}
         # The SDK's feature flags this server answers client/config with (all off by default,
