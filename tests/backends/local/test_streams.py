@@ -15,7 +15,6 @@ import tinker
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from platoon.backends.local.engine import Engine
-from platoon.backends.local.sampler import Sampler
 from platoon.backends.local.server import create_app
 from platoon.backends.local.service import TinkerService
 from platoon.backends.local.streams import SAMPLE_STREAM
@@ -33,8 +32,6 @@ async def serving(model: str, checkpoint_dir: Path) -> AsyncIterator[tuple[str, 
         lambda: Engine(model, checkpoint_dir=checkpoint_dir, device="cpu")
     )
     service = TinkerService(engine, model_name=model, api_key=KEY)
-    # One token per stint of decoding (no time slice), so every token is a line of its own.
-    service.sampler = Sampler(engine, service.run_sync, slice_seconds=0)
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_asgi, create_app(service))
         yield url, service
@@ -81,7 +78,7 @@ def test_tokens_stream_as_drawn_and_join_into_what_asample_returns(served, tiny_
             if not lines:  # the first tokens, while the rest of the sequence is still being drawn
                 assert portal.call(lambda: service.sampler.rows) == 1
             lines.append(json.loads(line))
-    assert len(lines) == 64 and all(line["tokens"] for line in lines)
+    assert len(lines) == 64 and all(len(line["tokens"]) == 1 for line in lines)  # a line per token
     assert [line.get("stop_reason") for line in lines] == [None] * 63 + ["length"]
 
     sequence = asample(url, tiny_model, 64)

@@ -8,8 +8,8 @@ checks stop conditions, and runs one batched forward with the KV cache. The torc
 the engine's worker thread via `run_sync`; while no request finishes and none arrives, that
 thread goes on decoding for a few milliseconds instead of handing back after every token.
 
-A streamed request (`Sampler.stream`, one sequence) joins the same batches; its tokens are handed
-out after each stint of the worker thread (one token, or a time slice's worth).
+A streamed request (`Sampler.stream`, one sequence) joins the same batches; while one runs, the
+worker thread hands back after every token, so its reader gets each token as it is drawn.
 
 Prompts are prefilled once: requests in one admission that share a prompt share its prefill,
 and the KV cache of recent prompts is kept (per set of fixed weights), so the `group_size`
@@ -397,7 +397,7 @@ class Sampler:
         self, key: WeightsRef, batch: _Batch, admitted: list[_Job], keep_going: bool = False
     ) -> list[_Job]:
         """Admit jobs and decode one token for every row; with `keep_going`, go on decoding
-        until a job finishes, a request arrives or the time slice is used up."""
+        until a job finishes, a request arrives, a job streams or the time slice is used up."""
         deadline = time.monotonic() + self._slice
         batch.space = self._space(key)
         with self.engine.weights(key) as model:
@@ -413,6 +413,7 @@ class Sampler:
                     or not batch.rows
                     or not keep_going
                     or self._arrived
+                    or self._streamed  # a streamed job's reader gets each token as it is drawn
                     or time.monotonic() > deadline
                 ):
                     return finished
