@@ -188,7 +188,7 @@ class StreamingTinkerSampler(TinkerSampler):
         prompt_tokens: Sequence[int],
         params: SampleParams,
         *,
-        messages: list[dict[str, Any]] | None = None,
+        messages: list[dict[str, object]] | None = None,
     ) -> AsyncIterator[SampledChunk]:
         body = {
             "prompt": {"chunks": [{"type": "encoded_text", "tokens": list(prompt_tokens)}]},

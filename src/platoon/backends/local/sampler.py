@@ -24,7 +24,7 @@ import inspect
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -288,7 +288,7 @@ class Sampler:
             await job.done.wait()
         return _result(job)
 
-    async def stream(self, request: SampleRequest) -> AsyncIterator[Drawn]:
+    async def stream(self, request: SampleRequest) -> AsyncGenerator[Drawn]:
         """Queue a request for one sequence and hand out its tokens as the batch draws them; the
         last `Drawn` carries the result `sample` would have returned. Closing the iterator early
         (its reader is gone) drops the row."""
