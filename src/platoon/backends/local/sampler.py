@@ -99,7 +99,7 @@ class _Job:
         self.topk_prompt: Topk | None = None
         self.cache_hit_tokens = 0
         self.cancelled = False  # its caller gave up: its rows leave the batch at the next step
-        self.rows: list[_Row] = []  # its rows, as they are admitted
+        self.rows: list[_Row] = []  # a streamed job's row, once admitted
         self.progress: anyio.Event | None = None  # a streamed job's: set after each stint of decoding
         self.drawn = 0  # a streamed job's tokens drawn by the last finished stint
         self.generator: torch.Generator | None = None
@@ -117,7 +117,8 @@ class _Row:
         self.logprobs: list[float] = []
         self.topk_ids: list[list[int]] = []
         self.topk_logprobs: list[list[float]] = []
-        job.rows.append(self)
+        if job.progress is not None:  # streamed: its reader follows the row
+            job.rows.append(self)
 
 
 class _Batch:
