@@ -53,6 +53,7 @@ _BY_PATH = {
         "gateway/test_http",
         "gateway/test_conformance",
         "envs/test_env_server",
+        "policy/test_tinker",
         "test_serving",
     ),
 }

@@ -497,3 +497,73 @@ async def test_previous_response_id_continues_a_stored_conversation(toy_tokenize
         *one.prompt_tokens,
         *one.completion_tokens,
     ]
+
+
+# --- streaming from the embedded sampler ---------------------------------------------------------
+
+
+async def streamed_text(dialect: str, chat: openai.AsyncOpenAI, claude: anthropic.AsyncAnthropic, gw: Any):
+    """The content deltas of a streamed reply, and whether the first came before the call's
+    record (which the gateway publishes once the sampler is done)."""
+    pieces: list[str] = []
+    first_before_record = False
+
+    def take(text: str | None) -> None:
+        nonlocal first_before_record
+        if text:
+            if not pieces:
+                first_before_record = not gw.records
+            pieces.append(text)
+
+    if dialect == "chat":
+        stream = await chat.chat.completions.create(model=MODEL, messages=USER, max_tokens=64, stream=True)
+        async for chunk in stream:
+            take(chunk.choices[0].delta.content if chunk.choices else None)
+    elif dialect == "responses":
+        events = await chat.responses.create(model=MODEL, input="Guess.", max_output_tokens=64, stream=True)
+        async for event in events:
+            take(event.delta if event.type == "response.output_text.delta" else None)
+    else:
+        async with claude.messages.stream(model=MODEL, max_tokens=64, messages=USER) as messages:
+            async for event in messages:
+                take(event.delta.text if event.type == "content_block_delta" else None)
+    return pieces, first_before_record
+
+
+async def whole_text(dialect: str, chat: openai.AsyncOpenAI, claude: anthropic.AsyncAnthropic) -> str:
+    if dialect == "chat":
+        completion = await chat.chat.completions.create(model=MODEL, messages=USER, max_tokens=64)
+        return completion.choices[0].message.content or ""
+    if dialect == "responses":
+        return (await chat.responses.create(model=MODEL, input="Guess.", max_output_tokens=64)).output_text
+    message = await claude.messages.create(model=MODEL, max_tokens=64, messages=USER)
+    return "".join(block.text for block in message.content if block.type == "text")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dialect", ["chat", "responses", "messages"])
+async def test_the_embedded_sampler_streams_as_it_samples(toy_tokenizer, tiny_model, dialect):
+    """Each dialect's content arrives in pieces, the first before sampling is done, and the
+    call's record is the one a call not streamed (same seed) gets."""
+    import tinker
+
+    from platoon.backends.local import running_server_in_thread
+
+    async with (
+        running_server_in_thread(str(tiny_model), device="cpu") as url,
+        closing(tinker.ServiceClient(base_url=url, api_key="tml-local")) as service,
+        running_gateway(
+            toy_tokenizer, factory=TinkerSamplerFactory(service, base_model=str(tiny_model)), serve_http=True
+        ) as gw,
+    ):
+        streamed, whole = await gw.open("streamed", seed=11), await gw.open("whole", seed=11)
+        async with clients(streamed) as (chat, claude):
+            pieces, first_before_record = await streamed_text(dialect, chat, claude, gw)
+        async with clients(whole) as (chat, claude):
+            text = await whole_text(dialect, chat, claude)
+        await gw.settled()
+    assert len(pieces) > 1 and first_before_record
+    assert "".join(pieces) == text
+    [one], [other] = gw.of("streamed"), gw.of("whole")
+    assert one.completion_tokens == other.completion_tokens and one.logprobs == other.logprobs
+    assert one.stop_reason == other.stop_reason and one.prompt_tokens == other.prompt_tokens

@@ -2,15 +2,25 @@
 
 The `tinker` SDK runs its own event loop in a thread and hands back concurrent futures;
 `wait_future` turns one into something any anyio backend (asyncio or trio) can await.
+
+The Tinker API has no streaming. platoon's embedded server adds a route that streams one
+sequence as it is sampled and names it in its capabilities; on such a server the factory makes a
+`StreamingTinkerSampler`, whose `sample_stream` reads that route (the server is asked once per
+base URL, not per call). Elsewhere (hosted Tinker) the sampler has no `sample_stream`, and the
+gateway sends a streamed reply in one piece when it is sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
+import functools
+import json
 import os
 import re
+import ssl
 import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -19,19 +29,24 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import httpx
+import msgspec
 import sniffio
 import structlog
 
 from platoon.bus.events import PolicyUpdated
 from platoon.config import SystemError
-from platoon.policy.base import SampledCompletion, SampleParams
+from platoon.policy.base import SampledChunk, SampledCompletion, SampleParams
 
 __all__ = [
+    "StreamingTinkerSampler",
     "TinkerSampler",
     "TinkerSamplerFactory",
     "closing",
     "sampling_client",
+    "stream_url",
     "tinker_endpoint",
+    "tinker_sampler",
     "tinker_service_client",
     "unsupported_server",
     "wait_future",
@@ -155,6 +170,121 @@ class TinkerSampler:
         )
 
 
+class StreamingTinkerSampler(TinkerSampler):
+    """A `TinkerSampler` on a server that streams samples (platoon's embedded one, through the
+    route its capabilities name): `sample_stream` hands out the tokens as they are drawn, and
+    they join into exactly what `sample` returns for the same seed."""
+
+    def __init__(self, client: tinker.SamplingClient, version: int, stream_url: str) -> None:
+        super().__init__(client, version)
+        self._url = stream_url
+        config = client.holder.shadow_config
+        self._key = config.api_key
+        handle = json.loads(base64.urlsafe_b64decode(client.get_sampler_handle()))
+        self._session: str = handle["sampling_session_id"]
+
+    async def sample_stream(
+        self,
+        prompt_tokens: Sequence[int],
+        params: SampleParams,
+        *,
+        messages: list[dict[str, object]] | None = None,
+    ) -> AsyncIterator[SampledChunk]:
+        body = {
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": list(prompt_tokens)}]},
+            "sampling_params": {
+                "max_tokens": params.max_tokens,
+                "seed": params.seed,
+                "stop": params.stop,
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+            },
+            "sampling_session_id": self._session,
+            "topk_sample_logprobs": params.top_logprobs,
+        }
+        async with (
+            _http(self._key, read=None) as http,
+            http.stream("POST", self._url, content=msgspec.json.encode(body)) as response,
+        ):
+            if response.status_code != 200:
+                await response.aread()
+                raise SamplingFailed(_error_of(response.content, response.status_code))
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                piece = msgspec.json.decode(line, type=_StreamedLine)
+                if piece.error is not None:
+                    raise SamplingFailed(piece.error)
+                yield SampledChunk(
+                    tokens=piece.tokens,
+                    logprobs=piece.logprobs,
+                    stop_reason=piece.stop_reason,
+                    top_logprobs=piece.top_logprobs if params.top_logprobs else None,
+                )
+                if piece.stop_reason is not None:
+                    return
+        raise SamplingFailed("the server's sample stream ended before the sequence did")
+
+
+class _StreamedLine(msgspec.Struct):
+    """A line of the embedded server's sample stream (`platoon.backends.local.streams`)."""
+
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    top_logprobs: list[list[tuple[int, float]]] = []
+    stop_reason: Literal["stop", "length"] | None = None
+    error: str | None = None
+
+
+def _error_of(body: bytes, status: int) -> str:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return error if isinstance(error, str) else f"the server answered {status}"
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for the process (building one loads the CA bundle: milliseconds)."""
+    return httpx.create_ssl_context()
+
+
+def _http(api_key: str | None, *, read: float | None) -> httpx.AsyncClient:
+    headers = {"Content-Type": "application/json"} | ({"X-API-Key": api_key} if api_key else {})
+    return httpx.AsyncClient(verify=_tls(), headers=headers, timeout=httpx.Timeout(30.0, read=read))
+
+
+_STREAM_URLS: dict[str, str | None] = {}  # base URL -> its sample stream route (None: not offered)
+
+
+async def stream_url(base_url: str, api_key: str | None) -> str | None:
+    """The URL of the sample stream route of the Tinker server at `base_url`, when it offers
+    one; asked once per base URL (hosted Tinker is asked once, and offers none)."""
+    base_url = base_url.rstrip("/")
+    if base_url not in _STREAM_URLS:
+        path = None
+        try:
+            async with _http(api_key, read=30.0) as http:
+                response = await http.get(f"{base_url}/api/v1/get_server_capabilities")
+                response.raise_for_status()
+                path = response.json().get("platoon", {}).get("routes", {}).get("sample_stream")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.debug("the Tinker server's capabilities are unknown; samples come whole", error=str(exc))
+        # Only a path on the same server: the key goes nowhere else.
+        ok = isinstance(path, str) and path.startswith("/") and not path.startswith("//")
+        _STREAM_URLS[base_url] = f"{base_url}{path}" if ok else None
+    return _STREAM_URLS[base_url]
+
+
+async def tinker_sampler(client: tinker.SamplingClient, version: int = 0) -> TinkerSampler:
+    """A sampler over `client`: a streaming one when its server streams samples."""
+    config = client.holder.shadow_config
+    url = await stream_url(config.base_url, config.api_key)
+    return StreamingTinkerSampler(client, version, url) if url else TinkerSampler(client, version)
+
+
 class TinkerSamplerFactory:
     """Makes a `TinkerSampler` for the base model, then one per `PolicyUpdated`."""
 
@@ -176,10 +306,10 @@ class TinkerSamplerFactory:
             client = await sampling_client(self.service_client, model_path=self.model_path)
         else:
             client = await sampling_client(self.service_client, base_model=self.base_model)
-        return TinkerSampler(client, self.version)
+        return await tinker_sampler(client, self.version)
 
     async def updated(self, event: PolicyUpdated) -> TinkerSampler:
-        return TinkerSampler(
+        return await tinker_sampler(
             await sampling_client(self.service_client, model_path=event.sampler_path), event.version
         )
 

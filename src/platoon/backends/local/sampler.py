@@ -8,6 +8,9 @@ checks stop conditions, and runs one batched forward with the KV cache. The torc
 the engine's worker thread via `run_sync`; while no request finishes and none arrives, that
 thread goes on decoding for a few milliseconds instead of handing back after every token.
 
+A streamed request (`Sampler.stream`, one sequence) joins the same batches; while one runs, the
+worker thread hands back after every token, so its reader gets each token as it is drawn.
+
 Prompts are prefilled once: requests in one admission that share a prompt share its prefill,
 and the KV cache of recent prompts is kept (per set of fixed weights), so the `group_size`
 requests of one task, arriving one after another, prefill their common prompt once.
@@ -15,11 +18,13 @@ requests of one task, arriving one after another, prefill their common prompt on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import time
 from collections import OrderedDict
+from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -38,7 +43,7 @@ if TYPE_CHECKING:
     from transformers.cache_utils import CacheLayerMixin
     from transformers.utils import ModelOutput
 
-__all__ = ["SampleParams", "SampleRequest", "SampleResult", "Sampler"]
+__all__ = ["Drawn", "SampleParams", "SampleRequest", "SampleResult", "Sampler"]
 
 
 class SampleParams(msgspec.Struct, frozen=True):
@@ -68,6 +73,17 @@ class SampleResult(msgspec.Struct):
     cache_hit_tokens: int = 0
 
 
+class Drawn(msgspec.Struct):
+    """A streamed sequence's tokens drawn since the last `Drawn` (with their top-k alternatives
+    when asked); the last one carries the whole result."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    topk_ids: list[list[int]]
+    topk_logprobs: list[list[float]]
+    result: SampleResult | None = None
+
+
 MAX_TOPK = 1024
 
 
@@ -83,6 +99,9 @@ class _Job:
         self.topk_prompt: Topk | None = None
         self.cache_hit_tokens = 0
         self.cancelled = False  # its caller gave up: its rows leave the batch at the next step
+        self.rows: list[_Row] = []  # a streamed job's row, once admitted
+        self.progress: anyio.Event | None = None  # a streamed job's: set after each stint of decoding
+        self.drawn = 0  # a streamed job's tokens drawn by the last finished stint
         self.generator: torch.Generator | None = None
         if request.params.seed is not None:
             self.generator = torch.Generator(device=device)
@@ -98,6 +117,8 @@ class _Row:
         self.logprobs: list[float] = []
         self.topk_ids: list[list[int]] = []
         self.topk_logprobs: list[list[float]] = []
+        if job.progress is not None:  # streamed: its reader follows the row
+            job.rows.append(self)
 
 
 class _Batch:
@@ -222,6 +243,7 @@ class Sampler:
         self._slice = slice_seconds
         self.prefixes = PrefixCache(prefix_cache_bytes)
         self.steps = 0
+        self._streamed: set[_Job] = set()
         # transformers 5.x names the KV cache argument `cache`; 4.x calls it `past_key_values`.
         forward = inspect.signature(engine.base.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
@@ -262,26 +284,72 @@ class Sampler:
                 raise EngineError(f"{name} must be between 0 and {limit}, got {k}")
         return min(room, params.max_tokens or room)
 
+    @property
+    def rows(self) -> int:
+        """The rows being decoded now, all weights together."""
+        return sum(len(batch.rows) for batch in self._batches.values())
+
     async def sample(self, request: SampleRequest) -> SampleResult:
         """Queue a request and wait for all its sequences."""
+        job = self._queue(request)
+        with self._given_up(job):
+            await job.done.wait()
+        return _result(job)
+
+    async def stream(self, request: SampleRequest) -> AsyncGenerator[Drawn]:
+        """Queue a request for one sequence and hand out its tokens as the batch draws them; the
+        last `Drawn` carries the result `sample` would have returned. Closing the iterator early
+        (its reader is gone) drops the row."""
+        if request.num_samples != 1:
+            raise EngineError(f"a streamed sample draws one sequence, not num_samples={request.num_samples}")
+        job = self._queue(request)
+        progress = job.progress = anyio.Event()
+        self._streamed.add(job)
+        sent = 0
+        try:
+            with self._given_up(job):
+                while not job.done.is_set():
+                    await progress.wait()
+                    progress = job.progress = anyio.Event()
+                    # Up to `drawn` (counted while the worker thread was idle) the row's lists
+                    # are complete; the thread appends past it meanwhile.
+                    if job.drawn > sent and not job.done.is_set():
+                        yield _drawn(job.rows[0], sent, job.drawn)
+                        sent = job.drawn
+        finally:
+            self._streamed.discard(job)
+        result = _result(job)
+        row = job.rows[0]
+        yield msgspec.structs.replace(_drawn(row, sent, len(row.tokens)), result=result)
+
+    def _queue(self, request: SampleRequest) -> _Job:
         job = _Job(request, self.check(request), self.engine.device)
         self._pending.setdefault(request.weights, []).append(job)
         self._arrived = True
         self._wakeup.set()
+        return job
+
+    @contextlib.contextmanager
+    def _given_up(self, job: _Job) -> Iterator[None]:
+        """Its caller gave up (cancelled: the client's cancel_future; a stream's reader gone): a
+        queued job leaves the queue, a running one is marked, and the worker thread drops its
+        rows when it next samples."""
         try:
-            await job.done.wait()
-        except anyio.get_cancelled_exc_class():
-            # Cancelled (the client's cancel_future): a queued job leaves the queue, a running
-            # one is marked, and the worker thread drops its rows when it next samples.
+            yield
+        except BaseException:
             job.cancelled = True
-            queue = self._pending.get(request.weights, [])
+            queue = self._pending.get(job.request.weights, [])
             if job in queue:
                 queue.remove(job)
             raise
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
+
+    def _stint_done(self) -> None:
+        """Tell the streamed jobs what the worker thread drew (it is idle now)."""
+        for job in self._streamed:
+            if job.rows:
+                job.drawn = len(job.rows[0].tokens)
+            assert job.progress is not None
+            job.progress.set()
 
     async def run(self) -> None:
         """The scheduler loop: decoding steps for each set of weights in turn, forever."""
@@ -308,9 +376,11 @@ class Sampler:
                     )
                 except Exception as exc:
                     self._fail(key, batch, admitted, exc)
+                    self._stint_done()
                     continue
                 for job in finished:
                     job.done.set()
+                self._stint_done()
                 if not batch.rows:
                     del self._batches[key]
                     if not self._pending.get(key):
@@ -335,7 +405,7 @@ class Sampler:
         self, key: WeightsRef, batch: _Batch, admitted: list[_Job], keep_going: bool = False
     ) -> list[_Job]:
         """Admit jobs and decode one token for every row; with `keep_going`, go on decoding
-        until a job finishes, a request arrives or the time slice is used up."""
+        until a job finishes, a request arrives, a job streams or the time slice is used up."""
         deadline = time.monotonic() + self._slice
         batch.space = self._space(key)
         with self.engine.weights(key) as model:
@@ -351,6 +421,7 @@ class Sampler:
                     or not batch.rows
                     or not keep_going
                     or self._arrived
+                    or self._streamed  # a streamed job's reader gets each token as it is drawn
                     or time.monotonic() > deadline
                 ):
                     return finished
@@ -682,6 +753,22 @@ class Sampler:
         batch.logits = torch.cat(logits)
         for row in batch.rows:
             row.position += 1
+
+
+def _result(job: _Job) -> SampleResult:
+    if job.error is not None:
+        raise job.error
+    assert job.result is not None
+    return job.result
+
+
+def _drawn(row: _Row, start: int, end: int) -> Drawn:
+    return Drawn(
+        tokens=row.tokens[start:end],
+        logprobs=row.logprobs[start:end],
+        topk_ids=row.topk_ids[start:end],
+        topk_logprobs=row.topk_logprobs[start:end],
+    )
 
 
 def _draw(

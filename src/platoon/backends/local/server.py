@@ -25,6 +25,7 @@ from platoon.backends.local.proto import ProtoError, peek_seq
 from platoon.backends.local.rest import rest_routes
 from platoon.backends.local.service import Answer, TinkerService, UserError, error_response
 from platoon.backends.local.specs import EngineError
+from platoon.backends.local.streams import SAMPLE_STREAM, sample_stream
 from platoon.backends.local.unoffered import unoffered_routes
 from platoon.serving import BodyTooLarge, Guard, Scope, read_body_limited
 
@@ -179,6 +180,16 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),
         Route("/api/v1/healthz", healthz, methods=["GET"]),
         Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
+        Route(
+            SAMPLE_STREAM,
+            _route(
+                service,
+                sample_stream(service.sampler, service.sample_request),
+                min(PROMPT_DECODED, max_body),
+                big_bodies=big_bodies,
+            ),
+            methods=["POST"],
+        ),
         *unoffered_routes(),
         *rest_routes(service),
     ]

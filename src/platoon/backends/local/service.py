@@ -67,6 +67,7 @@ from platoon.backends.local.sampler import Sampler, SampleRequest
 from platoon.backends.local.sampling_requests import read_sample_request
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef, not_offered
 from platoon.backends.local.stability import StabilityRecords
+from platoon.backends.local.streams import SAMPLE_STREAM
 
 __all__ = ["Answer", "Session", "TinkerService", "UserError", "error_response"]
 
@@ -558,7 +559,7 @@ class TinkerService:
             target = (req.sampling_session_id, (req.seq_id or 0) // CLONE_STRIDE)
 
         async def work() -> Outcome:
-            request = self._sample_request(req)
+            request = self.sample_request(req)
             result = await self.sampler.sample(request)
             if req.record_stability_info:
                 self._record(req, request_id, request.prompt, result.sequences)
@@ -581,7 +582,7 @@ class TinkerService:
         ids = [f"{request_id}:{i}" for i in range(len(sequences))]
         self.stability.record(sampler.session.id, ids, prompt, sequences)
 
-    def _sample_request(self, req: Asample) -> SampleRequest:
+    def sample_request(self, req: Asample) -> SampleRequest:
         if req.sampling_session_id is not None:
             sampler = self.samplers.get(req.sampling_session_id)
             if sampler is None:
@@ -697,8 +698,9 @@ class TinkerService:
                     "sampleable": True,
                 }
             ],
-            # Not read by the SDK (it ignores unknown fields); for people and tools asking the server.
-            "platoon": self.engine.facts(),
+            # Not read by the SDK (it ignores unknown fields); for people and tools asking the
+            # server, and for platoon's own client: the routes platoon adds to the Tinker API.
+            "platoon": {**self.engine.facts(), "routes": {"sample_stream": SAMPLE_STREAM}},
         }
 
 

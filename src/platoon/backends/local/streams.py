@@ -1,0 +1,112 @@
+"""platoon's extension of the Tinker API: one sequence streamed as it is sampled.
+
+The Tinker API answers a sample through a future, whole. `POST /platoon/v1/sample_stream` (outside
+the Tinker API's `/api/v1`, so it can never collide with one of its routes; behind the same key)
+takes an `asample` body for one sequence and answers newline-delimited JSON: a `StreamedTokens`
+line for each stint of decoding that drew tokens, the last with the stop reason (and the prompt
+logprobs when asked); the lines' tokens, joined, are what `asample` returns for the same seed.
+A failure after the first line is a last line `{"error", "category"}`. A reader that goes away
+frees its row in the batch. `get_server_capabilities` names the route
+(`platoon.routes.sample_stream`), so a client knows without trying; platoon's `TinkerSampler`
+streams through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+import anyio
+import msgspec
+import structlog
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from platoon.backends.local.bodies import Asample
+from platoon.backends.local.sampler import Sampler, SampleRequest
+from platoon.backends.local.specs import EngineError
+
+__all__ = ["SAMPLE_STREAM", "StreamedTokens", "sample_stream"]
+
+SAMPLE_STREAM = "/platoon/v1/sample_stream"
+
+log = structlog.get_logger(__name__)
+
+
+class StreamedTokens(msgspec.Struct, omit_defaults=True):
+    """One line of the stream: the tokens drawn since the last line."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when asked
+    stop_reason: str | None = None  # "stop" or "length", on the last line only
+    prompt_logprobs: list[float | None] | None = None  # on the last line, when asked
+
+
+def sample_stream(
+    sampler: Sampler, read: Callable[[Asample], SampleRequest]
+) -> Callable[[bytes], Awaitable[StreamingResponse]]:
+    """The route's handler: `read` turns the body into the sampler's request (as for asample).
+    A request the sampler refuses is a 400 before anything streams."""
+
+    async def handler(body: bytes) -> StreamingResponse:
+        req = msgspec.json.decode(body, type=Asample)
+        if req.num_samples != 1:
+            raise EngineError(f"sample_stream draws one sequence; num_samples is {req.num_samples}")
+        if req.record_stability_info:
+            raise EngineError("sample_stream does not record stability info; use asample for that")
+        request = read(req)
+        sampler.check(request)
+        return _Lines(_lines(sampler, request))
+
+    return handler
+
+
+async def _lines(sampler: Sampler, request: SampleRequest) -> AsyncGenerator[bytes]:
+    encode = msgspec.json.Encoder().encode
+    try:
+        async with contextlib.aclosing(sampler.stream(request)) as drawn:
+            async for piece in drawn:
+                line = StreamedTokens(tokens=piece.tokens, logprobs=piece.logprobs)
+                if request.topk_sample:
+                    line.top_logprobs = [
+                        list(zip(ids, values, strict=True))
+                        for ids, values in zip(piece.topk_ids, piece.topk_logprobs, strict=True)
+                    ]
+                if piece.result is not None:
+                    line.stop_reason = piece.result.sequences[0].stop_reason
+                    line.prompt_logprobs = piece.result.prompt_logprobs
+                yield encode(line) + b"\n"
+    except Exception as exc:
+        user = isinstance(exc, EngineError)
+        if not user:
+            log.exception("streamed sample failed")
+        error = {
+            "error": str(exc) if user else f"internal error: {exc!r}",
+            "category": "user" if user else "server",
+        }
+        yield encode(error) + b"\n"
+
+
+class _Lines(StreamingResponse):
+    """NDJSON lines as they come; the line source is closed, whatever ends the response (a reader
+    that disconnects included), so the sampler drops the row at once."""
+
+    def __init__(self, lines: AsyncGenerator[bytes]) -> None:
+        super().__init__(lines, media_type="application/x-ndjson")
+        self.lines = lines
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.aclosing(self.lines), anyio.create_task_group() as tg:
+
+            async def gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(gone)
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for line in self.lines:
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            tg.cancel_scope.cancel()
