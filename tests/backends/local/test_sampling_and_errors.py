@@ -234,25 +234,6 @@ def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_m
     client.optim_step(types.AdamParams(learning_rate=1e-4)).result(timeout=60)
 
 
-def test_the_prefix_cache_keeps_the_longest_match_within_its_bytes():
-    from platoon.backends.local.sampler import PrefixCache, _Prefix
-
-    def entry(n: int, logits: bool = True) -> _Prefix:
-        kv = torch.zeros(1, 1, n, 2)  # 8 bytes a token per tensor
-        return _Prefix(layers=[(kv, kv.clone())], logits=torch.zeros(1, 4) if logits else None, tokens=n)
-
-    cache = PrefixCache(max_bytes=16 * 10 + 16 * 3)
-    space = ("key", 0)
-    cache.put(space, (1, 2, 3), entry(3))
-    cache.put(space, (1, 2, 3, 4, 5, 6), entry(6, logits=False))
-    assert cache.longest(space, (1, 2, 3, 4, 5, 6, 7)).tokens == 6
-    assert cache.longest(space, (1, 2, 3)).tokens == 3
-    assert cache.longest(space, (1, 2, 9)) is None
-    assert cache.longest(("other", 0), (1, 2, 3)) is None
-    cache.put(space, (7, 8, 9, 10), entry(4))  # over the budget: the least recently used goes
-    assert cache.longest(space, (1, 2, 3, 4, 5, 6, 7)).tokens == 3 and len(cache) == 2
-
-
 def test_seeded_rows_draw_from_the_distribution_each_by_its_own_seed():
     """A seeded row's token depends on its seed and its probabilities alone (not on the rows
     beside it), follows those probabilities, and never is a token top-k cut."""

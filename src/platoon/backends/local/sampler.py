@@ -23,7 +23,6 @@ import functools
 import inspect
 import math
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import RunSync
+from platoon.backends.local.prefixes import Prefix, PrefixCache, Space
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
 from platoon.backends.local.specs import EngineError, WeightsRef
 
@@ -131,87 +131,6 @@ class _Batch:
         self.logits: torch.Tensor | None = None  # [rows, vocab], next-token logits
         self.next_tokens: list[int] = []  # the tokens just sampled, fed to the next decode
         self.space: Space | None = None  # where finished sequences are cached (None: not cached)
-
-
-class _Prefix(msgspec.Struct):
-    """The KV cache (one row per layer) of a token sequence, and the logits that follow it when
-    it was a whole prompt (None for a finished sequence, kept for the next turn that extends it)."""
-
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-    logits: torch.Tensor | None  # [1, vocab]
-    tokens: int
-
-    @property
-    def nbytes(self) -> int:
-        head = self.logits.nbytes if self.logits is not None else 0
-        return head + sum(k.nbytes + v.nbytes for k, v in self.layers)
-
-
-Space = tuple[object, ...]  # one set of fixed weights: (weights key, generation)
-
-
-class PrefixCache:
-    """KV caches of recent prompts and finished sequences, per set of fixed weights, least
-    recently used first out, at most `max_bytes` in all.
-
-    A new prompt takes the longest cached sequence it starts with: all of it when it is the same
-    prompt (a task's group), or a prefix (the next turn of a conversation, which extends the last
-    prompt and its completion), so only the rest is prefilled. Live training weights
-    (`WeightsRef.model_id`) change with every step and are never cached; a checkpoint path saved
-    again under its name gets a new generation, so old entries miss.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[Space, tuple[int, ...]], _Prefix] = OrderedDict()
-        self._lengths: dict[Space, dict[int, int]] = {}  # per space: length -> entries of it
-        self._bytes = 0
-        self.hits = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def longest(self, space: Space, prompt: tuple[int, ...]) -> _Prefix | None:
-        """The longest entry that `prompt` starts with and that leaves something to reuse: the
-        whole prompt with its logits, or a shorter sequence (at least one token of it)."""
-        for n in sorted(self._lengths.get(space, {}), reverse=True):
-            if n > len(prompt):
-                continue
-            key = (space, prompt if n == len(prompt) else prompt[:n])
-            entry = self._entries.get(key)
-            if entry is None or (n == len(prompt) and entry.logits is None and n == 1):
-                continue
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry
-        return None
-
-    def put(self, space: Space, tokens: tuple[int, ...], entry: _Prefix) -> None:
-        """Keep `entry`; one with logits replaces one without for the same tokens, not the reverse."""
-        key = (space, tokens)
-        old = self._entries.get(key)
-        if entry.nbytes > self.max_bytes or (
-            old is not None and (old.logits is not None or entry.logits is None)
-        ):
-            return
-        if old is not None:
-            self._drop(key)
-        self._entries[key] = entry
-        self._bytes += entry.nbytes
-        lengths = self._lengths.setdefault(space, {})
-        lengths[len(tokens)] = lengths.get(len(tokens), 0) + 1
-        while self._bytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-
-    def _drop(self, key: tuple[Space, tuple[int, ...]]) -> None:
-        entry = self._entries.pop(key)
-        self._bytes -= entry.nbytes
-        lengths = self._lengths[key[0]]
-        lengths[len(key[1])] -= 1
-        if not lengths[len(key[1])]:
-            del lengths[len(key[1])]
-            if not lengths:
-                del self._lengths[key[0]]
 
 
 class Sampler:
@@ -438,7 +357,7 @@ class Sampler:
         prompts: dict[tuple[int, ...], list[_Job]] = {}
         for job in jobs:
             prompts.setdefault(tuple(job.request.prompt), []).append(job)
-        ready: dict[tuple[int, ...], _Prefix] = {}
+        ready: dict[tuple[int, ...], Prefix] = {}
         missing: list[tuple[int, ...]] = []
         space = batch.space
         for prompt, group in prompts.items():
@@ -503,8 +422,8 @@ class Sampler:
         batch.rows.extend(new_rows)
 
     def _extend(
-        self, model: torch.nn.Module, space: Space, prompt: tuple[int, ...], entry: _Prefix, hit: int
-    ) -> _Prefix:
+        self, model: torch.nn.Module, space: Space, prompt: tuple[int, ...], entry: Prefix, hit: int
+    ) -> Prefix:
         """Prefill the rest of `prompt` on top of the first `hit` tokens of a cached sequence."""
         from transformers import DynamicCache
 
@@ -520,7 +439,7 @@ class Sampler:
             **{self._cache_arg: cache},
         )
         cache = _cache_of(out)
-        extended = _Prefix(
+        extended = Prefix(
             layers=[_kv(layer) for layer in cache.layers],
             logits=out.logits[0, -1:].float(),
             tokens=len(prompt),
@@ -534,7 +453,7 @@ class Sampler:
         space: Space | None,
         prompts: list[tuple[int, ...]],
         jobs: dict[tuple[int, ...], list[_Job]],
-    ) -> dict[tuple[int, ...], _Prefix]:
+    ) -> dict[tuple[int, ...], Prefix]:
         """Prefill prompts of one length in one forward; fill in prompt logprobs and top-k."""
         from transformers import DynamicCache
 
@@ -549,9 +468,9 @@ class Sampler:
         )
         logits = out.logits.float()
         cache = _cache_of(out)
-        ready: dict[tuple[int, ...], _Prefix] = {}
+        ready: dict[tuple[int, ...], Prefix] = {}
         for i, prompt in enumerate(prompts):
-            entry = _Prefix(
+            entry = Prefix(
                 layers=[(keys[i : i + 1], values[i : i + 1]) for keys, values in map(_kv, cache.layers)],
                 logits=logits[i, -1:],
                 tokens=len(prompt),
@@ -561,7 +480,7 @@ class Sampler:
                 layers = [(k.clone(), v.clone()) for k, v in entry.layers]
                 assert entry.logits is not None
                 self.prefixes.put(
-                    space, prompt, _Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
+                    space, prompt, Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
                 )
             if wanted[i]:
                 self._score_prompt(logits[i, :-1], ids[i], jobs[prompt])
@@ -660,7 +579,7 @@ class Sampler:
             for keys, values in map(_kv, batch.cache.layers)
         ]
         tokens = (*row.job.request.prompt, *row.tokens[:-1])
-        self.prefixes.put(batch.space, tokens, _Prefix(layers=layers, logits=None, tokens=n))
+        self.prefixes.put(batch.space, tokens, Prefix(layers=layers, logits=None, tokens=n))
 
     def _choose(self, batch: _Batch) -> torch.Tensor:
         """One token per row: one batched draw per kind of parameters. A seeded request's row
