@@ -757,13 +757,22 @@ class Member:
         self.played.append(decode(offer.data))
 
 
+WORK = 96  # offered by `holding_batches`
+
+
+def batched(member: Member) -> list[str]:
+    """The episodes of the batches a member holds."""
+    return [decode(data).episode_id for msg in member.held for data, _ in unpack_batch(msg.data)]
+
+
 @asynccontextmanager
-async def holding_a_batch(
+async def holding_batches(
     url: str, batches: str = "hold", **options
 ) -> AsyncIterator[tuple[Any, Member, Bus]]:
-    """A producer with 40 pieces of work, offered while no consumer is there: 32 offers go
-    out alone and wait for one; the other 8 wait for an offer to settle, and go together.
-    Then a `Member` joins and claims the 32; it is offered the batch of 8."""
+    """A producer with 96 pieces of work, offered while no consumer is there: 32 offers go
+    out alone and wait for one; the other 64 wait for an offer to settle. Then a `Member`
+    joins: it claims the 32, and each offer that settles takes its share of what waits, 2
+    while more than 32 wait (16 batches of 2, which a holding member sits on), then 1."""
     import nats as nats_client
 
     nc = await nats_client.connect(url)
@@ -771,12 +780,14 @@ async def holding_a_batch(
         async with Bus() as producer:
             options = {"work": [EpisodeRequested], "offer_timeout": 1.0, "reconnect_max_wait": 0.2, **options}
             async with bridged(producer, url, **options) as bridge:
-                for i in range(40):
+                for i in range(WORK):
                     await producer.publish(requested(i))
-                await until(lambda: bridge.offers.offering == 40 and bridge.stats.offers_unheld >= 32)
+                await until(lambda: bridge.offers.offering == WORK and bridge.stats.offers_unheld >= 32)
                 member = Member(nc, batches)
                 await member.join()
-                await until(lambda: len(member.played) >= 32 and (member.held or batches != "hold"))
+                if batches == "hold":
+                    await until(lambda: len(member.played) + len(batched(member)) == WORK)
+                    assert [msg.headers[BATCH_HEADER] for msg in member.held] == ["2"] * 16
                 yield bridge, member, producer
     finally:
         await nc.close()
@@ -804,30 +815,30 @@ async def test_a_burst_of_work_goes_in_fewer_offers_than_events(server):
 
 
 async def test_a_batch_its_consumer_sits_on_goes_to_another_and_each_event_plays_once(server):
-    async with holding_a_batch(server.url) as (bridge, member, producer), Bus() as worker:
+    async with holding_batches(server.url) as (bridge, member, producer), Bus() as worker:
         claimed = []
         producer.subscribe(WorkClaimed, claimed.append)
-        held = [decode(data).episode_id for data, _ in unpack_batch(member.held[0].data)]
-        assert len(held) == 8 and member.held[0].headers[BATCH_HEADER] == "8"
+        held = batched(member)
         await member.member.unsubscribe()  # it hangs: its membership ends
         got = []
         worker.subscribe(EpisodeRequested, got.append)
         async with bridged(worker, server.url, work=[EpisodeRequested], consume_work=True):
             await bridge.flush()
-            await until(lambda: len(got) == 8 and len(claimed) == 8)
+            await until(lambda: len(got) == 32 and len(claimed) == 32)
         assert sorted(e.episode_id for e in got) == sorted(held)
         played = Counter([e.episode_id for e in member.played] + [e.episode_id for e in got])
-        assert played == Counter(f"ep{i}" for i in range(40))  # each once
+        assert played == Counter(f"ep{i}" for i in range(WORK))  # each once
         assert sorted(c.episode_id for c in claimed) == sorted(held)
-        assert bridge.stats.offers_unclaimed == 1 and bridge.stats.offers_claimed == 33
-        assert bridge.stats.sent == 40
+        assert bridge.stats.offers_unclaimed == 16  # each batch offered again whole, and claimed
+        assert bridge.stats.offers_claimed == len(member.played) + 16 == 64 + 16
+        assert bridge.stats.sent == WORK
 
 
 async def test_a_withdrawn_episode_is_left_out_of_a_batch_offered_again(server):
     from platoon.bus.events import EpisodeAbandoned
 
-    async with holding_a_batch(server.url, withdraw=[EpisodeAbandoned]) as (bridge, member, producer):
-        held = [decode(data).episode_id for data, _ in unpack_batch(member.held[0].data)]
+    async with holding_batches(server.url, withdraw=[EpisodeAbandoned]) as (bridge, member, producer):
+        held = batched(member)
         await producer.publish(EpisodeAbandoned(episode_id=held[0], group_id="g", task=TASK, reason="test"))
         await producer.drained()  # withdrawn before the batch is offered again
         await member.member.unsubscribe()
@@ -836,10 +847,10 @@ async def test_a_withdrawn_episode_is_left_out_of_a_batch_offered_again(server):
             worker.subscribe(EpisodeRequested, got.append)
             async with bridged(worker, server.url, work=[EpisodeRequested], consume_work=True) as taker:
                 await bridge.flush()
-                await until(lambda: len(got) == 7)
-                assert taker.stats.received == 7
+                await until(lambda: len(got) == 31)
+                assert taker.stats.received == 31
         assert sorted(e.episode_id for e in got) == sorted(held[1:])
-        assert bridge.stats.sent == 40  # the withdrawn one counts as settled
+        assert bridge.stats.sent == WORK  # the withdrawn one counts as settled
 
 
 async def test_the_lease_tokens_of_a_batch_hold_only_for_the_worker_that_claims_it(server):
@@ -848,20 +859,20 @@ async def test_the_lease_tokens_of_a_batch_hold_only_for_the_worker_that_claims_
 
     trainer_got = []
     async with (
-        holding_a_batch(server.url, mirror=[EpisodeGraded], issue_leases=True) as (bridge, member, producer),
+        holding_batches(server.url, mirror=[EpisodeGraded], issue_leases=True) as (bridge, member, producer),
         Bus() as worker,
     ):
         producer.subscribe(EpisodeGraded, trainer_got.append)
-        held = [decode(data).episode_id for data, _ in unpack_batch(member.held[0].data)]
+        held = batched(member)
         assert all(member.tokens[episode] for episode in held)  # each event came with its own token
-        assert len({member.tokens[episode] for episode in held}) == 8
+        assert len({member.tokens[episode] for episode in held}) == 32
         await member.member.unsubscribe()
         got = []
         worker.subscribe(EpisodeRequested, got.append)
         worker_leases = Leases()
         options = {"work": [EpisodeRequested], "mirror": [EpisodeGraded], "leases": worker_leases}
         async with bridged(worker, server.url, consume_work=True, **options) as taker:
-            await until(lambda: len(got) == 8)
+            await until(lambda: len(got) == 32)
             # the hung member reports on an episode of the batch with the token it was shown
             forged = graded(0).__class__(episode_id=held[0], group_id="g", task=TASK, reward=0.0)
             headers = {LEASE_HEADER: member.tokens[held[0]]}
@@ -870,7 +881,7 @@ async def test_the_lease_tokens_of_a_batch_hold_only_for_the_worker_that_claims_
             for episode in held:  # the worker that claimed the batch reports on each
                 await worker.publish(EpisodeGraded(episode_id=episode, group_id="g", task=TASK, reward=1.0))
             await taker.flush()
-            await until(lambda: len(trainer_got) == 8)
+            await until(lambda: len(trainer_got) == 32)
         assert sorted(g.episode_id for g in trainer_got) == sorted(held)
         assert all(g.reward == 1.0 for g in trainer_got) and bridge.stats.unleased == 1
         assert all(worker_leases.token_for(e) != member.tokens[e] for e in held)
@@ -880,9 +891,9 @@ async def test_a_consumer_without_batches_is_offered_a_batch_one_event_at_a_time
     from structlog.testing import capture_logs
 
     with capture_logs() as logs:
-        async with holding_a_batch(server.url, batches="claim as one") as (bridge, member, _):
+        async with holding_batches(server.url, batches="claim as one") as (bridge, member, _):
             await bridge.flush()
-            await until(lambda: len(member.played) == 40)
-    assert Counter(e.episode_id for e in member.played) == Counter(f"ep{i}" for i in range(40))
-    assert bridge.stats.offers_claimed == 40 and bridge.stats.sent == 40
+            await until(lambda: len(member.played) == WORK)
+    assert Counter(e.episode_id for e in member.played) == Counter(f"ep{i}" for i in range(WORK))
+    assert bridge.stats.offers_claimed == WORK and bridge.stats.sent == WORK
     assert any("older platoon claimed a batch" in entry["event"] for entry in logs)

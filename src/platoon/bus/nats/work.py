@@ -10,8 +10,9 @@ the producer says so on its own bus (`WorkClaimed`, never carried over NATS): th
 lease of that episode starts there, not at the request.
 
 Work goes out alone and at once while fewer than `OFFERS_AT_ONCE` offers are out; work that
-had to wait goes out in batches (up to `BATCH_EVENTS` events, `BATCH_BYTES` bytes) when an
-offer settles, so a burst costs one round trip per batch instead of one per event, and no
+had to wait goes out in batches when an offer settles: its share of what waits (spread over
+`OFFERS_AT_ONCE` offers, so that consumers share a burst), up to `BATCH_EVENTS` events and
+`BATCH_BYTES` bytes. A burst costs one round trip per batch instead of one per event, and no
 event waits for a batch to fill. A batch is one offer (one nonce, one claim, one
 confirmation); the consumer that claims it plays every event in it. Each event keeps its own
 lease token, its episode's `WorkClaimed`, and its withdrawal: a batch offered again leaves out
@@ -140,11 +141,13 @@ class Offers:
             self._out -= 1
 
     def _next_batch(self, nc: NatsClient) -> list[_Work]:
-        """The work waiting longest, up to `BATCH_EVENTS` events of one subject that fit in a
-        message."""
+        """The work waiting longest: its share of what waits, spread over the offers that may
+        be out (so consumers share a burst as they would one event per offer), up to
+        `BATCH_EVENTS` events of one subject that fit in a message."""
         batch: list[_Work] = []
+        share = min(BATCH_EVENTS, -(-len(self._waiting) // OFFERS_AT_ONCE))
         room = min(BATCH_BYTES, nc.max_payload // 2)
-        while self._waiting and len(batch) < BATCH_EVENTS:
+        while self._waiting and len(batch) < share:
             work = self._waiting[0]
             if batch and (work.subject != batch[0].subject or len(work.data) > room):
                 break
