@@ -15,9 +15,9 @@ until every episode is sealed. This machine has 2 cores, so 4 workers measure co
 
 Run: python benchmarks/nats.py [--events N] [--episodes N] [--workers 1,2,4]
 
-Measured on 2 cores, 20,000 events (events/s; work before batches in brackets): ~60 B:
-mirror 56,599, work 61,230 [2,262], durable 11,171; ~4.9 kB: mirror 15,700, work 10,694
-[1,684], durable 7,012.
+Measured on 2 cores (shared, so +-15%), 20,000 events (events/s; work one event per offer,
+before batches, in brackets): ~60 B: mirror 52,031, work 51,268 [2,262], durable 10,536;
+~4.9 kB: mirror 15,006, work 11,754 [1,684], durable 6,216 (43 work events per offer).
 """
 
 from __future__ import annotations
