@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -15,7 +16,7 @@ import pytest
 pytest.importorskip("nats")
 
 from platoon.bus import Bus
-from platoon.bus.codec import encode
+from platoon.bus.codec import decode, encode
 from platoon.bus.events import (
     BridgeDisconnected,
     BridgeReconnected,
@@ -25,9 +26,11 @@ from platoon.bus.events import (
     PolicyUpdated,
     TaskRef,
     TrainStepFinished,
+    WorkClaimed,
 )
 from platoon.bus.nats import NatsBridge, NatsBridgeError, event_id, subject_for
 from platoon.bus.nats.connection import synced
+from platoon.bus.nats.wire import BATCH_HEADER, unpack_batch
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server, free_port
 
 try:
@@ -701,3 +704,196 @@ async def test_a_bridge_cut_off_when_the_run_ended_learns_it_when_it_is_back(js_
             proxy.heal()
             await until(lambda: heard == [RunFinished(status="completed")])
             assert isinstance(notices[-1], BridgeReconnected)
+
+
+# --- work in batches -----------------------------------------------------------------------
+
+
+class Member:
+    """A consumer written against the work protocol itself (nats-py, no bridge). It claims
+    single offers and plays each once confirmed, as a bridge does; a batch it either sits on
+    (`batches="hold"`: a worker that hangs once it holds it) or claims as one event
+    (`batches="claim as one"`: a bridge of a platoon before batches)."""
+
+    def __init__(self, nc: Any, batches: str) -> None:
+        self.nc, self.batches = nc, batches
+        self.played: list[Any] = []
+        self.held: list[Any] = []  # batch offers it sits on
+        self.tokens: dict[str, str] = {}  # episode -> the lease token its offer carried
+        self._claims: dict[str, tuple[bytes, Any]] = {}  # token -> (proof expected, offer)
+        self._tokens = itertools.count()
+
+    async def join(self) -> None:
+        from platoon.bus.nats import WORK_QUEUE
+
+        inbox = self.nc.new_inbox()
+        await self.nc.subscribe(f"{inbox}.*", cb=self._on_answer)
+        self.member = await self.nc.subscribe(
+            subject_for("test", EpisodeRequested), queue=WORK_QUEUE, cb=self._on_offer
+        )
+        self._inbox = inbox
+        await synced(self.nc)
+
+    async def _on_offer(self, msg: Any) -> None:
+        from platoon.bus.nats.wire import BATCH_HEADER, LEASE_HEADER, OFFER_HEADER, unpack_batch
+        from platoon.bus.nats.work import proof
+
+        nonce = msg.headers[OFFER_HEADER]
+        if BATCH_HEADER in msg.headers:
+            for data, lease in unpack_batch(msg.data):
+                self.tokens[decode(data).episode_id] = lease
+            if self.batches == "hold":
+                self.held.append(msg)
+                return
+        elif LEASE_HEADER in msg.headers:
+            self.tokens[decode(msg.data).episode_id] = msg.headers[LEASE_HEADER]
+        token = str(next(self._tokens))
+        self._claims[token] = (proof("yours", nonce), msg)
+        await self.nc.publish(msg.reply, proof("claim", nonce), reply=f"{self._inbox}.{token}")
+
+    async def _on_answer(self, msg: Any) -> None:
+        expected, offer = self._claims.pop(msg.subject.rpartition(".")[2])
+        assert msg.data == expected
+        self.played.append(decode(offer.data))
+
+
+WORK = 96  # offered by `holding_batches`
+
+
+def batched(member: Member) -> list[str]:
+    """The episodes of the batches a member holds."""
+    return [decode(data).episode_id for msg in member.held for data, _ in unpack_batch(msg.data)]
+
+
+@asynccontextmanager
+async def holding_batches(
+    url: str, batches: str = "hold", **options
+) -> AsyncIterator[tuple[Any, Member, Bus]]:
+    """A producer with 96 pieces of work, offered while no consumer is there: 32 offers go
+    out alone and wait for one; the other 64 wait for an offer to settle. Then a `Member`
+    joins: it claims the 32, and each offer that settles takes its share of what waits, 2
+    while more than 32 wait (16 batches of 2, which a holding member sits on), then 1."""
+    import nats as nats_client
+
+    nc = await nats_client.connect(url)
+    try:
+        async with Bus() as producer:
+            options = {"work": [EpisodeRequested], "offer_timeout": 1.0, "reconnect_max_wait": 0.2, **options}
+            async with bridged(producer, url, **options) as bridge:
+                for i in range(WORK):
+                    await producer.publish(requested(i))
+                await until(lambda: bridge.offers.offering == WORK and bridge.stats.offers_unheld >= 32)
+                member = Member(nc, batches)
+                await member.join()
+                if batches == "hold":
+                    await until(lambda: len(member.played) + len(batched(member)) == WORK)
+                    assert [msg.headers[BATCH_HEADER] for msg in member.held] == ["2"] * 16
+                yield bridge, member, producer
+    finally:
+        await nc.close()
+
+
+async def test_a_burst_of_work_goes_in_fewer_offers_than_events(server):
+    async with Bus() as producer, Bus() as worker:
+        got, claimed = [], []
+        worker.subscribe(EpisodeRequested, got.append)
+        producer.subscribe(WorkClaimed, claimed.append)
+        work = [EpisodeRequested]
+        async with (
+            bridged(worker, server.url, work=work, consume_work=True) as taker,
+            bridged(producer, server.url, work=work) as bridge,
+        ):
+            for i in range(500):
+                await producer.publish(requested(i))
+            await bridge.flush()
+            await until(lambda: len(got) == 500 and len(claimed) == 500)
+            assert bridge.stats.sent == taker.stats.received == 500
+            # 32 offers at once: what waits for one goes in batches of up to 64
+            assert 500 / 64 < bridge.stats.offers_claimed < 500
+        assert sorted(e.episode_id for e in got) == sorted(f"ep{i}" for i in range(500))
+        assert sorted(c.episode_id for c in claimed) == sorted(f"ep{i}" for i in range(500))
+
+
+async def test_a_batch_its_consumer_sits_on_goes_to_another_and_each_event_plays_once(server):
+    async with holding_batches(server.url) as (bridge, member, producer), Bus() as worker:
+        claimed = []
+        producer.subscribe(WorkClaimed, claimed.append)
+        held = batched(member)
+        await member.member.unsubscribe()  # it hangs: its membership ends
+        got = []
+        worker.subscribe(EpisodeRequested, got.append)
+        async with bridged(worker, server.url, work=[EpisodeRequested], consume_work=True):
+            await bridge.flush()
+            await until(lambda: len(got) == 32 and len(claimed) == 32)
+        assert sorted(e.episode_id for e in got) == sorted(held)
+        played = Counter([e.episode_id for e in member.played] + [e.episode_id for e in got])
+        assert played == Counter(f"ep{i}" for i in range(WORK))  # each once
+        assert sorted(c.episode_id for c in claimed) == sorted(held)
+        assert bridge.stats.offers_unclaimed == 16  # each batch offered again whole, and claimed
+        assert bridge.stats.offers_claimed == len(member.played) + 16 == 64 + 16
+        assert bridge.stats.sent == WORK
+
+
+async def test_a_withdrawn_episode_is_left_out_of_a_batch_offered_again(server):
+    from platoon.bus.events import EpisodeAbandoned
+
+    async with holding_batches(server.url, withdraw=[EpisodeAbandoned]) as (bridge, member, producer):
+        held = batched(member)
+        await producer.publish(EpisodeAbandoned(episode_id=held[0], group_id="g", task=TASK, reason="test"))
+        await producer.drained()  # withdrawn before the batch is offered again
+        await member.member.unsubscribe()
+        async with Bus() as worker:
+            got = []
+            worker.subscribe(EpisodeRequested, got.append)
+            async with bridged(worker, server.url, work=[EpisodeRequested], consume_work=True) as taker:
+                await bridge.flush()
+                await until(lambda: len(got) == 31)
+                assert taker.stats.received == 31
+        assert sorted(e.episode_id for e in got) == sorted(held[1:])
+        assert bridge.stats.sent == WORK  # the withdrawn one counts as settled
+
+
+async def test_the_lease_tokens_of_a_batch_hold_only_for_the_worker_that_claims_it(server):
+    from platoon.bus.nats import Leases
+    from platoon.bus.nats.wire import LEASE_HEADER
+
+    trainer_got = []
+    async with (
+        holding_batches(server.url, mirror=[EpisodeGraded], issue_leases=True) as (bridge, member, producer),
+        Bus() as worker,
+    ):
+        producer.subscribe(EpisodeGraded, trainer_got.append)
+        held = batched(member)
+        assert all(member.tokens[episode] for episode in held)  # each event came with its own token
+        assert len({member.tokens[episode] for episode in held}) == 32
+        await member.member.unsubscribe()
+        got = []
+        worker.subscribe(EpisodeRequested, got.append)
+        worker_leases = Leases()
+        options = {"work": [EpisodeRequested], "mirror": [EpisodeGraded], "leases": worker_leases}
+        async with bridged(worker, server.url, consume_work=True, **options) as taker:
+            await until(lambda: len(got) == 32)
+            # the hung member reports on an episode of the batch with the token it was shown
+            forged = graded(0).__class__(episode_id=held[0], group_id="g", task=TASK, reward=0.0)
+            headers = {LEASE_HEADER: member.tokens[held[0]]}
+            await member.nc.publish(subject_for("test", EpisodeGraded), encode(forged), headers=headers)
+            await until(lambda: bridge.stats.unleased == 1)
+            for episode in held:  # the worker that claimed the batch reports on each
+                await worker.publish(EpisodeGraded(episode_id=episode, group_id="g", task=TASK, reward=1.0))
+            await taker.flush()
+            await until(lambda: len(trainer_got) == 32)
+        assert sorted(g.episode_id for g in trainer_got) == sorted(held)
+        assert all(g.reward == 1.0 for g in trainer_got) and bridge.stats.unleased == 1
+        assert all(worker_leases.token_for(e) != member.tokens[e] for e in held)
+
+
+async def test_a_consumer_without_batches_is_offered_a_batch_one_event_at_a_time(server):
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        async with holding_batches(server.url, batches="claim as one") as (bridge, member, _):
+            await bridge.flush()
+            await until(lambda: len(member.played) == WORK)
+    assert Counter(e.episode_id for e in member.played) == Counter(f"ep{i}" for i in range(WORK))
+    assert bridge.stats.offers_claimed == WORK and bridge.stats.sent == WORK
+    assert any("older platoon claimed a batch" in entry["event"] for entry in logs)

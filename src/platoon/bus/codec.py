@@ -34,7 +34,7 @@ def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def decode(data: bytes) -> Event:
+def decode(data: bytes | memoryview) -> Event:
     """An event back from `encode`'s bytes. Raises `msgspec.DecodeError` on unknown tags."""
     return _get_decoder().decode(data)
 

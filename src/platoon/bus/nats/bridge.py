@@ -36,6 +36,7 @@ from platoon.bus.nats.facts import Facts
 from platoon.bus.nats.leases import LeaseGate, Leases
 from platoon.bus.nats.stats import BridgeStats
 from platoon.bus.nats.wire import (
+    BATCH_HEADER,
     LEASE_HEADER,
     LOCAL_ONLY,
     NAME,
@@ -44,8 +45,9 @@ from platoon.bus.nats.wire import (
     NatsBridgeError,
     check_types,
     subject_for,
+    unpack_batch,
 )
-from platoon.bus.nats.work import OFFERS_AT_ONCE, Offers, Taker
+from platoon.bus.nats.work import Offers, Taker
 
 log = structlog.get_logger("platoon.bus.nats")
 
@@ -66,7 +68,8 @@ class NatsBridge(ComponentBase):
     ack before redelivering: keep it above the longest stall of the local bus),
     `duplicate_window` and `max_age` (the stream's), `seen_limit` (ids remembered here).
     Work knobs: `offer_timeout` (how long a producer waits for a claim), `take_at_once` (the
-    offers a consumer takes per membership), `withdraw` (see `platoon.bus.nats.work`).
+    offers a consumer takes per membership; a batch of work is one offer), `withdraw` (see
+    `platoon.bus.nats.work`).
 
     `unauthenticated`: what to do on a server that lets anyone in (no `auth_required` in its
     INFO), where anyone who reaches it may publish what steers a run: `allow` it, `warn`, or
@@ -455,15 +458,13 @@ class NatsBridge(ComponentBase):
     ) -> None:
         core_headers = {ORIGIN_HEADER: self.origin}
         with scope:
-            slots = anyio.Semaphore(OFFERS_AT_ONCE)
+            self.offers.reset()
             async with outbox, inflight, anyio.create_task_group() as offers:
                 # Taking what is buffered without yielding lets nats-py write a batch per syscall.
                 while (out := await receive(outbox)) is not None:
                     data = encode(out.event)
                     if type(out.event) in self.work:
-                        offers.start_soon(
-                            self.offers.offer, nc, out.subject, out.event, data, slots, self._sent
-                        )
+                        self.offers.submit(offers, nc, out.subject, out.event, data, self._sent)
                         continue
                     lease = self.gate.token_out(out.event)
                     if out.durable:
@@ -509,8 +510,7 @@ class NatsBridge(ComponentBase):
                 pass  # shutting down
 
         async def play(msg: Msg) -> None:
-            event = self._decode(msg)
-            if event is not None:
+            for event in self._decode_work(msg):
                 await self._deliver(bus, event)
 
         for event_type in self.mirror:
@@ -537,15 +537,36 @@ class NatsBridge(ComponentBase):
         if msg.headers and msg.headers.get(ORIGIN_HEADER) == self.origin:
             self.stats.echoes += 1
             return None
+        return self._admit(msg.data or b"", (msg.headers or {}).get(LEASE_HEADER), msg.subject)
+
+    def _decode_work(self, msg: Msg) -> list[Event]:
+        """The events of a work offer: one, or each of a batch with its own lease token."""
+        headers = msg.headers or {}
+        if BATCH_HEADER not in headers:
+            event = self._decode(msg)
+            return [] if event is None else [event]
+        if headers.get(ORIGIN_HEADER) == self.origin:
+            self.stats.echoes += 1
+            return []
         try:
-            event = decode(msg.data or b"")
+            batch = unpack_batch(msg.data)
+        except msgspec.DecodeError as exc:
+            self.stats.undecodable += 1
+            log.error("undecodable batch of work from NATS", subject=msg.subject, error=str(exc))
+            return []
+        events = (self._admit(data, lease, msg.subject) for data, lease in batch)
+        return [event for event in events if event is not None]
+
+    def _admit(self, data: bytes | memoryview, lease: str | None, subject: str | None) -> Event | None:
+        try:
+            event = decode(data)
         except msgspec.DecodeError as exc:
             self.stats.undecodable += 1
             log.error(
-                "undecodable event from NATS; is its plugin installed?", subject=msg.subject, error=str(exc)
+                "undecodable event from NATS; is its plugin installed?", subject=subject, error=str(exc)
             )
             return None
-        return self.gate.admit(event, (msg.headers or {}).get(LEASE_HEADER))
+        return self.gate.admit(event, lease)
 
     async def _deliver(self, bus: Bus, event: Event) -> None:
         self._from_nats[id(event)] = event

@@ -19,6 +19,7 @@ class BridgeStats(msgspec.Struct):
     disconnects: int = 0
     unsent_at_close: int = 0
     unleased: int = 0  # events of an episode, dropped for want of its lease token
+    offers_claimed: int = 0  # offers of work claimed, each of one event or a batch of several
     offers_unclaimed: int = 0  # offers a member took and did not claim in time (it hangs)
     offers_unheld: int = 0  # offers made while no consumer was in the group
     claims_too_late: int = 0  # offers this consumer claimed after the producer gave up on it

@@ -2,7 +2,9 @@
 
 Events travel on subjects `platoon.<run>.<EventTag>` in the bus's msgpack wire form; the
 headers below say where a message came from, which offer or lease it belongs to, and (for
-JetStream) which id deduplicates it.
+JetStream) which id deduplicates it. An offer of several work events at once says so in its
+`Platoon-Batch` header (their count) and carries a `WorkBatch`: a msgpack map of the events,
+each in that same wire form, and their lease tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ORIGIN_HEADER = "Platoon-Origin"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LEASE_HEADER = "Platoon-Lease"
 OFFER_HEADER = "Platoon-Offer"
+BATCH_HEADER = "Platoon-Batch"  # on an offer of several work events: how many
 WORK_QUEUE = "platoon-work"  # the queue group work is offered to
 ID_FIELDS = ("call_id", "request_id", "reply_to", "agent_id", "episode_id")
 NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -38,6 +41,31 @@ class Carried(Protocol):
     def data(self) -> bytes | None: ...
     @property
     def headers(self) -> dict[str, str] | None: ...
+
+
+class WorkBatch(msgspec.Struct):
+    """Several work events in one offer: `events[i]` in the bus's wire form, and the lease
+    token it goes with (`""` for none) in `leases[i]`."""
+
+    events: list[msgspec.Raw]
+    leases: list[str]
+
+
+def pack_batch(events: Sequence[bytes], leases: Sequence[str | None]) -> bytes:
+    """The body of a batch offer, from events already encoded (they are not encoded again)."""
+    return _batch_encoder.encode(WorkBatch([msgspec.Raw(e) for e in events], [t or "" for t in leases]))
+
+
+def unpack_batch(data: bytes) -> list[tuple[memoryview, str | None]]:
+    """Each event's bytes and lease token. Raises `msgspec.DecodeError` on a malformed body."""
+    batch = _batch_decoder.decode(data)
+    if len(batch.events) != len(batch.leases):
+        raise msgspec.DecodeError("a work batch with more or fewer leases than events")
+    return [(memoryview(e), lease or None) for e, lease in zip(batch.events, batch.leases, strict=True)]
+
+
+_batch_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(WorkBatch)
 
 
 class NatsBridgeError(RuntimeError):

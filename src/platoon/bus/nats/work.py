@@ -9,12 +9,24 @@ or absent consumer, and none is played twice. When an offer of an episode's work
 the producer says so on its own bus (`WorkClaimed`, never carried over NATS): the trainer's
 lease of that episode starts there, not at the request.
 
-Membership is short: a consumer joins the group for `take_at_once` offers, and joins again at
-the first offer of each membership, which only a consumer whose event loop runs can do. A hung
-one (SIGSTOP, a stalled loop) drops out of the group by itself after fewer than
-2 x `take_at_once` offers, and is back once it runs. An event of a type in `withdraw` ends the
-offering of its episode's work (the trainer gave that episode up). A bridge may both produce
-and consume work: the server never hands an event back to the connection that sent it.
+Work goes out alone and at once while fewer than `OFFERS_AT_ONCE` offers are out; work that
+had to wait goes out in batches when an offer settles: its share of what waits (spread over
+`OFFERS_AT_ONCE` offers, so that consumers share a burst), up to `BATCH_EVENTS` events and
+`BATCH_BYTES` bytes. A burst costs one round trip per batch instead of one per event, and no
+event waits for a batch to fill. A batch is one offer (one nonce, one claim, one
+confirmation); the consumer that claims it plays every event in it. Each event keeps its own
+lease token, its episode's `WorkClaimed`, and its withdrawal: a batch offered again leaves out
+the events of withdrawn episodes. A consumer that takes single events only (an older
+platoon) cannot claim a batch: its claim is told apart, and the batch is offered again one
+event at a time.
+
+Membership is short: a consumer joins the group for `take_at_once` offers (batches count as
+one), and joins again at the first offer of each membership, which only a consumer whose
+event loop runs can do. A hung one (SIGSTOP, a stalled loop) drops out of the group by
+itself after fewer than 2 x `take_at_once` offers, and is back once it runs. An event of a
+type in `withdraw` ends the offering of its episode's work (the trainer gave that episode
+up). A bridge may both produce and consume work: the server never hands an event back to the
+connection that sent it.
 """
 
 from __future__ import annotations
@@ -22,8 +34,9 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 import anyio
 import nats.errors
@@ -37,16 +50,35 @@ from platoon.bus.events import Event, WorkClaimed
 from platoon.bus.nats.connection import Connection
 from platoon.bus.nats.leases import LeaseGate
 from platoon.bus.nats.stats import BridgeStats
-from platoon.bus.nats.wire import LEASE_HEADER, OFFER_HEADER, ORIGIN_HEADER, WORK_QUEUE, episode_of
+from platoon.bus.nats.wire import (
+    BATCH_HEADER,
+    LEASE_HEADER,
+    OFFER_HEADER,
+    ORIGIN_HEADER,
+    WORK_QUEUE,
+    episode_of,
+    pack_batch,
+)
 
 log = structlog.get_logger("platoon.bus.nats")
 
 OFFERS_AT_ONCE = 32  # offers a producer has out at a time; the rest wait their turn
+BATCH_EVENTS = 64  # the most work events one offer carries
+BATCH_BYTES = 512 * 1024  # and their most bytes (one larger event still goes, alone)
+CLAIM_BATCH = "claim batch"  # what a claim of a batch proves (see `proof`)
+
+
+class _Work(NamedTuple):
+    subject: str
+    event: Event
+    data: bytes  # the event in the bus's wire form
+    episode: str  # "" for none
 
 
 class Offers:
-    """The producer's side: offer each piece of work until a consumer claims it, or its
-    episode is withdrawn."""
+    """The producer's side: offer work until a consumer claims it or its episode is
+    withdrawn. Work goes out at once while fewer than `OFFERS_AT_ONCE` offers are out; what
+    waits for one to settle goes out in batches of up to `BATCH_EVENTS` events."""
 
     def __init__(
         self,
@@ -66,10 +98,16 @@ class Offers:
         self.offer_timeout = offer_timeout
         self.withdrawn_limit = withdrawn_limit
         self.claimed = claimed  # says `WorkClaimed` on the local bus
-        self.offering = 0  # offers out now
+        self.offering = 0  # work events not settled yet: in offers out now, or waiting for one
+        self._out = 0  # offers out now (each of one or more events)
+        self._waiting: deque[_Work] = deque()  # work waiting for an offer to settle
         self._withdrawn: OrderedDict[str, None] = OrderedDict()
         self._no_takers_logged = -1e9
         self._last_claim = -1e9
+
+    def reset(self) -> None:
+        """Forget the work of a run that has ended (it counts as unsent at close)."""
+        self.offering, self._out, self._waiting = 0, 0, deque()
 
     def withdraw(self, event: Event) -> None:
         """End the offers of `event`'s episode at their next try."""
@@ -79,48 +117,90 @@ class Offers:
             while len(self._withdrawn) > self.withdrawn_limit:
                 self._withdrawn.popitem(last=False)
 
-    async def offer(
-        self,
-        nc: NatsClient,
-        subject: str,
-        event: Event,
-        data: bytes,
-        slots: anyio.Semaphore,
-        sent: Callable[[], None],
+    def submit(
+        self, tg: TaskGroup, nc: NatsClient, subject: str, event: Event, data: bytes, sent: Callable[[], None]
     ) -> None:
-        """Offer one piece of work until a consumer claims it or its episode is withdrawn;
-        `sent()` once it is settled (not when closing cut it off)."""
-        episode = episode_of(event) or ""
+        """Offer one piece of work: at once, alone, if an offer may go out now, else with what
+        waits when one settles. `sent()` once each event is settled (claimed or withdrawn;
+        not when closing cut its offer off)."""
+        work = _Work(subject, event, data, episode_of(event) or "")
         self.offering += 1
-        settled = False  # claimed or withdrawn; not: cut off by closing
-        try:
-            async with slots:
-                tries = 0
-                while episode not in self._withdrawn:
-                    outcome = await self._offer_once(nc, subject, event, data, episode)
-                    if outcome == "claimed":
-                        break
-                    tries += 1
-                    if outcome != "unclaimed":  # (that one has waited `offer_timeout` already)
-                        await anyio.sleep(self._retry_delay(tries))
-            settled = True
-        finally:
-            self.offering -= 1
-            if settled:
-                sent()
+        if self._out < OFFERS_AT_ONCE:
+            self._out += 1
+            tg.start_soon(self._offer_until_idle, nc, [work], sent)
+        else:
+            self._waiting.append(work)
 
-    async def _offer_once(self, nc: NatsClient, subject: str, event: Event, data: bytes, episode: str) -> str:
-        """One offer with a fresh nonce (and lease token): "claimed", "unclaimed" (a member took
-        it and did not claim it in time), "no member", or "failed" (the connection failed)."""
+    async def _offer_until_idle(self, nc: NatsClient, batch: list[_Work], sent: Callable[[], None]) -> None:
+        """Settle `batch`, then the batches of what waits meanwhile, until nothing waits."""
+        try:
+            while batch:
+                await self._settle(nc, batch, sent)
+                batch = self._next_batch(nc)
+        finally:
+            self._out -= 1
+
+    def _next_batch(self, nc: NatsClient) -> list[_Work]:
+        """The work waiting longest: its share of what waits, spread over the offers that may
+        be out (so consumers share a burst as they would one event per offer), up to
+        `BATCH_EVENTS` events of one subject that fit in a message."""
+        batch: list[_Work] = []
+        share = min(BATCH_EVENTS, -(-len(self._waiting) // OFFERS_AT_ONCE))
+        room = min(BATCH_BYTES, nc.max_payload // 2)
+        while self._waiting and len(batch) < share:
+            work = self._waiting[0]
+            if batch and (work.subject != batch[0].subject or len(work.data) > room):
+                break
+            batch.append(self._waiting.popleft())
+            room -= len(work.data)
+        return batch
+
+    async def _settle(self, nc: NatsClient, batch: list[_Work], sent: Callable[[], None]) -> None:
+        """Offer `batch` until a consumer claims it, dropping the events of withdrawn episodes
+        before each try."""
+        tries = 0
+        while True:
+            live = [work for work in batch if work.episode not in self._withdrawn]
+            self._settled(len(batch) - len(live), sent)
+            batch = live
+            if not batch:
+                return
+            outcome = await self._offer_once(nc, batch)
+            if outcome == "claimed":
+                self._settled(len(batch), sent)
+                return
+            if outcome == "one at a time":
+                for work in batch:
+                    await self._settle(nc, [work], sent)
+                return
+            tries += 1
+            if outcome != "unclaimed":  # (that one has waited `offer_timeout` already)
+                await anyio.sleep(self._retry_delay(tries))
+
+    def _settled(self, count: int, sent: Callable[[], None]) -> None:
+        self.offering -= count
+        for _ in range(count):
+            sent()
+
+    async def _offer_once(self, nc: NatsClient, batch: list[_Work]) -> str:
+        """One offer with a fresh nonce (and lease tokens): "claimed", "unclaimed" (a member
+        took it and did not claim it in time), "no member", "failed" (the connection failed),
+        or "one at a time" (a batch claimed by a consumer that takes single events only)."""
         nonce = secrets.token_urlsafe(18)
-        lease = self.gate.token_out(event)
+        leases = [self.gate.token_out(work.event) for work in batch]
         headers = {ORIGIN_HEADER: self.origin, OFFER_HEADER: nonce}
-        if lease:
-            headers[LEASE_HEADER] = lease
+        if len(batch) == 1:
+            data, purpose = batch[0].data, "claim"
+            if leases[0]:
+                headers[LEASE_HEADER] = leases[0]
+        else:
+            data, purpose = pack_batch([work.data for work in batch], leases), CLAIM_BATCH
+            headers[BATCH_HEADER] = str(len(batch))
+        episode = batch[0].episode
         await self.connection.connected(nc)
         outcome = "failed"
         try:
-            claim = await nc.request(subject, data, timeout=self.offer_timeout, headers=headers)
+            claim = await nc.request(batch[0].subject, data, timeout=self.offer_timeout, headers=headers)
         except nats.errors.NoRespondersError:
             outcome = "no member"
             self.stats.offers_unheld += 1
@@ -132,20 +212,32 @@ class Offers:
                 log.warning(
                     "work was not claimed in time: its worker hangs; offering it to another",
                     episode=episode,
+                    events=len(batch),
                     offer_timeout=self.offer_timeout,
                 )
         else:
-            if claim.reply and secrets.compare_digest(claim.data, proof("claim", nonce)):
-                await self._report_claim(event)
+            if claim.reply and secrets.compare_digest(claim.data, proof(purpose, nonce)):
+                for work in batch:
+                    await self._report_claim(work.event)
                 try:
                     await nc.publish(claim.reply, proof("yours", nonce))
                 except nats.errors.Error as exc:  # lost: the lease keeper re-requests the episode
                     log.debug("confirming a claim failed", episode=episode, error=str(exc))
                 self._last_claim = anyio.current_time()
+                self.stats.offers_claimed += 1
                 return "claimed"
             outcome = "unclaimed"
-            log.warning("a claim without the offer's proof: ignored", episode=episode)
-        self.gate.revoke(episode, lease)  # nobody may report on an offer nobody holds
+            if claim.reply and len(batch) > 1 and secrets.compare_digest(claim.data, proof("claim", nonce)):
+                outcome = "one at a time"
+                log.warning(
+                    "a worker of an older platoon claimed a batch of work: offering it one event at "
+                    "a time; run one platoon version on every machine",
+                    events=len(batch),
+                )
+            else:
+                log.warning("a claim without the offer's proof: ignored", episode=episode)
+        for work, lease in zip(batch, leases, strict=True):
+            self.gate.revoke(work.episode, lease)  # nobody may report on an offer nobody holds
         return outcome
 
     async def _report_claim(self, event: Event) -> None:
@@ -225,14 +317,17 @@ class Taker:
         self.members.discard(member)  # ended by the server
 
     async def _claim(self, nc: NatsClient, offer: Msg, play: Callable[[Msg], Awaitable[None]]) -> None:
-        """Claim an offer and play it only once its producer confirms it is ours."""
-        nonce = (offer.headers or {}).get(OFFER_HEADER)
+        """Claim an offer (one event or a batch) and play it only once its producer confirms
+        it is ours."""
+        headers = offer.headers or {}
+        nonce = headers.get(OFFER_HEADER)
         if nonce and offer.reply:
             token = secrets.token_hex(8)
             confirmed = anyio.Event()
             self._waiting[token] = (proof("yours", nonce), confirmed)
+            purpose = CLAIM_BATCH if BATCH_HEADER in headers else "claim"
             try:
-                await nc.publish(offer.reply, proof("claim", nonce), reply=f"{self._prefix}.{token}")
+                await nc.publish(offer.reply, proof(purpose, nonce), reply=f"{self._prefix}.{token}")
                 with anyio.move_on_after(2 * self.offer_timeout):
                     await confirmed.wait()
             except nats.errors.Error as exc:
