@@ -34,6 +34,7 @@ def learn_config(tiny_model: str, steps: int, **train_overrides) -> dict:
         ],
         "train": {
             "backend": "local",
+            "reproducible": True,
             "model_name": tiny_model,
             "renderer_name": "qwen3_instruct",
             "lora_rank": 16,

@@ -114,6 +114,7 @@ def turns_config(
         ],
         "train": {
             "backend": "local",
+            "reproducible": True,
             "model_name": tiny_model,
             "renderer_name": "qwen3_instruct",
             "lora_rank": 16,
