@@ -108,6 +108,7 @@ def test_a_tinker_server_of_an_older_api_is_named_with_what_to_use_instead(site,
             "train",
             "train-local.yaml",
             "train.backend=tinker",
+            "train.reproducible=false",
             f"tinker_base_url={url}",
             "stats.trial_name=old",
         ]

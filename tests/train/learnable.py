@@ -34,7 +34,8 @@ def learn_config(tiny_model: str, steps: int, **train_overrides) -> dict:
         ],
         "train": {
             "backend": "local",
-            "reproducible": True,
+            # the same run to the last bit whatever the load (the embedded backend's switch)
+            "reproducible": train_overrides.get("backend", "local") == "local",
             "model_name": tiny_model,
             "renderer_name": "qwen3_instruct",
             "lora_rank": 16,

@@ -60,6 +60,7 @@ def duet(server: str, tiny_model: str, *overrides: str):
         EXAMPLE / "cpu.yaml",
         [
             "train.backend=tinker",
+            "train.reproducible=false",  # the embedded backend's switch; a server batches as it likes
             f"train.model_name={tiny_model}",
             f"tinker_base_url={server}",
             "train.batch_size=1",

@@ -294,7 +294,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
         if train.reproducible and train.backend != "local":
             raise SystemError(
                 "train.reproducible: only the embedded backend (train.backend: local) samples each "
-                "sequence on its own; a Tinker service batches as it likes"
+                "sequence on its own; a Tinker service batches as it likes (set train.reproducible=false)"
             )
         if trains and spec.model_path and config.policies:
             raise SystemError(
