@@ -41,22 +41,32 @@ def distill_advantages(
         raise CreditError(f"distill weight {weight} is outside 0..1")
     if len(teacher) != len(datums):
         raise CreditError(f"{len(teacher)} teacher rows for {len(datums)} datums")
-    out: list[Datum] = []
-    sampled: list[float] = []
+    per_datum: list[list[float]] = []
     for datum, row in zip(datums, teacher, strict=True):
         if len(row) != len(datum.target_tokens):
             raise CreditError(f"{len(row)} teacher logprobs for {len(datum.target_tokens)} targets")
-        advantages = []
-        for a, lp, t, w in zip(datum.advantages, datum.logprobs, row, datum.weights, strict=True):
-            if not w:
-                advantages.append(a)
-                continue
-            reverse_kl = lp - t if t is not None and math.isfinite(t) else 0.0
-            sampled.append(reverse_kl)
-            advantages.append((1.0 - weight) * a - weight * scale * reverse_kl)
-        out.append(msgspec.structs.replace(datum, advantages=advantages))
+        per_datum.append(
+            [
+                lp - t if w and t is not None and math.isfinite(t) else 0.0
+                for lp, t, w in zip(datum.logprobs, row, datum.weights, strict=True)
+            ]
+        )
+    sampled = [
+        k for d, ks in zip(datums, per_datum, strict=True) for k, w in zip(ks, d.weights, strict=True) if w
+    ]
+    mean = math.fsum(sampled) / len(sampled) if sampled else 0.0
+    out = [
+        msgspec.structs.replace(
+            datum,
+            advantages=[
+                (1.0 - weight) * a + weight * scale * (mean - k) if w else a
+                for a, k, w in zip(datum.advantages, ks, datum.weights, strict=True)
+            ],
+        )
+        for datum, ks in zip(datums, per_datum, strict=True)
+    ]
     stats = {
-        "distill/reverse_kl": math.fsum(sampled) / len(sampled) if sampled else 0.0,
+        "distill/reverse_kl": mean,
         "distill/reverse_kl_max": max(sampled, default=0.0),
         "distill/tokens": float(len(sampled)),
         "distill/weight": weight,
