@@ -15,7 +15,7 @@ import pytest
 from learnable import learn_config
 
 from platoon.api import train
-from platoon.config import validate_config
+from platoon.config import SystemError, validate_config
 
 pytestmark = pytest.mark.torch
 
@@ -55,3 +55,25 @@ def test_a_distilled_student_gets_the_teachers_reward_sooner_than_rl(site, tiny_
     assert distilled >= 0.9 * teacher_reward, (distilled, teacher_reward)
     assert distilled > rl + 0.1, (distilled, rl)
     assert kl[-1] < 0.25 * kl[0] and kl[-2] < kl[0], kl
+
+
+@pytest.mark.slow
+def test_the_base_model_teaches_its_own_samples_nothing_and_another_tokenizer_is_refused(
+    site, tiny_model, qwen3_tokenizer
+):
+    """A student that starts as its teacher (`distill: {}`, the base model) diverges from it by
+    nothing at its first step: the teacher scored the very tokens the student sampled, aligned.
+    A teacher trained with another tokenizer is refused at the start, naming both."""
+    import learnable  # noqa: F401 - registers the harness
+
+    [first] = _train(site / "base", tiny_model, 1, distill={})
+    assert first["distill/tokens"] > 0
+    assert abs(first["distill/reverse_kl"]) < 1e-3, first
+    qwen = site / "qwen3"
+    qwen3_tokenizer.save_pretrained(qwen)
+    with pytest.raises(
+        SystemError, match=rf"train.distill.teacher_path: .*'{tiny_model}' and default uses '{qwen}'"
+    ):
+        _train(
+            site / "other", tiny_model, 1, tokenizer=str(qwen), distill={"teacher_path": str(site / "base")}
+        )
