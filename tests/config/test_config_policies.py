@@ -226,3 +226,82 @@ def test_a_single_policy_needs_no_choice():
     cfg = config({"solo": {"lora_rank": 4}})
     assert policy_names(cfg) == ["solo"]
     assert resolve_policies(cfg)["solo"].train.lora_rank == 4
+
+
+def test_a_policy_distills_from_a_frozen_teacher_of_its_own_or_trains():
+    cfg = config(
+        {"a": {"distill": {"teacher": "anchor", "weight": 0.5}}, "b": {}, "anchor": ANCHOR},
+        DUET,
+        train={**TRAIN, "distill": {"teacher_path": "tinker://run-0/sampler_weights/t"}},
+    )
+    specs = resolve_policies(cfg)
+    assert (specs["a"].train.distill.teacher, specs["a"].train.distill.weight) == ("anchor", 0.5)
+    assert specs["b"].train.distill.teacher_path == "tinker://run-0/sampler_weights/t"
+    assert specs["b"].train.distill.weight == 1.0
+
+
+@pytest.mark.parametrize(
+    ("policies", "distill", "problem"),
+    [
+        (
+            {"a": {}, "b": {}},
+            {"teacher": "b"},
+            "train.distill.teacher: 'b' trains; a teacher is a frozen policy",
+        ),
+        (
+            {"a": {"distill": {"teacher": "nobody"}}, "b": {}},
+            None,
+            "policies.a.distill.teacher: 'nobody' is not one of policies: a, b",
+        ),
+        (
+            {
+                "a": {"distill": {"teacher": "anchor", "teacher_path": "tinker://x"}},
+                "b": {},
+                "anchor": ANCHOR,
+            },
+            None,
+            "policies.a.distill: set teacher_path or teacher, not both",
+        ),
+        (
+            {"a": {}, "b": {}, "anchor": {**ANCHOR, "distill": {}}},
+            None,
+            "policies.anchor.distill: a frozen policy never trains, so it takes no teacher",
+        ),
+        (
+            {
+                "a": {"distill": {"teacher": "anchor"}},
+                "b": {},
+                "anchor": {**ANCHOR, "model_name": "Qwen/Qwen3-8B"},
+            },
+            None,
+            "policies.a.distill.teacher: 'anchor' has the tokenizer 'Qwen/Qwen3-8B' and a "
+            "'Qwen/Qwen3-4B-Instruct-2507'; the teacher scores a's tokens",
+        ),
+        (
+            {"a": {"kl": {}, "distill": {"teacher": "anchor"}}, "b": {}, "anchor": ANCHOR},
+            None,
+            "policies.a: distill and kl at once; the teacher already keeps the policy near it",
+        ),
+    ],
+)
+def test_a_teacher_is_a_frozen_policy_with_the_same_tokens(policies, distill, problem):
+    train = {**TRAIN, "distill": distill} if distill is not None else TRAIN
+    with pytest.raises(ConfigError) as caught:
+        config(policies, DUET, train=train)
+    assert problem in str(caught.value)
+    assert len(caught.value.problems) == 1, caught.value.problems
+
+
+@pytest.mark.parametrize(
+    ("train", "problem"),
+    [
+        ({"distill": {"weight": 1.5}}, "train.distill.weight"),
+        ({"distill": {"teacher": "anchor"}}, "train.distill.teacher: names a frozen policy, but the config"),
+        ({"distill": {}, "kl": {}}, "train: distill and kl at once"),
+    ],
+)
+def test_a_single_policy_distill_is_refused_in_one_line(train, problem):
+    with pytest.raises(ConfigError) as caught:
+        config(train={**TRAIN, **train})
+    assert problem in str(caught.value)
+    assert len(caught.value.problems) == 1, caught.value.problems

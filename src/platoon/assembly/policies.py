@@ -40,6 +40,7 @@ from platoon.train.checkpoints import (
     ResumeError,
     locate_weights,
 )
+from platoon.train.recorded import recorded_tokenizers
 from platoon.train.trainer import Trainer, TrainerSettings
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ async def open_policy(
     service: tuple[tinker.ServiceClient, str | None] | None = None,
     prefix: str = "",
     reference: tinker.SamplingClient | None = None,
+    teacher: tinker.SamplingClient | None = None,
 ) -> AsyncIterator[OpenPolicy]:
     """Open a loaded policy for a run: its training service and, when it trains
     (`settings.trainer`), its training client (resumed from the newest checkpoint of
@@ -129,8 +131,9 @@ async def open_policy(
 
     Call it once per policy of a run: everything a policy owns is made here. `service`: one
     already open that the policy shares with others of the run (`open_policies`); `prefix`:
-    the policy's name on its trainer's metrics, when the run has several; `reference`: the
-    sampling client of its KL reference when another policy of the run is that (`open_policies`)."""
+    the policy's name on its trainer's metrics, when the run has several; `reference`, `teacher`:
+    the sampling client of its KL reference or teacher when another policy of the run is that
+    (`open_policies`)."""
     policy = loaded.settings
     if policy.scripted:
         loaded.sampler_factory = policy_from_ref(policy.scripted, loaded.tokenizer)
@@ -155,7 +158,15 @@ async def open_policy(
         client, checkpoint = await _resumed_client(opened, policy, store, list(candidates))
         version = checkpoint.policy_version if checkpoint else 0
         if policy.kl and reference is None:
-            reference = await _reference(opened, policy)
+            weights = _weights_here(
+                policy, policy.kl_reference, checkpoint_dir, loaded.tokenizer, "train.kl.reference_path"
+            )
+            reference = await _sampling(opened, policy, weights)
+        if policy.distill and teacher is None:
+            weights = _weights_here(
+                policy, policy.teacher_path, checkpoint_dir, loaded.tokenizer, "train.distill.teacher_path"
+            )
+            teacher = await _sampling(opened, policy, weights)
         settings = _with_base_url(policy.trainer, base_url)
         loaded.trainer = Trainer(
             client,
@@ -163,6 +174,7 @@ async def open_policy(
             store,
             version=version,
             reference=reference,
+            teacher=teacher,
             policy=policy.name,
             prefix=prefix,
             delete=_deleter(base_url, local=policy.backend == "local"),
@@ -188,8 +200,8 @@ async def open_policies(
     share a training service share one client: two policies on one base model of the embedded
     backend are two LoRA adapters on one server; each other service is opened once (the
     checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained policy
-    whose KL reference is a frozen one (`kl.reference_policy`) scores against the weights that
-    policy samples, on its service."""
+    whose KL reference or teacher is a frozen one (`kl.reference_policy`, `distill.teacher`)
+    scores against the weights that policy samples, on its service."""
     keys = {name: _service_key(p.settings) for name, p in loaded.items()}
     async with contextlib.AsyncExitStack() as stack:
         services: dict[tuple[str, str], tuple[tinker.ServiceClient, str | None]] = {}
@@ -210,10 +222,12 @@ async def open_policies(
                         other.settings = _start_state(other.settings, where)
                 services[key] = await stack.enter_async_context(_service(policy.settings, where))
         for name, policy in loaded.items():
-            key, frozen = keys[name], policy.settings.kl_policy
-            reference = None
-            if frozen is not None and policy.settings.trainer is not None and keys[frozen] in services:
-                reference = await _frozen_reference(services[keys[frozen]][0], loaded[frozen].settings)
+            key, trains = keys[name], policy.settings.trainer is not None
+            frozen = {"kl": policy.settings.kl_policy, "distill": policy.settings.teacher_policy}
+            scorers: dict[str, tinker.SamplingClient | None] = {"kl": None, "distill": None}
+            for role, by in frozen.items():
+                if by is not None and trains and keys[by] in services:
+                    scorers[role] = await _frozen_reference(services[keys[by]][0], loaded[by].settings)
             opened[name] = await stack.enter_async_context(
                 open_policy(
                     policy,
@@ -223,7 +237,8 @@ async def open_policies(
                     sampler_factory=sampler_factory,
                     service=services.get(key),
                     prefix=f"{name}/",
-                    reference=reference,
+                    reference=scorers["kl"],
+                    teacher=scorers["distill"],
                 )
             )
         yield opened
@@ -248,13 +263,71 @@ def _start_state(policy: PolicySettings, checkpoint_dir: Path | None) -> PolicyS
         if directory.is_dir():
             raise SystemError(f"checkpoint.load_path: {exc}") from None
         return replace(policy, load_path=ref)  # perhaps already on this run's service
+    _copy_in(found, path, checkpoint_dir)
+    return replace(policy, load_path=path)
+
+
+def _copy_in(found: Path, path: str, checkpoint_dir: Path) -> None:
+    """Copy the weights `path` (tinker://<session>/<kind>/<name>) from the checkpoint folder
+    `found` of the run that wrote them into this run's, where this run's own server finds them."""
     session, kind, name = path.removeprefix("tinker://").split("/")
     source, target = found / session / kind / name, checkpoint_dir / session / kind / name
     if source.resolve() != target.resolve() and not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(source, target)
-        log.info("training state copied in to start from", state=path, source=str(source))
-    return replace(policy, load_path=path)
+        log.info("weights copied in", weights=path, source=str(source))
+
+
+def _weights_here(
+    policy: PolicySettings,
+    ref: str | None,
+    checkpoint_dir: Path | None,
+    tokenizer: PreTrainedTokenizerBase,
+    key: str,
+) -> str | None:
+    """The sampler weights a reference or teacher of `policy` names (`key`), as a path its
+    service loads: on the embedded backend a finished run's weights (a tinker:// path, a
+    checkpoint's or a run's directory) are copied in; elsewhere a run directory names its newest
+    checkpoint's. Weights of a run that recorded another tokenizer are refused, naming both.
+    None: the base model."""
+    if not ref:
+        return None
+    directory = Path(ref).expanduser()
+    if policy.backend != "local" or checkpoint_dir is None:
+        if not ref.startswith("tinker://") and (directory / "checkpoints.jsonl").is_file():
+            _check_tokenizer(directory, "", policy, tokenizer, key)
+            latest = CheckpointStore(directory).latest()
+            if latest is None:
+                raise SystemError(f"{key}: {directory} saved no checkpoint")
+            return latest.sampler_path
+        return ref
+    try:
+        found, path = locate_weights(ref, policy.runs)
+    except CheckpointNotFound as exc:
+        if directory.is_dir():
+            raise SystemError(f"{key}: {exc}") from None
+        return ref  # perhaps already on this run's service
+    _check_tokenizer(
+        found.parent, found.name.removeprefix("tinker").removeprefix("-"), policy, tokenizer, key
+    )
+    _copy_in(found, path, checkpoint_dir)
+    return path
+
+
+def _check_tokenizer(
+    run_dir: Path, recorded: str, policy: PolicySettings, tokenizer: PreTrainedTokenizerBase, key: str
+) -> None:
+    """Refuse the weights of a run whose lock.json records another vocabulary than the policy's:
+    they would score other text under the same token ids."""
+    tokenizers = recorded_tokenizers(run_dir)
+    theirs = tokenizers.get(recorded) or tokenizers.get("")
+    mine = loading.tokenizer_identity(tokenizer, policy.tokenizer or policy.model_name)
+    if theirs is not None and theirs["fingerprint"] != mine["fingerprint"]:
+        raise SystemError(
+            f"{key}: {run_dir} was trained with the tokenizer {theirs['name']!r} and {policy.name} "
+            f"uses {mine['name']!r}; its logprobs of {policy.name}'s tokens would be of other text "
+            "(name weights of a model with the same tokenizer)"
+        )
 
 
 def _newest_state(run_dir: Path, policy: str) -> str:
@@ -374,9 +447,10 @@ async def _loaded_sampler(client: tinker.TrainingClient, policy: PolicySettings)
     return saved.path
 
 
-async def _reference(service: tinker.ServiceClient, policy: PolicySettings) -> tinker.SamplingClient:
-    """The sampling client of the KL reference: `train.kl.reference_path`, else the base model."""
-    path = policy.kl_reference
+async def _sampling(
+    service: tinker.ServiceClient, policy: PolicySettings, path: str | None
+) -> tinker.SamplingClient:
+    """A sampling client of a KL reference or teacher: the weights `path`, else the base model."""
     return await (
         sampling_client(service, model_path=path)
         if path

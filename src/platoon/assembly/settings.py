@@ -60,6 +60,9 @@ class PolicySettings:
     kl_reference: str | None = None  # `train.kl.reference_path`
     kl_policy: str | None = None  # `kl.reference_policy`: a frozen policy of the run is the reference
     kl: bool = False
+    distill: bool = False  # a teacher scores what the policy samples (`distill:`)
+    teacher_path: str | None = None  # `distill.teacher_path`; None (and no teacher policy): the base model
+    teacher_policy: str | None = None  # `distill.teacher`: a frozen policy of the run teaches
     trainer: TrainerSettings | None = None  # None: the policy does not train here
     builtin: str | None = None  # the built-in model `model_name` is the directory of
     frozen: bool = False  # one of several policies that samples and never trains
@@ -180,7 +183,8 @@ def credit_settings(config: Config) -> CreditConfig:
     return CreditConfig(
         baseline=workflow.baseline,
         std_scaling=workflow.std_scaling,
-        remove_constant_groups=workflow.remove_constant_reward_groups,
+        # a group whose rewards tie still has its teacher's signal: distillation keeps it
+        remove_constant_groups=workflow.remove_constant_reward_groups and not _distills(config),
         subagent_reward=agents.child_reward if agents else "root",
         mix_alpha=agents.child_reward_mix if agents else 0.5,
         depth_weighting=workflow.depth_weighting,
@@ -188,6 +192,13 @@ def credit_settings(config: Config) -> CreditConfig:
         normalization=train.loss_normalization,
         credit=workflow.credit,
         turn_discount=workflow.turn_discount,
+    )
+
+
+def _distills(config: Config) -> bool:
+    """Whether a policy of the run learns from a teacher (`distill:`)."""
+    return any(
+        spec.train.distill is not None and not spec.frozen for spec in resolve_policies(config).values()
     )
 
 
@@ -225,6 +236,7 @@ def _trainer_settings(
         save_every=train.save_every,
         total_steps=train.max_training_steps,
         kl_coefficient=train.kl.coefficient if train.kl else 0.0,
+        distill_weight=train.distill.weight if train.distill else 1.0,
         normalization=train.loss_normalization,
         keep=keep,
     )
@@ -319,6 +331,9 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             kl=rl and train.kl is not None,
             kl_reference=train.kl.reference_path if rl and train.kl else None,
             kl_policy=train.kl.reference_policy if rl and train.kl else None,
+            distill=rl and train.distill is not None,
+            teacher_path=train.distill.teacher_path if rl and train.distill else None,
+            teacher_policy=train.distill.teacher if rl and train.distill else None,
             trainer=(
                 _trainer_settings(
                     msgspec.structs.replace(train, model_name=model),

@@ -340,66 +340,91 @@ def _policy_checks(data: Mapping[str, object], environments: list[object]) -> li
     return problems
 
 
+# What scores a trained policy's own tokens under another policy: (its section, the key that
+# names a frozen policy, the key that names weights, what that policy is to the trained one,
+# what a frozen policy cannot take)
+_REFERENCES = (
+    ("kl", "reference_policy", "reference_path", "a KL reference", "KL penalty"),
+    ("distill", "teacher", "teacher_path", "a teacher", "teacher"),
+)
+
+
 def _kl_reference_checks(data: Mapping[str, object], policies: Mapping[str, object]) -> list[str]:
-    """`kl.reference_policy` names a frozen policy whose logprobs are comparable with those of
-    each trained policy that takes it (one tokenizer, one renderer)."""
+    """`kl.reference_policy` and `distill.teacher` name a frozen policy whose logprobs are
+    comparable with those of each trained policy that takes it (one tokenizer, one renderer)."""
     problems: list[str] = []
     train = given if isinstance(given := data.get("train"), dict) else {}
     entries = {name: p for name, p in policies.items() if isinstance(p, dict)}
     frozen = {name for name, p in entries.items() if p.get("frozen") is True}
-    places = [("train.kl", train.get("kl")), *((f"policies.{n}.kl", p.get("kl")) for n, p in entries.items())]
-    for where, kl in places:
-        reference = kl.get("reference_policy") if isinstance(kl, dict) else None
-        if not isinstance(kl, dict) or not isinstance(reference, str):
-            continue  # none, or of the wrong type (which the schema check reports)
-        if kl.get("reference_path") is not None:
-            problems.append(f"{where}: set reference_path or reference_policy, not both")
-        if not policies:
-            problems.append(
-                f"{where}.reference_policy: names a frozen policy, but the config has no policies:"
-            )
-        elif reference not in policies:
-            problems.append(
-                f"{where}.reference_policy: {reference!r} is not one of policies: {', '.join(policies)}"
-            )
-        elif reference not in frozen:
-            problems.append(
-                f"{where}.reference_policy: {reference!r} trains; a KL reference is a frozen policy"
-            )
-    for name in frozen:
-        if entries[name].get("kl") is not None:
-            problems.append(f"policies.{name}.kl: a frozen policy never trains, so it takes no KL penalty")
+    for section, by_name, by_path, role, takes in _REFERENCES:
+        places = [
+            (f"train.{section}", train.get(section)),
+            *((f"policies.{n}.{section}", p.get(section)) for n, p in entries.items()),
+        ]
+        for where, given in places:
+            reference = given.get(by_name) if isinstance(given, dict) else None
+            if not isinstance(given, dict) or not isinstance(reference, str):
+                continue  # none, or of the wrong type (which the schema check reports)
+            if given.get(by_path) is not None:
+                problems.append(f"{where}: set {by_path} or {by_name}, not both")
+            if not policies:
+                problems.append(f"{where}.{by_name}: names a frozen policy, but the config has no policies:")
+            elif reference not in policies:
+                problems.append(
+                    f"{where}.{by_name}: {reference!r} is not one of policies: {', '.join(policies)}"
+                )
+            elif reference not in frozen:
+                problems.append(f"{where}.{by_name}: {reference!r} trains; {role} is a frozen policy")
+        for name in frozen:
+            if entries[name].get(section) is not None:
+                problems.append(
+                    f"policies.{name}.{section}: a frozen policy never trains, so it takes no {takes}"
+                )
     return problems
 
 
 def _reference_token_checks(config: Config) -> list[str]:
-    """A trained policy and the frozen policy it takes as KL reference score the same tokens:
-    one tokenizer, one renderer (read from the policies as resolved, each key `train:`'s where
-    the policy leaves it out)."""
+    """A trained policy and the frozen policy it takes as KL reference or teacher score the same
+    tokens: one tokenizer, one renderer (read from the policies as resolved, each key `train:`'s
+    where the policy leaves it out). A policy takes a teacher or a KL reference, not both."""
 
     problems: list[str] = []
-    specs = resolve_policies(config) if config.policies else {}
+    specs = resolve_policies(config) if config.policies else {"default": None}
     for name, spec in specs.items():
-        kl = spec.train.kl
-        other = specs.get(kl.reference_policy or "") if kl is not None and not spec.frozen else None
-        if other is None or not other.frozen:
-            continue  # no reference by name, or one the checks of the raw config refused
-        assert config.policies is not None and kl is not None
-        where = f"policies.{name}.kl" if config.policies[name].kl is not None else "train.kl"
-        reference = kl.reference_policy
-        mine = spec.train.tokenizer or spec.train.model_name
-        theirs = other.train.tokenizer or other.train.model_name
-        if mine != theirs:
+        train = spec.train if spec is not None else config.train
+        if train is None or (spec is not None and spec.frozen):
+            continue
+        own = config.policies[name] if config.policies else None
+        if train.kl is not None and train.distill is not None:
+            where = f"policies.{name}" if own is not None and (own.kl or own.distill) else "train"
             problems.append(
-                f"{where}.reference_policy: {reference!r} has the tokenizer {theirs!r} and {name} "
-                f"{mine!r}; the reference scores {name}'s tokens, so they need one tokenizer (set "
-                "tokenizer: alike on both where two models share one)"
+                f"{where}: distill and kl at once; the teacher already keeps the policy near it "
+                "(drop kl:, or distill with a weight below 1 to keep the task's reward)"
             )
-        if spec.train.renderer_name != other.train.renderer_name:
-            problems.append(
-                f"{where}.reference_policy: {reference!r} renders with {other.train.renderer_name!r} "
-                f"and {name} with {spec.train.renderer_name!r}; their logprobs would not compare"
+        for section, by_name, *_ in _REFERENCES:
+            given = getattr(train, section)
+            reference = getattr(given, by_name) if given is not None else None
+            other = specs.get(reference or "")
+            if spec is None or other is None or not other.frozen:
+                continue  # no reference by name, or one the checks of the raw config refused
+            where = (
+                f"policies.{name}.{section}"
+                if getattr(own, section, None) is not None
+                else f"train.{section}"
             )
+            mine = spec.train.tokenizer or spec.train.model_name
+            theirs = other.train.tokenizer or other.train.model_name
+            if mine != theirs:
+                problems.append(
+                    f"{where}.{by_name}: {reference!r} has the tokenizer {theirs!r} and {name} "
+                    f"{mine!r}; the {by_name.split('_')[0]} scores {name}'s tokens, so they need one tokenizer (set "
+                    "tokenizer: alike on both where two models share one)"
+                )
+            if spec.train.renderer_name != other.train.renderer_name:
+                problems.append(
+                    f"{where}.{by_name}: {reference!r} renders with {other.train.renderer_name!r} "
+                    f"and {name} with {spec.train.renderer_name!r}; their logprobs would not compare"
+                )
     return problems
 
 

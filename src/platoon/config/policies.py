@@ -28,6 +28,7 @@ _TRAIN_KEYS = (
     "loss_fn",
     "loss_fn_config",
     "kl",
+    "distill",
 )
 
 

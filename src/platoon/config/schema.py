@@ -19,6 +19,7 @@ __all__ = [
     "AgentsConfig",
     "CheckpointConfig",
     "Config",
+    "DistillConfig",
     "EnvironmentConfig",
     "EvalConfig",
     "FilePath",
@@ -289,6 +290,17 @@ class KLConfig(_Strict, frozen=True):
     reference_policy: str | None = None
 
 
+class DistillConfig(_Strict, frozen=True):
+    """On-policy distillation: a frozen teacher scores the tokens the policy sampled, and the
+    per-token reverse KL to it is the policy's advantage, mixed with the task's by `weight`."""
+
+    weight: Fraction = 1.0  # 1: the teacher only; w: (1 - w) x the task's advantage + w x the teacher's
+    teacher: str | None = None  # a frozen policy of `policies:`, by name
+    # or sampler weights: a tinker:// path, a checkpoint's directory or a run directory (its
+    # newest checkpoint); with neither, the base model ("recover what fine-tuning lost")
+    teacher_path: PathOrName | None = None
+
+
 class TrainConfig(_Strict, frozen=True):
     """The policy, the training service and the schedule."""
 
@@ -319,6 +331,7 @@ class TrainConfig(_Strict, frozen=True):
     save_every: NonNegativeInt = 10  # steps between checkpoints; 0: only the last
     context_window_length: PositiveInt | None = None  # None: the model's
     kl: KLConfig | None = None  # a KL penalty against a reference policy; None: none
+    distill: DistillConfig | None = None  # on-policy distillation from a teacher; None: none
 
 
 class PolicyConfig(_Strict, frozen=True):
@@ -341,6 +354,7 @@ class PolicyConfig(_Strict, frozen=True):
     # fresh optimizer; what `checkpoint.load_path` is to a run of one policy. None: its base model
     load_path: PathOrName | None = None
     kl: KLConfig | None = None  # this policy's KL penalty (e.g. against a frozen policy); None: train.kl
+    distill: DistillConfig | None = None  # this policy's teacher (e.g. a frozen policy); None: train.distill
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 

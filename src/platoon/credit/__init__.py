@@ -15,6 +15,7 @@ from platoon.credit.baselines import (
     register_credit_rule,
 )
 from platoon.credit.datums import Datum, filter_stale, merge_calls, scaled, to_tinker, with_advantage
+from platoon.credit.distill import distill_advantages
 from platoon.credit.exceptions import CreditError
 from platoon.credit.kl import kl_penalty, reference_targets
 from platoon.credit.traces import AgentTrace, Call, Rollout
@@ -33,6 +34,7 @@ __all__ = [
     "assign_credit",
     "check_tree",
     "depth_weights",
+    "distill_advantages",
     "filter_stale",
     "get_credit_rule",
     "group_advantages",

@@ -50,6 +50,7 @@ __all__ = [
     "datums_digest",
     "heldout_episodes",
     "read_run",
+    "recorded_tokenizers",
     "rewards_seen",
     "sft_datums",
 ]
@@ -160,11 +161,11 @@ def read_run(run_dir: str | Path) -> RecordedRun:
                 abandoned.add(event.episode_id)
     kept = [e for e in episodes.values() if e.episode_id not in abandoned and e.calls]
     return RecordedRun(
-        str(path), kept, _recorded_tokenizers(path), damage.describe() if damage.found else None
+        str(path), kept, recorded_tokenizers(path), damage.describe() if damage.found else None
     )
 
 
-def _recorded_tokenizers(path: Path) -> dict[str, dict[str, str]]:
+def recorded_tokenizers(path: Path) -> dict[str, dict[str, str]]:
     """The tokenizers lock.json records: the run's under "", each of several policies' by name."""
     lock_path = (path if path.is_dir() else path.parent) / "lock.json"
     try:

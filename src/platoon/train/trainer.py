@@ -10,7 +10,9 @@ sampler weights that nothing can sample any more are deleted (`platoon.train.ste
 With a reference policy (`train.kl`; with several policies, a policy's own `kl:`, whose
 reference may be a frozen policy of the run), it first asks the reference for the logprobs of each
 datum's sequence (Tinker `compute_logprobs`), reports `kl/mean` and folds the penalty into the
-advantages (`platoon.credit.kl`).
+advantages (`platoon.credit.kl`). With a teacher (`train.distill`, or a policy's own `distill:`)
+it scores each datum's sequence under the teacher the same way, reports `distill/reverse_kl` and
+mixes the teacher's per-token advantage into the task's (`platoon.credit.distill`).
 
 Several policies (RFC 0001): one trainer per trained policy, each with its own training client
 and checkpoints; it takes only its policy's `BatchReady`, says which policy its events are of,
@@ -42,7 +44,7 @@ from platoon.bus.events import (
 )
 from platoon.config.rundir import write_private
 from platoon.config.schema import LossFn
-from platoon.credit import filter_stale, kl_penalty, reference_targets, to_tinker
+from platoon.credit import distill_advantages, filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
 from platoon.train.step_weights import StepWeights
@@ -77,6 +79,7 @@ class TrainerSettings:
         total_steps: int | None = None,
         base_url: str | None = None,
         kl_coefficient: float = 0.0,
+        distill_weight: float = 1.0,
         normalization: str = "sum",
         keep: int | None = None,
         rollouts: bool = True,
@@ -97,6 +100,7 @@ class TrainerSettings:
         self.total_steps = total_steps
         self.base_url = base_url
         self.kl_coefficient = kl_coefficient
+        self.distill_weight = distill_weight  # the teacher's share of the advantage (`distill.weight`)
         self.normalization = normalization
         self.keep = keep  # checkpoints kept (`checkpoint.keep`); None: all
         # whether rollouts sample the policy as it trains (RL): each step's sampler weights are
@@ -121,6 +125,7 @@ class Trainer(ComponentBase):
         version: int = 0,
         task_cursor_of: Callable[[int], int] | None = None,
         reference: tinker.SamplingClient | None = None,
+        teacher: tinker.SamplingClient | None = None,
         policy: str = "default",
         prefix: str = "",
         delete: Callable[[str], Awaitable[None]] | None = None,
@@ -130,6 +135,7 @@ class Trainer(ComponentBase):
         self.prefix = prefix
         self.client = training_client
         self.reference = reference  # a sampling client of the reference policy, for the KL penalty
+        self.teacher = teacher  # a sampling client of the teacher, for on-policy distillation
         self.settings = settings
         self.checkpoints = checkpoints
         self.version = version
@@ -186,6 +192,14 @@ class Trainer(ComponentBase):
             kept, kl_stats = await self.kl(kept)
             metrics |= kl_stats
             metrics["time/reference"] = time.monotonic() - kl_started
+        if kept and self.teacher is not None:
+            teacher_started = time.monotonic()
+            rows = await self._score(self.teacher, kept)
+            kept, distill_stats = distill_advantages(
+                kept, rows, self.settings.distill_weight, scale=self._scale(kept)
+            )
+            metrics |= distill_stats
+            metrics["time/teacher"] = time.monotonic() - teacher_started
         train_started = time.monotonic()
         if kept:
             data = [to_tinker(d, self.settings.loss_fn) for d in kept]
@@ -246,6 +260,13 @@ class Trainer(ComponentBase):
 
     async def kl(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""
+        assert self.reference is not None, "a KL penalty needs its reference"
+        rows = await self._score(self.reference, datums)
+        return kl_penalty(datums, rows, self.settings.kl_coefficient, scale=self._scale(datums))
+
+    async def _score(self, client: tinker.SamplingClient, datums: list[Datum]) -> list[list[float | None]]:
+        """Another policy's logprob of each target of each datum: its `compute_logprobs` of the
+        datum's exact sequence, all datums at once."""
         import anyio
         import tinker
 
@@ -254,17 +275,18 @@ class Trainer(ComponentBase):
         async def one(index: int) -> None:
             datum = datums[index]
             sequence = [*datum.model_input, datum.target_tokens[-1]]
-            assert self.reference is not None, "a KL penalty needs its reference"
-            future = self.reference.compute_logprobs(tinker.ModelInput.from_ints(sequence))
-            logprobs = await wait_future(future)
+            logprobs = await wait_future(client.compute_logprobs(tinker.ModelInput.from_ints(sequence)))
             rows[index] = reference_targets(datum, logprobs)
 
         async with anyio.create_task_group() as tg:
             for index in range(len(datums)):
                 tg.start_soon(one, index)
+        return rows
+
+    def _scale(self, datums: list[Datum]) -> float:
+        """The normalisation the datums' advantages carry: 1 / trained tokens under `token_mean`."""
         trained = sum(d.num_trained_tokens for d in datums)
-        scale = 1.0 / trained if self.settings.normalization == "token_mean" and trained else 1.0
-        return kl_penalty(datums, rows, self.settings.kl_coefficient, scale=scale)
+        return 1.0 / trained if self.settings.normalization == "token_mean" and trained else 1.0
 
     async def save(self, bus: Bus, step: int) -> Checkpoint:
         """Save the full training state (weights and optimizer) and record the checkpoint."""

@@ -1,0 +1,79 @@
+"""On-policy distillation end to end on the embedded backend: a tiny teacher trained by RL on the
+vowels task (`learnable`) teaches a student from the same base model, which gets most of the
+teacher's reward in fewer steps than RL from the same start, while its reverse KL to the teacher
+falls. Every run is `train.reproducible`, so each is the same run whatever the machine's load,
+and the teacher's own run is RL from the student's start with the student's seed: its first
+steps are what RL alone reaches in as many steps."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+from learnable import learn_config
+
+from platoon.api import train
+from platoon.config import SystemError, validate_config
+
+pytestmark = pytest.mark.torch
+
+
+def _train(run_dir, tiny_model, steps, **overrides) -> list[dict]:
+    config = validate_config(learn_config(tiny_model, steps=steps, **overrides))
+    anyio.run(lambda: train(config, run_dir=run_dir, console=False))
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _rewards(rows: list[dict]) -> list[float]:
+    return [round(r["reward/mean"], 3) for r in rows]
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+def test_a_distilled_student_gets_the_teachers_reward_sooner_than_rl(site, tiny_model):
+    import learnable  # noqa: F401 - registers the harness
+
+    started = time.monotonic()
+    teacher = _train(site / "teacher", tiny_model, 12)  # RL, from the base model
+    taught = time.monotonic()
+    steps = 7
+    distill = {"teacher_path": str(site / "teacher"), "weight": 1.0}
+    student = _train(site / "student", tiny_model, steps, distill=distill)
+    done = time.monotonic()
+    teacher_reward = sum(r["reward/mean"] for r in teacher[-3:]) / 3
+    distilled, rl = student[-1]["reward/mean"], teacher[steps - 1]["reward/mean"]
+    kl = [r["distill/reverse_kl"] for r in student]
+    print(f"teacher reward (last 3 of 12 RL steps): {teacher_reward:.3f}")
+    print(f"at step {steps}: distilled {distilled:.3f}, RL {rl:.3f}")
+    print("RL (the teacher) reward by step:", _rewards(teacher))
+    print("distilled student reward by step:", _rewards(student))
+    print("distill/reverse_kl by step:", [round(k, 2) for k in kl])
+    print(f"seconds: teacher {taught - started:.1f}, student {done - taught:.1f}")
+    assert all(r["distill/weight"] == 1.0 and r["distill/tokens"] > 0 for r in student)
+    assert distilled >= 0.9 * teacher_reward, (distilled, teacher_reward)
+    assert distilled > rl + 0.1, (distilled, rl)
+    assert kl[-1] < 0.25 * kl[0] and kl[-2] < kl[0], kl
+
+
+@pytest.mark.slow
+def test_the_base_model_teaches_its_own_samples_nothing_and_another_tokenizer_is_refused(
+    site, tiny_model, qwen3_tokenizer
+):
+    """A student that starts as its teacher (`distill: {}`, the base model) diverges from it by
+    nothing at its first step: the teacher scored the very tokens the student sampled, aligned.
+    A teacher trained with another tokenizer is refused at the start, naming both."""
+    import learnable  # noqa: F401 - registers the harness
+
+    [first] = _train(site / "base", tiny_model, 1, distill={})
+    assert first["distill/tokens"] > 0
+    assert abs(first["distill/reverse_kl"]) < 1e-3, first
+    qwen = site / "qwen3"
+    qwen3_tokenizer.save_pretrained(qwen)
+    with pytest.raises(
+        SystemError, match=rf"train.distill.teacher_path: .*'{tiny_model}' and default uses '{qwen}'"
+    ):
+        _train(
+            site / "other", tiny_model, 1, tokenizer=str(qwen), distill={"teacher_path": str(site / "base")}
+        )
