@@ -165,11 +165,15 @@ def _anthropic_ranges(temperature: float | None, top_p: float | None) -> None:
 
 def _objects(value: object) -> list[Mapping[str, object]]:
     """A list the body's struct has shown to hold only objects."""
-    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if type(item) is dict or isinstance(item, Mapping)]
 
 
 def _read_as_system(message: Mapping[str, object]) -> Message:
-    return {**message, "role": "system"} if message["role"] == "developer" else dict(message)
+    """A developer message read as a system one; any other as it is (never written to, so not
+    copied: an agent's history is sent whole on every call)."""
+    return {**message, "role": "system"} if message["role"] == "developer" else message
 
 
 class Logprobs(NamedTuple):
