@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
+from platoon.gateway import jsontext
 from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
@@ -188,30 +189,9 @@ _CACHE_MAX_CHARS = 100_000
 
 
 def _dumps(value: object, indent: int | None = None) -> str:
-    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-_TOOL_KEYS = msgspec.msgpack.Encoder()  # exact: keeps key order, ints apart from floats, NaN
-_TOOLS_JSON: dict[tuple[int | None, bytes], list[str]] = {}
-_TOOLS_JSON_ENTRIES = 256
-
-
-def _tools_json(tools: Sequence[Tool], indent: int | None = None) -> list[str]:
-    """Each tool as `_dumps` writes it. An agent sends the same tools on every call, and dumping
-    them costs more than the rest of its render, so they are kept by their msgpack encoding
-    (C speed, 20x cheaper than dumping them)."""
-    try:
-        key = (indent, _TOOL_KEYS.encode(tools))
-    except (TypeError, ValueError, OverflowError):  # not plain data: dumped as it is
-        return [_dumps(tool, indent) for tool in tools]
-    dumped = _TOOLS_JSON.get(key)
-    if dumped is None:
-        dumped = [_dumps(tool, indent) for tool in tools]
-        if len(_TOOLS_JSON) >= _TOOLS_JSON_ENTRIES:
-            _TOOLS_JSON.clear()
-        _TOOLS_JSON[key] = dumped
-    return dumped
+    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators,
+    # kept for the tools and calls an agent sends again on every call.
+    return jsontext.dumps(value, indent)
 
 
 class Renderer(ABC):
@@ -250,17 +230,21 @@ class Renderer(ABC):
     ) -> list[int]:
         """Prompt tokens for `messages`; `completions` maps assistant message indices to the
         tokens sampled for them, which replace their re-rendered text."""
-        segments = self.render_segments(messages, tools, add_generation_prompt=add_generation_prompt)
+        # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
+        _check(messages)
+        texts = self._texts(list(messages), list(tools) if tools else None, add_generation_prompt)
         completions = completions or {}
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
                 raise RendererError(f"completions: message {index} is not an assistant message")
         tokens: list[int] = []
-        for segment in segments:
-            if segment.message is not None and segment.message in completions:
-                tokens += self.completion_segment(completions[segment.message])
+        for message, _, text in texts:
+            if not text:
+                continue
+            if message is not None and message in completions:
+                tokens += self.completion_segment(completions[message])
             else:
-                tokens += segment.tokens
+                tokens += self._encoded_text(text)
         return tokens
 
     def render_segments(
@@ -297,10 +281,11 @@ class Renderer(ABC):
         return None
 
     def _encode(self, text: str) -> list[int]:
+        return list(self._encoded_text(text)) if text else []
+
+    def _encoded_text(self, text: str) -> tuple[int, ...]:
         # An agent's prompts repeat its history, so chunks are cached: re-rendering a long
         # conversation then costs only its new messages.
-        if not text:
-            return []
         cached = self._encoded.get(text)
         if cached is None:
             cached = tuple(self.tokenizer.encode(text, add_special_tokens=False))
@@ -310,7 +295,7 @@ class Renderer(ABC):
                 self._encoded[text] = cached
         else:
             self._encoded.move_to_end(text)
-        return list(cached)
+        return cached
 
     # Parsing
 
@@ -421,7 +406,7 @@ class Qwen3Renderer(Renderer):
         return "\n"
 
     def _tools_preamble(self, tools: list[Tool]) -> str:
-        listed = "".join("\n" + dumped for dumped in _tools_json(tools))
+        listed = "".join("\n" + _dumps(tool) for tool in tools)
         return (
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
             "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
@@ -561,7 +546,7 @@ class Llama3Renderer(Renderer):
             if len(messages) == offset:
                 raise RendererError("llama3 puts tools in the first user message, and there is none")
             first = _text(messages[offset].get("content"), f"messages.{offset}.content").strip()
-            listed = "".join(dumped + "\n\n" for dumped in _tools_json(tools, indent=4))
+            listed = "".join(_dumps(tool, indent=4) + "\n\n" for tool in tools)
             out.append(
                 (
                     offset,
@@ -630,7 +615,7 @@ class SmolLM2Renderer(Renderer):
     @staticmethod
     def tools_text(tools: Sequence[Tool]) -> str:
         """The tool list as it is appended to the system message."""
-        listed = "".join("\n" + dumped for dumped in _tools_json(tools))
+        listed = "".join("\n" + _dumps(tool) for tool in tools)
         return (
             "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
             "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
