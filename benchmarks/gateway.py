@@ -1,11 +1,31 @@
-"""Latency the gateway adds to a chat call, in process and over HTTP, and 64 concurrent clients.
+"""What the gateway costs per chat call: latency in process and over HTTP, and the server's CPU.
 
 The sampler answers at once with a canned completion, so what is measured is the gateway:
 rendering, the bus round trip or the HTTP request, parsing, recording. The floor for HTTP is a
 bare starlette endpoint served the same way (`serving.serve_asgi`) that returns a canned
 completion; the floor in process is a bare bus request/reply.
 
-Run: python benchmarks/gateway.py [--calls N] [--turns T] [--clients C] [--per-client K] [--backend asyncio|trio]
+Then, side by side and for the same clients (128 by default, each its own agent, in this
+process), the server in a process of its own, measured by that process's CPU seconds per call
+(/proc, Linux): the bare endpoint against the gateway on a short chat (`--turns` tool calls),
+and the gateway on a coding agent's request (a 10 KiB system prompt, 16 tools, the same
+history) as chat completions and as Anthropic Messages (Claude Code's dialect), per KiB of body.
+
+Measured on 2 shared cores (best of 3 server processes, 128 clients x 10 calls, CPU ms per call):
+
+    before (issue #35)   after    bare starlette
+    chat, 2.7 KiB                 0.547         0.445    0.266-0.273   gateway/bare 2.00x -> 1.68x
+    agent's chat, 26 KiB          0.945         0.688    0.289
+    agent's Messages, 26 KiB      1.000         0.688    0.273-0.297   Messages/chat per KiB 1.07x -> 1.02x
+
+The goal (issue #35) is <= 1.15x the bare endpoint. What is left of a short chat's ~0.18 ms over
+the bare endpoint is spread thin (measured alone, idle): rendering 26 us (the chat format's text
+for each message, then cached tokens), reading the reply 15 us (the tokenizer's decode), the
+dialect 10 us and the JSON 6 us, the agent's earlier turns found 5 us, the body guard (its
+deadline) 7 us, parameters and controls 5 us, and asyncio/anyio around them.
+
+Run: python benchmarks/gateway.py [--calls N] [--turns T] [--clients C] [--per-client K] [--rounds R]
+     [--backend asyncio|trio]   (--calls 0 skips the latency part)
 """
 
 from __future__ import annotations
