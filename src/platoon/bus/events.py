@@ -11,7 +11,7 @@ A plugin adds its own event types by subclassing `Event` and decorating the clas
 from __future__ import annotations
 
 import hashlib
-import uuid
+import os
 from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -80,8 +80,9 @@ _REGISTRY: dict[str, type[Event]] = {}
 
 
 def new_id() -> str:
-    """A fresh random id (hex) for episodes, agents, calls and requests."""
-    return uuid.uuid4().hex
+    """A fresh random id (32 hex digits) for episodes, agents, calls and requests: 128 random
+    bits, as a uuid4 has, at a quarter of its cost (every call and request takes some)."""
+    return os.urandom(16).hex()
 
 
 def derive_seed(*parts: object) -> int:

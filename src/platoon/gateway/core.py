@@ -45,7 +45,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.gateway.errors import GatewayError, sampler_error
-from platoon.gateway.params import call_params, longest_token, text_size
+from platoon.gateway.params import call_params, longest_token, size_bound, text_size
 from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
@@ -377,8 +377,8 @@ class Gateway(ComponentBase):
             state.stream_markers = renderer.stream_markers()
         controls = take_controls(params, tools, renderer, state.stream_markers)
         completions = sampled_turns(session, messages)
-        chars = text_size(messages) + text_size(tools or ())
-        self._check_size(chars, state)
+        chars = size_bound(messages) + size_bound(tools or ())  # their text, bounded from above
+        self._check_size(chars, messages, tools, state)
         render = functools.partial(renderer.render, messages, tools or None, completions=completions)
         try:
             # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
@@ -421,7 +421,7 @@ class Gateway(ComponentBase):
         started = time.time()
         clock = time.perf_counter()
         reserved = False
-        conversation = _as_dicts(messages)
+        dicts = conversation = _as_dicts(messages)
         if controls.prefill:  # the forced opening, for scripted policies (real ones see the tokens)
             conversation = [*conversation, {"role": "assistant", "content": controls.prefill, "prefix": True}]
         try:
@@ -506,7 +506,7 @@ class Gateway(ComponentBase):
                     call_id=call_id,
                     episode_id=session.episode_id,
                     agent_id=session.agent_id,
-                    prompt_tokens=list(prompt),
+                    prompt_tokens=prompt,  # a list of this call's own
                     completion_tokens=list(sampled.tokens),
                     logprobs=list(sampled.logprobs),
                     stop_reason=sampled.stop_reason,
@@ -515,7 +515,7 @@ class Gateway(ComponentBase):
                     completion_text=parsed.content,
                     started_at=started,
                     duration_s=duration,
-                    messages=[dict(m) for m in messages] if record_messages else None,
+                    messages=dicts if record_messages else None,  # read, never written: not copied
                     policy=session.policy,
                     parse_errors=list(parsed.errors),
                 )
@@ -539,13 +539,19 @@ class Gateway(ComponentBase):
             top_logprobs=sampled.top_logprobs,
         )
 
-    def _check_size(self, chars: int, state: GatewayPolicy) -> None:
+    def _check_size(
+        self, bound: int, messages: Sequence[Message], tools: Sequence[Tool] | None, state: GatewayPolicy
+    ) -> None:
         """Refuse, before tokenizing, a prompt that cannot fit: no token spans more than
-        `longest_token` characters, so `chars / longest_token` tokens at least."""
+        `longest_token` characters, so `chars / longest_token` tokens at least. The characters
+        are counted only when their bound (`bound`) says the prompt may not fit."""
         if self.context_window is None:
             return
         if state.longest_token is None:
             state.longest_token = longest_token(state.renderer.tokenizer)
+        if bound <= self.context_window * state.longest_token:
+            return
+        chars = text_size(messages) + text_size(tools or ())
         if chars > self.context_window * state.longest_token:
             raise GatewayError(
                 "context_length",

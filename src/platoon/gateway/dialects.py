@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from msgspec import Struct
 
-from platoon.gateway import bodies
+from platoon.gateway import bodies, jsontext
 from platoon.gateway.bodies import (
     ChatToolChoice,
     ChoiceTool,
@@ -53,6 +53,7 @@ from platoon.gateway.shapes import ResponsesMessage as ResponsesMessageItem
 
 __all__ = [
     "DialectError",
+    "anthropic_call",
     "anthropic_request",
     "anthropic_response",
     "anthropic_stream",
@@ -165,11 +166,15 @@ def _anthropic_ranges(temperature: float | None, top_p: float | None) -> None:
 
 def _objects(value: object) -> list[Mapping[str, object]]:
     """A list the body's struct has shown to hold only objects."""
-    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if type(item) is dict or isinstance(item, Mapping)]
 
 
 def _read_as_system(message: Mapping[str, object]) -> Message:
-    return {**message, "role": "system"} if message["role"] == "developer" else dict(message)
+    """A developer message read as a system one; any other as it is (never written to, so not
+    copied: an agent's history is sent whole on every call)."""
+    return {**message, "role": "system"} if message["role"] == "developer" else message
 
 
 class Logprobs(NamedTuple):
@@ -550,22 +555,23 @@ class ResponsesStream:
 # --- Anthropic Messages ----------------------------------------------------------------------
 
 
-_MESSAGES_WHOLE = {"stop_sequences": "expected an array of non-empty strings"}
+MESSAGES_WHOLE = {"stop_sequences": "expected an array of non-empty strings"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
 def anthropic_request(body: Mapping[str, object]) -> Call:
     """The call an Anthropic Messages body asks for."""
-    return _messages(bodies.read(body, bodies.MessagesRequest, "Messages", _MESSAGES_WHOLE))
+    return anthropic_call(bodies.read(body, bodies.MessagesRequest, "Messages", MESSAGES_WHOLE))
 
 
 def count_tokens_request(body: Mapping[str, object]) -> tuple[list[Message], list[Tool] | None]:
     """(messages, tools) of an Anthropic count_tokens body: a Messages body without max_tokens."""
-    call = _messages(bodies.read(body, bodies.CountTokensRequest, "Messages", _MESSAGES_WHOLE))
+    call = anthropic_call(bodies.read(body, bodies.CountTokensRequest, "Messages", MESSAGES_WHOLE))
     return call.messages, call.tools
 
 
-def _messages(request: bodies.MessagesRequest) -> Call:
+def anthropic_call(request: bodies.MessagesRequest) -> Call:
+    """The call a Messages request (read by `bodies`) asks for."""
     _anthropic_ranges(request.temperature, request.top_p)
     messages: list[Message] = []
     if request.system is not None:
@@ -586,7 +592,7 @@ def _messages(request: bodies.MessagesRequest) -> Call:
             if isinstance(block, Text):
                 texts.append(block.text)
             elif isinstance(block, ToolUseBlock):
-                arguments = json.dumps(block.input or {}, ensure_ascii=False)
+                arguments = jsontext.dumps(block.input or {})
                 calls.append(
                     {
                         "id": block.id,

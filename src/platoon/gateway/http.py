@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from platoon.bus.events import CallKind, new_id
-from platoon.gateway import dialects
+from platoon.gateway import bodies, dialects
 from platoon.gateway.core import Gateway
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession, Completion
@@ -212,8 +212,7 @@ def _parse(body: bytes) -> object:
 _DECODER = msgspec.json.Decoder()
 
 
-async def _json(request: Request) -> Body:
-    body = await request.body()
+async def _json(body: bytes) -> Body:
     try:
         value = await anyio.to_thread.run_sync(_parse, body) if len(body) > _INLINE_BODY else _parse(body)
     except RecursionError:
@@ -318,10 +317,9 @@ def build_app(gateway: Gateway) -> Guard:
             session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
         )
 
-    def model_of(body: Body, api: _Api) -> str:
+    def model_of(model: object, api: _Api) -> str:
         """The model a body asks for: one the gateway serves, or a 404; none is a 400, as each API
         answers it."""
-        model = body.get("model")
         if model is None or model == "":
             raise _no_model(api)
         if not isinstance(model, str) or model not in gateway.model_names:
@@ -351,7 +349,7 @@ def build_app(gateway: Gateway) -> Guard:
 
     async def answer(
         request: Request,
-        call: Callable[[AgentSession, Body], Awaitable[Response]],
+        call: Callable[[AgentSession, bytes], Awaitable[Response]],
         error: _ErrorResponse,
     ) -> Response:
         try:
@@ -362,8 +360,7 @@ def build_app(gateway: Gateway) -> Guard:
                 )
             session.in_flight += 1
             try:
-                body = await _json(request)
-                return await call(session, body)
+                return await call(session, await request.body())
             finally:
                 session.in_flight -= 1
         except dialects.DialectError as exc:
@@ -372,9 +369,10 @@ def build_app(gateway: Gateway) -> Guard:
             return error(exc.kind, str(exc), exc.param, exc.code)
 
     async def chat_completions(request: Request) -> Response:
-        async def call(session: AgentSession, body: Body) -> Response:
+        async def call(session: AgentSession, raw: bytes) -> Response:
+            body = await _json(raw)
             messages, tools, params, n, stream = dialects.chat_request(body)
-            model = model_of(body, "chat")
+            model = model_of(body.get("model"), "chat")
             limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
             check_max_tokens(params.get("max_tokens"), limit, "chat", model)
             kind = _kind(request)
@@ -410,9 +408,10 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _openai_error)
 
     async def responses(request: Request) -> Response:
-        async def call(session: AgentSession, body: Body) -> Response:
+        async def call(session: AgentSession, raw: bytes) -> Response:
+            body = await _json(raw)
             messages, tools, params, stream = dialects.responses_request(body)
-            model = model_of(body, "responses")
+            model = model_of(body.get("model"), "responses")
             check_max_tokens(params.get("max_tokens"), "max_output_tokens", "responses", model)
             previous = body.get("previous_response_id")  # a string or null: `responses_request` checked it
             instructions = 1 if body.get("instructions") else 0
@@ -450,9 +449,13 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _openai_error)
 
     async def messages_endpoint(request: Request) -> Response:
-        async def call(session: AgentSession, body: Body) -> Response:
-            messages, tools, params, stream = dialects.anthropic_request(body)
-            model = model_of(body, "messages")
+        async def call(session: AgentSession, raw: bytes) -> Response:
+            # Read straight into its struct; a body that is not a valid one is parsed to say why.
+            read = bodies.decode(raw, bodies.MessagesRequest) or bodies.read(
+                await _json(raw), bodies.MessagesRequest, "Messages", dialects.MESSAGES_WHOLE
+            )
+            messages, tools, params, stream = dialects.anthropic_call(read)
+            model = model_of(read.model, "messages")
             check_max_tokens(params.get("max_tokens"), "max_tokens", "messages", model)
             rid = new_id()
 
@@ -471,9 +474,10 @@ def build_app(gateway: Gateway) -> Guard:
         return await answer(request, call, _anthropic_error)
 
     async def count_tokens(request: Request) -> Response:
-        async def call(session: AgentSession, body: Body) -> Response:
+        async def call(session: AgentSession, raw: bytes) -> Response:
+            body = await _json(raw)
             messages, tools = dialects.count_tokens_request(body)
-            model_of(body, "messages")
+            model_of(body.get("model"), "messages")
             try:
                 tokens = gateway.renderer.render(messages, tools)
             except ValueError as exc:
@@ -497,7 +501,7 @@ def build_app(gateway: Gateway) -> Guard:
     async def model(request: Request) -> Response:
         try:
             gateway.authenticate(_key(request))
-            name = model_of({"model": request.path_params["model"]}, "chat")
+            name = model_of(request.path_params["model"], "chat")
         except GatewayError as exc:
             return _openai_error(exc.kind, str(exc), exc.param)
         return JSONResponse(model_object(name))

@@ -16,7 +16,7 @@ from platoon.gateway.sessions import AgentSession
 from platoon.gateway.shapes import Params, Tokenizer
 from platoon.policy.base import SampleParams
 
-__all__ = ["as_dict", "call_params", "checked_params", "longest_token", "text_size"]
+__all__ = ["as_dict", "call_params", "checked_params", "longest_token", "size_bound", "text_size"]
 
 _PARAM_ALIASES = {"max_completion_tokens": "max_tokens"}
 _MAX_TOKENS = 10_000_000  # no model samples more; a larger max_tokens is a mistake
@@ -132,6 +132,20 @@ def text_size(value: object) -> int:
         elif isinstance(item, Mapping):
             pending.extend(item.values())
     return total
+
+
+def size_bound(value: object) -> int:
+    """At least the characters of all the strings in a JSON-like value: its size as JSON in bytes.
+
+    Encoded in C, 10-50x faster than counting (`text_size`) on every call's whole history; a
+    value msgspec cannot encode is counted."""
+    try:
+        return len(_ENCODER.encode(value))
+    except (TypeError, ValueError):  # not JSON (an object of the caller's, a non-str key)
+        return text_size(value)
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 def longest_token(tokenizer: Tokenizer) -> int:

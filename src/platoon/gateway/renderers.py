@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
+from platoon.gateway import jsontext
 from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
@@ -139,8 +140,10 @@ def _reasoning(message: Message) -> object:
 
 def _function(call: object, where: str) -> tuple[str, object]:
     """(name, arguments) of a tool call in OpenAI (`{"function": {...}}`) or flat form."""
-    function = call.get("function", call) if isinstance(call, Mapping) else None
-    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+    function = call.get("function", call) if type(call) is dict or isinstance(call, Mapping) else None
+    if not (type(function) is dict or isinstance(function, Mapping)) or not isinstance(
+        function.get("name"), str
+    ):
         raise RendererError(f"{where}: a tool call needs function.name")
     return function["name"], function.get("arguments", {})
 
@@ -156,7 +159,7 @@ def _arguments_object(arguments: object, where: str) -> object:
 
 def _check(messages: Sequence[Message]) -> None:
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
+        if type(message) is not dict and not isinstance(message, Mapping):  # dict: 5x cheaper to check
             raise RendererError(f"messages.{i}: a message must be an object, not {type(message).__name__}")
         role = message.get("role")
         if role not in _ROLES:
@@ -186,8 +189,9 @@ _CACHE_MAX_CHARS = 100_000
 
 
 def _dumps(value: object, indent: int | None = None) -> str:
-    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators.
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+    # transformers' `tojson` filter: json.dumps with ensure_ascii=False and default separators,
+    # kept for the tools and calls an agent sends again on every call.
+    return jsontext.dumps(value, indent)
 
 
 class Renderer(ABC):
@@ -226,17 +230,21 @@ class Renderer(ABC):
     ) -> list[int]:
         """Prompt tokens for `messages`; `completions` maps assistant message indices to the
         tokens sampled for them, which replace their re-rendered text."""
-        segments = self.render_segments(messages, tools, add_generation_prompt=add_generation_prompt)
+        # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
+        _check(messages)
+        texts = self._texts(list(messages), list(tools) if tools else None, add_generation_prompt)
         completions = completions or {}
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
                 raise RendererError(f"completions: message {index} is not an assistant message")
         tokens: list[int] = []
-        for segment in segments:
-            if segment.message is not None and segment.message in completions:
-                tokens += self.completion_segment(completions[segment.message])
+        for message, _, text in texts:
+            if not text:
+                continue
+            if message is not None and message in completions:
+                tokens += self.completion_segment(completions[message])
             else:
-                tokens += segment.tokens
+                tokens += self._encoded_text(text)
         return tokens
 
     def render_segments(
@@ -273,10 +281,11 @@ class Renderer(ABC):
         return None
 
     def _encode(self, text: str) -> list[int]:
+        return list(self._encoded_text(text)) if text else []
+
+    def _encoded_text(self, text: str) -> tuple[int, ...]:
         # An agent's prompts repeat its history, so chunks are cached: re-rendering a long
         # conversation then costs only its new messages.
-        if not text:
-            return []
         cached = self._encoded.get(text)
         if cached is None:
             cached = tuple(self.tokenizer.encode(text, add_special_tokens=False))
@@ -286,7 +295,7 @@ class Renderer(ABC):
                 self._encoded[text] = cached
         else:
             self._encoded.move_to_end(text)
-        return list(cached)
+        return cached
 
     # Parsing
 

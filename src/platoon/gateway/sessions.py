@@ -97,7 +97,7 @@ def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[in
     completions: dict[int, list[int]] = {}
     seen: dict[TurnKey, int] = {}
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+        if not (type(message) is dict or isinstance(message, Mapping)) or message.get("role") != "assistant":
             continue
         key = turn_key(message)
         if key is None:
@@ -127,8 +127,10 @@ def turn_key(message: Message) -> TurnKey | None:
         return None
     calls = []
     for call in raw_calls:
-        function = call.get("function", call) if isinstance(call, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        function = call.get("function", call) if type(call) is dict or isinstance(call, Mapping) else None
+        if not (type(function) is dict or isinstance(function, Mapping)) or not isinstance(
+            function.get("name"), str
+        ):
             return None
         calls.append((function["name"], _arguments_key(function.get("arguments"))))
     return (content or "").strip(), tuple(calls)
