@@ -6,6 +6,7 @@ sample, parse, record, merge into datums) runs exactly as it does with a model.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -49,7 +50,9 @@ class ScriptedSampler:
         self.logprob = logprob
         self.calls = 0
         if callable(script):
-            self._respond: Callable[[list[dict[str, Any]]], Any] = script
+            # A copy: the gateway records these very messages (ModelCallFinished), and a
+            # script that edits what it is handed must not rewrite the record.
+            self._respond: Callable[[list[dict[str, Any]]], Any] = lambda m: script(copy.deepcopy(m))
         else:
             texts = iter(list(script))
 
