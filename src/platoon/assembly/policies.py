@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
 import structlog
 
 from platoon.assembly.settings import (
@@ -28,9 +27,9 @@ from platoon.policy.tinker import (
     TinkerSamplerFactory,
     closing,
     sampling_client,
+    sdk_call,
     tinker_endpoint,
     tinker_service_client,
-    unsupported_server,
     wait_future,
 )
 from platoon.train.checkpoints import (
@@ -429,13 +428,7 @@ async def _training_client(
             base_model=policy.model_name or "", rank=policy.lora_rank, seed=policy.seed
         ).result()
 
-    try:
-        return await anyio.to_thread.run_sync(create)
-    except Exception as exc:
-        unsupported = unsupported_server(exc)
-        if unsupported is None:
-            raise
-        raise unsupported from None
+    return await sdk_call(create)
 
 
 async def _loaded_sampler(client: tinker.TrainingClient, policy: PolicySettings) -> str | None:

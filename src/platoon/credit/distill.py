@@ -23,6 +23,7 @@ import msgspec
 
 from platoon.bus.events import Datum
 from platoon.credit.exceptions import CreditError
+from platoon.credit.kl import token_divergences
 
 __all__ = ["distill_advantages"]
 
@@ -42,21 +43,7 @@ def distill_advantages(
     """
     if not 0.0 <= weight <= 1.0:
         raise CreditError(f"distill weight {weight} is outside 0..1")
-    if len(teacher) != len(datums):
-        raise CreditError(f"{len(teacher)} teacher rows for {len(datums)} datums")
-    per_datum: list[list[float]] = []
-    for datum, row in zip(datums, teacher, strict=True):
-        if len(row) != len(datum.target_tokens):
-            raise CreditError(f"{len(row)} teacher logprobs for {len(datum.target_tokens)} targets")
-        per_datum.append(
-            [
-                lp - t if w and t is not None and math.isfinite(t) else 0.0
-                for lp, t, w in zip(datum.logprobs, row, datum.weights, strict=True)
-            ]
-        )
-    sampled = [
-        k for d, ks in zip(datums, per_datum, strict=True) for k, w in zip(ks, d.weights, strict=True) if w
-    ]
+    per_datum, sampled = token_divergences(datums, teacher, of="teacher")
     mean = math.fsum(sampled) / len(sampled) if sampled else 0.0
     out = [
         msgspec.structs.replace(

@@ -16,7 +16,7 @@ import msgspec
 from platoon.bus.events import Datum
 from platoon.credit.exceptions import CreditError
 
-__all__ = ["kl_penalty", "reference_targets"]
+__all__ = ["kl_penalty", "reference_targets", "token_divergences"]
 
 
 def reference_targets(datum: Datum, prompt_logprobs: Sequence[float | None]) -> list[float | None]:
@@ -26,6 +26,33 @@ def reference_targets(datum: Datum, prompt_logprobs: Sequence[float | None]) -> 
     if len(prompt_logprobs) != n + 1:
         raise CreditError(f"{len(prompt_logprobs)} reference logprobs for a sequence of {n + 1} tokens")
     return list(prompt_logprobs[1:])
+
+
+def token_divergences(
+    datums: Sequence[Datum], reference: Sequence[Sequence[float | None]], *, of: str = "reference"
+) -> tuple[list[list[float]], list[float]]:
+    """Per datum, `logp_sampler(t) - logp_ref(t)` at each target (0 where the token was not
+    sampled or the reference has no finite logprob), and the sampled tokens' values in order.
+    `of` names the reference in errors."""
+    if len(reference) != len(datums):
+        raise CreditError(f"{len(reference)} {of} rows for {len(datums)} datums")
+    per_datum: list[list[float]] = []
+    for datum, ref in zip(datums, reference, strict=True):
+        if len(ref) != len(datum.target_tokens):
+            raise CreditError(f"{len(ref)} {of} logprobs for {len(datum.target_tokens)} targets")
+        per_datum.append(
+            [
+                (lp - r) if (w and r is not None and math.isfinite(r)) else 0.0
+                for lp, r, w in zip(datum.logprobs, ref, datum.weights, strict=True)
+            ]
+        )
+    sampled = [
+        kl
+        for datum, kls in zip(datums, per_datum, strict=True)
+        for kl, w in zip(kls, datum.weights, strict=True)
+        if w
+    ]
+    return per_datum, sampled
 
 
 def kl_penalty(
@@ -40,24 +67,7 @@ def kl_penalty(
     `reference[i]` holds the reference's logprob of each target of `datums[i]`; a missing one
     (None) counts as no divergence at that token.
     """
-    if len(reference) != len(datums):
-        raise CreditError(f"{len(reference)} reference rows for {len(datums)} datums")
-    per_datum: list[list[float]] = []
-    for datum, ref in zip(datums, reference, strict=True):
-        if len(ref) != len(datum.target_tokens):
-            raise CreditError(f"{len(ref)} reference logprobs for {len(datum.target_tokens)} targets")
-        per_datum.append(
-            [
-                (lp - r) if (w and r is not None and math.isfinite(r)) else 0.0
-                for lp, r, w in zip(datum.logprobs, ref, datum.weights, strict=True)
-            ]
-        )
-    sampled = [
-        kl
-        for datum, kls in zip(datums, per_datum, strict=True)
-        for kl, w in zip(kls, datum.weights, strict=True)
-        if w
-    ]
+    per_datum, sampled = token_divergences(datums, reference)
     mean = math.fsum(sampled) / len(sampled) if sampled else 0.0
     out = []
     for datum, kls in zip(datums, per_datum, strict=True):

@@ -22,7 +22,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio
@@ -44,11 +44,11 @@ __all__ = [
     "TinkerSamplerFactory",
     "closing",
     "sampling_client",
+    "sdk_call",
     "stream_url",
     "tinker_endpoint",
     "tinker_sampler",
     "tinker_service_client",
-    "unsupported_server",
     "wait_future",
 ]
 
@@ -322,10 +322,16 @@ async def sampling_client(
     def create() -> tinker.SamplingClient:
         return service_client.create_sampling_client(model_path=model_path, base_model=base_model).result()
 
+    return await sdk_call(create)
+
+
+async def sdk_call(call: Callable[[], T]) -> T:
+    """A blocking Tinker SDK call in a worker thread; a server this SDK cannot talk to is said
+    in one line (`SystemError`) instead of the SDK's traceback."""
     try:
-        return await anyio.to_thread.run_sync(create)
+        return await anyio.to_thread.run_sync(call)
     except Exception as exc:
-        unsupported = unsupported_server(exc)
+        unsupported = _unsupported_server(exc)
         if unsupported is None:
             raise
         raise unsupported from None
@@ -373,7 +379,7 @@ _OLD_WIRE = (
 )
 
 
-def unsupported_server(exc: BaseException) -> SystemError | None:
+def _unsupported_server(exc: BaseException) -> SystemError | None:
     """A Tinker server this SDK cannot talk to, said in one line (None: another failure).
 
     Such a server lacks `client/config` (the SDK's first call) or answers results as JSON where
