@@ -5,14 +5,13 @@ supervised fine-tuning of the config's policy on recorded episodes, in a run fol
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from platoon.api import sft
 from platoon.assembly import check_training_service, import_packages
 from platoon.cli.signals import run_async
-from platoon.cli.train import _claimed, how_to_resume, run_stopped
+from platoon.cli.train import _claimed, resumable
 from platoon.config import load_config, load_site, run_dir
 from platoon.stats.summary import sft_summary
 from platoon.train.checkpoints import ResumeError
@@ -39,7 +38,8 @@ def sft_command(args: argparse.Namespace) -> int:
         ["--agent", args.agent] if args.agent else []
     )
     started = time.monotonic()
-    try:
+    trained = ("checkpoints.jsonl", "metrics.jsonl")  # a step trained: something to resume
+    with resumable(args, directory, marks=trained, words=words, passes=(ResumeError, RecordedError)):
         run_async(
             lambda: sft(
                 config,
@@ -50,15 +50,5 @@ def sft_command(args: argparse.Namespace) -> int:
                 resume=bool(args.resume),
             )
         )
-    except KeyboardInterrupt:
-        if (directory / "identity.json").exists():
-            print(f"platoon: {how_to_resume(args, directory, words)}", file=sys.stderr)
-        raise
-    except (ResumeError, RecordedError):
-        raise  # their messages say what to do
-    except Exception as exc:
-        if not (directory / "checkpoints.jsonl").exists() and not (directory / "metrics.jsonl").exists():
-            raise  # it failed before it trained a step: there is nothing to resume
-        raise run_stopped(exc, how_to_resume(args, directory, words)) from exc
     print(sft_summary(directory, time.monotonic() - started))
     return 0

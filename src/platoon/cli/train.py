@@ -10,7 +10,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -26,7 +26,7 @@ from platoon.stats.summary import train_summary
 from platoon.train.checkpoints import CheckpointStore, ResumeError
 from platoon.train.loop import NothingGraded
 
-__all__ = ["RunStopped", "how_to_resume", "train_command"]
+__all__ = ["RunStopped", "how_to_resume", "resumable", "train_command"]
 
 # What a training run leaves (a rollout or an eval of the same config shares the directory).
 _RUN_FILES = ("identity.json", "metrics.jsonl", "checkpoints.jsonl")
@@ -43,6 +43,32 @@ def run_stopped(exc: BaseException, hint: str) -> RunStopped:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return RunStopped(f"{str(exc) or type(exc).__name__}\n{hint}")
+
+
+@contextlib.contextmanager
+def resumable(
+    args: argparse.Namespace,
+    directory: Path,
+    *,
+    marks: Sequence[str] = ("identity.json",),
+    words: Sequence[str] = ("platoon", "train"),
+    passes: tuple[type[BaseException], ...] = (),
+) -> Iterator[None]:
+    """A run stopped by Ctrl-C or an error says the command that goes on with it, once it has
+    something to resume (one of `marks` in `directory`). `passes`: errors whose own messages say
+    what to do, raised as they are."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if (directory / "identity.json").exists():
+            print(f"platoon: {how_to_resume(args, directory, words)}", file=sys.stderr)
+        raise
+    except passes:
+        raise
+    except Exception as exc:
+        if not any((directory / mark).exists() for mark in marks):
+            raise  # it failed before there was anything to resume
+        raise run_stopped(exc, how_to_resume(args, directory, words)) from exc
 
 
 def how_to_resume(
@@ -142,22 +168,15 @@ def train_command(args: argparse.Namespace) -> int:
     started = time.monotonic()
     live = sys.stderr.isatty() and not getattr(args, "quiet", False)
     resume = bool(getattr(args, "resume", None))
-    try:
-        run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
-    except KeyboardInterrupt:
-        if (directory / "identity.json").exists():
-            print(f"platoon: {how_to_resume(args, directory)}", file=sys.stderr)
-        raise
-    except (ResumeError, NothingGraded):
-        raise  # their messages say what to do
-    except TokenizerMissing as exc:
-        local = path.with_name("train-local.yaml")
-        if local.exists() and local != path:
-            raise TokenizerMissing(f"{exc}. This example trains a model built here with {local}") from None
-        raise
-    except Exception as exc:
-        if not (directory / "identity.json").exists():
-            raise  # it failed before the run was set up: there is nothing to resume
-        raise run_stopped(exc, how_to_resume(args, directory)) from exc
+    with resumable(args, directory, passes=(ResumeError, NothingGraded, TokenizerMissing)):
+        try:
+            run_async(lambda: train(config, run_dir=directory, resume=resume, progress=live))
+        except TokenizerMissing as exc:
+            local = path.with_name("train-local.yaml")
+            if local.exists() and local != path:
+                raise TokenizerMissing(
+                    f"{exc}. This example trains a model built here with {local}"
+                ) from None
+            raise
     print(train_summary(directory, time.monotonic() - started))
     return 0
