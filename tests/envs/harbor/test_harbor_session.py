@@ -146,8 +146,8 @@ def test_phases_that_differ_in_network_need_a_provider_that_can_part_them(make_t
     with pytest.raises(
         HarborError, match=r"agent.network_mode or verifier.network_mode\): the docker provider cannot"
     ):
-        harbor._check_phases(harbor.dataset.tasks["task"], True)
-    backend(tmp_path)._check_phases(harbor.dataset.tasks["task"], True)  # bwrap can
+        harbor.sandboxes.check_phases(harbor.dataset.tasks["task"], True)
+    backend(tmp_path).sandboxes.check_phases(harbor.dataset.tasks["task"], True)  # bwrap can
 
 
 async def test_links_an_agent_plants_among_its_artifacts_do_not_reach_the_host(make_task, tmp_path):

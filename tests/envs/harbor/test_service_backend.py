@@ -215,9 +215,9 @@ def test_other_providers_run_the_image_prepare_builds_or_the_tasks_own(make_task
     built = load_task(make_task("built", dockerfile="FROM a AS build\nFROM b\n"))  # multi-stage is fine
     make_task("prebuilt", toml='[environment]\ndocker_image = "python:3.12-slim"\n', dockerfile=None)
     harbor = HarborBackend(tmp_path / "tasks", provider="docker", cache=str(tmp_path / "cache"))
-    assert harbor._sandbox_for(harbor.dataset.tasks["built"])[0].image == image_tag(built)
+    assert harbor.sandboxes.sandbox_for(harbor.dataset.tasks["built"])[0].image == image_tag(built)
     assert image_tag(built).startswith("localhost/platoon-harbor:")
-    assert harbor._sandbox_for(harbor.dataset.tasks["prebuilt"])[0].image == "python:3.12-slim"
+    assert harbor.sandboxes.sandbox_for(harbor.dataset.tasks["prebuilt"])[0].image == "python:3.12-slim"
 
 
 @pytest.mark.parametrize(
