@@ -65,6 +65,7 @@ def run_harbor(
     (jobs / "job.json").write_text(json.dumps(job))
     env = {
         **_plain_env(),
+        "HOME": str(jobs),  # what Harbor keeps in ~/.cache/harbor stays with the job
         "PYTHONPATH": str(ROOT / "src"),
         "HARBOR_TELEMETRY": "0",  # Harbor reports each job to PostHog unless told not to
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # and litellm fetches model prices
@@ -73,7 +74,9 @@ def run_harbor(
     argv = [str(python), "-c", script, "run", "-c", str(jobs / "job.json")]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"harbor run exited with {done.returncode}: {(done.stderr or done.stdout)[-3000:]}")
+        raise RuntimeError(
+            f"harbor run exited with {done.returncode}: {(done.stderr or done.stdout)[-3000:]}"
+        )
     found: dict[str, dict[str, Rewards]] = {agent: {} for agent in agents}
     for path in jobs.glob("*/*/result.json"):
         result = json.loads(path.read_text())
@@ -90,7 +93,7 @@ def run_harbor(
 
 def _plain_env() -> dict[str, str]:
     """The environment Harbor runs with: this one's system settings, none of its keys."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PLATOON_SITE", "XDG_CONFIG_HOME")
+    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     return {k: os.environ[k] for k in keep if k in os.environ}
 
 
@@ -106,7 +109,9 @@ def run_platoon(dataset: Path, policy: str, run_dir: Path, cache: Path) -> dict[
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path.write_text(CONFIG.format(dataset=dataset, cache=cache))
     config = load_config(config_path)
-    report = anyio.run(lambda: evaluate(config, run_dir, policy=f"scripted:{__name__}:{policy}", split="train"))
+    report = anyio.run(
+        lambda: evaluate(config, run_dir, policy=f"scripted:{__name__}:{policy}", split="train")
+    )
     found: dict[str, Rewards] = {}
     for task in report.tasks:
         if task.failures or len(task.rewards) != 1:
@@ -131,6 +136,66 @@ train:
 eval: {{group_size: 1}}
 stats: {{wandb: {{mode: disabled}}}}
 """
+
+
+# A multi-step task: two steps in one sandbox, each with its own tests, solution and side
+# metrics; `kept` is only the last step's, so its mean counts the first step's missing key as 0.
+STEPS_TASK = {
+    "task.toml": """\
+schema_version = "1.4"
+multi_step_reward_strategy = "mean"
+
+[metadata]
+topic = "steps"
+
+[agent]
+timeout_sec = 60.0
+
+[verifier]
+timeout_sec = 30.0
+
+[environment]
+network_mode = "no-network"
+
+[[steps]]
+name = "count"
+
+[[steps]]
+name = "shout"
+""",
+    "environment/Dockerfile": "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY notes.txt /app/notes.txt\n",
+    "environment/notes.txt": "buy milk\ncall bob\nfix the bike\n",
+    "steps/count/instruction.md": "Write the number of lines of /app/notes.txt to /app/count.txt.\n",
+    "steps/count/solution/solve.sh": "#!/bin/bash\nwc -l < /app/notes.txt > /app/count.txt\n",
+    "steps/count/tests/test.sh": """\
+#!/bin/bash
+answer=$(tr -d '[:space:]' < /app/count.txt 2>/dev/null)
+answered=0; [ -n "$answer" ] && answered=1
+reward=0; [ "$answer" = 3 ] && reward=1
+printf '{"reward": %s, "answered": %s}\\n' "$reward" "$answered" > /logs/verifier/reward.json
+""",
+    "steps/shout/instruction.md": "Write /app/notes.txt in upper case to /app/shout.txt.\n",
+    "steps/shout/solution/solve.sh": "#!/bin/bash\ntr a-z A-Z < /app/notes.txt > /app/shout.txt\n",
+    "steps/shout/tests/test.sh": """\
+#!/bin/bash
+reward=0; [ "$(cat /app/shout.txt 2>/dev/null)" = "$(tr a-z A-Z < /app/notes.txt)" ] && reward=1
+answered=0; [ -s /app/shout.txt ] && answered=1
+kept=0; [ "$(wc -l < /app/notes.txt)" = 3 ] && kept=1
+printf '{"reward": %s, "answered": %s, "kept": %s}\\n' "$reward" "$answered" "$kept" > /logs/verifier/reward.json
+""",
+}
+
+
+def write_steps_task(dataset: Path, name: str = "notes-steps") -> Path:
+    """Write STEPS_TASK into `dataset` as task `name`."""
+    task = dataset / name
+    for rel, text in STEPS_TASK.items():
+        path = task / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if path.suffix == ".sh":
+            path.chmod(0o755)
+    return task
 
 
 # --- the scripted policies: Harbor's oracle and no-op agents, through platoon's bash tool -------
