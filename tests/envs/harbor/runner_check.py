@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 from platoon.config import load_site
-from platoon.harness.toolchain import Toolchain, ToolchainError, build_toolchain, find_python
+from platoon.harness.toolchain import Toolchain, build_toolchain, find_python
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_DATASET = ROOT / "examples" / "harbor-dataset" / "dataset"
