@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.models.task.config import NetworkMode
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
+from harbor.models.trial.paths import TrialPaths
 
 from platoon.config import load_site
 from platoon.sandbox import Sandbox, resolve_provider
@@ -49,13 +49,13 @@ class PlatoonEnvironment(BaseEnvironment):
         environment_dir: Path,
         environment_name: str,
         session_id: str,
-        trial_paths: Any,
-        task_env_config: Any,
-        *args: Any,
+        trial_paths: TrialPaths,
+        task_env_config: EnvironmentConfig,
+        *args: object,
         provider: str = "bwrap",
         cache: str | None = None,
         state_dir: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         # Read by the base class's checks, which run in its __init__.
         self._task = _task_of(Path(environment_dir))
@@ -86,7 +86,7 @@ class PlatoonEnvironment(BaseEnvironment):
         if self._separate:
             raise ValueError("platoon's environment class runs no separate verifier environment")
 
-    async def _apply_network_policy(self, network_policy: Any) -> None:
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
         self._offline = network_policy.network_mode != NetworkMode.PUBLIC
 
     async def start(self, force_build: bool) -> None:
