@@ -8,6 +8,7 @@ the environment's package is put on the worker's import path (`paths`), not inst
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from pathlib import Path
@@ -27,13 +28,13 @@ from platoon.bus.events import (
     TaskRef,
     new_id,
 )
-from platoon.envs import EnvError, build_env_service
+from platoon.credit import CreditConfig
+from platoon.envs import EnvError, EnvService, TaskInfo, build_env_service
 from platoon.gateway import Gateway
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.toolchain import find_python
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.credit import CreditConfig
 from platoon.train.batcher import CreditAssigner
 
 ENV_PACKAGE = Path(__file__).resolve().parents[1] / "verifiers_env"
@@ -75,29 +76,23 @@ def test_a_cloud_runtime_is_refused_in_one_line(runtime):
 @pytest.mark.slow
 @needs_python
 @pytest.mark.anyio
-async def test_tasks_are_listed_and_a_harness_that_runs_commands_is_refused():
-    service = build_env_service("sums", "verifiers://platoon-vf-toy", service_kwargs=kwargs())
-    started = time.monotonic()
-    try:
-        tasks = await service.backend.list_tasks("train")
-        print(f"venv ready and worker loaded in {time.monotonic() - started:.1f} s")
-    finally:
-        await service.backend.aclose()
-    assert [(t.task_id, t.index) for t in tasks] == [("sum-2-3", 0), ("sum-4-5", 1), ("sum-10-7", 2)]
-    assert tasks[0].spec["prompt"] == "What is 2 + 3? Reply with the number only."
-
-    bash = build_env_service("sums", "verifiers://platoon-vf-toy", service_kwargs=kwargs(harness="bash"))
+async def test_a_harness_that_runs_the_models_commands_is_refused_in_one_line():
+    service = build_env_service("sums", "verifiers://platoon-vf-toy", service_kwargs=kwargs(harness="bash"))
     with pytest.raises(EnvError) as caught:
-        await bash.backend.list_tasks("train")
-    await bash.backend.aclose()
+        await service.backend.list_tasks("train")
+    await service.backend.aclose()
     assert "\n" not in str(caught.value) and "harness bash runs the model's commands" in str(caught.value)
 
 
-async def play(tokenizer: Any, env_id: str, task_id: str) -> list[Event]:
+def service(env_id: str) -> EnvService:
+    return build_env_service("vf", f"verifiers://{env_id}", service_kwargs=kwargs())
+
+
+async def play(tokenizer: Any, env: EnvService, task_id: str) -> list[Event]:
     """One episode of `task_id` played by the verifiers harness against the scripted solver."""
     entry = EntrySettings(name="vf", harness="verifiers", max_steps=8)
     components: list[Any] = [
-        build_env_service("vf", f"verifiers://{env_id}", service_kwargs=kwargs()),
+        env,
         Gateway(
             renderer=get_renderer("qwen3_instruct", tokenizer),
             sampler_factory=ScriptedSamplerFactory(tokenizer, solver),
@@ -125,9 +120,19 @@ async def play(tokenizer: Any, env_id: str, task_id: str) -> list[Event]:
 @pytest.mark.slow
 @needs_python
 @pytest.mark.anyio
-async def test_an_episode_is_scored_by_the_rubric_and_trains_the_gateways_tokens(toy_tokenizer):
+async def test_tasks_are_listed_and_an_episode_is_scored_by_the_rubric_on_the_gateways_tokens(toy_tokenizer):
+    env = service("platoon-vf-toy")
     started = time.monotonic()
-    events = await play(toy_tokenizer, "platoon-vf-toy", "sum-10-7")
+    tasks = await env.backend.list_tasks("train")
+    print(f"venv ready and worker loaded in {time.monotonic() - started:.1f} s")
+    assert [(t.task_id, t.index) for t in tasks] == [("sum-2-3", 0), ("sum-4-5", 1), ("sum-10-7", 2)]
+    assert tasks[0].spec["prompt"] == "What is 2 + 3? Reply with the number only."
+    assert await env.backend.list_tasks("test") == [
+        TaskInfo(split="test", task_id=t.task_id, index=t.index, spec=t.spec) for t in tasks
+    ]
+
+    started = time.monotonic()
+    events = await play(toy_tokenizer, env, "sum-10-7")
     print(f"one single-turn episode in {time.monotonic() - started:.1f} s")
 
     finished = next(e for e in events if isinstance(e, EpisodeFinished))
@@ -151,17 +156,21 @@ async def test_an_episode_is_scored_by_the_rubric_and_trains_the_gateways_tokens
 @pytest.mark.anyio
 async def test_a_multi_turn_environment_plays_the_user_and_its_calls_merge_into_one_datum(toy_tokenizer):
     started = time.monotonic()
-    events = await play(toy_tokenizer, "platoon-vf-guess", "guess-3")
+    events = await play(toy_tokenizer, service("platoon-vf-guess"), "guess-3")
     print(f"one three-turn episode in {time.monotonic() - started:.1f} s")
 
     graded = next(e for e in events if isinstance(e, EpisodeGraded))
     calls = [e for e in events if isinstance(e, ModelCallFinished)]
     # guesses 5 (lower), 2 (higher), 3 (right): found, and few_guesses = 1 - 2/4
-    assert [toy_tokenizer.decode(c.completion_tokens) for c in calls] == ["5<|im_end|>", "2<|im_end|>", "3<|im_end|>"]
+    assert [toy_tokenizer.decode(c.completion_tokens) for c in calls] == [
+        "5<|im_end|>",
+        "2<|im_end|>",
+        "3<|im_end|>",
+    ]
     assert graded.rewards["rule/found"] == 1.0 and graded.rewards["rule/few_guesses"] == 0.5
     assert graded.reward == 1.25
     # each prompt extends the last prompt and its completion: one datum trains all three
-    for before, after in zip(calls, calls[1:], strict=False):
+    for before, after in itertools.pairwise(calls):
         assert after.prompt_tokens[: len(before.prompt_tokens) + len(before.completion_tokens)] == [
             *before.prompt_tokens,
             *before.completion_tokens,
@@ -169,3 +178,51 @@ async def test_a_multi_turn_environment_plays_the_user_and_its_calls_merge_into_
     [batch] = [e for e in events if isinstance(e, BatchReady)]
     [datum] = batch.datums
     assert datum.num_trained_tokens == sum(len(c.completion_tokens) for c in calls)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@needs_python
+def test_a_training_step_on_the_tiny_model_runs_on_the_environment(tmp_path):
+    pytest.importorskip("torch")
+    import anyio
+
+    from platoon.api import train
+    from platoon.config import validate_config
+    from platoon.testing.models import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model", hidden_size=64, num_layers=2, seed=0)
+    config = {
+        "environments": [
+            {
+                "name": "sums",
+                "service": "verifiers://platoon-vf-toy",
+                "harness": "verifiers",
+                "service_kwargs": kwargs(),
+            }
+        ],
+        "train": {
+            "backend": "local",
+            "model_name": str(model),
+            "renderer_name": "qwen3_instruct",
+            "lora_rank": 4,
+            "batch_size": 1,
+            "max_training_steps": 1,
+            "save_every": 0,
+            "workflow_config": {
+                "group_size": 2,
+                "remove_constant_reward_groups": False,
+                "rollout_config": {"max_steps": 2, "inference_params": {"max_completion_tokens": 4}},
+            },
+        },
+        "eval": {"every": 0},
+    }
+    started = time.monotonic()
+    last = anyio.run(lambda: train(validate_config(config), run_dir=tmp_path / "run", console=False))
+    print(f"one training step on the verifiers environment in {time.monotonic() - started:.1f} s")
+    assert last["policy/version"] == 1
+    assert last["train/datums"] == 2 and last["train/trained_tokens"] > 0
+    # the rubric's functions are columns of the step's metrics
+    assert last["episodes/graded"] == 2
+    # the rubric's functions are columns of the step's metrics
+    assert {"reward/rule/correct/mean", "reward/rule/brief/mean"} <= set(last)

@@ -206,4 +206,3 @@ class VerifiersSession:
 
     async def close(self) -> None:
         return None
-

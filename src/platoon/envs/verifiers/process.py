@@ -54,7 +54,7 @@ class WorkerProcess:
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # verifiers runs `uv`
         if self.paths:
             env["PYTHONPATH"] = os.pathsep.join(self.paths)
-        self._stderr = open(os.path.join(self._folder, "worker.log"), "wb")  # noqa: SIM115 - closed in aclose
+        self._stderr = open(os.path.join(self._folder, "worker.log"), "wb")  # noqa: ASYNC230 - a fresh local file, closed in aclose
         argv = [str(self.venv / "bin" / "python"), str(WORKER), json.dumps(self.settings), self.socket]
         self._process = await anyio.open_process(
             argv, env=env, stdin=subprocess.PIPE, stderr=self._stderr, start_new_session=True
@@ -68,7 +68,9 @@ class WorkerProcess:
                     break
         if scope.cancelled_caught:
             await self.aclose()
-            raise EnvError(f"the verifiers environment {self.settings['env_id']} did not load in {timeout:g} s")
+            raise EnvError(
+                f"the verifiers environment {self.settings['env_id']} did not load in {timeout:g} s"
+            )
         try:
             ready = json.loads(line.split(b"\n", 1)[0])
         except ValueError:

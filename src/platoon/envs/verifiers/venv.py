@@ -33,4 +33,3 @@ async def build_venv(
     """The venv's folder (its interpreter is `bin/python`), built now unless it already is;
     raises ToolchainError saying why not (no Python 3.12, an install that failed)."""
     return await build_toolchain(venv_toolchain(packages), cache, pythons)
-

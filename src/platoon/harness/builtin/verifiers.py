@@ -38,11 +38,15 @@ async def verifiers(ctx: AgentContext) -> AgentResult:
     assert isinstance(reply, AgentProcessExited)
     final = reply.stdout or None
     if reply.unsupported:
-        return AgentResult("error", reason="harness verifiers plays only a verifiers environment (verifiers://)")
+        return AgentResult(
+            "error", reason="harness verifiers plays only a verifiers environment (verifiers://)"
+        )
     if reply.timed_out:
         return AgentResult("timeout", final, reply.error)
     if reply.return_code is None:
         return AgentResult("error", final, reply.error or "the verifiers episode did not run")
     if reply.return_code != 0:
-        return AgentResult("error", final, f"the verifiers episode failed: {reply.stderr or 'no reason given'}")
+        return AgentResult(
+            "error", final, f"the verifiers episode failed: {reply.stderr or 'no reason given'}"
+        )
     return AgentResult("completed", final)
