@@ -28,15 +28,16 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
+import msgspec
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.config import load_site
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
 
-from .process import WorkerProcess
+from .process import EpisodeResult, WorkerProcess, WorkerTasks
 from .venv import ToolchainError, build_venv
 
 __all__ = ["SPLITS", "VerifiersBackend", "VerifiersSession"]
@@ -65,7 +66,7 @@ class VerifiersBackend:
         paths: Sequence[str | os.PathLike[str]] = (),
         harness: str = "null",
         runtime: str = "subprocess",
-        env_args: Mapping[str, Any] | None = None,
+        env_args: Mapping[str, object] | None = None,
         max_tasks: int | None = None,
         cache: str | os.PathLike[str] | None = None,
         pythons: Sequence[str] = (),
@@ -117,10 +118,10 @@ class VerifiersBackend:
         if split not in SPLITS:
             raise EnvError(f"unknown split {split!r}; splits are train and test (the same tasks)")
         if self._tasks is None:
-            reply = await (await self.worker()).request("tasks")
+            reply = await (await self.worker()).request(WorkerTasks, "tasks")
             self._tasks = [
-                TaskInfo(split="train", task_id=str(t["task_id"]), index=int(t["index"]), spec=dict(t))
-                for t in reply["tasks"]
+                TaskInfo(split="train", task_id=t.task_id, index=t.index, spec=msgspec.structs.asdict(t))
+                for t in reply.tasks
             ]
         return [TaskInfo(split=split, task_id=t.task_id, index=t.index, spec=t.spec) for t in self._tasks]
 
@@ -147,7 +148,7 @@ class VerifiersSession:
         self.task = task
         self.instruction = str(task.spec.get("prompt") or "")
         self.tools = []
-        self.result: dict[str, Any] | None = None
+        self.result: EpisodeResult | None = None
         self.failure: str | None = None
 
     async def run_agent(self, req: AgentProcessRequested) -> AgentProcessExited:
@@ -163,7 +164,12 @@ class VerifiersSession:
         try:
             with anyio.fail_after(req.timeout):
                 result = await self.worker.request(
-                    "run", index=self.task.index, base_url=base_url, api_key=api_key, model=_MODEL
+                    EpisodeResult,
+                    "run",
+                    index=self.task.index,
+                    base_url=base_url,
+                    api_key=api_key,
+                    model=_MODEL,
                 )
         except TimeoutError:
             self.failure = f"the verifiers episode passed its {req.timeout:g} s timeout"
@@ -172,15 +178,14 @@ class VerifiersSession:
             self.failure = f"the verifiers episode failed: {exc}"
             return AgentProcessExited(reply_to=req.request_id, error=self.failure)
         self.result = result
-        errors = "; ".join(result.get("errors") or [])
         return AgentProcessExited(
             reply_to=req.request_id,
-            return_code=0 if result.get("ok") else 1,
-            stdout=str(result.get("reply") or ""),
-            stderr=errors,
+            return_code=0 if result.ok else 1,
+            stdout=result.reply,
+            stderr="; ".join(result.errors),
         )
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+    async def call_tool(self, name: str, arguments: dict[str, object]) -> ToolResult:
         raise ToolError(f"a verifiers task has no platoon tools (asked for {name!r})")
 
     async def grade(self) -> Grade:
@@ -191,13 +196,12 @@ class VerifiersSession:
             )
             return Grade(reward=None, reason=reason)
         result = self.result
-        rewards = {f"rule/{name}": float(v) for name, v in (result.get("rewards") or {}).items()}
-        rewards |= {f"metric/{name}": float(v) for name, v in (result.get("metrics") or {}).items()}
-        if not result.get("ok"):
-            unscored = result.get("unscored") or []
-            why = "; ".join(result.get("errors") or []) or f"unscored: {', '.join(unscored)}"
+        rewards = {f"rule/{name}": value for name, value in result.rewards.items()}
+        rewards |= {f"metric/{name}": value for name, value in result.metrics.items()}
+        if not result.ok:
+            why = "; ".join(result.errors) or f"unscored: {', '.join(result.unscored)}"
             return Grade(reward=None, rewards=rewards, reason=f"the verifiers episode failed: {why}")
-        return Grade(reward=float(result["reward"]), rewards=rewards)
+        return Grade(reward=result.reward, rewards=rewards)
 
     async def fork(self, mode: Literal["fresh", "copy"]) -> VerifiersSession:
         if mode == "fresh":

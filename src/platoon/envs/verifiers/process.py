@@ -17,24 +17,55 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypeVar
 
 import anyio
 import anyio.abc
+import msgspec
 
 from platoon.envs.service import EnvError
 
-__all__ = ["WORKER", "WorkerProcess"]
+__all__ = ["WORKER", "EpisodeResult", "WorkerProcess", "WorkerTask", "WorkerTasks"]
 
 WORKER = Path(__file__).with_name("worker.py")
 _MAX_REPLY = 16 * 1024 * 1024
+R = TypeVar("R")
+
+
+class WorkerTask(msgspec.Struct, frozen=True):
+    index: int
+    task_id: str
+    prompt: str = ""
+    system_prompt: str | None = None
+
+
+class WorkerTasks(msgspec.Struct, frozen=True):
+    tasks: list[WorkerTask]
+
+
+class EpisodeResult(msgspec.Struct, frozen=True):
+    """One verifiers episode as the worker scored it: each reward function's value (unweighted),
+    their weighted sum, the task's metrics, and what went wrong if anything did."""
+
+    ok: bool
+    reward: float
+    rewards: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    unscored: list[str] = []
+    errors: list[str] = []
+    reply: str = ""
+    turns: int = 0
+
+
+class _Failure(msgspec.Struct):
+    error: str | None = None
 
 
 class WorkerProcess:
     """One running worker. `start` returns once it has loaded the environment (or raises
     EnvError with the worker's one-line reason); `request` asks it one thing; `aclose` stops it."""
 
-    def __init__(self, venv: Path, settings: Mapping[str, Any], paths: Sequence[str] = ()) -> None:
+    def __init__(self, venv: Path, settings: Mapping[str, object], paths: Sequence[str] = ()) -> None:
         self.venv = venv
         self.settings = dict(settings)
         self.paths = [os.path.abspath(p) for p in paths]
@@ -82,7 +113,7 @@ class WorkerProcess:
             raise EnvError(f"verifiers environment {self.settings['env_id']}: {ready['error']}")
         self.tasks = int(ready.get("tasks", 0))
 
-    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+    async def request(self, reply_type: type[R], op: str, **fields: object) -> R:
         """The worker's reply to one request; raises EnvError when it answered with an error."""
         if self._process is None:
             raise EnvError("the verifiers environment has closed")
@@ -98,10 +129,13 @@ class WorkerProcess:
             raise EnvError(f"the verifiers worker did not answer ({exc}): {self._log_tail()}") from None
         if not data.strip():
             raise EnvError(f"the verifiers worker answered nothing: {self._log_tail()}")
-        reply = json.loads(data)
-        if "error" in reply:
-            raise EnvError(str(reply["error"]))
-        return reply
+        try:
+            failure = msgspec.json.decode(data, type=_Failure)
+            if failure.error is not None:
+                raise EnvError(failure.error)
+            return msgspec.json.decode(data, type=reply_type)
+        except msgspec.ValidationError as exc:
+            raise EnvError(f"the verifiers worker answered out of protocol: {exc}") from None
 
     def _log_tail(self) -> str:
         if self._folder is None:

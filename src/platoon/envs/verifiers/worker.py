@@ -26,26 +26,48 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, TextIO, TypedDict
+
+if TYPE_CHECKING:
+    import verifiers.v1 as vf
 
 CLOUD_RUNTIMES = ("prime", "modal", "e2b")
+
+
+class Settings(TypedDict, total=False):
+    env_id: str
+    harness: str
+    env_args: dict[str, object]
+    max_tasks: int | None
+
+
+class Request(TypedDict, total=False):
+    op: str
+    index: int
+    base_url: str
+    api_key: str
+    model: str
+
+
+def _table(value: object) -> dict[str, object]:
+    return dict(value) if isinstance(value, dict) else {}
 
 
 class Refused(Exception):
     """A setting this bridge will not run; the message is one line that says why."""
 
 
-def build_env(settings: dict[str, Any]) -> Any:
+def build_env(settings: Settings) -> vf.Env:
     """The verifiers Env the settings name, every role on the local subprocess runtime."""
     import verifiers.v1 as vf
     from verifiers.v1.configs.agent import agent_config_fields
     from verifiers.v1.utils.loaders import harness_class
 
-    raw = dict(settings.get("env_args") or {})
-    raw["taskset"] = {**dict(raw.get("taskset") or {}), "id": settings["env_id"]}
+    raw = _table(settings.get("env_args"))
+    raw["taskset"] = {**_table(raw.get("taskset")), "id": settings["env_id"]}
     roles = agent_config_fields(vf.resolve_env_config(dict(raw)))
     for role in roles:
-        given = dict(raw.get(role) or {})
+        given = _table(raw.get(role))
         given.setdefault("harness", {"id": settings.get("harness") or "null"})
         given.setdefault("runtime", {"type": "subprocess"})
         raw[role] = given
@@ -68,7 +90,7 @@ def build_env(settings: dict[str, Any]) -> Any:
     return vf.load_environment(config)
 
 
-def list_tasks(env: Any, max_tasks: int | None) -> list[Any]:
+def list_tasks(env: vf.Env, max_tasks: int | None) -> list[vf.Task]:
     taskset = env.taskset
     if max_tasks is not None:
         taskset = taskset.take(max_tasks)
@@ -77,7 +99,7 @@ def list_tasks(env: Any, max_tasks: int | None) -> list[Any]:
     return list(taskset)
 
 
-def describe(tasks: list[Any]) -> list[dict[str, Any]]:
+def describe(tasks: list[vf.Task]) -> list[dict[str, object]]:
     return [
         {
             "index": i,
@@ -89,7 +111,7 @@ def describe(tasks: list[Any]) -> list[dict[str, Any]]:
     ]
 
 
-def score(episode: Any) -> dict[str, Any]:
+def score(episode: vf.Episode) -> dict[str, object]:
     """The episode's grade: each reward function's value (unweighted), the weighted sum, metrics."""
     rewards: dict[str, float] = {}
     metrics: dict[str, float] = {}
@@ -121,18 +143,18 @@ def score(episode: Any) -> dict[str, Any]:
 
 
 class Worker:
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.env: Any = None
-        self.tasks: list[Any] = []
+        self.env: vf.Env | None = None
+        self.tasks: list[vf.Task] = []
         self.runs = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: one request line in, one reply line out."""
         try:
-            request = json.loads(await reader.readline())
+            request: Request = json.loads(await reader.readline())
             if request["op"] == "tasks":
-                answer: dict[str, Any] = {"tasks": describe(self.tasks)}
+                answer: dict[str, object] = {"tasks": describe(self.tasks)}
             elif request["op"] == "run":
                 answer = await self.run(request)
             else:
@@ -145,9 +167,10 @@ class Worker:
         await writer.drain()
         writer.close()
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, request: Request) -> dict[str, object]:
         import verifiers.v1 as vf
 
+        assert self.env is not None
         task = self.tasks[int(request["index"])]
         self.runs += 1
         variable = f"PLATOON_EPISODE_{self.runs}_API_KEY"  # kept from harness programs (API_KEY)
@@ -160,7 +183,7 @@ class Worker:
             os.environ.pop(variable, None)
         return score(episode)
 
-    async def serve(self, socket_path: str, ready: Any) -> None:
+    async def serve(self, socket_path: str, ready: TextIO) -> None:
         """Load the environment, say so on `ready` (or why not), then answer connections on the
         socket until stdin closes (platoon's side went away)."""
         try:
@@ -182,7 +205,7 @@ async def main() -> None:
     ready = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    settings = json.loads(sys.argv[1])
+    settings: Settings = json.loads(sys.argv[1])
     await Worker(settings).serve(sys.argv[2], ready)
 
 
