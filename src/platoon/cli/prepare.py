@@ -83,6 +83,7 @@ def prepare(args: Any) -> int:
 
 async def _prepare_verifiers(name: str, entry: EnvironmentConfig, cache: Path, pythons: list[str]) -> None:
     """A verifiers entry's venv (Python 3.12, verifiers, uv and its `packages`), built once."""
+    # only a config with a verifiers entry loads the verifiers backend's modules
     from platoon.envs.verifiers.venv import ToolchainError, build_venv, venv_toolchain
 
     packages = [str(p) for p in entry.service_kwargs.get("packages") or []]
