@@ -158,7 +158,10 @@ def test_entries_without_a_dataset_or_harbor(tmp_path, site, capsys):
     assert code == 1 and "environments.0.service_kwargs.dataset: a harbor entry names its dataset" in err
     config.write_text("environments:\n  - {name: g, env: platoon-number-search@1, harness: platoon-react}\n")
     code, out, _ = run(capsys, "prepare", str(config))
-    assert code == 0 and "nothing to fetch or build: the config has no `service: harbor` entries" in out
+    assert (
+        code == 0
+        and "nothing to fetch or build: the config has no `service: harbor` or `verifiers://` entries" in out
+    )
 
 
 def test_docker_without_an_engine_fails_and_pins_nothing(tmp_path, site, capsys, monkeypatch):

@@ -1,4 +1,4 @@
-"""`platoon prepare CONFIG`: fetch, build and pin what a config's models and Harbor entries need.
+"""`platoon prepare CONFIG`: fetch, build and pin what a config's models, Harbor and verifiers entries need.
 
 A catalogue model the config names (`model_name: smollm2-135m`) is pulled into the site cache
 and converted once (`platoon models pull`).
@@ -58,17 +58,42 @@ def prepare(args: Any) -> int:
         for i, (name, entry) in enumerate(zip(entry_names(config), config.environments, strict=True))
         if entry.service == "harbor"
     ]
+    verifiers = [
+        (name, entry)
+        for name, entry in zip(entry_names(config), config.environments, strict=True)
+        if (entry.service or "").startswith("verifiers://")
+    ]
     pulled = _pull_models(config)
-    if not entries and not pulled:
-        print("nothing to fetch or build: the config has no `service: harbor` entries and no catalogue model")
+    if not entries and not verifiers and not pulled:
+        print(
+            "nothing to fetch or build: the config has no `service: harbor` or `verifiers://` entries "
+            "and no catalogue model"
+        )
 
     async def main() -> None:
         for i, name, entry in entries:
             await _prepare_entry(i, name, entry, Path(site.cache), site.provider)
+        for name, entry in verifiers:
+            await _prepare_verifiers(name, entry, Path(site.cache), site.pythons)
 
     anyio.run(main)
     _load_tokenizer(config)
     return 0
+
+
+async def _prepare_verifiers(name: str, entry: EnvironmentConfig, cache: Path, pythons: list[str]) -> None:
+    """A verifiers entry's venv (Python 3.12, verifiers, uv and its `packages`), built once."""
+    # only a config with a verifiers entry loads the verifiers backend's modules
+    from platoon.envs.verifiers.venv import ToolchainError, build_venv, venv_toolchain
+
+    packages = [str(p) for p in entry.service_kwargs.get("packages") or []]
+    started = time.monotonic()
+    try:
+        folder = await build_venv(packages, cache, pythons)
+    except ToolchainError as exc:
+        raise CommandError(f"{name}: the verifiers venv did not build: {exc}") from None
+    pins = ", ".join(venv_toolchain(packages).pip)
+    print(f"{name}: verifiers venv ready in {time.monotonic() - started:.1f} s at {folder} ({pins})")
 
 
 async def _prepare_entry(

@@ -1,4 +1,4 @@
-"""Environment services: in-process ORS classes, ORS servers, named environments, Harbor.
+"""Environment services: in-process ORS classes, ORS servers, named environments, Harbor, verifiers.
 
 `build_env_service` turns one `environments:` entry of a config into the bus component
 that serves it (see `platoon.envs.service`).
@@ -48,7 +48,8 @@ def build_env_service(
     """The env service for one config entry: exactly one of `service` and `env` is given.
 
     `service`: `python://module:Class` (an ORS class in process), `http(s)://host:port[/Env]`
-    (an ORS server), `harbor` (a Harbor dataset), or `module:Class` (an ORS class, or a class
+    (an ORS server), `harbor` (a Harbor dataset), `verifiers://ENV_ID` (a verifiers environment,
+    played by `harness: verifiers`), or `module:Class` (an ORS class, or a class
     implementing `EnvBackend`, built with the service kwargs). `env`: a named environment,
     `NAME[@VERSION]`. `service_kwargs` go to the backend, except `secrets` (a mapping, or a
     list of environment variable names) which the service hands to every session, and
@@ -92,6 +93,11 @@ def build_backend(service: str | None, env: str | None, kwargs: Mapping[str, Any
             from platoon.envs.remote import RemoteBackend  # each kind of service loads only its own backend
 
             return _construct(RemoteBackend, service, kwargs, what=service)
+        if service.startswith("verifiers://"):
+            # each kind of service loads only its own backend (verifiers: a worker process)
+            from platoon.envs.verifiers import VerifiersBackend
+
+            return _construct(VerifiersBackend, service.removeprefix("verifiers://"), kwargs, what=service)
         if service == "harbor":
             try:
                 # each kind of service loads only its own backend (harbor: the sandboxes)
@@ -106,7 +112,8 @@ def build_backend(service: str | None, env: str | None, kwargs: Mapping[str, Any
             f"{service or env} needs the openreward SDK: pip install 'platoon[ors]' ({exc})"
         ) from exc
     raise EnvError(
-        f"unknown service {service!r}: use python://module:Class, http://host:port, harbor or module:Class"
+        f"unknown service {service!r}: use python://module:Class, http://host:port, harbor, "
+        "verifiers://ENV_ID or module:Class"
     )
 
 

@@ -39,6 +39,7 @@ BUILTINS = {
     "platoon-react": "platoon.harness.builtin.react:react",
     "platoon-codeact": "platoon.harness.builtin.codeact:codeact",
     "platoon-bash": "platoon.harness.builtin.bash:bash",
+    "verifiers": "platoon.harness.builtin.verifiers:verifiers",
 }
 
 # Shipped command-line agents: one TOML spec per agent, named like the file.
