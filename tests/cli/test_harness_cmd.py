@@ -116,3 +116,22 @@ def test_install_of_an_unknown_harness_is_a_one_line_error(capsys):
     assert main(["harness", "install", "nope"]) == 1
     [err] = capsys.readouterr().err.splitlines()
     assert err.startswith("platoon: error: unknown harness 'nope'")
+
+
+def test_install_runs_a_function_harness_s_own_install(capsys):
+    """A function harness registered with `install=` (as `verifiers` builds its worker's venv)
+    has it run by `platoon harness install`; one without says there is nothing to build."""
+    from platoon.harness import AgentContext
+    from platoon.harness.registry import harness
+
+    built = []
+
+    async def install() -> None:
+        built.append("venv")
+
+    @harness("test-installs", install=install)
+    async def installs(ctx: AgentContext) -> None:
+        return None
+
+    assert main(["harness", "install", "test-installs"]) == 0
+    assert built == ["venv"] and lines(capsys)[0].startswith("test-installs: ready (")

@@ -66,7 +66,11 @@ class FunctionHarness:
     """A Python function that plays an episode through its `AgentContext`."""
 
     def __init__(
-        self, name: str, func: Callable[[AgentContext], Awaitable[AgentResult]], options: type | None
+        self,
+        name: str,
+        func: Callable[[AgentContext], Awaitable[AgentResult]],
+        options: type | None,
+        install: Callable[[], Awaitable[None]] | None = None,
     ):
         if not inspect.iscoroutinefunction(func):
             raise TypeError(f"harness {name!r} must be an async function taking an AgentContext")
@@ -75,6 +79,7 @@ class FunctionHarness:
         self.options_type = options
         self.description = inspect.getdoc(func) or ""
         self.module = func.__module__
+        self.install = install  # what `platoon harness install` builds ahead; None: nothing
 
     async def run(self, ctx: AgentContext) -> AgentResult:
         result = await self.func(ctx)
@@ -93,15 +98,18 @@ class FunctionHarness:
 _registry: dict[str, Harness] = {}
 
 
-def harness(name: str, *, options: type | None = None) -> Callable[[F], F]:
+def harness(
+    name: str, *, options: type | None = None, install: Callable[[], Awaitable[None]] | None = None
+) -> Callable[[F], F]:
     """Register an async function as the harness `name`.
 
     `options` is a msgspec Struct whose fields are the `harness_options` the harness takes;
     the episode's `ctx.options` is an instance of it, validated before anything runs.
+    `install` builds what the harness needs beforehand (`platoon harness install NAME`).
     """
 
     def decorate(func: F) -> F:
-        register(FunctionHarness(name, func, options))
+        register(FunctionHarness(name, func, options, install))
         return func
 
     return decorate

@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 
 from platoon.config import load_site
-from platoon.harness.toolchain import Toolchain, build_toolchain, find_python
+from platoon.harness.toolchain import Toolchain, build_toolchain, find_python, toolchain_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_DATASET = ROOT / "examples" / "harbor-dataset" / "dataset"
@@ -258,3 +258,14 @@ def table(runs: Mapping[str, tuple[Mapping[str, Rewards], Mapping[str, Rewards]]
             rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def built_harbor_python() -> Path | None:
+    """The interpreter of Harbor's venv if it is built already (README's test command builds it
+    with `python tests/envs/harbor/runner_check.py`), without building it."""
+    python = toolchain_dir(HARBOR, load_site().cache) / "bin" / "python"
+    return python if python.exists() else None
+
+
+if __name__ == "__main__":  # build Harbor's venv ahead, as `platoon harness install` does agents'
+    print(f"Harbor's runner: ready ({harbor_python()})")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from runner_check import built_harbor_python
 
 from platoon.envs.harbor import HarborError, load_task, resolve_env, sandbox_spec_for
 from platoon.envs.harbor import config as harbor_config
@@ -247,9 +248,12 @@ def test_sandbox_spec_maps_image_workdir_resources_and_network(make_task, tmp_pa
     assert sandbox_spec_for(legacy).network is True
 
 
-HARBOR_PYTHON = os.environ.get("PLATOON_HARBOR_PYTHON")
+# Harbor's own models, from the venv README's test command builds (tests/envs/harbor/runner_check.py)
+# or from the interpreter PLATOON_HARBOR_PYTHON names.
+HARBOR_PYTHON = os.environ.get("PLATOON_HARBOR_PYTHON") or str(built_harbor_python() or "")
 needs_harbor = pytest.mark.skipif(
-    not HARBOR_PYTHON, reason="set PLATOON_HARBOR_PYTHON to a Python 3.12 with harbor installed"
+    not HARBOR_PYTHON,
+    reason="Harbor's venv is not built: python tests/envs/harbor/runner_check.py (or set PLATOON_HARBOR_PYTHON)",
 )
 _DUMP = textwrap.dedent(
     """

@@ -19,7 +19,16 @@ from platoon.harness.registry import harness
 __all__ = ["verifiers"]
 
 
-@harness("verifiers")
+async def _install() -> None:
+    """The verifiers worker's venv, built into the site cache ahead of any config naming it."""
+    from platoon.config import load_site
+    from platoon.envs.verifiers.venv import build_venv
+
+    site = load_site()
+    await build_venv((), site.cache, site.pythons)
+
+
+@harness("verifiers", install=_install)
 async def verifiers(ctx: AgentContext) -> AgentResult:
     """The verifiers environment's own harness, run by its worker against this agent's gateway."""
     if not ctx.gateway_url:
