@@ -34,6 +34,7 @@ __all__ = [
     "decode",
     "output_format",
     "read",
+    "top_logprobs",
 ]
 
 
@@ -69,7 +70,7 @@ class JsonObjectFormat(_Tagged, tag="json_object"):
 
 
 class JsonSchemaSpec(Struct):
-    """A JSON schema output format: Responses and Anthropic write it flat, chat under `json_schema`."""
+    """A JSON schema output format, as chat writes it under `json_schema` (the schema optional)."""
 
     schema: dict[str, object] | None = None
     name: str | None = None
@@ -77,8 +78,13 @@ class JsonSchemaSpec(Struct):
     strict: bool | None = None
 
 
-class FlatJsonSchema(JsonSchemaSpec, _Tagged, tag="json_schema"):
-    pass
+class FlatJsonSchema(_Tagged, tag="json_schema", kw_only=True):
+    """A JSON schema output format as Responses and Anthropic write it: flat, with its schema."""
+
+    schema: dict[str, object]
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
 
 
 class ChatJsonSchema(_Tagged, tag="json_schema"):
@@ -125,14 +131,11 @@ class _Common(_Hints, kw_only=True):
     frequency_penalty: Zero | None = None
     presence_penalty: Zero | None = None
     logit_bias: Empty[dict[str, object]] | None = None
-    response_format: _TextFormat | None = None
-    text: _TextOptions | None = None
     modalities: tuple[Literal["text"]] | None = None
     functions: Empty[list[object]] | None = None
     function_call: Literal["auto", "none"] | None = None
     truncation: Literal["disabled"] | None = None
     background: bool | None = None  # false only (msgspec < 0.21 has no Literal[False]): see `read`
-    output_config: _OutputConfig | None = None
     mcp_servers: Empty[list[object]] | None = None
     prediction: None = None
     audio: None = None
@@ -149,7 +152,7 @@ def _names(kind: type[Struct]) -> frozenset[str]:
 
 # Each dialect honours its own output format (`response_format`, `text`, `output_config`) and
 # log-probabilities (chat and Responses, where the sampler gives them); another's stays neutral.
-NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs"}
+NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs", "response_format", "text", "output_config"}
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
@@ -217,6 +220,8 @@ class StreamOptions(Struct):
 
 class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     response_format: _TextFormat | JsonObjectFormat | ChatJsonSchema | None = None
+    text: _TextOptions | None = None
+    output_config: _OutputConfig | None = None
     messages: NonEmpty[list[ChatMessage]]
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ChatToolChoice | None = None
@@ -337,6 +342,8 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     top_logprobs: int | None = None  # served where the policy's sampler gives them (see `dialects`)
     include: list[str] | None = None
     text: ResponsesText | None = None
+    response_format: _TextFormat | None = None
+    output_config: _OutputConfig | None = None
     reasoning: ReasoningOptions | None = None
     client_metadata: dict[str, object] | None = None
     prompt_cache_retention: str | None = None
@@ -424,6 +431,8 @@ class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = None
     thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
     output_config: OutputConfig | None = None
+    response_format: _TextFormat | None = None
+    text: _TextOptions | None = None
     top_logprobs: Literal[0] | None = None  # not an Anthropic parameter: see `_cannot_honour`
     context_management: dict[str, object] | None = None
 
@@ -482,6 +491,18 @@ def _decoder(kind: type[S]) -> msgspec.json.Decoder[S]:
     return msgspec.json.Decoder(kind)
 
 
+def top_logprobs(top: int | None) -> int | None:
+    """OpenAI's range of top_logprobs (0 to 20), refused in its words."""
+    if top is not None and not 0 <= top <= 20:
+        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
+            "top_logprobs",
+            "integer_above_max_value" if top > 20 else "integer_below_min_value",
+        )
+    return top
+
+
 def output_format(spec: object, param: str, *, strict: bool = False) -> dict[str, object] | None:
     """A JSON output format as the gateway's `response_format` parameter (`{"schema": SCHEMA}`,
     None: any JSON object), None for text. A strict schema (Anthropic's always is) with keywords
@@ -490,7 +511,7 @@ def output_format(spec: object, param: str, *, strict: bool = False) -> dict[str
         return {"schema": None}
     if isinstance(spec, ChatJsonSchema):
         spec = spec.json_schema
-    if not isinstance(spec, JsonSchemaSpec):
+    if not isinstance(spec, (JsonSchemaSpec, FlatJsonSchema)):
         return None
     outside = unsupported(spec.schema) if strict or spec.strict else []
     if outside:

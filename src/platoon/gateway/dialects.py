@@ -50,6 +50,7 @@ from platoon.gateway.shapes import (
     ToolCall,
 )
 from platoon.gateway.shapes import ResponsesMessage as ResponsesMessageItem
+from platoon.gateway.shapes import ResponsesText as ResponsesTextPart
 
 __all__ = [
     "DialectError",
@@ -108,7 +109,7 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
     _openai_ranges(request.temperature, request.top_p)
-    top = _top_logprobs(request.top_logprobs)
+    top = bodies.top_logprobs(request.top_logprobs)
     for i, message in enumerate(request.messages):
         if message.role == "tool" and not message.tool_call_id:
             raise DialectError(
@@ -134,18 +135,6 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
     tools = _objects(body.get("tools")) if request.tools is not None else None
     return ChatCall(messages, tools, params, request.n or 1, bool(request.stream))
-
-
-def _top_logprobs(top: int | None) -> int | None:
-    """OpenAI's range of top_logprobs (0 to 20), refused in its words."""
-    if top is not None and not 0 <= top <= 20:
-        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
-        raise DialectError(
-            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
-            "top_logprobs",
-            "integer_above_max_value" if top > 20 else "integer_below_min_value",
-        )
-    return top
 
 
 def _openai_ranges(temperature: float | None, top_p: float | None) -> None:
@@ -378,7 +367,7 @@ def responses_request(body: Mapping[str, object]) -> Call:
             }
             tools.append({"type": "function", "function": function})
     _openai_ranges(request.temperature, request.top_p)
-    top = _top_logprobs(request.top_logprobs)
+    top = bodies.top_logprobs(request.top_logprobs)
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -423,10 +412,7 @@ def responses_response(
                 "id": f"msg_{rid}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [
-                    {"type": "output_text", "text": content, "annotations": []}
-                    | ({"logprobs": _token_logprobs(logprobs)} if logprobs is not None else {})
-                ],
+                "content": [_output_text(content, logprobs)],
             }
         )
     for n, call in enumerate(message.get("tool_calls") or []):
@@ -460,6 +446,13 @@ def responses_response(
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     }
+
+
+def _output_text(text: str, logprobs: Logprobs | None = None) -> ResponsesTextPart:
+    part: ResponsesTextPart = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = _token_logprobs(logprobs)
+    return part
 
 
 def responses_stream(response: ResponsesReply) -> Iterator[tuple[str, str]]:
@@ -524,14 +517,14 @@ class ResponsesStream:
             # The streamed message went out first: it keeps index 0 and its id.
             sampled = next((o for o in output if o["type"] == "message"), None)
             output = [o for o in output if o is not sampled]
-            part = sampled["content"][0] if sampled else {"type": "output_text", "text": self.sent}
+            part = sampled["content"][0] if sampled else _output_text(self.sent)
             text = part["text"]
             message: ResponsesMessageItem = {
                 "type": "message",
                 "id": self.message_id,
                 "status": sampled["status"] if sampled else "completed",
                 "role": "assistant",
-                "content": [{**part, "annotations": []}],
+                "content": [part],
             }
             rest = text[len(self.sent) :] if text.startswith(self.sent) else ""
             if rest:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import msgspec
 
@@ -51,7 +50,7 @@ class ToolSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A tool a constrained reply may call: its name and its parameters' JSON schema."""
 
     name: str
-    parameters: dict[str, Any] | None = None
+    parameters: dict[str, object] | None = None
 
 
 class DecodingConstraint(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
@@ -65,7 +64,7 @@ class DecodingConstraint(msgspec.Struct, frozen=True, omit_defaults=True, forbid
     the reply ends with one of the sampler's stop tokens.
     """
 
-    schema: dict[str, Any] | None = None
+    schema: dict[str, object] | None = None
     tools: list[ToolSpec] | None = None
     written: str = ""
     after: str = ""
@@ -145,7 +144,7 @@ def _object_error(value: dict[str, object], schema: Mapping[str, object], path: 
     return None
 
 
-def json_reply_error(text: str, schema: dict[str, Any] | None) -> str | None:
+def json_reply_error(text: str, schema: dict[str, object] | None) -> str | None:
     """Why a reply's text is not the JSON a `response_format` asks for (None: it is): a JSON
     object without a schema, a value of the schema with one."""
     try:

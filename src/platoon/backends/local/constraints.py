@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from platoon.policy.constraints import DecodingConstraint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ConstraintError", "Grammar", "Guide", "Vocabulary", "compile_constraint"]
 
@@ -565,7 +569,7 @@ class Vocabulary:
     added token's (`<tool_call>`, `<|im_end|>`) are kept apart: added ones are taken only where
     their whole text is a literal the grammar expects, the others never."""
 
-    def __init__(self, tokenizer: Any, size: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, size: int) -> None:
         count = min(len(tokenizer), size)
         texts = tokenizer.batch_decode([[i] for i in range(count)], skip_special_tokens=False)
         added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
@@ -599,7 +603,7 @@ def allowed(
     def fits(after: State | None) -> bool:
         return after is not None and (grammar.closing(after) + 1 <= bound if after else bound >= 1)
 
-    found: list[Any] = []
+    found: list[np.ndarray | int] = []
     if grammar.chars(state) is None:  # a string body: plain tokens keep the state as it is
         if fits(state):
             found.append(vocab.plain_ids)
@@ -628,8 +632,8 @@ def _search(
     prefix: str,
     lo: int,
     hi: int,
-    fits: Any,
-    found: list[Any],
+    fits: Callable[[State | None], bool],
+    found: list[np.ndarray | int],
 ) -> None:
     """Add the tokens in sorted[lo:hi] (all starting with `prefix`, which led to `state`) that
     the grammar takes from `state`."""
@@ -682,11 +686,9 @@ class Guide:
         self.state = self.grammar.walk(self.state, self.vocab.text.get(token, "\ufffd"))
 
 
-def masked(logits: Any, guides: Mapping[int, Guide], rooms: Mapping[int, int]) -> Any:
+def masked(logits: torch.Tensor, guides: Mapping[int, Guide], rooms: Mapping[int, int]) -> torch.Tensor:
     """`logits` [rows, vocab] with the tokens each guided row may not draw set to -inf (a copy;
     the rows without a guide as they are)."""
-    import torch
-
     out = logits.clone()
     for row, guide in guides.items():
         keep = torch.as_tensor(np.asarray(guide.allowed(rooms[row]), dtype=np.int64), device=logits.device)
