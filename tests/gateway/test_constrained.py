@@ -94,20 +94,20 @@ async def test_a_random_model_calls_a_declared_tool_whenever_it_must(toy_tokeniz
                         messages=USER,
                         tools=TOOLS,
                         tool_choice="required",
-                        max_tokens=40,
+                        max_tokens=96,
                         logprobs=True,
                     )
                 )
         async with clients(await gw.open("named", seed=9)) as (chat, claude):
             named = await claude.messages.create(
                 model=MODEL,
-                max_tokens=40,
+                max_tokens=96,
                 messages=USER,
                 tools=[{"name": "say", "input_schema": SAY["function"]["parameters"]}],
                 tool_choice={"type": "tool", "name": "say"},
             )
             chunks = await chat.chat.completions.create(
-                model=MODEL, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=40, stream=True
+                model=MODEL, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=96, stream=True
             )
             streamed = [
                 c.choices[0].delta.tool_calls
