@@ -1,3 +1,4 @@
+# ruff: noqa: F811
 """The embedded sampler's constraint matcher on its own: whatever token a random sampler picks
 among those allowed, the reply is what the constraint asks for, within its token budget."""
 

@@ -692,6 +692,8 @@ def masked(logits: torch.Tensor, guides: Mapping[int, Guide], rooms: Mapping[int
     out = logits.clone()
     for row, guide in guides.items():
         keep = torch.as_tensor(np.asarray(guide.allowed(rooms[row]), dtype=np.int64), device=logits.device)
+        if not len(keep):  # complete, and the request stops on strings only: nothing to mask by
+            continue
         mask = torch.full_like(out[row], float("-inf"))
         mask[keep] = 0
         out[row] += mask
