@@ -363,7 +363,15 @@ async def test_parallel_tool_calls_false_keeps_one_call(toy_tokenizer):
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "strict": True, "schema": {"anyOf": []}},
+                }
+            },
+            "response_format",
+        ),
         ({"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"logit_bias": {"42": 10}}, "logit_bias"),

@@ -45,6 +45,7 @@ def test_chat_request_reads_messages_tools_and_params():
         "tool_choice": None,
         "parallel_tool_calls": None,
         "top_logprobs": None,
+        "response_format": None,
     }
     assert (n, stream) == (2, True)
     assert body["messages"][0]["role"] == "developer"  # the body is not changed
@@ -66,7 +67,16 @@ def test_chat_request_passes_tool_choice_on_with_the_tools():
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "regex"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"strict": True, "schema": {"anyOf": []}},
+                }
+            },
+            "response_format",
+        ),
         ({"top_logprobs": "three"}, "top_logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
@@ -247,6 +257,8 @@ def test_responses_request_turns_items_into_messages():
         "max_tokens": 50,
         "tool_choice": None,
         "parallel_tool_calls": None,
+        "top_logprobs": None,
+        "response_format": None,
     }
     assert stream is False
 
@@ -366,6 +378,7 @@ def test_anthropic_request_turns_blocks_into_messages():
         "stop": ["END"],
         "tool_choice": None,
         "parallel_tool_calls": None,
+        "response_format": None,
     }
     assert stream is True
 
@@ -814,8 +827,8 @@ def test_count_tokens_takes_a_messages_body_without_max_tokens():
         ("truncation", "disabled", "auto"),
         ("modalities", ["text"], ["text", "audio"]),
         ("function_call", "none", {"name": "f"}),
-        ("output_config", {"effort": "high"}, {"format": {"type": "json_schema"}}),
-        ("text", {"verbosity": "low", "format": {"type": "text"}}, {"format": {"type": "json_object"}}),
+        ("output_config", {"effort": "high"}, {"format": {"type": "regex"}}),
+        ("text", {"verbosity": "low", "format": {"type": "text"}}, {"format": {"type": "grammar"}}),
         ("audio", None, {"voice": "alloy"}),
     ],
 )

@@ -125,6 +125,7 @@ def _gateway(
         port=g.port,
         model_name=g.model_name,
         model_aliases=list(g.model_aliases),
+        constraint_tries=g.constraint_tries,
         policy=policy,
         policies=policies,
     )

@@ -82,6 +82,7 @@ class GatewaySettings:
     port: int = 0
     model_name: str = "platoon-policy"
     model_aliases: tuple[str, ...] = ()
+    constraint_tries: int = 3
 
 
 @dataclass(frozen=True)
@@ -410,6 +411,7 @@ def resolve(
         port=config.gateway.port,
         model_name=pol.model_name if purpose in ("train", "worker") and pol.model_name else "platoon-policy",
         model_aliases=tuple(config.gateway.model_aliases),
+        constraint_tries=config.gateway.constraint_tries,
     )
     names = entry_names(config)
     runner = None

@@ -434,6 +434,9 @@ class GatewayConfig(_Strict, frozen=True):
     max_concurrent_samples: PositiveInt = 256  # model calls sampled at once; more wait
     # Model names agents may ask for besides the policy's and "platoon-policy"; others are a 404.
     model_aliases: list[str] = []
+    # Samples of a reply that must be a tool call (tool_choice) or JSON (response_format) before
+    # the call is refused, from a sampler that cannot constrain its decoding (the embedded one can).
+    constraint_tries: PositiveInt = 3
 
 
 class NatsTLS(_Strict, frozen=True):

@@ -4,8 +4,8 @@ One struct per request (`ChatRequest`, `ResponsesRequest`, `MessagesRequest`), t
 where the wire has a `type` or `role` tag. Unknown fields inside a body are ignored, as the
 APIs do (clients send cache hints, ids, statuses, annotations); unknown top-level parameters
 are refused, so that no request is silently sampled without what it asked for. Parameters the
-gateway cannot honour (penalties, JSON output formats; top log-probabilities but in chat
-completions) are accepted only at their neutral value. `read` turns a parsed JSON body into its struct, or raises
+gateway cannot honour (penalties; another dialect's output format; top log-probabilities in
+Anthropic Messages) are accepted only at their neutral value. `read` turns a parsed JSON body into its struct, or raises
 `DialectError` naming the field in the dotted form the clients show (`messages.0.role`).
 
 What a field means for sampling, and which shapes are then refused (an image, a tool of
@@ -24,13 +24,17 @@ import msgspec
 from msgspec import Meta, Struct
 from msgspec import inspect as mi
 
+from platoon.policy.constraints import unsupported
+
 __all__ = [
     "ChatRequest",
     "DialectError",
     "MessagesRequest",
     "ResponsesRequest",
     "decode",
+    "output_format",
     "read",
+    "top_logprobs",
 ]
 
 
@@ -57,8 +61,34 @@ class _Tagged(Struct, tag_field="type"):
 # --- what every dialect takes --------------------------------------------------------------
 
 
-class _TextFormat(Struct):
-    type: Literal["text"] = "text"
+class _TextFormat(_Tagged, tag="text"):
+    pass
+
+
+class JsonObjectFormat(_Tagged, tag="json_object"):
+    pass
+
+
+class JsonSchemaSpec(Struct):
+    """A JSON schema output format, as chat writes it under `json_schema` (the schema optional)."""
+
+    schema: dict[str, object] | None = None
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class FlatJsonSchema(_Tagged, tag="json_schema", kw_only=True):
+    """A JSON schema output format as Responses and Anthropic write it: flat, with its schema."""
+
+    schema: dict[str, object]
+    name: str | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ChatJsonSchema(_Tagged, tag="json_schema"):
+    json_schema: JsonSchemaSpec
 
 
 class _TextOptions(Struct):
@@ -66,8 +96,18 @@ class _TextOptions(Struct):
     verbosity: str | None = None
 
 
+class ResponsesText(Struct):
+    format: _TextFormat | JsonObjectFormat | FlatJsonSchema | None = None
+    verbosity: str | None = None
+
+
 class _OutputConfig(Struct):
     format: None = None
+    effort: str | None = None
+
+
+class OutputConfig(Struct):
+    format: FlatJsonSchema | None = None
     effort: str | None = None
 
 
@@ -91,14 +131,11 @@ class _Common(_Hints, kw_only=True):
     frequency_penalty: Zero | None = None
     presence_penalty: Zero | None = None
     logit_bias: Empty[dict[str, object]] | None = None
-    response_format: _TextFormat | None = None
-    text: _TextOptions | None = None
     modalities: tuple[Literal["text"]] | None = None
     functions: Empty[list[object]] | None = None
     function_call: Literal["auto", "none"] | None = None
     truncation: Literal["disabled"] | None = None
     background: bool | None = None  # false only (msgspec < 0.21 has no Literal[False]): see `read`
-    output_config: _OutputConfig | None = None
     mcp_servers: Empty[list[object]] | None = None
     prediction: None = None
     audio: None = None
@@ -113,8 +150,9 @@ def _names(kind: type[Struct]) -> frozenset[str]:
     return frozenset(f.encode_name for f in msgspec.structs.fields(kind))
 
 
-# Top log-probabilities are served in chat completions only (where the sampler gives them).
-NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs"}
+# Each dialect honours its own output format (`response_format`, `text`, `output_config`) and
+# log-probabilities (chat and Responses, where the sampler gives them); another's stays neutral.
+NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs", "response_format", "text", "output_config"}
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
@@ -181,6 +219,9 @@ class StreamOptions(Struct):
 
 
 class ChatRequest(_Common, kw_only=True, forbid_unknown_fields=True):
+    response_format: _TextFormat | JsonObjectFormat | ChatJsonSchema | None = None
+    text: _TextOptions | None = None
+    output_config: _OutputConfig | None = None
     messages: NonEmpty[list[ChatMessage]]
     tools: list[ChatTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ChatToolChoice | None = None
@@ -298,8 +339,11 @@ class ResponsesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     previous_response_id: str | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: int | None = None  # served where the policy's sampler gives them (see `dialects`)
     include: list[str] | None = None
+    text: ResponsesText | None = None
+    response_format: _TextFormat | None = None
+    output_config: _OutputConfig | None = None
     reasoning: ReasoningOptions | None = None
     client_metadata: dict[str, object] | None = None
     prompt_cache_retention: str | None = None
@@ -386,7 +430,10 @@ class MessagesRequest(_Common, kw_only=True, forbid_unknown_fields=True):
     top_k: int | None = None
     stream: bool | None = None
     thinking: ThinkingOptions | None = None  # the policy's chat template decides how it thinks
-    top_logprobs: Literal[0] | None = None
+    output_config: OutputConfig | None = None
+    response_format: _TextFormat | None = None
+    text: _TextOptions | None = None
+    top_logprobs: Literal[0] | None = None  # not an Anthropic parameter: see `_cannot_honour`
     context_management: dict[str, object] | None = None
 
 
@@ -442,6 +489,40 @@ def decode(raw: bytes, kind: type[S]) -> S | None:
 @cache
 def _decoder(kind: type[S]) -> msgspec.json.Decoder[S]:
     return msgspec.json.Decoder(kind)
+
+
+def top_logprobs(top: int | None) -> int | None:
+    """OpenAI's range of top_logprobs (0 to 20), refused in its words."""
+    if top is not None and not 0 <= top <= 20:
+        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
+        raise DialectError(
+            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
+            "top_logprobs",
+            "integer_above_max_value" if top > 20 else "integer_below_min_value",
+        )
+    return top
+
+
+def output_format(spec: object, param: str, *, strict: bool = False) -> dict[str, object] | None:
+    """A JSON output format as the gateway's `response_format` parameter (`{"schema": SCHEMA}`,
+    None: any JSON object), None for text. A strict schema (Anthropic's always is) with keywords
+    outside the enforced subset is refused: it would be promised and not kept."""
+    if isinstance(spec, JsonObjectFormat):
+        return {"schema": None}
+    if isinstance(spec, ChatJsonSchema):
+        spec = spec.json_schema
+    if not isinstance(spec, (JsonSchemaSpec, FlatJsonSchema)):
+        return None
+    outside = unsupported(spec.schema) if strict or spec.strict else []
+    if outside:
+        shown = ", ".join(outside[:4]) + (" ..." if len(outside) > 4 else "")
+        raise DialectError(
+            f"{param}: the schema's {shown} cannot be enforced; the gateway enforces type, properties, "
+            "required, additionalProperties, items, enum and const (send the schema without strict, "
+            "and the rest of it goes unchecked)",
+            param,
+        )
+    return {"schema": spec.schema}
 
 
 def read(body: object, kind: type[S], api: str, whole: Mapping[str, str] | None = None) -> S:
@@ -501,14 +582,21 @@ def _error(
     if field is not None and field in whole:
         return DialectError(f"{field}: {whole[field]}", field)
     if field in NEUTRAL:
-        return _cannot_honour(field, body)
+        return _cannot_honour(field, body, api)
     param = ".".join(segments) or None
     return DialectError(f"{param}: {text}" if param else f"the body: {text}", param)
 
 
-def _cannot_honour(field: str, body: Mapping[str, object]) -> DialectError:
+def _cannot_honour(field: str, body: Mapping[str, object], api: str = "") -> DialectError:
     shown = json.dumps(body.get(field))
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    if field == "top_logprobs" and api == "Messages":
+        return DialectError(
+            f"top_logprobs: the Messages API has no log-probabilities, so the gateway cannot honour {shown}; "
+            "ask /v1/chat/completions (logprobs, top_logprobs) or /v1/responses "
+            '(include ["message.output_text.logprobs"], top_logprobs) for them',
+            field,
+        )
     return DialectError(f"{field}: the gateway cannot honour {shown} (it samples the policy as is)", field)
 
 

@@ -46,8 +46,8 @@ from platoon.bus.events import (
 )
 from platoon.gateway.errors import GatewayError, sampler_error
 from platoon.gateway.params import call_params, longest_token, size_bound, text_size
-from platoon.gateway.renderers import ParsedMessage, Renderer, RendererError
-from platoon.gateway.replies import read_reply, take_controls
+from platoon.gateway.renderers import Renderer, RendererError
+from platoon.gateway.replies import Controls, read_reply, take_controls, unmet
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
 from platoon.gateway.shapes import Message, Params, Tool
 from platoon.gateway.streaming import TextStream
@@ -102,7 +102,9 @@ class Gateway(ComponentBase):
     `context_window` (tokens) makes a longer prompt a context-length error and clamps
     `max_tokens` to the room left; `max_concurrent_samples` bounds calls in flight (HTTP
     callers get 429 past it, in-process callers wait), `max_calls_per_agent` those of one agent
-    over HTTP, and `max_body` the size of an HTTP request.
+    over HTTP, and `max_body` the size of an HTTP request. `constraint_tries` is how many
+    samples a reply that must be a tool call or JSON gets from a sampler that cannot constrain its
+    decoding (the embedded one decodes to the constraint) before the call is refused.
 
     Several policies (RFC 0001): `renderer` and `sampler_factory` serve the policy named
     `policy`; `policies` adds others by name. Each agent is sampled from the policy its
@@ -133,6 +135,7 @@ class Gateway(ComponentBase):
         version_timeout: float = 600.0,
         max_calls_per_agent: int = 16,
         max_body: int = 64 * 2**20,
+        constraint_tries: int = 3,
         policy: str = "default",
         policies: Mapping[str, GatewayPolicy] | None = None,
     ) -> None:
@@ -154,6 +157,7 @@ class Gateway(ComponentBase):
         self.version_timeout = version_timeout
         self.max_calls_per_agent = max_calls_per_agent
         self.max_body = max_body
+        self.constraint_tries = constraint_tries
         self.base_url: str | None = None
         self.sampler: Sampler | None = None
         self.agents: dict[str, AgentSession] = {}  # by key
@@ -362,7 +366,8 @@ class Gateway(ComponentBase):
         where they appear), `tool_choice` ("auto", "none", "required" or {"name": ...}) and
         `parallel_tool_calls` (False: the reply ends after its first tool call).
         `record_messages` puts the messages in the call's `ModelCallFinished` (an HTTP call has
-        no `ChatRequested` that holds them).
+        no `ChatRequested` that holds them). `response_format` ({"schema": SCHEMA or None}) asks
+        for a reply that is JSON (of the schema).
         """
         state = self.policies[session.policy]
         if state.sampler is None:
@@ -407,6 +412,15 @@ class Gateway(ComponentBase):
                 f"{sample_params.top_logprobs} were asked for (the embedded and Tinker samplers give up to 20)",
                 param="top_logprobs",
             )
+        # A sampler that constrains its decoding samples only what the reply must be (through
+        # its stream); any other's reply is checked, and sampled again when it is not.
+        constrained = (
+            controls.constraint is not None and _streams(sampler) and getattr(sampler, "constrains", False)
+        )
+        if constrained:
+            sample_params = msgspec.structs.replace(sample_params, constraint=controls.constraint)
+        elif controls.json_format is not None:
+            controls.plain = False  # nothing of it streams before it is checked
 
         # The limiter is held on behalf of this call, not of a task: a stream is answered by
         # the task that started it and then by the one that sends the response.
@@ -431,9 +445,10 @@ class Gateway(ComponentBase):
                 budget.check()
                 budget.calls += 1
                 reserved = True
-            # A reply forced to call a tool (tool_choice) whose continuation is no call is
-            # sampled again, a bounded number of times, then refused: never markup as text.
-            # Nothing of a forced reply streams before it is parsed, so a retry sends nothing twice.
+            # A reply forced to call a tool (tool_choice) or to be JSON (response_format) that is
+            # not is sampled again, a bounded number of times, then refused: never markup as text.
+            # Nothing of such a reply streams before it is checked (unless the sampler decoded it
+            # to its constraint: then it is refused as it is), so a retry sends nothing twice.
             attempt = 0
             while True:
                 text = TextStream(
@@ -446,7 +461,7 @@ class Gateway(ComponentBase):
                 )
                 params_now = _resampled(sample_params, attempt)
                 try:
-                    if _streams(sampler) and (stream or controls.stops):
+                    if _streams(sampler) and (stream or controls.stops or constrained):
                         tokens: list[int] = []
                         logprobs: list[float] = []
                         top: TopLogprobs = []
@@ -479,11 +494,12 @@ class Gateway(ComponentBase):
                     sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls
                 )
                 attempt += 1
-                if not controls.prefill or parsed.tool_calls:
+                problem = unmet(controls, parsed, sampled)
+                if problem is None:
                     break
-                if attempt == _FORCED_TRIES:
-                    raise _no_forced_call(attempt, parsed, sampled)
-                log.debug("a forced tool call did not parse; sampling again", attempt=attempt)
+                if attempt >= self.constraint_tries or (stream and text.sent):
+                    raise _refused(controls, attempt, problem)
+                log.debug("a constrained reply is not what it must be; sampling again", attempt=attempt)
         except BaseException:
             if reserved:
                 budget.calls -= 1
@@ -562,7 +578,6 @@ class Gateway(ComponentBase):
 
 
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
-_FORCED_TRIES = 3  # samples of a reply forced to call a tool before it is refused
 
 
 def _resampled(params: SampleParams, attempt: int) -> SampleParams:
@@ -573,19 +588,21 @@ def _resampled(params: SampleParams, attempt: int) -> SampleParams:
     return msgspec.structs.replace(params, seed=derive_seed(params.seed, "resample", attempt))
 
 
-def _no_forced_call(tries: int, parsed: ParsedMessage, sampled: SampledCompletion) -> GatewayError:
-    """The refusal of a reply forced to call a tool that never did."""
-    why = (
-        parsed.errors[-1]
-        if parsed.errors
-        else "it ran out of max_tokens"
-        if sampled.stop_reason == "length"
-        else "it wrote no call"
-    )
+def _refused(controls: Controls, tries: int, why: str) -> GatewayError:
+    """The refusal of a reply that had to be a tool call or JSON and never was."""
+    samples = f"{tries} sample{'s' if tries > 1 else ''}"
+    if controls.prefill:
+        return GatewayError(
+            "sampler",
+            f"tool_choice asks for a tool call, and the policy wrote none in {samples} (last: {why}); "
+            "ask again, or without tool_choice",
+        )
+    schema = controls.json_format.get("schema") if controls.json_format is not None else None
+    wanted = "JSON of its schema" if schema is not None else "a JSON object"
     return GatewayError(
         "sampler",
-        f"tool_choice asks for a tool call, and the policy wrote none in {tries} samples (last: {why}); "
-        "ask again, or without tool_choice",
+        f"the output format asks for {wanted}, and the policy wrote none in {samples} (last: {why}); "
+        "ask again, or without the output format",
     )
 
 

@@ -50,6 +50,7 @@ from platoon.gateway.shapes import (
     ToolCall,
 )
 from platoon.gateway.shapes import ResponsesMessage as ResponsesMessageItem
+from platoon.gateway.shapes import ResponsesText as ResponsesTextPart
 
 __all__ = [
     "DialectError",
@@ -108,14 +109,7 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
             exc.param = exc.param.rpartition(".")[0]  # a message is known by its role: name it
         raise
     _openai_ranges(request.temperature, request.top_p)
-    top = request.top_logprobs
-    if top is not None and not 0 <= top <= 20:
-        side, bound = ("above maximum", "<= 20") if top > 20 else ("below minimum", ">= 0")
-        raise DialectError(
-            f"Invalid 'top_logprobs': integer {side} value. Expected a value {bound}, but got {top} instead.",
-            "top_logprobs",
-            "integer_above_max_value" if top > 20 else "integer_below_min_value",
-        )
+    top = bodies.top_logprobs(request.top_logprobs)
     for i, message in enumerate(request.messages):
         if message.role == "tool" and not message.tool_call_id:
             raise DialectError(
@@ -136,6 +130,7 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         "parallel_tool_calls": request.parallel_tool_calls,
         # Alternatives come back with the logprobs, so only a call that asks for those samples them.
         "top_logprobs": top if request.logprobs else None,
+        "response_format": bodies.output_format(request.response_format, "response_format"),
     }
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
     tools = _objects(body.get("tools")) if request.tools is not None else None
@@ -187,18 +182,21 @@ class Logprobs(NamedTuple):
 
 
 def _logprobs_content(logprobs: Logprobs) -> JsonObject:
+    return {"content": _token_logprobs(logprobs)}
+
+
+def _token_logprobs(logprobs: Logprobs) -> list[JsonObject]:
+    """Each token's text, logprob, bytes and top alternatives, as chat and Responses write them."""
     tops = logprobs.top or [[] for _ in logprobs.tokens]
-    return {
-        "content": [
-            {
-                "token": t,
-                "logprob": lp,
-                "bytes": list(t.encode()),
-                "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top],
-            }
-            for t, lp, top in zip(logprobs.tokens, logprobs.logprobs, tops, strict=False)
-        ]
-    }
+    return [
+        {
+            "token": t,
+            "logprob": lp,
+            "bytes": list(t.encode()),
+            "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top],
+        }
+        for t, lp, top in zip(logprobs.tokens, logprobs.logprobs, tops, strict=False)
+    ]
 
 
 def chat_response(
@@ -369,6 +367,7 @@ def responses_request(body: Mapping[str, object]) -> Call:
             }
             tools.append({"type": "function", "function": function})
     _openai_ranges(request.temperature, request.top_p)
+    top = bodies.top_logprobs(request.top_logprobs)
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -376,12 +375,24 @@ def responses_request(body: Mapping[str, object]) -> Call:
         "max_tokens": request.max_output_tokens,
         "tool_choice": {"name": choice.name} if isinstance(choice, ResponsesToolChoice) else choice,
         "parallel_tool_calls": request.parallel_tool_calls,
+        # Alternatives come back with the output text's logprobs, so only a call that includes
+        # those samples them.
+        "top_logprobs": (top or 0) if RESPONSES_LOGPROBS in (request.include or ()) else None,
+        "response_format": bodies.output_format(request.text.format if request.text else None, "text.format"),
     }
     return Call(messages, tools, params, bool(request.stream))
 
 
+RESPONSES_LOGPROBS = "message.output_text.logprobs"  # what a Responses body includes to get them
+
+
 def responses_response(
-    model: str, message: AssistantMessage, finish: str, usage: tuple[int, int], rid: str
+    model: str,
+    message: AssistantMessage,
+    finish: str,
+    usage: tuple[int, int],
+    rid: str,
+    logprobs: Logprobs | None = None,
 ) -> ResponsesReply:
     output: list[ResponsesItem] = []
     if message.get("reasoning_content"):
@@ -401,7 +412,7 @@ def responses_response(
                 "id": f"msg_{rid}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": content, "annotations": []}],
+                "content": [_output_text(content, logprobs)],
             }
         )
     for n, call in enumerate(message.get("tool_calls") or []):
@@ -435,6 +446,13 @@ def responses_response(
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     }
+
+
+def _output_text(text: str, logprobs: Logprobs | None = None) -> ResponsesTextPart:
+    part: ResponsesTextPart = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = _token_logprobs(logprobs)
+    return part
 
 
 def responses_stream(response: ResponsesReply) -> Iterator[tuple[str, str]]:
@@ -499,19 +517,21 @@ class ResponsesStream:
             # The streamed message went out first: it keeps index 0 and its id.
             sampled = next((o for o in output if o["type"] == "message"), None)
             output = [o for o in output if o is not sampled]
-            text = sampled["content"][0]["text"] if sampled else self.sent
+            part = sampled["content"][0] if sampled else _output_text(self.sent)
+            text = part["text"]
             message: ResponsesMessageItem = {
                 "type": "message",
                 "id": self.message_id,
                 "status": sampled["status"] if sampled else "completed",
                 "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
+                "content": [part],
             }
             rest = text[len(self.sent) :] if text.startswith(self.sent) else ""
             if rest:
                 yield from self.delta(rest)
             common = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-            yield self._event("response.output_text.done", text=text, logprobs=[], **common)
+            logprobs = part.get("logprobs", [])
+            yield self._event("response.output_text.done", text=text, logprobs=logprobs, **common)
             yield self._event("response.content_part.done", part=message["content"][0], **common)
             yield self._event("response.output_item.done", output_index=0, item=message)
             output = [message, *output]
@@ -531,7 +551,8 @@ class ResponsesStream:
             yield self._event("response.content_part.added", part=part, **common)
             text = item["content"][0]["text"]
             yield self._event("response.output_text.delta", delta=text, logprobs=[], **common)
-            yield self._event("response.output_text.done", text=text, logprobs=[], **common)
+            logprobs = item["content"][0].get("logprobs", [])
+            yield self._event("response.output_text.done", text=text, logprobs=logprobs, **common)
             yield self._event("response.content_part.done", part=item["content"][0], **common)
         elif item["type"] == "function_call":
             added = {**item, "arguments": "", "status": "in_progress"}
@@ -644,6 +665,11 @@ def anthropic_call(request: bodies.MessagesRequest) -> Call:
         if isinstance(choice, ChoiceTool)
         else _CHOICES[bodies.tag(choice)],
         "parallel_tool_calls": False if choice is not None and choice.disable_parallel_tool_use else None,
+        "response_format": bodies.output_format(
+            request.output_config.format if request.output_config else None,
+            "output_config.format",
+            strict=True,
+        ),
     }
     return Call(messages, tools, params, bool(request.stream))
 

@@ -428,10 +428,17 @@ def build_app(gateway: Gateway) -> Guard:
                 # The earlier conversation, then this input; instructions are not carried over.
                 messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
             rid = new_id()
+            include = body.get("include")  # a list of strings or null: `responses_request` checked it
+            want_logprobs = isinstance(include, list) and dialects.RESPONSES_LOGPROBS in include
 
             def finish(c: Completion) -> ResponsesReply:
                 response = dialects.responses_response(
-                    model, c.message, c.finish_reason, (c.prompt_tokens, c.completion_tokens), rid
+                    model,
+                    c.message,
+                    c.finish_reason,
+                    (c.prompt_tokens, c.completion_tokens),
+                    rid,
+                    logprobs_of(c) if want_logprobs else None,
                 )
                 if body.get("store", True) is not False:
                     conversation = [*messages[instructions:], c.message]

@@ -1,6 +1,7 @@
-"""How one call's reply is steered and read back: the client's stop sequences, tool choice and
-parallel calls taken out of its parameters (`take_controls`), and the sampled tokens parsed into an
-assistant message, cut at the first stop (`read_reply`).
+"""How one call's reply is steered and read back: the client's stop sequences, tool choice,
+parallel calls and output format taken out of its parameters (`take_controls`), the sampled tokens
+parsed into an assistant message, cut at the first stop (`read_reply`), and what a reply that had
+to be a tool call or JSON lacks (`unmet`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from platoon.gateway.renderers import ParsedMessage, Renderer
 from platoon.gateway.shapes import Tool
 from platoon.gateway.streaming import find_stop, tokens_through
 from platoon.policy.base import SampledCompletion
+from platoon.policy.constraints import DecodingConstraint, ToolSpec, json_reply_error
 
-__all__ = ["Controls", "read_reply", "take_controls"]
+__all__ = ["Controls", "read_reply", "take_controls", "unmet"]
 
 
 @dataclass
@@ -27,6 +29,10 @@ class Controls:
     prefill: str = ""
     parse_tools: bool = True
     after_first_call: str | None = None
+    # What the reply must be, for a sampler that constrains its decoding: the forced tool call
+    # (with `prefill`), or the JSON of `json_format` ({"schema": SCHEMA or None}).
+    constraint: DecodingConstraint | None = None
+    json_format: Mapping[str, object] | None = None
 
 
 def take_controls(
@@ -35,7 +41,8 @@ def take_controls(
     renderer: Renderer,
     stream_markers: tuple[list[str], bool],
 ) -> Controls:
-    """Take the reply controls (stop sequences, tool choice, parallel calls) out of `params`."""
+    """Take the reply controls (stop sequences, tool choice, parallel calls, output format) out
+    of `params`."""
     stop = params.pop("stop", None)
     if isinstance(stop, str):
         stop = [stop]
@@ -50,6 +57,7 @@ def take_controls(
         stops = list(stop)
     choice = params.pop("tool_choice", None) or "auto"
     parallel = params.pop("parallel_tool_calls", None)
+    json_format = params.pop("response_format", None)
     markers, plain = stream_markers
     controls = Controls(stops=stops, markers=markers, plain=plain)
     names = [_tool_name(t) for t in tools or ()]
@@ -80,15 +88,62 @@ def take_controls(
             )
         controls.prefill = prefill
         controls.plain = False  # the reply is a tool call from its first token
+        controls.constraint = _call_constraint(renderer, prefill, tools or (), name)
     elif choice != "auto":
         raise GatewayError(
             "bad_request",
             f"tool_choice {choice!r} is not auto, none, required or a tool",
             param="tool_choice",
         )
+    if isinstance(json_format, Mapping) and not controls.prefill:
+        # The reply is the JSON itself: tool-call markup in it is text, as with tool_choice none.
+        controls.json_format = json_format
+        schema = json_format.get("schema")
+        controls.constraint = DecodingConstraint(schema=dict(schema) if isinstance(schema, Mapping) else None)
+        controls.parse_tools = False
+        controls.markers = [m for m in controls.markers if m not in _tool_markers(renderer)]
     if parallel is False and controls.parse_tools:
         controls.after_first_call = renderer.tool_call_end()
     return controls
+
+
+def _call_constraint(
+    renderer: Renderer, prefill: str, tools: Sequence[Tool], name: str | None
+) -> DecodingConstraint | None:
+    """The forced call as a decoding constraint: the call object after the markup's opening
+    (part of it written by `prefill`), then its closing markup."""
+    opening, end = renderer.tool_call_prefill(None), renderer.tool_call_end()
+    if opening is None or end is None or not prefill.startswith(opening):
+        return None
+    specs = []
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        if name is None or function["name"] == name:
+            parameters = function.get("parameters")
+            specs.append(
+                ToolSpec(function["name"], dict(parameters) if isinstance(parameters, Mapping) else None)
+            )
+    return DecodingConstraint(tools=specs, written=prefill[len(opening) :], after="\n" + end)
+
+
+def unmet(controls: Controls, parsed: ParsedMessage, sampled: SampledCompletion) -> str | None:
+    """Why a reply is not what it had to be (a tool call, JSON of a schema); None when it is, or
+    when nothing was asked of it."""
+    if controls.prefill and not parsed.tool_calls:
+        if parsed.errors:
+            return parsed.errors[-1]
+        return "it ran out of max_tokens" if sampled.stop_reason == "length" else "it wrote no call"
+    if controls.json_format is not None:
+        schema = controls.json_format.get("schema")
+        problem = json_reply_error(
+            parsed.content or "", dict(schema) if isinstance(schema, Mapping) else None
+        )
+        if problem is not None and sampled.stop_reason == "length":
+            return f"it ran out of max_tokens: {problem}"
+        return problem
+    return None
 
 
 def read_reply(

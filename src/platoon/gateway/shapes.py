@@ -77,6 +77,7 @@ class ResponsesText(TypedDict):
     type: Literal["output_text"]
     text: str
     annotations: list[object]
+    logprobs: NotRequired[list[JsonObject]]  # when the body includes message.output_text.logprobs
 
 
 class ResponsesReasoning(TypedDict):

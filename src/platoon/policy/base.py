@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgspec
 
 from platoon.bus.events import PolicyUpdated
+from platoon.policy.constraints import DecodingConstraint
 
 __all__ = [
     "SampleParams",
@@ -39,6 +40,9 @@ class SampleParams(msgspec.Struct, frozen=True, kw_only=True):
     # The most likely alternatives to return at each sampled token (Tinker's
     # `topk_sample_logprobs`); a sampler gives at most its `max_top_logprobs` (0 when it has none).
     top_logprobs: int = 0
+    # What the reply must be (a tool call, a JSON value); given only to a sampler whose
+    # `constrains` is true, which then samples nothing else.
+    constraint: DecodingConstraint | None = None
 
 
 TopLogprobs = list[list[tuple[int, float]]]  # per sampled token, (token id, logprob) alternatives
@@ -70,6 +74,9 @@ class Sampler(Protocol):
     scripted test policies may answer from it. When the reply's opening was forced (a tool
     call `tool_choice` asks for), the prompt ends with its tokens and `messages` with it as
     `{"role": "assistant", "content": OPENING, "prefix": True}`.
+
+    A sampler with `constrains = True` (an attribute; absent means false) decodes to
+    `params.constraint`; the gateway checks every other sampler's reply and samples again.
     """
 
     version: int

@@ -8,6 +8,11 @@ sequence as it is sampled and names it in its capabilities; on such a server the
 `StreamingTinkerSampler`, whose `sample_stream` reads that route (the server is asked once per
 base URL, not per call). Elsewhere (hosted Tinker) the sampler has no `sample_stream`, and the
 gateway sends a streamed reply in one piece when it is sampled.
+
+Where the server's stream route also takes a decoding constraint (its capabilities list
+`constraint` in `platoon.sample_stream_takes`), the sampler `constrains`: the gateway's
+constraint (a forced tool call, a JSON `response_format`) goes with the streamed request. The
+Tinker API's own requests are never changed.
 """
 
 from __future__ import annotations
@@ -175,9 +180,12 @@ class StreamingTinkerSampler(TinkerSampler):
     route its capabilities name): `sample_stream` hands out the tokens as they are drawn, and
     they join into exactly what `sample` returns for the same seed."""
 
-    def __init__(self, client: tinker.SamplingClient, version: int, stream_url: str) -> None:
+    def __init__(
+        self, client: tinker.SamplingClient, version: int, stream_url: str, *, constrains: bool = False
+    ) -> None:
         super().__init__(client, version)
         self._url = stream_url
+        self.constrains = constrains
         config = client.holder.shadow_config
         self._key = config.api_key
         handle = json.loads(base64.urlsafe_b64decode(client.get_sampler_handle()))
@@ -203,6 +211,8 @@ class StreamingTinkerSampler(TinkerSampler):
             "sampling_session_id": self._session,
             "topk_sample_logprobs": params.top_logprobs,
         }
+        if params.constraint is not None and self.constrains:
+            body["constraint"] = params.constraint
         async with (
             _http(self._key, read=None) as http,
             http.stream("POST", self._url, content=msgspec.json.encode(body)) as response,
@@ -256,33 +266,45 @@ def _http(api_key: str | None, *, read: float | None) -> httpx.AsyncClient:
     return httpx.AsyncClient(verify=_tls(), headers=headers, timeout=httpx.Timeout(30.0, read=read))
 
 
-_STREAM_URLS: dict[str, str | None] = {}  # base URL -> its sample stream route (None: not offered)
+# base URL -> its sample stream route (None: not offered), and whether the route takes a constraint
+_STREAM_URLS: dict[str, tuple[str | None, bool]] = {}
+
+
+async def _stream_route(base_url: str, api_key: str | None) -> tuple[str | None, bool]:
+    base_url = base_url.rstrip("/")
+    if base_url not in _STREAM_URLS:
+        path = None
+        takes: object = []
+        try:
+            async with _http(api_key, read=30.0) as http:
+                response = await http.get(f"{base_url}/api/v1/get_server_capabilities")
+                response.raise_for_status()
+                platoon = response.json().get("platoon", {})
+                path = platoon.get("routes", {}).get("sample_stream")
+                takes = platoon.get("sample_stream_takes", [])
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.debug("the Tinker server's capabilities are unknown; samples come whole", error=str(exc))
+        # Only a path on the same server: the key goes nowhere else.
+        ok = isinstance(path, str) and path.startswith("/") and not path.startswith("//")
+        constrains = ok and isinstance(takes, list) and "constraint" in takes
+        _STREAM_URLS[base_url] = (f"{base_url}{path}" if ok else None, constrains)
+    return _STREAM_URLS[base_url]
 
 
 async def stream_url(base_url: str, api_key: str | None) -> str | None:
     """The URL of the sample stream route of the Tinker server at `base_url`, when it offers
     one; asked once per base URL (hosted Tinker is asked once, and offers none)."""
-    base_url = base_url.rstrip("/")
-    if base_url not in _STREAM_URLS:
-        path = None
-        try:
-            async with _http(api_key, read=30.0) as http:
-                response = await http.get(f"{base_url}/api/v1/get_server_capabilities")
-                response.raise_for_status()
-                path = response.json().get("platoon", {}).get("routes", {}).get("sample_stream")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.debug("the Tinker server's capabilities are unknown; samples come whole", error=str(exc))
-        # Only a path on the same server: the key goes nowhere else.
-        ok = isinstance(path, str) and path.startswith("/") and not path.startswith("//")
-        _STREAM_URLS[base_url] = f"{base_url}{path}" if ok else None
-    return _STREAM_URLS[base_url]
+    return (await _stream_route(base_url, api_key))[0]
 
 
 async def tinker_sampler(client: tinker.SamplingClient, version: int = 0) -> TinkerSampler:
-    """A sampler over `client`: a streaming one when its server streams samples."""
+    """A sampler over `client`: a streaming one when its server streams samples (and one that
+    constrains its decoding when the stream route takes a constraint)."""
     config = client.holder.shadow_config
-    url = await stream_url(config.base_url, config.api_key)
-    return StreamingTinkerSampler(client, version, url) if url else TinkerSampler(client, version)
+    url, constrains = await _stream_route(config.base_url, config.api_key)
+    if url is None:
+        return TinkerSampler(client, version)
+    return StreamingTinkerSampler(client, version, url, constrains=constrains)
 
 
 class TinkerSamplerFactory:

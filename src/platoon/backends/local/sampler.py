@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from platoon.backends.local.constraints import Grammar, Guide, Vocabulary, masked
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import RunSync
 from platoon.backends.local.prefixes import Prefix, PrefixCache, Space
@@ -64,6 +65,7 @@ class SampleRequest(msgspec.Struct):
     weights: WeightsRef
     topk_prompt: int = 0  # top-k alternatives at each prompt position
     topk_sample: int = 0  # top-k alternatives at each sampled position
+    grammar: Grammar | None = None  # a decoding constraint: each row draws only what it allows
 
 
 class SampleResult(msgspec.Struct):
@@ -117,6 +119,7 @@ class _Row:
         self.logprobs: list[float] = []
         self.topk_ids: list[list[int]] = []
         self.topk_logprobs: list[list[float]] = []
+        self.guide: Guide | None = None  # the constraint's state, when the request has one
         if job.progress is not None:  # streamed: its reader follows the row
             job.rows.append(self)
 
@@ -163,6 +166,7 @@ class Sampler:
         self.prefixes = PrefixCache(prefix_cache_bytes)
         self.steps = 0
         self._streamed: set[_Job] = set()
+        self._vocabulary: Vocabulary | None = None  # the token texts, read when a constraint first needs them
         # transformers 5.x names the KV cache argument `cache`; 4.x calls it `past_key_values`.
         forward = inspect.signature(engine.base.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
@@ -507,8 +511,10 @@ class Sampler:
 
     def _sample(self, batch: _Batch) -> list[_Job]:
         assert batch.logits is not None
+        # The recorded logprobs are the model's own, unconstrained: those the trainer computes
+        # again, so a constrained row's importance ratio is 1 on the weights that sampled it.
         logprobs = torch.log_softmax(batch.logits, dim=-1)
-        tokens = self._choose(batch)
+        tokens = self._choose(batch, self._constrained(batch))
         chosen = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
         token_list = tokens.tolist()
         k = max((r.job.request.topk_sample for r in batch.rows), default=0)
@@ -525,6 +531,8 @@ class Sampler:
             token = token_list[i]
             row.tokens.append(token)
             row.logprobs.append(chosen[i])
+            if row.guide is not None:
+                row.guide.advance(token)
             n = row.job.request.topk_sample
             if n:
                 row.topk_ids.append(top_ids[i][:n])
@@ -581,11 +589,28 @@ class Sampler:
         tokens = (*row.job.request.prompt, *row.tokens[:-1])
         self.prefixes.put(batch.space, tokens, Prefix(layers=layers, logits=None, tokens=n))
 
-    def _choose(self, batch: _Batch) -> torch.Tensor:
+    def _constrained(self, batch: _Batch) -> torch.Tensor:
+        """The logits to draw from: a constrained row's with what its constraint does not allow
+        next at -inf (a vocabulary-sized mask for those rows only)."""
+        assert batch.logits is not None
+        guides: dict[int, Guide] = {}
+        for i, row in enumerate(batch.rows):
+            grammar = row.job.request.grammar
+            if grammar is not None:
+                if row.guide is None:
+                    if self._vocabulary is None:
+                        self._vocabulary = Vocabulary(self.engine.tokenizer, batch.logits.shape[-1])
+                    stops = sorted(row.job.request.params.stop_tokens)
+                    row.guide = Guide(grammar, self._vocabulary, stops)
+                guides[i] = row.guide
+        if not guides:
+            return batch.logits
+        rooms = {i: batch.rows[i].job.limit - len(batch.rows[i].tokens) - 1 for i in guides}
+        return masked(batch.logits, guides, rooms)
+
+    def _choose(self, batch: _Batch, logits: torch.Tensor) -> torch.Tensor:
         """One token per row: one batched draw per kind of parameters. A seeded request's row
         draws from its own generator, so its token does not depend on the other rows."""
-        assert batch.logits is not None
-        logits = batch.logits
         groups: dict[tuple[float, int, float], list[int]] = {}
         for i, row in enumerate(batch.rows):
             params = row.job.request.params

@@ -67,7 +67,7 @@ from platoon.backends.local.sampler import Sampler, SampleRequest
 from platoon.backends.local.sampling_requests import read_sample_request
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, WeightsRef, not_offered
 from platoon.backends.local.stability import StabilityRecords
-from platoon.backends.local.streams import SAMPLE_STREAM
+from platoon.backends.local.streams import SAMPLE_STREAM, STREAM_TAKES
 
 __all__ = ["Answer", "Session", "TinkerService", "UserError", "error_response"]
 
@@ -700,7 +700,11 @@ class TinkerService:
             ],
             # Not read by the SDK (it ignores unknown fields); for people and tools asking the
             # server, and for platoon's own client: the routes platoon adds to the Tinker API.
-            "platoon": {**self.engine.facts(), "routes": {"sample_stream": SAMPLE_STREAM}},
+            "platoon": {
+                **self.engine.facts(),
+                "routes": {"sample_stream": SAMPLE_STREAM},
+                "sample_stream_takes": STREAM_TAKES,
+            },
         }
 
 

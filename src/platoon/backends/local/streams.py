@@ -9,6 +9,10 @@ A failure after the first line is a last line `{"error", "category"}`. A reader 
 frees its row in the batch. `get_server_capabilities` names the route
 (`platoon.routes.sample_stream`), so a client knows without trying; platoon's `TinkerSampler`
 streams through it.
+
+The body may also hold a `constraint` (`platoon.policy.constraints.DecodingConstraint`): the
+sequence is then decoded to it (one tool call, or one JSON value of a schema; see
+`platoon.backends.local.constraints`). The capabilities say so (`platoon.sample_stream_takes`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,22 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from platoon.backends.local.bodies import Asample
+from platoon.backends.local.constraints import ConstraintError, compile_constraint
 from platoon.backends.local.sampler import Sampler, SampleRequest
 from platoon.backends.local.specs import EngineError
+from platoon.policy.constraints import DecodingConstraint
 
-__all__ = ["SAMPLE_STREAM", "StreamedTokens", "sample_stream"]
+__all__ = ["SAMPLE_STREAM", "STREAM_TAKES", "StreamSample", "StreamedTokens", "sample_stream"]
 
 SAMPLE_STREAM = "/platoon/v1/sample_stream"
+STREAM_TAKES = ["constraint"]  # what the route's body takes beyond an `asample` body
+
+
+class StreamSample(Asample):
+    """The route's body: an `asample` body, and optionally the constraint to decode to."""
+
+    constraint: DecodingConstraint | None = None
+
 
 log = structlog.get_logger(__name__)
 
@@ -50,12 +64,17 @@ def sample_stream(
     A request the sampler refuses is a 400 before anything streams."""
 
     async def handler(body: bytes) -> StreamingResponse:
-        req = msgspec.json.decode(body, type=Asample)
+        req = msgspec.json.decode(body, type=StreamSample)
         if req.num_samples != 1:
             raise EngineError(f"sample_stream draws one sequence; num_samples is {req.num_samples}")
         if req.record_stability_info:
             raise EngineError("sample_stream does not record stability info; use asample for that")
         request = read(req)
+        if req.constraint is not None:
+            try:
+                request.grammar = compile_constraint(req.constraint)
+            except ConstraintError as exc:
+                raise EngineError(str(exc)) from None
         sampler.check(request)
         return _Lines(_lines(sampler, request))
 
