@@ -437,7 +437,7 @@ class CommandHarness:
                 _write_files(workdir, {name: _fill(t, values) for name, t in self.spec.files.items()})
                 argv = [_fill(a, values) for a in self.spec.command]
                 env = {**os.environ, **{k: _fill(v, values) for k, v in self.spec.env.items()}}
-                await stack.enter_async_context(_count_model_calls(ctx))
+                await stack.enter_async_context(count_model_calls(ctx))
                 return await self._launch(ctx, argv, env, workdir)
 
     def _values(self, ctx: AgentContext, workdir: str) -> dict[str, str]:
@@ -496,7 +496,7 @@ class CommandHarness:
                 timeout=self.spec.timeout,
                 output_cap=self.spec.output_cap,
             )
-            await stack.enter_async_context(_count_model_calls(ctx))
+            await stack.enter_async_context(count_model_calls(ctx))
             reply = await ctx.bus.request(request, timeout=None)
             assert isinstance(reply, AgentProcessExited)
             if reply.unsupported:
@@ -636,7 +636,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _count_model_calls(ctx: AgentContext) -> AsyncIterator[None]:
+async def count_model_calls(ctx: AgentContext) -> AsyncIterator[None]:
     """Count the agent's policy calls (made over HTTP, not through `ctx.chat`) on its budget."""
 
     def count(event: ModelCallFinished) -> None:

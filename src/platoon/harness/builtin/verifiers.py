@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested
-from platoon.harness.command import _count_model_calls
+from platoon.harness.command import count_model_calls
 from platoon.harness.context import AgentContext, AgentResult
 from platoon.harness.registry import harness
 
@@ -21,6 +21,7 @@ __all__ = ["verifiers"]
 
 async def _install() -> None:
     """The verifiers worker's venv, built into the site cache ahead of any config naming it."""
+    # only `platoon harness install verifiers` loads the envs package's venv module
     from platoon.config import load_site
     from platoon.envs.verifiers.venv import build_venv
 
@@ -42,7 +43,7 @@ async def verifiers(ctx: AgentContext) -> AgentResult:
         payload=json.dumps(payload),
         timeout=seconds,
     )
-    async with _count_model_calls(ctx):
+    async with count_model_calls(ctx):
         reply = await ctx.bus.request(request, timeout=None)
     assert isinstance(reply, AgentProcessExited)
     final = reply.stdout or None
