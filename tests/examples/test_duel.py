@@ -26,12 +26,13 @@ def test_the_opponent_is_a_frozen_policy_chosen_by_role():
 @pytest.mark.slow
 @pytest.mark.torch
 def test_the_learner_learns_to_beat_a_frozen_opponent_that_never_changes(train_example):
-    """cpu.yaml as written: both players move in one environment session; the learner's calls
-    train its adapter, the opponent's calls all sample the base model, and the learner's reward
-    (its margin over the opponent) and its share of won rounds rise."""
+    """cpu.yaml, its first 12 steps of 20: both players move in one environment session; the
+    learner's calls train its adapter, the opponent's calls all sample the base model, and the
+    learner's reward (its margin over the opponent) and its share of won rounds rise. Measured
+    (reproducible): first three steps -0.05, steps 10-12 0.62, 20 steps 0.59; won 0.29 -> 1.0."""
     from platoon.bus.events import AgentSpawned, BatchReady, EpisodeGraded, ModelCallFinished, ToolReturned
 
-    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml")
+    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml", ["train.max_training_steps=12"])
     spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
     assert {(e.depth, e.harness, e.policy) for e in spawned.values()} == {
         (0, "duel-learner", "learner"),
