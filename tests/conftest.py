@@ -39,6 +39,14 @@ try:
 finally:
     gc.enable()
 
+# The openreward SDK's loggers keep the `sys.stdout` of the moment its modules are imported. First
+# imported inside a test that captures output (an in-process `platoon train` under capsys), they
+# would keep that test's stream, which pytest closes after it, and a later test whose environment
+# logs a tool's error would fail with "I/O operation on closed file". Imported now, they keep the
+# session's stream. (platoon.envs quiets the SDK and defers its model clients first.)
+with contextlib.suppress(ImportError):
+    import platoon.envs._sdk  # noqa: F401
+
 
 # Tests marked by where they are: what `nox -s flaky` reruns besides the learning tests.
 _BY_PATH = {
