@@ -52,3 +52,28 @@ def test_sft_teaches_the_format_rl_alone_never_finds(tmp_path, monkeypatch, caps
     assert trained("rl-alone") == [0, 0] and sum(trained("tiny")) > 0  # RL has something to learn now
     out = capsys.readouterr().out
     assert "per token, by epoch" in out
+
+
+def test_the_real_model_config_names_its_model_task_and_expert(monkeypatch):
+    """`real-model.yaml` (SmolLM2-135M, measured in the README; too slow to train here) validates,
+    trains the catalogue model on the real-model example's sums, and its expert solves every
+    training sum in the form the base model writes when right."""
+    from platoon.config import load_config
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "real-model"))
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import arithmetic
+    from sums_expert import answer
+
+    config = load_config(EXAMPLE / "real-model.yaml")
+    assert (config.train.model_name, config.train.renderer_name) == ("smollm2-135m", "smollm2")
+    [entry] = config.environments
+    assert (entry.service, entry.package) == ("python://arithmetic:Sums", "arithmetic")
+    for task in arithmetic.Sums.list_tasks("train"):
+        [prompt] = arithmetic.Sums(task_spec=task).get_prompt()
+        reply = answer([{"role": "user", "content": prompt.text}])
+        assert reply == f"{task['a']} + {task['b']} = {task['a'] + task['b']}"
+        assert arithmetic.last_number(reply) == task["a"] + task["b"]
+    readme = (EXAMPLE / "README.md").read_text()
+    assert "PYTHONPATH=../real-model platoon eval real-model.yaml" in readme
+    assert "--policy scripted:sums_expert:answer" in readme

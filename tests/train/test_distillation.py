@@ -77,3 +77,29 @@ def test_the_base_model_teaches_its_own_samples_nothing_and_another_tokenizer_is
         _train(
             site / "other", tiny_model, 1, tokenizer=str(qwen), distill={"teacher_path": str(site / "base")}
         )
+
+
+@pytest.mark.slow
+def test_a_frozen_policy_named_as_teacher_scores_with_the_weights_it_samples(site, tiny_model):
+    """`distill.teacher` names a frozen policy of `policies:` whose `model_path` is a finished
+    run: its weights are copied into the embedded server the student trains on, and the teacher
+    scores with them. The student's first samples are the base model's, which as its own teacher
+    diverges from them by nothing (the test above); the expert's one step of RL does."""
+    import learnable  # noqa: F401 - registers the harness
+
+    _train(site / "expert", tiny_model, 1, batch_size=1, save_every=1, optimizer={"learning_rate": 0.1})
+    [saved] = (site / "expert" / "tinker").glob("*/sampler_weights/ckpt-000001")
+    raw = learn_config(tiny_model, steps=1, batch_size=1)
+    raw["environments"][0]["agents"] = {"policy": {"by": "depth", "map": {"0": "student"}}}
+    raw["policies"] = {
+        "student": {"distill": {"teacher": "expert"}},
+        "expert": {"frozen": True, "model_path": str(site / "expert")},
+    }
+    run_dir = site / "student"
+    anyio.run(lambda: train(validate_config(raw), run_dir=run_dir, console=False))
+    [step] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print("student/distill/reverse_kl at step 1:", step["student/distill/reverse_kl"])
+    assert (run_dir / "tinker" / saved.parent.parent.name / "sampler_weights" / saved.name).is_dir()
+    assert step["student/distill/tokens"] > 0 and step["student/distill/weight"] == 1.0
+    assert abs(step["student/distill/reverse_kl"]) > 0.01, step
+    assert not any(key.startswith("expert/") for key in step)  # a frozen policy trains nothing

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -123,6 +124,7 @@ async def open_policy(
     prefix: str = "",
     reference: tinker.SamplingClient | None = None,
     teacher: tinker.SamplingClient | None = None,
+    service_dir: Path | None = None,
 ) -> AsyncIterator[OpenPolicy]:
     """Open a loaded policy for a run: its training service and, when it trains
     (`settings.trainer`), its training client (resumed from the newest checkpoint of
@@ -132,13 +134,16 @@ async def open_policy(
     already open that the policy shares with others of the run (`open_policies`); `prefix`:
     the policy's name on its trainer's metrics, when the run has several; `reference`, `teacher`:
     the sampling client of its KL reference or teacher when another policy of the run is that
-    (`open_policies`)."""
+    (`open_policies`); `service_dir`: the checkpoint folder of that shared service, where the
+    weights its reference or teacher names are copied in."""
     policy = loaded.settings
     if policy.scripted:
         loaded.sampler_factory = policy_from_ref(policy.scripted, loaded.tokenizer)
         yield loaded
         return
     checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
+    if service is not None:
+        checkpoint_dir = service_dir
     if service is None and policy.load_path and policy.trainer is not None:
         policy = loaded.settings = _start_state(policy, checkpoint_dir)
     if service is None and policy.trainer is None and policy.backend == "local" and policy.model_path:
@@ -200,26 +205,32 @@ async def open_policies(
     backend are two LoRA adapters on one server; each other service is opened once (the
     checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained policy
     whose KL reference or teacher is a frozen one (`kl.reference_policy`, `distill.teacher`)
-    scores against the weights that policy samples, on its service."""
+    scores against the weights that policy samples, on its service. On the embedded backend the
+    finished run's weights a policy samples (`model_path`) are copied into its server's folder."""
     keys = {name: _service_key(p.settings) for name, p in loaded.items()}
     async with contextlib.AsyncExitStack() as stack:
         services: dict[tuple[str, str], tuple[tinker.ServiceClient, str | None]] = {}
+        folders: dict[tuple[str, str], Path | None] = {}
         opened: dict[str, OpenPolicy] = {}
         for name, policy in loaded.items():
             key = keys[name]
             if key not in services and not policy.settings.scripted:
-                trains = any(loaded[n].settings.trainer is not None for n in loaded if keys[n] == key)
+                on_it = [p for p in loaded.values() if keys[p.settings.name] == key]
+                trains = any(p.settings.trainer is not None for p in on_it)
+                sampled = [p for p in on_it if _samples_finished_weights(p.settings)]
                 where = None
-                if trains and run_dir is not None:
+                if (trains or sampled) and run_dir is not None:
                     where = run_dir / ("tinker" if not services else f"tinker-{name}")
-                for other in loaded.values():  # the training states they start from, on this service
-                    if (
-                        keys[other.settings.name] == key
-                        and other.settings.load_path
-                        and other.settings.trainer
-                    ):
+                elif sampled:  # an evaluation: a folder of the session's own for the copies
+                    where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="platoon-tinker-")))
+                for other in on_it:  # the training states they start from, on this service
+                    if other.settings.load_path and other.settings.trainer:
                         other.settings = _start_state(other.settings, where)
+                for other in sampled:
+                    assert where is not None
+                    other.settings = _finished_weights_in(other.settings, where)
                 services[key] = await stack.enter_async_context(_service(policy.settings, where))
+                folders[key] = where
         for name, policy in loaded.items():
             key, trains = keys[name], policy.settings.trainer is not None
             frozen = {"kl": policy.settings.kl_policy, "distill": policy.settings.teacher_policy}
@@ -238,6 +249,7 @@ async def open_policies(
                     prefix=f"{name}/",
                     reference=scorers["kl"],
                     teacher=scorers["distill"],
+                    service_dir=folders.get(key),
                 )
             )
         yield opened
@@ -356,6 +368,21 @@ def _finished_weights(policy: PolicySettings) -> tuple[Path, str]:
         return locate_weights(policy.model_path, policy.runs)
     except CheckpointNotFound as exc:
         raise SystemError(f"model_path: {exc}") from None
+
+
+def _samples_finished_weights(policy: PolicySettings) -> bool:
+    """Whether a policy that does not train here samples a finished run's weights on the
+    embedded backend (a frozen policy's, or an evaluation's, `model_path`)."""
+    local = policy.backend == "local" and not policy.scripted
+    return local and policy.trainer is None and bool(policy.model_path)
+
+
+def _finished_weights_in(policy: PolicySettings, checkpoint_dir: Path) -> PolicySettings:
+    """The policy with the finished run's weights it samples copied into `checkpoint_dir`, the
+    folder of the embedded server it shares with other policies of the run."""
+    found, path = _finished_weights(policy)
+    _copy_in(found, path, checkpoint_dir)
+    return replace(policy, model_path=path)
 
 
 def _service_key(policy: PolicySettings) -> tuple[str, str]:
