@@ -11,9 +11,10 @@ task's `docker_image`, or the image `platoon prepare` built from its Dockerfile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -70,7 +71,9 @@ class TaskSandboxes:
             self.check_phases(task, network)
         spec, provision = self.sandbox_for(task, env_config, network)
         box = create_sandbox(spec, self.provider, **self.provider_options)
-        try:
+        async with stopped_on_failure(
+            box, lambda exc: HarborError(f"the sandbox did not start: {exc}{self._hint(spec)}")
+        ):
             await box.start()
             logs = " ".join(LOG_DIRS)
             made = await box.exec(f"mkdir -p {logs} && chmod 777 {logs}", cwd="/")
@@ -82,12 +85,6 @@ class TaskSandboxes:
                 await _check_storage(box, env_config.storage_mb)
             if env_config.healthcheck is not None:
                 await healthcheck(box, env_config.healthcheck)
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await box.stop()
-            if isinstance(exc, SandboxError | HarborError):
-                raise HarborError(f"the sandbox did not start: {exc}{self._hint(spec)}") from None
-            raise
         return box
 
     def check_phases(self, task: HarborTask, network: bool) -> None:
@@ -139,6 +136,20 @@ class TaskSandboxes:
         if spec.image is not None and spec.image.startswith(prepare.IMAGE_REPOSITORY):
             return " (its image is built by `platoon prepare CONFIG`)"
         return ""
+
+
+@contextlib.asynccontextmanager
+async def stopped_on_failure(box: Sandbox, error: Callable[[Exception], Exception]) -> AsyncIterator[None]:
+    """Stop `box` if the block fails (shielded, so a cancelled start still stops it), and turn a
+    sandbox's or Harbor's error into `error(exc)`, one line for the caller."""
+    try:
+        yield
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await box.stop()
+        if isinstance(exc, SandboxError | HarborError):
+            raise error(exc) from None
+        raise
 
 
 async def _nothing(box: Sandbox, offline: bool) -> None:

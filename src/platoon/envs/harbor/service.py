@@ -24,8 +24,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import anyio
-
 from platoon.config import load_site
 from platoon.envs.service import EnvError, TaskInfo
 from platoon.sandbox import Sandbox, SandboxError, resolve_provider
@@ -34,7 +32,7 @@ from . import prepare
 from .config import EnvironmentConfig
 from .dataset import Dataset, load_dataset
 from .errors import HarborError
-from .sandboxes import TaskSandboxes
+from .sandboxes import TaskSandboxes, stopped_on_failure
 from .session import BASH_TOOL, HarborSession
 from .task import HarborTask
 
@@ -119,14 +117,8 @@ class HarborBackend:
             tool_output_chars=self.tool_output_chars,
             artifacts_dir=self.artifacts_dir,
         )
-        try:
+        async with stopped_on_failure(box, lambda exc: EnvError(f"task {harbor_task.name}: {exc}")):
             await session.begin()
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                await box.stop()
-            if isinstance(exc, SandboxError | HarborError):
-                raise EnvError(f"task {harbor_task.name}: {exc}") from None
-            raise
         return session
 
     async def start(
