@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from platoon.cli import main
+from platoon.harness import toolchain
 from platoon.harness.toolchain import Toolchain, build_toolchain, find_python, toolchain_interpreter
 from platoon.sandbox import SandboxSpec, create_sandbox
 from platoon.sandbox.agent import run_agent
@@ -44,6 +45,29 @@ def test_a_toolchain_needing_a_python_there_is_not_is_one_clear_line(tmp_path, m
         "platoon: error: harness 'future': its toolchain did not build: it needs Python 3.99 and there is "
         "none: name one in the site profile (pythons: [/path/to/python3.99]) or install one (pyenv, uv, apt)"
     )
+
+
+def test_a_toolchain_without_bubblewrap_is_one_clear_line_and_nothing_is_written(
+    tmp_path, monkeypatch, capsys
+):
+    """Without bwrap the installers would write into the host's mount point, shared by every
+    toolchain (a machine without it once built five agents into one folder there)."""
+    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    which = shutil.which
+    monkeypatch.setattr(
+        toolchain.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else which(name, *a, **k)
+    )
+    spec = tmp_path / "plain.toml"
+    spec.write_text('name = "plain"\ncommand = ["x"]\n[toolchain]\npip = ["six==1.16.0"]\n')
+    assert main(["harness", "install", str(spec)]) == 1
+    [err] = capsys.readouterr().err.splitlines()
+    assert err == (
+        "platoon: error: harness 'plain': its toolchain did not build: building it needs bubblewrap, which "
+        f"shows the toolchain at {toolchain.MOUNT_POINT} while it is installed: install it (apt-get install "
+        "bubblewrap)"
+    )
+    assert not [p for p in (tmp_path / "cache" / "toolchains").iterdir() if not p.name.endswith(".lock")]
 
 
 OTHER = next((v for v in ("3.12", "3.13") if v != HERE and find_python(v) is not None), None)

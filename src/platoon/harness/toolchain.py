@@ -228,13 +228,17 @@ def _install(toolchain: Toolchain, work: Path, interpreter: str | None = None) -
         link = f"mkdir -p {MOUNT_POINT}/bin && cd {MOUNT_POINT}/bin && ln -sf ../node_modules/.bin/* ."
         steps.append(["bash", "-c", link])
     bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        # Without it the installers would write into the host's own MOUNT_POINT, shared by
+        # every toolchain, and the sandboxes that run the agents need it anyway.
+        raise ToolchainError(
+            f"building it needs bubblewrap, which shows the toolchain at {MOUNT_POINT} while it is "
+            "installed: install it (apt-get install bubblewrap)"
+        )
     for step in steps:
-        if bwrap is not None:
-            # The installers run with the host's network (registries) but see the toolchain at
-            # the path the sandboxes will: the rest of the file system is the host's.
-            argv = [bwrap, "--dev-bind", "/", "/", "--bind", str(work), MOUNT_POINT, *step]
-        else:
-            argv = step
+        # The installers run with the host's network (registries) but see the toolchain at the
+        # path the sandboxes will: the rest of the file system is the host's.
+        argv = [bwrap, "--dev-bind", "/", "/", "--bind", str(work), MOUNT_POINT, *step]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip()[-2000:]
