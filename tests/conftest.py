@@ -16,6 +16,13 @@ os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 # tests start do not oversubscribe the cores, and a matrix product sums in the same order
 # whatever machine runs it (set before anything imports torch; children inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# And the same kernels on every x86-64 machine: MKL's AVX2 branch in its strict reproducible mode
+# (without a branch, MKL picks kernels by CPU and by the memory alignment of the operands, so a
+# learning curve changed with the machine and with what ran before it in the process), and
+# torch's own AVX2 kernels, not AVX-512's (its reductions sum in another order). Measured on an
+# AVX-512 machine: no slower than MKL's own choice; MKL's COMPATIBLE branch would be 2.3x slower.
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 # The suite starts hundreds of interpreters: let them (and pytest's rewritten test modules) keep
 # compiled bytecode, even where the machine's environment says not to (a fresh clone has none).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

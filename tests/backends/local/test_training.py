@@ -93,7 +93,7 @@ def test_new_sampler_samples_updated_weights(service, tiny_model):
     base = service.create_sampling_client(base_model=str(tiny_model)).result()
     before = base.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0].tokens
     assert before != target
-    train(client, [datum(prompt + target, [0, 0, 1, 1, 1, 1])], steps=40, lr=1e-2)
+    train(client, [datum(prompt + target, [0, 0, 1, 1, 1, 1])], steps=80, lr=1e-2)
     path = client.save_weights_for_sampler("after-training").result().path
     assert path.startswith("tinker://") and path.endswith("/sampler_weights/after-training")
     sampler = service.create_sampling_client(model_path=path).result()
