@@ -119,11 +119,11 @@ def podman_image(
     exists = subprocess.run(_podman(root, "image", "exists", ref), capture_output=True, check=False)
     if exists.returncode == 0:
         return ref
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    result = subprocess.run(
-        _podman(root, "import", "-", ref), stdin=tar.stdout, capture_output=True, check=False
-    )
-    tar.wait()
+    # `with` closes tar's end of the pipe (left open, it warned as an unclosed file).
+    with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+        result = subprocess.run(
+            _podman(root, "import", "-", ref), stdin=tar.stdout, capture_output=True, check=False
+        )
     if result.returncode != 0:
         raise SandboxError(f"podman import failed: {result.stderr.decode(errors='replace').strip()}")
     return ref
