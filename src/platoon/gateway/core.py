@@ -384,7 +384,9 @@ class Gateway(ComponentBase):
         completions = sampled_turns(session, messages)
         chars = size_bound(messages) + size_bound(tools or ())  # their text, bounded from above
         self._check_size(chars, messages, tools, state)
-        render = functools.partial(renderer.render, messages, tools or None, completions=completions)
+        render = functools.partial(
+            renderer.render, messages, tools or None, completions=completions, memo=session.prompt
+        )
         try:
             # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
             prompt = await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render()
@@ -395,7 +397,7 @@ class Gateway(ComponentBase):
         prefill: list[int] = []
         if controls.prefill:
             prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
-            prompt += prefill
+            prompt = prompt + prefill  # a new list: the session's memo keeps the rendered one
         sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:

@@ -33,6 +33,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from platoon.gateway import jsontext
+from platoon.gateway.memo import RenderMemo
 from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
@@ -148,6 +149,14 @@ def _function(call: object, where: str) -> tuple[str, object]:
     return function["name"], function.get("arguments", {})
 
 
+def _function_at(call: object, i: int, n: int) -> tuple[str, object]:
+    """`_function` of call `n` of message `i` (its place named only when it is wrong)."""
+    function = call.get("function", call) if type(call) is dict else None
+    if type(function) is dict and type(name := function.get("name")) is str:
+        return name, function.get("arguments", {})
+    return _function(call, f"messages.{i}.tool_calls.{n}")
+
+
 def _arguments_object(arguments: object, where: str) -> object:
     if isinstance(arguments, str):
         try:
@@ -227,9 +236,12 @@ class Renderer(ABC):
         *,
         add_generation_prompt: bool = True,
         completions: Mapping[int, Sequence[int]] | None = None,
+        memo: RenderMemo | None = None,
     ) -> list[int]:
         """Prompt tokens for `messages`; `completions` maps assistant message indices to the
-        tokens sampled for them, which replace their re-rendered text."""
+        tokens sampled for them, which replace their re-rendered text. With `memo` (one per
+        agent), the chunks the agent's last prompt began with are not tokenized again, and
+        the prompt returned must not be changed (the memo keeps it)."""
         # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
         _check(messages)
         texts = self._texts(list(messages), list(tools) if tools else None, add_generation_prompt)
@@ -237,6 +249,9 @@ class Renderer(ABC):
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
                 raise RendererError(f"completions: message {index} is not an assistant message")
+        if memo is not None:
+            chunks = [(text, completions.get(m) if m is not None else None) for m, _, text in texts if text]
+            return memo.tokens(self, chunks, self._encoded_text, self.completion_segment)
         tokens: list[int] = []
         for message, _, text in texts:
             if not text:
@@ -445,7 +460,10 @@ class Qwen3Renderer(Renderer):
     def _texts(
         self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
     ) -> list[tuple[int | None, str, str]]:
-        contents = [_text(m.get("content"), f"messages.{i}.content") for i, m in enumerate(messages)]
+        contents = [
+            c if type(c := m.get("content")) is str else _text(c, f"messages.{i}.content")
+            for i, m in enumerate(messages)
+        ]
         out: list[tuple[int | None, str, str]] = []
         first_is_system = bool(messages) and messages[0]["role"] == "system"
         if tools:
@@ -459,7 +477,7 @@ class Qwen3Renderer(Renderer):
             )
         elif first_is_system:
             out.append((0, "system", "<|im_start|>system\n" + contents[0] + "<|im_end|>\n"))
-        last_query = self._last_query_index(messages, contents)
+        last_query = self._last_query_index(messages, contents) if self.thinking else 0
         for i, message in enumerate(messages):
             role, content = message["role"], contents[i]
             if role == "user" or (role == "system" and i > 0):
@@ -468,7 +486,7 @@ class Qwen3Renderer(Renderer):
                 body, content = self._assistant_body(i, message, content, last_query, i == len(messages) - 1)
                 text = "<|im_start|>assistant\n" + body
                 for n, call in enumerate(_calls(message)):
-                    name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                    name, arguments = _function_at(call, i, n)
                     if n > 0 or content:
                         text += "\n"
                     rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
@@ -635,7 +653,7 @@ class SmolLM2Renderer(Renderer):
         for i, message in enumerate(messages):
             content = _text(message.get("content"), f"messages.{i}.content")
             for n, call in enumerate(_calls(message)):
-                name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                name, arguments = _function_at(call, i, n)
                 rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
                 _arguments_object(rendered, f"messages.{i}.tool_calls.{n}")  # JSON, or a clear error
                 if n > 0 or content:
