@@ -190,3 +190,29 @@ def test_any_sequence_of_calls_renders_as_a_full_render(calls, name, seed):
 @functools.cache
 def _toy() -> object:
     return tokenizers.toy_tokenizer()  # not the fixture: hypothesis runs the test many times
+
+
+def test_messages_changed_in_place_between_calls_are_rendered_anew(toy_tokenizer):
+    """A harness may edit its own messages in place between calls (in process, the gateway gets
+    the very dicts): the memo keeps what they were, not the dicts."""
+    for name in ("qwen3", "qwen3_instruct"):
+        renderer = get_renderer(name, toy_tokenizer)
+        memo = RenderMemo()
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "List the files."},
+            *_tool_turns(0, parallel=True, reasoning=True),
+            {"role": "user", "content": "And now?"},
+        ]
+        renderer.render(messages, TOOLS, memo=memo)
+        messages[1]["content"] = "List the tests."
+        messages[2]["tool_calls"][0]["function"]["arguments"] = '{"cmd": "ls tests"}'
+        messages.append({"role": "assistant", "content": "Done."})
+        assert renderer.render(messages, TOOLS, memo=memo) == renderer.render(messages, TOOLS)
+        TOOLS[0]["function"]["description"] += " Changed."
+        try:
+            assert renderer.render(messages, TOOLS, memo=memo) == renderer.render(messages, TOOLS)
+        finally:
+            TOOLS[0]["function"]["description"] = TOOLS[0]["function"]["description"].removesuffix(
+                " Changed."
+            )

@@ -50,3 +50,14 @@ def test_a_turn_sampled_again_is_spliced_by_its_occurrence():
     assert sampled_turns(session, messages) == {0: [1], 2: [1]}
     session.sampled[turn_key(turn)].append([2])  # sampled a second time since
     assert sampled_turns(session, messages) == {0: [1], 2: [2]}
+
+
+def test_a_turn_changed_in_place_since_the_last_call_gets_its_new_key():
+    """In process, a harness's own dicts reach the gateway: one edited since is read again."""
+    session = _session()
+    turn = _turn('{"cmd": "ls"}')
+    session.sampled[turn_key(turn)] = [[1]]
+    messages = [{"role": "user", "content": "go"}, turn]
+    assert sampled_turns(session, messages) == {1: [1]}
+    turn["tool_calls"][0]["function"]["arguments"] = '{"cmd": "rm -rf /"}'
+    assert sampled_turns(session, messages) == {}

@@ -453,17 +453,18 @@ class Gateway(ComponentBase):
             # to its constraint: then it is refused as it is), so a retry sends nothing twice.
             attempt = 0
             while True:
-                text = TextStream(
-                    renderer.tokenizer,
-                    markers=controls.markers,
-                    stops=controls.stops,
-                    after_first_call=controls.after_first_call,
-                    stop_token_ids=renderer.stop_token_ids,
-                    plain=controls.plain,
-                )
+                text: TextStream | None = None  # what a streaming sampler's tokens read as, so far
                 params_now = _resampled(sample_params, attempt)
                 try:
                     if _streams(sampler) and (stream or controls.stops or constrained):
+                        text = TextStream(
+                            renderer.tokenizer,
+                            markers=controls.markers,
+                            stops=controls.stops,
+                            after_first_call=controls.after_first_call,
+                            stop_token_ids=renderer.stop_token_ids,
+                            plain=controls.plain,
+                        )
                         tokens: list[int] = []
                         logprobs: list[float] = []
                         top: TopLogprobs = []
@@ -499,7 +500,7 @@ class Gateway(ComponentBase):
                 problem = unmet(controls, parsed, sampled)
                 if problem is None:
                     break
-                if attempt >= self.constraint_tries or (stream and text.sent):
+                if attempt >= self.constraint_tries or (stream and text is not None and text.sent):
                     raise _refused(controls, attempt, problem)
                 log.debug("a constrained reply is not what it must be; sampling again", attempt=attempt)
         except BaseException:
@@ -539,7 +540,8 @@ class Gateway(ComponentBase):
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
-        rest = text.rest(parsed.content or "") if stream and text.sent else ""
+        sent = text.sent if stream and text is not None else ""
+        rest = text.rest(parsed.content or "") if text is not None and sent else ""
         if rest:
             yield rest
         yield Completion(
@@ -553,7 +555,7 @@ class Gateway(ComponentBase):
             tokens=list(sampled.tokens),
             logprobs=list(sampled.logprobs),
             stop_sequence=stop_sequence,
-            streamed=text.sent if stream else "",
+            streamed=text.sent if text is not None and stream else "",
             top_logprobs=sampled.top_logprobs,
         )
 

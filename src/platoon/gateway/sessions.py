@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
-from platoon.gateway.memo import RenderMemo
+from platoon.gateway.memo import RenderMemo, encoded
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 from platoon.policy.base import TopLogprobs
 
@@ -68,8 +68,8 @@ class AgentSession:
     # conversation without instructions, reply included; the response object). Bounded.
     responses: OrderedDict[str, tuple[list[Message], ResponsesReply]] = field(default_factory=OrderedDict)
     prompt: RenderMemo = field(default_factory=RenderMemo)  # its last prompt, for the next render
-    # Its last call's assistant turns and their keys, by position (`sampled_turns`).
-    turn_keys: dict[int, tuple[Message, TurnKey | None]] = field(default_factory=dict)
+    # Its last call's assistant turns, as written (`memo.encoded`), and their keys, by position.
+    turn_keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,20 +100,19 @@ def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[in
         return {}
     completions: dict[int, list[int]] = {}
     seen: dict[TurnKey, int] = {}
-    # An agent's history repeats: a turn equal to the one at its place last call has its key
-    # (kept only for turns whose calls' arguments are text: an equal turn's are then the same).
+    # An agent's history repeats: a turn written as the one at its place last call has its key.
     known, keys = session.turn_keys, {}
     for i, message in enumerate(messages):
         if not (type(message) is dict or isinstance(message, Mapping)) or message.get("role") != "assistant":
             continue
+        written = encoded(message)
         before = known.get(i)
-        if before is not None and before[0] == message:
+        if before is not None and written is not None and before[0] == written:
             key = before[1]
-            keys[i] = before
         else:
             key = turn_key(message)
-            if _text_arguments(message):
-                keys[i] = (message, key)
+        if written is not None:
+            keys[i] = (written, key)
         if key is None:
             continue
         samplings = session.sampled.get(key)
@@ -149,23 +148,6 @@ def turn_key(message: Message) -> TurnKey | None:
             return None
         calls.append((function["name"], _arguments_key(function.get("arguments"))))
     return (content or "").strip(), tuple(calls)
-
-
-def _text_arguments(message: Message) -> bool:
-    """Whether a turn's calls carry their arguments as JSON text (or none). Equal such turns have
-    the same key; arguments as objects may be equal and still not (1, 1.0 and true are equal)."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return True
-    if not isinstance(calls, list):
-        return False
-    for call in calls:
-        function = call.get("function", call) if type(call) is dict or isinstance(call, Mapping) else None
-        if not (type(function) is dict or isinstance(function, Mapping)):
-            return False
-        if not isinstance(function.get("arguments"), str | None):
-            return False
-    return True
 
 
 def _arguments_key(arguments: object) -> str:
