@@ -181,7 +181,7 @@ class Guard:
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The request body, whole; None when the request is over (the client left, or it was
         refused: 413 over the cap, 408 past the deadline)."""
-        body = b""
+        body: bytes | bytearray = b""
         parts: bytearray | None = None  # a body in several messages is gathered here
         with anyio.move_on_after(self.body_timeout):
             while True:

@@ -23,7 +23,7 @@ import msgspec
 
 from platoon.gateway.shapes import Message, Tool
 
-__all__ = ["Chunk", "RenderMemo", "Texts", "encoded"]
+__all__ = ["Chunk", "RenderMemo", "Texts", "encoded", "encoded_each"]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
 Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
@@ -70,7 +70,7 @@ class RenderMemo:
             return owner._texts(messages, tools, add_generation_prompt)
         written = self._written
         key = encoded(tools)
-        now = [encoded(m) for m in messages]
+        now = encoded_each(messages)
         context = owner._context(messages)
         texts: Texts | None = None
         if written is not None and written[0] is owner and key is not None and written[2] == key:
@@ -132,6 +132,15 @@ def encoded(value: object) -> bytes | None:
         return None
 
 
+def encoded_each(values: Sequence[object]) -> list[bytes | None]:
+    """`encoded` of each value."""
+    try:
+        return [_ENCODE(value) for value in values]  # the encoder itself: this runs on every call
+    except (TypeError, ValueError, OverflowError):
+        return [encoded(value) for value in values]
+
+
+_ENCODE = _KEYS.encode
 _REUSES: dict[type, bool] = {}
 
 
