@@ -189,7 +189,9 @@ class Guard:
                 if message["type"] == "http.disconnect":
                     return None
                 chunk = message.get("body", b"")
-                if parts is None and not body:
+                if not chunk:
+                    pass  # hypercorn ends every body with an empty message
+                elif not body:
                     body = chunk
                 else:
                     if parts is None:
