@@ -45,6 +45,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.gateway.errors import GatewayError, sampler_error
+from platoon.gateway.memo import encoded_each
 from platoon.gateway.params import call_params, longest_token, size_bound, text_size
 from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import Controls, read_reply, take_controls, unmet
@@ -381,15 +382,23 @@ class Gateway(ComponentBase):
         if state.stream_markers is None:  # fixed for a renderer: read once
             state.stream_markers = renderer.stream_markers()
         controls = take_controls(params, tools, renderer, state.stream_markers)
-        completions = sampled_turns(session, messages)
-        chars = size_bound(messages) + size_bound(tools or ())  # their text, bounded from above
+        # Each message as msgpack, once: for turns sampled before, the size bound, and the memo.
+        written = encoded_each(messages)
+        completions = sampled_turns(session, messages, written)
+        # Their text, bounded from above (msgpack holds each string's UTF-8, and more).
+        sizes = [len(w) for w in written if w is not None]
+        bound = sum(sizes) if len(sizes) == len(written) else size_bound(messages)
+        chars = bound + size_bound(tools or ())
         self._check_size(chars, messages, tools, state)
         render = functools.partial(
             renderer.render, messages, tools or None, completions=completions, memo=session.prompt
         )
         try:
-            # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
-            prompt = await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render()
+            # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile
+            # (the messages then encoded again there, as they are then).
+            prompt = (
+                await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render(encoded=written)
+            )
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
@@ -397,7 +406,7 @@ class Gateway(ComponentBase):
         prefill: list[int] = []
         if controls.prefill:
             prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
-            prompt = prompt + prefill  # a new list: the session's memo keeps the rendered one
+            prompt += prefill
         sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:

@@ -3,7 +3,7 @@
 A renderer's prompt is the concatenation of its chunks' tokens, each chunk tokenized on its own
 (or, for an assistant turn sampled before, its sampled tokens). So where a call's leading chunks
 are the previous call's (the same text, the same sampled tokens), their tokens are the previous
-prompt's leading tokens, taken as one slice: what a full render gives, token for token, by
+prompt's chunks' tokens, taken as they are: what a full render gives, token for token, by
 construction. An agent's calls usually repeat its history, so most of each prompt is reused.
 
 The chunks' texts are kept too. A renderer that says how far its chunks depend on later
@@ -48,29 +48,34 @@ class _Writer(Protocol):
 class RenderMemo:
     """The last prompt rendered for one agent: its messages and chunks, and their tokens.
 
-    The prompt a render returns is also the one the next render slices from: it must not be
-    changed. Each render replaces each record at once, so renders on worker threads may
-    interleave (each reads whole records, and checks what it reuses).
+    Each render replaces each record at once, so renders on worker threads may interleave (each
+    reads whole records, and checks what it reuses).
     """
 
     __slots__ = ("_last", "_written")
 
     def __init__(self) -> None:
-        # (the renderer, its chunks, each chunk's end in the tokens, the tokens)
-        self._last: tuple[object, list[Chunk], list[int], list[int]] | None = None
+        # (the renderer, its chunks, each chunk's tokens)
+        self._last: tuple[object, list[Chunk], list[Sequence[int]]] | None = None
         # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
         self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
 
     def texts(
-        self, owner: _Writer, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+        self,
+        owner: _Writer,
+        messages: list[Message],
+        tools: list[Tool] | None,
+        add_generation_prompt: bool,
+        now: list[bytes | None] | None = None,
     ) -> Texts:
         """`owner._texts(...)`, with the chunks of the leading messages the last call repeated
-        taken from it where `owner` can tell which those are."""
+        taken from it where `owner` can tell which those are; `now`: `encoded_each(messages)`."""
         if not _reuses(owner):
             return owner._texts(messages, tools, add_generation_prompt)
         written = self._written
         key = encoded(tools)
-        now = encoded_each(messages)
+        if now is None or len(now) != len(messages):
+            now = encoded_each(messages)
         context = owner._context(messages)
         texts: Texts | None = None
         if written is not None and written[0] is owner and key is not None and written[2] == key:
@@ -103,20 +108,20 @@ class RenderMemo:
         """The prompt of `chunks` as `owner` (a renderer) tokenizes them: `encode` for a text,
         `segment` for sampled tokens; the leading chunks the last render shared are not redone."""
         last = self._last
-        start = 0
+        parts: list[Sequence[int]] = []
         if last is not None and last[0] is owner:
-            _, before, before_ends, before_tokens = last
+            before, before_parts = last[1], last[2]
             most = min(len(before), len(chunks))
-            while start < most and before[start] == chunks[start]:
-                start += 1
-            ends = before_ends[:start]
-            tokens = before_tokens[: ends[-1]] if start else []
-        else:
-            ends, tokens = [], []
-        for text, sampled in chunks[start:] if start else chunks:
-            tokens += encode(text) if sampled is None else segment(sampled)
-            ends.append(len(tokens))
-        self._last = (owner, chunks, ends, tokens)
+            while len(parts) < most and before[len(parts)] == chunks[len(parts)]:
+                parts.append(before_parts[len(parts)])
+        tokens: list[int] = []
+        for part in parts:
+            tokens += part  # each chunk's own tokens, shared (a cached text's) where they can be
+        for text, sampled in chunks[len(parts) :]:
+            part = encode(text) if sampled is None else segment(sampled)
+            parts.append(part)
+            tokens += part
+        self._last = (owner, chunks, parts)
         return tokens
 
 

@@ -216,18 +216,19 @@ class Renderer(ABC):
         add_generation_prompt: bool = True,
         completions: Mapping[int, Sequence[int]] | None = None,
         memo: RenderMemo | None = None,
+        encoded: list[bytes | None] | None = None,
     ) -> list[int]:
         """Prompt tokens for `messages`; `completions` maps assistant message indices to the
         tokens sampled for them, which replace their re-rendered text. With `memo` (one per
-        agent), the chunks the agent's last prompt began with are not tokenized again, and
-        the prompt returned must not be changed (the memo keeps it)."""
+        agent), the chunks the agent's last prompt began with are not written nor tokenized
+        again; `encoded`, each message's `memo.encoded` as it is now, saves the memo that work."""
         # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
         _check(messages)
         listed, tools = list(messages), list(tools) if tools else None
         if memo is None:
             texts = self._texts(listed, tools, add_generation_prompt)
         else:
-            texts = memo.texts(self, listed, tools, add_generation_prompt)
+            texts = memo.texts(self, listed, tools, add_generation_prompt, encoded)
         completions = completions or {}
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":

@@ -90,8 +90,11 @@ class Completion:
     streamed: str = ""  # the content sent as deltas while sampling
 
 
-def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[int, list[int]]:
-    """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
+def sampled_turns(
+    session: AgentSession, messages: Sequence[Message], written: Sequence[bytes | None] | None = None
+) -> dict[int, list[int]]:
+    """The tokens sampled for those assistant turns in `messages` that this agent was sampled
+    (`written`: each message's `memo.encoded`, where the caller has them).
 
     A text sampled twice (two identical tool calls, say) may have been sampled as different
     tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
@@ -105,14 +108,14 @@ def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[in
     for i, message in enumerate(messages):
         if not (type(message) is dict or isinstance(message, Mapping)) or message.get("role") != "assistant":
             continue
-        written = encoded(message)
+        now = encoded(message) if written is None else written[i]
         before = known.get(i)
-        if before is not None and written is not None and before[0] == written:
+        if before is not None and now is not None and before[0] == now:
             key = before[1]
         else:
             key = turn_key(message)
-        if written is not None:
-            keys[i] = (written, key)
+        if now is not None:
+            keys[i] = (now, key)
         if key is None:
             continue
         samplings = session.sampled.get(key)
