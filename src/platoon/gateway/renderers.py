@@ -395,7 +395,8 @@ class Renderer(ABC):
     def _texts_from(
         self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool, start: int
     ) -> Texts:
-        """`_texts` without the chunks of the first `start` messages, nor a preamble."""
+        """`_texts` without the chunks of the first `start` messages, nor a preamble (a first
+        chunk no message owns: it may depend on the tools and those messages only)."""
         raise NotImplementedError(f"{type(self).__name__} defines _unchanged, not _texts_from")
 
 
