@@ -22,26 +22,29 @@ server processes, 128 clients x 10 calls, server CPU ms per call:
 
 Then the model calls answered straight from the body guard (no starlette objects per call) and
 an agent's prompt rendered and tokenized only where its call adds to its last one (`gateway.memo`).
-Measured while another session loaded the same 2 cores (load 3-5), the two trees' servers
-interleaved round by round, best of 6 rounds of 128 clients x 20 calls (best of 4 x 60 for the
-short chat), server CPU ms per call:
+Measured while another session loaded the same 2 cores (load 3-5): the two trees' servers
+interleaved round by round, three runs (best of 6, 4 and 5 rounds of 128 clients x 20 calls; x 60
+for the second, the short chat only), server CPU ms per call, each run's ratio to its own bare:
 
     request                    bare starlette   gateway before   gateway after
-    chat, 2.7 KiB                0.258-0.264      0.391-0.439      0.391-0.427   1.52-1.66x -> 1.52-1.62x
-    agent's chat, 26 KiB            0.277            0.484            0.473      1.75x -> 1.70x
-    agent's Messages, 26 KiB        0.266            0.516            0.504      per KiB vs chat: 1.08x, 1.08x
+    chat, 2.7 KiB                0.227-0.264      0.391-0.439      0.359-0.427   1.52/1.66/1.76x ->
+                                                                                1.52/1.62/1.59x
+    agent's chat, 26 KiB         0.246-0.277      0.484-0.488      0.414-0.473   1.75/1.98x -> 1.70/1.68x
+    agent's Messages, 26 KiB     0.250-0.266      0.445-0.516      0.410-0.504   1.94/1.78x -> 1.90/1.64x
+                                                  per KiB vs chat: 1.08/0.93x -> 1.08/1.01x
 
-Under that load a server's CPU per call moved by 10-20% from one run to the next, more than the
+Under that load a server's CPU per call moved by 10-20% from one run to the next, as much as the
 change; the app's own cost, measured in process (`--app 7000`: the ASGI app called directly,
-128 agents in turn, best of 7 batches, wall us per call), is steadier:
+128 agents in turn, best of 7 batches, wall us per call, two runs), is steadier:
 
     request                    bare starlette   gateway before   gateway after
-    chat, 2.7 KiB                   11-12             121              84
-    agent's chat, 26 KiB            11-12             200             158
-    agent's Messages, 26 KiB        11-12             205             146      per KiB vs chat: 1.01x -> 0.94x
+    chat, 2.7 KiB                  11.2-12.2        116-119           86
+    agent's chat, 26 KiB           11.2-12.2        196-198         145-151
+    agent's Messages, 26 KiB       11.2-12.2        195-209         141-151   per KiB vs chat:
+                                                                             1.00-1.08x -> 0.99-1.02x
 
 The goal (issue #35) is <= 1.15x the bare endpoint; it is not reached. A short chat's call still
-costs the app ~73 us more than the bare endpoint's: reading the body under its deadline (a cancel
+costs the app ~74 us more than the bare endpoint's: reading the body under its deadline (a cancel
 scope, 5) and parsing and checking it (11); in `Gateway.complete_stream` the render (8, most of
 it writing and comparing the new messages), each message's encoding for the memo and the size
 bound (4), finding the agent's sampled turns (4), the tokenizer's decode of the reply (4), the
