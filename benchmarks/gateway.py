@@ -20,16 +20,41 @@ server processes, 128 clients x 10 calls, server CPU ms per call:
     agent's Messages, 26 KiB     0.273-0.297      0.945-1.000      0.633-0.688   per KiB vs chat:
                                                                                 1.06-1.07x -> 0.99-1.02x
 
-The goal (issue #35) is <= 1.15x the bare endpoint; it is not reached. What a short chat still
-costs over the bare endpoint (~0.18 ms under load, ~0.14 ms idle, measured alone) is spread
-thin: the call itself (`Gateway.complete_stream`) 77 us, of which rendering 26 (the chat
-format's text of each message, then cached tokens), reading the reply 15 (the tokenizer's
-decode), finding the agent's earlier turns 5, the size bound 3, parameters and controls 5, and
-the limiter, recording and async plumbing around them ~23; parsing the body and the dialect
-16 us; the body guard's deadline (a cancel scope) 7 us; the response and the HTTP glue the rest.
+Then the model calls answered straight from the body guard (no starlette objects per call) and
+an agent's prompt rendered and tokenized only where its call adds to its last one (`gateway.memo`).
+Measured while another session loaded the same 2 cores (load 3-5): the two trees' servers
+interleaved round by round, three runs (best of 6, 4 and 5 rounds of 128 clients x 20 calls; x 60
+for the second, the short chat only), server CPU ms per call, each run's ratio to its own bare:
+
+    request                    bare starlette   gateway before   gateway after
+    chat, 2.7 KiB                0.227-0.264      0.391-0.439      0.359-0.427   1.52/1.66/1.76x ->
+                                                                                1.52/1.62/1.59x
+    agent's chat, 26 KiB         0.246-0.277      0.484-0.488      0.414-0.473   1.75/1.98x -> 1.70/1.68x
+    agent's Messages, 26 KiB     0.250-0.266      0.445-0.516      0.410-0.504   1.94/1.78x -> 1.90/1.64x
+                                                  per KiB vs chat: 1.08/0.93x -> 1.08/1.01x
+
+Under that load a server's CPU per call moved by 10-20% from one run to the next, as much as the
+change; the app's own cost, measured in process (`--app 7000`: the ASGI app called directly,
+128 agents in turn, best of 7 batches, wall us per call, two runs), is steadier:
+
+    request                    bare starlette   gateway before   gateway after
+    chat, 2.7 KiB                  11.2-12.2        116-119           86
+    agent's chat, 26 KiB           11.2-12.2        196-198         145-151
+    agent's Messages, 26 KiB       11.2-12.2        195-209         141-151   per KiB vs chat:
+                                                                             1.00-1.08x -> 0.99-1.02x
+
+The goal (issue #35) is <= 1.15x the bare endpoint; it is not reached. A short chat's call still
+costs the app ~74 us more than the bare endpoint's: reading the body under its deadline (a cancel
+scope, 5) and parsing and checking it (11); in `Gateway.complete_stream` the render (8, most of
+it writing and comparing the new messages), each message's encoding for the memo and the size
+bound (4), finding the agent's sampled turns (4), the tokenizer's decode of the reply (4), the
+parameters and controls (4), and the limiter, recording and async plumbing around them (~20);
+building and sending the response (5). Each is a few microseconds of Python; what is left is
+spread thin.
 
 Run: python benchmarks/gateway.py [--calls N] [--turns T] [--clients C] [--per-client K] [--rounds R]
-     [--backend asyncio|trio]   (--calls 0 skips the latency part)
+     [--backend asyncio|trio] [--app N]   (--calls 0 skips the latency part, --per-client 0 the
+     server's CPU; --app N calls the apps alone, in process, N times each)
 """
 
 from __future__ import annotations
@@ -425,6 +450,59 @@ def measure(
     return best
 
 
+async def asgi_post(app: Callable[..., Awaitable[None]], path: str, body: bytes, key: str) -> None:
+    """One POST of `body` to an ASGI app, called directly; it must answer 200."""
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        assert message.get("status", 200) == 200, message
+
+    headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": b"", "headers": headers, "http_version": "1.1", "scheme": "http",
+             "server": ("127.0.0.1", 1), "client": ("127.0.0.1", 2)}  # fmt: skip
+    await app(scope, receive, send)
+
+
+async def app_cost(turns: int, clients: int, calls: int) -> None:
+    """The ASGI apps called directly, in this process, `clients` agents in turn: wall time per
+    call, best of 7 batches (steadier than a server's CPU on a loaded machine)."""
+    from platoon.gateway.http import build_app  # the app alone, without a server
+
+    small = msgspec.json.encode({"model": "platoon-policy", "messages": conversation(turns), "tools": TOOLS})
+    large = large_chat_body(turns)
+    bodies = [
+        ("chat body", "/v1/chat/completions", small),
+        ("agent's chat body", "/v1/chat/completions", msgspec.json.encode(large)),
+        ("agent's messages body", "/v1/messages", msgspec.json.encode(as_anthropic(large))),
+    ]
+    gateway = bench_gateway()
+    gateway.serve_http = False
+    async with Bus() as bus:
+        gateway.attach(bus)
+        bus.start_soon(gateway.run, bus)
+        keys = []
+        for n in range(clients):  # as agents open: once the gateway has its sampler
+            opened = await bus.request(AgentOpenRequested(episode_id=f"c{n}", agent_id=f"c{n}/root"))
+            assert isinstance(opened, AgentOpened) and opened.key is not None
+            keys.append(opened.key)
+        apps = [("bare starlette", canned_app(CANNED, CANNED_MESSAGE)), ("gateway", build_app(gateway))]
+        print(f"the app alone, per call, {clients} agents in turn, best of 7 x {calls // 7} calls:")
+        for name, path, body in bodies:
+            for what, app in apps:
+                for key in keys * 2:  # warm up: every agent has called
+                    await asgi_post(app, path, body, key)
+                best = float("inf")
+                for _ in range(7):
+                    start = time.perf_counter()
+                    for n in range(calls // 7):
+                        await asgi_post(app, path, body, keys[n % len(keys)])
+                    best = min(best, (time.perf_counter() - start) / (calls // 7))
+                print(f"  {what + ', ' + name:<38} {len(body) / 1024:5.1f} KiB  {best * 1e6:6.1f} us/call")
+
+
 def server_cpu(turns: int, clients: int, per_client: int, rounds: int, backend: str) -> None:
     """Side by side, the same clients: the server process's CPU per call of the bare endpoint and
     of the gateway; and of the Messages dialect against chat completions, per KiB of body."""
@@ -471,10 +549,14 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=128)
     parser.add_argument("--per-client", type=int, default=10)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--app", type=int, default=0, help="calls of the apps alone, in process (0: none)")
     parser.add_argument(
         "--rounds", type=int, default=3, help="server processes per measure (the best counts)"
     )
     args = parser.parse_args()
     if args.calls:
         anyio.run(latency, args.calls, args.turns, backend=args.backend)
-    server_cpu(args.turns, args.clients, args.per_client, args.rounds, args.backend)
+    if args.app:
+        anyio.run(app_cost, args.turns, args.clients, args.app, backend=args.backend)
+    if args.per_client:
+        server_cpu(args.turns, args.clients, args.per_client, args.rounds, args.backend)

@@ -137,3 +137,43 @@ async def test_a_stop_with_connections_still_open_logs_no_traceback():
             client.close()
         loop.set_exception_handler(None)
     assert [c.get("message") for c in reported] == []
+
+
+async def test_a_bodied_route_gets_the_body_the_guard_read_and_others_the_app():
+    """Routes `bodied` names get the body, whole, with the guard's caps and deadline still in
+    front of them; every other request goes to the app, the body replayed."""
+    bodies: list[bytes] = []
+
+    async def direct(scope, body, receive, send):
+        bodies.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"direct"})
+
+    app = _app(max_body=1000, bodied=lambda scope: direct if scope["path"] == "/fast" else None)
+    transport = httpx.ASGITransport(app=app)
+
+    async def chunks():
+        for _ in range(3):
+            yield b"ab" * 100
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/fast", content=b"x" * 1000)).text == "direct"
+        assert (await client.post("/fast", content=chunks())).text == "direct"  # several messages
+        assert (await client.post("/fast", content=b"x" * 1001)).status_code == 413
+        assert (await client.post("/slow", content=b"x" * 10)).json() == {"size": 10}
+    assert bodies == [b"x" * 1000, b"ab" * 300]
+
+
+async def test_a_body_that_does_not_come_in_time_is_408():
+    async def receive():
+        await anyio.sleep_forever()
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    guard = _app(body_timeout=0.05, bodied=lambda scope: None)
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+    await guard(scope, receive, send)
+    assert sent[0]["status"] == 408 and guard.in_flight == 0

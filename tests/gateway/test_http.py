@@ -24,6 +24,7 @@ from test_gateway import (
     tool_call_text,
 )
 
+from platoon.gateway.http import build_app
 from tokenizer_fixtures import qwen3_tokenizer, toy_tokenizer  # noqa: F401
 
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -336,3 +337,48 @@ async def test_concurrent_episodes_over_http_keep_their_own_records(toy_tokenize
             assert [r.completion_text for r in records] == [f"{name} turn {n}" for n in range(3)]
             assert {r.agent_id for r in records} == {f"{name}/root"}
             assert all(extends(b, a) for a, b in itertools.pairwise(records))
+
+
+@pytest.mark.anyio
+async def test_model_calls_answer_the_same_straight_from_the_guard_or_through_routing(toy_tokenizer):
+    """The model-call routes are served from the guard with the body it read; under a root path
+    they go through starlette's routing: the same statuses, headers and bodies either way, and an
+    unexpected error is starlette's 500."""
+    async with running_gateway(toy_tokenizer, ["hello"] * 4) as gw:
+        opened = await gw.open("ep1")
+        app = build_app(gw.gateway)
+        headers = {"authorization": f"Bearer {opened.key}"}
+        body = {"model": "platoon-policy", "messages": [{"role": "user", "content": "Hi"}]}
+        answers = []
+        for root_path in ("", "/root"):
+            transport = httpx.ASGITransport(app=app, root_path=root_path)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as client:
+                ok = await client.post(f"{root_path}/v1/chat/completions", json=body)
+                bad = await client.post(f"{root_path}/v1/chat/completions", json={"messages": []})
+                anthropic = await client.post(f"{root_path}/v1/messages", json={**body, "max_tokens": 5})
+            answers.append(
+                [
+                    (r.status_code, sorted(r.headers.items()), _without_ids(r.json()))
+                    for r in (ok, bad, anthropic)
+                ]
+            )
+        assert answers[0] == answers[1]
+        assert answers[0][0][0] == 200 and answers[0][1][0] == 400
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        gw.gateway.complete_stream = broken  # type: ignore[method-assign]
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as client:
+            failed = await client.post("/v1/chat/completions", json=body)
+        assert (failed.status_code, failed.text) == (500, "Internal Server Error")
+
+
+def _without_ids(value: Any) -> Any:
+    """A response body without what differs between two calls (ids, times)."""
+    if isinstance(value, dict):
+        return {k: _without_ids(v) for k, v in value.items() if k not in ("id", "created")}
+    if isinstance(value, list):
+        return [_without_ids(v) for v in value]
+    return value

@@ -45,6 +45,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.gateway.errors import GatewayError, sampler_error
+from platoon.gateway.memo import encoded_each
 from platoon.gateway.params import call_params, longest_token, size_bound, text_size
 from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import Controls, read_reply, take_controls, unmet
@@ -381,13 +382,23 @@ class Gateway(ComponentBase):
         if state.stream_markers is None:  # fixed for a renderer: read once
             state.stream_markers = renderer.stream_markers()
         controls = take_controls(params, tools, renderer, state.stream_markers)
-        completions = sampled_turns(session, messages)
-        chars = size_bound(messages) + size_bound(tools or ())  # their text, bounded from above
+        # Each message as msgpack, once: for turns sampled before, the size bound, and the memo.
+        written = encoded_each(messages)
+        completions = sampled_turns(session, messages, written)
+        # Their text, bounded from above (msgpack holds each string's UTF-8, and more).
+        sizes = [len(w) for w in written if w is not None]
+        bound = sum(sizes) if len(sizes) == len(written) else size_bound(messages)
+        chars = bound + size_bound(tools or ())
         self._check_size(chars, messages, tools, state)
-        render = functools.partial(renderer.render, messages, tools or None, completions=completions)
+        render = functools.partial(
+            renderer.render, messages, tools or None, completions=completions, memo=session.prompt
+        )
         try:
-            # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile.
-            prompt = await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render()
+            # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile
+            # (the messages then encoded again there, as they are then).
+            prompt = (
+                await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render(encoded=written)
+            )
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
@@ -451,17 +462,18 @@ class Gateway(ComponentBase):
             # to its constraint: then it is refused as it is), so a retry sends nothing twice.
             attempt = 0
             while True:
-                text = TextStream(
-                    renderer.tokenizer,
-                    markers=controls.markers,
-                    stops=controls.stops,
-                    after_first_call=controls.after_first_call,
-                    stop_token_ids=renderer.stop_token_ids,
-                    plain=controls.plain,
-                )
+                text: TextStream | None = None  # what a streaming sampler's tokens read as, so far
                 params_now = _resampled(sample_params, attempt)
                 try:
                     if _streams(sampler) and (stream or controls.stops or constrained):
+                        text = TextStream(
+                            renderer.tokenizer,
+                            markers=controls.markers,
+                            stops=controls.stops,
+                            after_first_call=controls.after_first_call,
+                            stop_token_ids=renderer.stop_token_ids,
+                            plain=controls.plain,
+                        )
                         tokens: list[int] = []
                         logprobs: list[float] = []
                         top: TopLogprobs = []
@@ -497,7 +509,7 @@ class Gateway(ComponentBase):
                 problem = unmet(controls, parsed, sampled)
                 if problem is None:
                     break
-                if attempt >= self.constraint_tries or (stream and text.sent):
+                if attempt >= self.constraint_tries or (stream and text is not None and text.sent):
                     raise _refused(controls, attempt, problem)
                 log.debug("a constrained reply is not what it must be; sampling again", attempt=attempt)
         except BaseException:
@@ -537,7 +549,8 @@ class Gateway(ComponentBase):
                 )
             )
         # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
-        rest = text.rest(parsed.content or "") if stream and text.sent else ""
+        sent = text.sent if stream and text is not None else ""
+        rest = text.rest(parsed.content or "") if text is not None and sent else ""
         if rest:
             yield rest
         yield Completion(
@@ -551,7 +564,7 @@ class Gateway(ComponentBase):
             tokens=list(sampled.tokens),
             logprobs=list(sampled.logprobs),
             stop_sequence=stop_sequence,
-            streamed=text.sent if stream else "",
+            streamed=text.sent if text is not None and stream else "",
             top_logprobs=sampled.top_logprobs,
         )
 

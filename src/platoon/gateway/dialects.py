@@ -598,14 +598,14 @@ def anthropic_call(request: bodies.MessagesRequest) -> Call:
     if request.system is not None:
         messages.append({"role": "system", "content": _text(request.system, "system", what="block")})
     for i, message in enumerate(request.messages):
-        role, content = bodies.tag(message), message.content
+        content, assistant = message.content, type(message) is bodies.AssistantMessage
         if isinstance(message, SystemMessage):
             messages.append(
                 {"role": "system", "content": _text(content, "messages.{}.content", i, what="block")}
             )
             continue
         if isinstance(content, str):
-            messages.append({"role": role, "content": content})
+            messages.append({"role": "assistant" if assistant else "user", "content": content})
             continue
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -632,7 +632,7 @@ def anthropic_call(request: bodies.MessagesRequest) -> Call:
                     }
                 )
             # Thinking blocks: the thinking of earlier turns is not sent back to the model.
-        if role == "assistant":
+        if assistant:
             entry: AssistantMessage = {"role": "assistant", "content": "\n".join(texts) or None}
             if calls:
                 entry["tool_calls"] = calls

@@ -32,7 +32,7 @@ import anyio.to_thread
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from platoon.bus.events import CallKind, new_id
@@ -49,7 +49,7 @@ from platoon.gateway.shapes import (
     ResponsesReply,
     Tool,
 )
-from platoon.serving import Guard, presented_key, serve_asgi
+from platoon.serving import BodyApp, Guard, Receive, Scope, Send, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
 
@@ -109,11 +109,23 @@ class _Format(Protocol[_Reply_contra]):
     def error(self, kind: str, message: str) -> Iterator[Event]: ...
 
 
-class _JSON(JSONResponse):
-    """A JSON response encoded by msgspec (several times faster than `json.dumps`)."""
+class _JSON:
+    """A 200 JSON response encoded by msgspec (several times faster than `json.dumps`), sent as
+    starlette's `JSONResponse` sends it, without building one."""
 
-    def render(self, content: object) -> bytes:
-        return msgspec.json.encode(content)
+    __slots__ = ("body",)
+
+    def __init__(self, content: object) -> None:
+        self.body = msgspec.json.encode(content)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = str(len(self.body)).encode("latin-1")
+        headers = [(b"content-length", length), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+_Answer = Response | _JSON  # what an endpoint answers: an ASGI response
 
 
 def _openai_error(kind: str, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -174,8 +186,16 @@ def _key(request: Request) -> str | None:
 _CALL_KINDS: dict[str, CallKind] = {"policy": "policy", "aux": "aux", "judge": "judge"}
 
 
-def _kind(request: Request) -> CallKind:
-    kind = _CALL_KINDS.get(request.headers.get("x-platoon-call-kind", "policy").lower())
+def _header(scope: Scope, name: bytes) -> str | None:
+    """A request header's first value (ASGI servers give names in lower case)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _kind(scope: Scope) -> CallKind:
+    kind = _CALL_KINDS.get((_header(scope, b"x-platoon-call-kind") or "policy").lower())
     if kind is None:
         raise GatewayError("bad_request", "X-Platoon-Call-Kind must be policy, aux or judge")
     return kind
@@ -348,19 +368,20 @@ def build_app(gateway: Gateway) -> Guard:
         raise GatewayError("bad_request", message, param=name)
 
     async def answer(
-        request: Request,
-        call: Callable[[AgentSession, bytes], Awaitable[Response]],
+        scope: Scope,
+        raw: bytes,
+        call: Callable[[AgentSession, bytes], Awaitable[_Answer]],
         error: _ErrorResponse,
-    ) -> Response:
+    ) -> _Answer:
         try:
-            session = gateway.authenticate(_key(request))
+            session = gateway.authenticate(presented_key(scope))
             if session.in_flight >= gateway.max_calls_per_agent:
                 raise GatewayError(
                     "overloaded", f"at most {gateway.max_calls_per_agent} calls of one agent at a time"
                 )
             session.in_flight += 1
             try:
-                return await call(session, await request.body())
+                return await call(session, raw)
             finally:
                 session.in_flight -= 1
         except dialects.DialectError as exc:
@@ -368,14 +389,14 @@ def build_app(gateway: Gateway) -> Guard:
         except GatewayError as exc:
             return error(exc.kind, str(exc), exc.param, exc.code)
 
-    async def chat_completions(request: Request) -> Response:
-        async def call(session: AgentSession, raw: bytes) -> Response:
+    async def chat_completions(scope: Scope, raw: bytes) -> _Answer:
+        async def call(session: AgentSession, raw: bytes) -> _Answer:
             body = await _json(raw)
             messages, tools, params, n, stream = dialects.chat_request(body)
             model = model_of(body.get("model"), "chat")
             limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
             check_max_tokens(params.get("max_tokens"), limit, "chat", model)
-            kind = _kind(request)
+            kind = _kind(scope)
             want_logprobs = bool(body.get("logprobs"))
             options = body.get("stream_options")  # an object or null: `chat_request` checked it
             include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
@@ -405,10 +426,10 @@ def build_app(gateway: Gateway) -> Guard:
                 return _sse(_whole(dialects.chat_stream(response, include_usage)))
             return _JSON(response)
 
-        return await answer(request, call, _openai_error)
+        return await answer(scope, raw, call, _openai_error)
 
-    async def responses(request: Request) -> Response:
-        async def call(session: AgentSession, raw: bytes) -> Response:
+    async def responses(scope: Scope, raw: bytes) -> _Answer:
+        async def call(session: AgentSession, raw: bytes) -> _Answer:
             body = await _json(raw)
             messages, tools, params, stream = dialects.responses_request(body)
             model = model_of(body.get("model"), "responses")
@@ -447,16 +468,16 @@ def build_app(gateway: Gateway) -> Guard:
                         session.responses.popitem(last=False)
                 return response
 
-            replies = sample(session, messages, tools, params, _kind(request), stream=stream)
+            replies = sample(session, messages, tools, params, _kind(scope), stream=stream)
             if stream:
                 format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
                 return await _streamed(replies, format, finish)
             return _JSON(finish(await _last(replies)))
 
-        return await answer(request, call, _openai_error)
+        return await answer(scope, raw, call, _openai_error)
 
-    async def messages_endpoint(request: Request) -> Response:
-        async def call(session: AgentSession, raw: bytes) -> Response:
+    async def messages_endpoint(scope: Scope, raw: bytes) -> _Answer:
+        async def call(session: AgentSession, raw: bytes) -> _Answer:
             # Read straight into its struct; a body that is not a valid one is parsed to say why.
             read = bodies.decode(raw, bodies.MessagesRequest) or bodies.read(
                 await _json(raw), bodies.MessagesRequest, "Messages", dialects.MESSAGES_WHOLE
@@ -472,16 +493,16 @@ def build_app(gateway: Gateway) -> Guard:
                     model, c.message, c.finish_reason, usage, rid, c.stop_sequence
                 )
 
-            replies = sample(session, messages, tools, params, _kind(request), stream=stream)
+            replies = sample(session, messages, tools, params, _kind(scope), stream=stream)
             if stream:
                 format = dialects.MessagesStream(f"msg_{rid}", model, 0)
                 return await _streamed(replies, format, finish)
             return _JSON(finish(await _last(replies)))
 
-        return await answer(request, call, _anthropic_error)
+        return await answer(scope, raw, call, _anthropic_error)
 
-    async def count_tokens(request: Request) -> Response:
-        async def call(session: AgentSession, raw: bytes) -> Response:
+    async def count_tokens(scope: Scope, raw: bytes) -> _Answer:
+        async def call(session: AgentSession, raw: bytes) -> _Answer:
             body = await _json(raw)
             messages, tools = dialects.count_tokens_request(body)
             model_of(body.get("model"), "messages")
@@ -491,7 +512,7 @@ def build_app(gateway: Gateway) -> Guard:
                 raise dialects.DialectError(str(exc), "messages") from None
             return JSONResponse({"input_tokens": len(tokens)})
 
-        return await answer(request, call, _anthropic_error)
+        return await answer(scope, raw, call, _anthropic_error)
 
     def model_object(name: str) -> JsonObject:
         return {"id": name, "object": "model", "created": 0, "owned_by": "platoon"}
@@ -534,12 +555,24 @@ def build_app(gateway: Gateway) -> Guard:
         }
         return JSONResponse(body, status_code=405)
 
+    # The model calls are answered straight from the guard, with the body it read; any other
+    # request (another method, path or root path) goes through starlette's routing.
+    posts = {
+        "/v1/chat/completions": chat_completions,
+        "/v1/responses": responses,
+        "/v1/messages": messages_endpoint,
+        "/v1/messages/count_tokens": count_tokens,
+    }
+    served = {path: _served(endpoint) for path, endpoint in posts.items()}
+
+    def bodied(scope: Scope) -> BodyApp | None:
+        if scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        return served.get(scope["path"])
+
     app = Starlette(
         routes=[
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route("/v1/messages", messages_endpoint, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            *(Route(path, _routed(endpoint), methods=["POST"]) for path, endpoint in posts.items()),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
@@ -547,7 +580,34 @@ def build_app(gateway: Gateway) -> Guard:
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
     # Agents' keys are checked per route (each agent has its own); the guard caps bodies.
-    return Guard(app, max_body=gateway.max_body, max_in_flight=4096)
+    return Guard(app, max_body=gateway.max_body, max_in_flight=4096, bodied=bodied)
+
+
+_Endpoint = Callable[[Scope, bytes], Awaitable[_Answer]]  # a model call's route: scope and body
+
+
+def _served(endpoint: _Endpoint) -> BodyApp:
+    """`endpoint` as the guard calls it: an unexpected error is answered as starlette answers
+    one (500, "Internal Server Error") and raised on to the server, which logs it."""
+
+    async def serve(scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        try:
+            response = await endpoint(scope, body)
+        except Exception:
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+    return serve
+
+
+def _routed(endpoint: _Endpoint) -> Callable[[Request], Awaitable[_Answer]]:
+    """`endpoint` as a starlette route."""
+
+    async def route(request: Request) -> _Answer:
+        return await endpoint(request.scope, await request.body())
+
+    return route
 
 
 async def serve_gateway(

@@ -135,17 +135,19 @@ def text_size(value: object) -> int:
 
 
 def size_bound(value: object) -> int:
-    """At least the characters of all the strings in a JSON-like value: its size as JSON in bytes.
+    """At least the characters of all the strings in a JSON-like value: its size as msgpack in
+    bytes (each string's UTF-8 and more).
 
-    Encoded in C, 10-50x faster than counting (`text_size`) on every call's whole history; a
-    value msgspec cannot encode is counted."""
+    Encoded in C, 10-50x faster than counting (`text_size`) on every call's whole history (and
+    twice as fast as JSON, which checks each character for escapes); a value msgspec cannot encode
+    is counted."""
     try:
         return len(_ENCODER.encode(value))
-    except (TypeError, ValueError):  # not JSON (an object of the caller's, a non-str key)
+    except (TypeError, ValueError, OverflowError):  # not plain data (an object of the caller's)
         return text_size(value)
 
 
-_ENCODER = msgspec.json.Encoder()
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 def longest_token(tokenizer: Tokenizer) -> int:

@@ -33,7 +33,8 @@ from typing import ClassVar, Literal
 import msgspec
 
 from platoon.gateway import jsontext
-from platoon.gateway.shapes import AssistantMessage, Message, Tokenizer, Tool, ToolCall
+from platoon.gateway.memo import RenderMemo, Texts
+from platoon.gateway.shapes import Message, ParsedMessage, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
 
@@ -77,33 +78,6 @@ class Segment(msgspec.Struct, frozen=True):
     tokens: list[int]
 
 
-class ParsedMessage(msgspec.Struct):
-    """An assistant reply read back from sampled tokens.
-
-    `finish_reason` is "length" when no stop token was sampled, "tool_calls" when the reply
-    carries calls, else "stop". `errors` holds one line per call that is wrong: one that
-    cannot be a call stays in `content` as the model wrote it; one to a tool not declared, or
-    whose arguments do not fit its schema, is a call all the same (`toolcalls`).
-    """
-
-    content: str
-    reasoning: str | None = None
-    tool_calls: list[ToolCall] = []
-    errors: list[str] = []
-    finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
-
-    def to_openai(self) -> AssistantMessage:
-        """The reply as an OpenAI chat message (content None when there is only tool calls)."""
-        message: AssistantMessage = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-            if not self.content:
-                message["content"] = None
-        if self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        return message
-
-
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -134,6 +108,12 @@ def _text(content: object, where: str) -> str:
     )
 
 
+def _content(message: Message, i: int) -> str:
+    """The text of message `i` (`_text`, its place named only when it is wrong)."""
+    content = message.get("content")
+    return content if type(content) is str else _text(content, f"messages.{i}.content")
+
+
 def _reasoning(message: Message) -> object:
     return next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
 
@@ -146,6 +126,14 @@ def _function(call: object, where: str) -> tuple[str, object]:
     ):
         raise RendererError(f"{where}: a tool call needs function.name")
     return function["name"], function.get("arguments", {})
+
+
+def _function_at(call: object, i: int, n: int) -> tuple[str, object]:
+    """`_function` of call `n` of message `i` (its place named only when it is wrong)."""
+    function = call.get("function", call) if type(call) is dict else None
+    if type(function) is dict and type(name := function.get("name")) is str:
+        return name, function.get("arguments", {})
+    return _function(call, f"messages.{i}.tool_calls.{n}")
 
 
 def _arguments_object(arguments: object, where: str) -> object:
@@ -227,16 +215,27 @@ class Renderer(ABC):
         *,
         add_generation_prompt: bool = True,
         completions: Mapping[int, Sequence[int]] | None = None,
+        memo: RenderMemo | None = None,
+        encoded: list[bytes | None] | None = None,
     ) -> list[int]:
         """Prompt tokens for `messages`; `completions` maps assistant message indices to the
-        tokens sampled for them, which replace their re-rendered text."""
+        tokens sampled for them, which replace their re-rendered text. With `memo` (one per
+        agent), the chunks the agent's last prompt began with are not written nor tokenized
+        again; `encoded`, each message's `memo.encoded` as it is now, saves the memo that work."""
         # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
         _check(messages)
-        texts = self._texts(list(messages), list(tools) if tools else None, add_generation_prompt)
+        listed, tools = list(messages), list(tools) if tools else None
+        if memo is None:
+            texts = self._texts(listed, tools, add_generation_prompt)
+        else:
+            texts = memo.texts(self, listed, tools, add_generation_prompt, encoded)
         completions = completions or {}
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
                 raise RendererError(f"completions: message {index} is not an assistant message")
+        if memo is not None:
+            chunks = [(text, completions.get(m) if m is not None else None) for m, _, text in texts if text]
+            return memo.tokens(self, chunks, self._encoded_text, self.completion_segment)
         tokens: list[int] = []
         for message, _, text in texts:
             if not text:
@@ -381,6 +380,25 @@ class Renderer(ABC):
     def _after_turn_text(self) -> str:
         return ""
 
+    # An agent's next call (`RenderMemo.texts`): a class that defines `_unchanged` itself has
+    # the chunks of the messages the call repeats taken from the last one (`_texts_from` the rest).
+
+    def _context(self, messages: list[Message]) -> object:
+        """What of the whole conversation a message's chunk depends on beyond its neighbours."""
+        return None
+
+    def _unchanged(self, before: object, after: object, same: int) -> int:
+        """How many leading messages keep their chunks from the last render, when this one repeats
+        its tools and its first `same` messages (`before`, `after`: the two `_context`s)."""
+        return 0
+
+    def _texts_from(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool, start: int
+    ) -> Texts:
+        """`_texts` without the chunks of the first `start` messages, nor a preamble (a first
+        chunk no message owns: it may depend on the tools and those messages only)."""
+        raise NotImplementedError(f"{type(self).__name__} defines _unchanged, not _texts_from")
+
 
 class Qwen3Renderer(Renderer):
     """Qwen3 (hybrid thinking) ChatML, as Qwen3's own chat template renders it.
@@ -416,12 +434,13 @@ class Qwen3Renderer(Renderer):
             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
         )
 
-    def _last_query_index(self, messages: list[Message], contents: list[str]) -> int:
+    def _last_query(self, messages: list[Message]) -> int:
+        """The latest user message that is not tool results (the last message if there is none)."""
         for i in range(len(messages) - 1, -1, -1):
-            content = contents[i]
-            is_response = content.startswith("<tool_response>") and content.endswith("</tool_response>")
-            if messages[i]["role"] == "user" and not is_response:
-                return i
+            if messages[i]["role"] == "user":
+                content = _content(messages[i], i)
+                if not (content.startswith("<tool_response>") and content.endswith("</tool_response>")):
+                    return i
         return len(messages) - 1
 
     def _assistant_body(
@@ -442,13 +461,35 @@ class Qwen3Renderer(Renderer):
             return "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n"), content
         return content, content
 
+    def _context(self, messages: list[Message]) -> object:
+        if not self.thinking:
+            return None
+        try:
+            return self._last_query(messages)
+        except RendererError:  # the full render names the message
+            return None
+
+    def _unchanged(self, before: object, after: object, same: int) -> int:
+        # A tool result's chunk depends on whether the next message is one too (they share a
+        # turn); with thinking, an assistant turn's on where the latest user query is.
+        if before == after:
+            return same - 1
+        if not (isinstance(before, int) and isinstance(after, int)):
+            return 0
+        return min(same - 1, min(before, after) + 1)
+
     def _texts(
         self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
     ) -> list[tuple[int | None, str, str]]:
-        contents = [_text(m.get("content"), f"messages.{i}.content") for i, m in enumerate(messages)]
-        out: list[tuple[int | None, str, str]] = []
+        return self._texts_from(messages, tools, add_generation_prompt, 0)
+
+    def _texts_from(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool, start: int
+    ) -> Texts:
+        contents = [""] * start + [_content(messages[i], i) for i in range(start, len(messages))]
+        out: Texts = []
         first_is_system = bool(messages) and messages[0]["role"] == "system"
-        if tools:
+        if start == 0 and tools:
             system = contents[0] + "\n\n" if first_is_system else ""
             out.append(
                 (
@@ -457,10 +498,11 @@ class Qwen3Renderer(Renderer):
                     "<|im_start|>system\n" + system + self._tools_preamble(tools),
                 )
             )
-        elif first_is_system:
+        elif start == 0 and first_is_system:
             out.append((0, "system", "<|im_start|>system\n" + contents[0] + "<|im_end|>\n"))
-        last_query = self._last_query_index(messages, contents)
-        for i, message in enumerate(messages):
+        last_query = self._last_query(messages) if self.thinking else 0
+        for i in range(start, len(messages)):
+            message = messages[i]
             role, content = message["role"], contents[i]
             if role == "user" or (role == "system" and i > 0):
                 out.append((i, role, f"<|im_start|>{role}\n{content}<|im_end|>\n"))
@@ -468,7 +510,7 @@ class Qwen3Renderer(Renderer):
                 body, content = self._assistant_body(i, message, content, last_query, i == len(messages) - 1)
                 text = "<|im_start|>assistant\n" + body
                 for n, call in enumerate(_calls(message)):
-                    name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                    name, arguments = _function_at(call, i, n)
                     if n > 0 or content:
                         text += "\n"
                     rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
@@ -506,6 +548,7 @@ class Qwen3InstructRenderer(Qwen3Renderer):
 
     name = "qwen3_instruct"
     thinking = False
+    _unchanged = Qwen3Renderer._unchanged  # its own: a subclass says itself that it may reuse chunks
 
     def _split(self, text: str) -> tuple[str | None, str]:
         return None, text.strip()
@@ -635,7 +678,7 @@ class SmolLM2Renderer(Renderer):
         for i, message in enumerate(messages):
             content = _text(message.get("content"), f"messages.{i}.content")
             for n, call in enumerate(_calls(message)):
-                name, arguments = _function(call, f"messages.{i}.tool_calls.{n}")
+                name, arguments = _function_at(call, i, n)
                 rendered = arguments if isinstance(arguments, str) else _dumps(arguments)
                 _arguments_object(rendered, f"messages.{i}.tool_calls.{n}")  # JSON, or a clear error
                 if n > 0 or content:

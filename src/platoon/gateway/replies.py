@@ -60,13 +60,13 @@ def take_controls(
     json_format = params.pop("response_format", None)
     markers, plain = stream_markers
     controls = Controls(stops=stops, markers=markers, plain=plain)
-    names = [_tool_name(t) for t in tools or ()]
-    if choice == "none" or (choice == "auto" and not names):
+    if choice == "none" or (choice == "auto" and not tools):
         # No tools to call: tool-call markup is text, as a model without tools writes it.
         controls.parse_tools = False
         controls.markers = [m for m in markers if m not in _tool_markers(renderer)]
     elif choice == "required" or isinstance(choice, Mapping):
         name = choice.get("name") if isinstance(choice, Mapping) else None
+        names = [_tool_name(t) for t in tools or ()]
         if not names:
             raise GatewayError(
                 "bad_request",

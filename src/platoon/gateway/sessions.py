@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
+from platoon.gateway.memo import RenderMemo, encoded
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 from platoon.policy.base import TopLogprobs
 
@@ -66,6 +67,9 @@ class AgentSession:
     # Responses kept for `previous_response_id` (Responses API, `store`): id -> (the
     # conversation without instructions, reply included; the response object). Bounded.
     responses: OrderedDict[str, tuple[list[Message], ResponsesReply]] = field(default_factory=OrderedDict)
+    prompt: RenderMemo = field(default_factory=RenderMemo)  # its last prompt, for the next render
+    # Its last call's assistant turns, as written (`memo.encoded`), and their keys, by position.
+    turn_keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,8 +90,11 @@ class Completion:
     streamed: str = ""  # the content sent as deltas while sampling
 
 
-def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[int, list[int]]:
-    """The tokens sampled for those assistant turns in `messages` that this agent was sampled.
+def sampled_turns(
+    session: AgentSession, messages: Sequence[Message], written: Sequence[bytes | None] | None = None
+) -> dict[int, list[int]]:
+    """The tokens sampled for those assistant turns in `messages` that this agent was sampled
+    (`written`: each message's `memo.encoded`, where the caller has them).
 
     A text sampled twice (two identical tool calls, say) may have been sampled as different
     tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
@@ -96,16 +103,26 @@ def sampled_turns(session: AgentSession, messages: Sequence[Message]) -> dict[in
         return {}
     completions: dict[int, list[int]] = {}
     seen: dict[TurnKey, int] = {}
+    # An agent's history repeats: a turn written as the one at its place last call has its key.
+    known, keys = session.turn_keys, {}
     for i, message in enumerate(messages):
         if not (type(message) is dict or isinstance(message, Mapping)) or message.get("role") != "assistant":
             continue
-        key = turn_key(message)
+        now = encoded(message) if written is None else written[i]
+        before = known.get(i)
+        if before is not None and now is not None and before[0] == now:
+            key = before[1]
+        else:
+            key = turn_key(message)
+        if now is not None:
+            keys[i] = (now, key)
         if key is None:
             continue
         samplings = session.sampled.get(key)
         if samplings:
             n = seen[key] = seen.get(key, -1) + 1
             completions[i] = samplings[min(n, len(samplings) - 1)]
+    session.turn_keys = keys
     return completions
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, NotRequired, Protocol, TypedDict
 
+import msgspec
+
 __all__ = [
     "AnthropicBlock",
     "AnthropicReply",
@@ -22,6 +24,7 @@ __all__ = [
     "JsonObject",
     "Message",
     "Params",
+    "ParsedMessage",
     "ResponsesItem",
     "ResponsesReply",
     "Tokenizer",
@@ -172,3 +175,30 @@ class Tokenizer(Protocol):
 
     @property
     def bos_token(self) -> str | None: ...
+
+
+class ParsedMessage(msgspec.Struct):
+    """An assistant reply read back from sampled tokens.
+
+    `finish_reason` is "length" when no stop token was sampled, "tool_calls" when the reply
+    carries calls, else "stop". `errors` holds one line per call that is wrong: one that
+    cannot be a call stays in `content` as the model wrote it; one to a tool not declared, or
+    whose arguments do not fit its schema, is a call all the same (`toolcalls`).
+    """
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = []
+    errors: list[str] = []
+    finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
+
+    def to_openai(self) -> AssistantMessage:
+        """The reply as an OpenAI chat message (content None when there is only tool calls)."""
+        message: AssistantMessage = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+            if not self.content:
+                message["content"] = None
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        return message

@@ -184,6 +184,8 @@ class HermesToolParser:
         return self.start in text
 
     def parse(self, text: str, tools: Sequence[Tool] | None = None) -> ToolParseResult:
+        if self.start not in text:  # most replies call nothing
+            return ToolParseResult(content=text.strip())
         schemas = _tool_schemas(tools)
         kept: list[str] = []
         calls: list[ToolCall] = []

@@ -1,0 +1,159 @@
+"""An agent's last prompt, kept so that its next one renders and tokenizes only what changed.
+
+A renderer's prompt is the concatenation of its chunks' tokens, each chunk tokenized on its own
+(or, for an assistant turn sampled before, its sampled tokens). So where a call's leading chunks
+are the previous call's (the same text, the same sampled tokens), their tokens are the previous
+prompt's chunks' tokens, taken as they are: what a full render gives, token for token, by
+construction. An agent's calls usually repeat its history, so most of each prompt is reused.
+
+The chunks' texts are kept too. A renderer that says how far its chunks depend on later
+messages (`Renderer._unchanged`, defined on its own class) has the chunks of the leading
+messages a call repeats taken from the last call, and writes only the rest (`_texts_from`).
+A message is repeated when it is written the same (`encoded`: exact where Python's equality is
+not, 1, 1.0 and true apart; and a copy, whatever the caller changes in its messages since), and
+so are the tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import msgspec
+
+from platoon.gateway.shapes import Message, Tool
+
+__all__ = ["Chunk", "RenderMemo", "Texts", "encoded", "encoded_each"]
+
+Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
+Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
+
+
+class _Writer(Protocol):
+    """What a renderer gives the memo (see `Renderer`)."""
+
+    def _texts(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool
+    ) -> Texts: ...
+
+    def _texts_from(
+        self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool, start: int
+    ) -> Texts: ...
+
+    def _context(self, messages: list[Message]) -> object: ...
+
+    def _unchanged(self, before: object, after: object, same: int) -> int: ...
+
+
+class RenderMemo:
+    """The last prompt rendered for one agent: its messages and chunks, and their tokens.
+
+    Each render replaces each record at once, so renders on worker threads may interleave (each
+    reads whole records, and checks what it reuses).
+    """
+
+    __slots__ = ("_last", "_written")
+
+    def __init__(self) -> None:
+        # (the renderer, its chunks, each chunk's tokens)
+        self._last: tuple[object, list[Chunk], list[Sequence[int]]] | None = None
+        # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
+        self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
+
+    def texts(
+        self,
+        owner: _Writer,
+        messages: list[Message],
+        tools: list[Tool] | None,
+        add_generation_prompt: bool,
+        now: list[bytes | None] | None = None,
+    ) -> Texts:
+        """`owner._texts(...)`, with the chunks of the leading messages the last call repeated
+        taken from it where `owner` can tell which those are; `now`: `encoded_each(messages)`."""
+        if not _reuses(owner):
+            return owner._texts(messages, tools, add_generation_prompt)
+        written = self._written
+        key = encoded(tools)
+        if now is None or len(now) != len(messages):
+            now = encoded_each(messages)
+        context = owner._context(messages)
+        texts: Texts | None = None
+        if written is not None and written[0] is owner and key is not None and written[2] == key:
+            before = written[1]
+            most, same = min(len(before), len(now)), 0
+            while same < most and now[same] == before[same] and now[same] is not None:
+                same += 1
+            keep = owner._unchanged(written[3], context, same) if same > 1 else 0
+            if keep > 0:
+                # The chunks of the messages before `keep`, and a preamble of none, as written.
+                old = written[4]
+                n = 0
+                while n < len(old) and (
+                    ((m := old[n][0]) is None and n == 0) or (m is not None and m < keep)
+                ):
+                    n += 1
+                texts = old[:n] + owner._texts_from(messages, tools, add_generation_prompt, keep)
+        if texts is None:
+            texts = owner._texts(messages, tools, add_generation_prompt)
+        self._written = (owner, now, key, context, texts)
+        return texts
+
+    def tokens(
+        self,
+        owner: object,
+        chunks: list[Chunk],
+        encode: Callable[[str], Sequence[int]],
+        segment: Callable[[Sequence[int]], Sequence[int]],
+    ) -> list[int]:
+        """The prompt of `chunks` as `owner` (a renderer) tokenizes them: `encode` for a text,
+        `segment` for sampled tokens; the leading chunks the last render shared are not redone."""
+        last = self._last
+        parts: list[Sequence[int]] = []
+        if last is not None and last[0] is owner:
+            before, before_parts = last[1], last[2]
+            most = min(len(before), len(chunks))
+            while len(parts) < most and before[len(parts)] == chunks[len(parts)]:
+                parts.append(before_parts[len(parts)])
+        tokens: list[int] = []
+        for part in parts:
+            tokens += part  # each chunk's own tokens, shared (a cached text's) where they can be
+        for text, sampled in chunks[len(parts) :]:
+            part = encode(text) if sampled is None else segment(sampled)
+            parts.append(part)
+            tokens += part
+        self._last = (owner, chunks, parts)
+        return tokens
+
+
+_KEYS = msgspec.msgpack.Encoder()  # exact: key order, ints apart from floats and bools
+
+
+def encoded(value: object) -> bytes | None:
+    """`value` as msgpack (exact: key order, ints apart from floats and bools); None when it is
+    not plain data (then never the same as anything)."""
+    try:
+        return _KEYS.encode(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def encoded_each(values: Sequence[object]) -> list[bytes | None]:
+    """`encoded` of each value."""
+    try:
+        return [_ENCODE(value) for value in values]  # the encoder itself: this runs on every call
+    except (TypeError, ValueError, OverflowError):
+        return [encoded(value) for value in values]
+
+
+_ENCODE = _KEYS.encode
+_REUSES: dict[type, bool] = {}
+
+
+def _reuses(owner: object) -> bool:
+    """Whether `owner`'s own class defines `_unchanged`: a subclass that does not (it may write
+    its chunks otherwise) renders them all."""
+    kind = type(owner)
+    known = _REUSES.get(kind)
+    if known is None:
+        known = _REUSES[kind] = "_unchanged" in vars(kind)
+    return known
