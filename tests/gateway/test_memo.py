@@ -223,3 +223,21 @@ def test_messages_changed_in_place_between_calls_are_rendered_anew(toy_tokenizer
             TOOLS[0]["function"]["description"] = TOOLS[0]["function"]["description"].removesuffix(
                 " Changed."
             )
+
+
+def test_a_renderer_that_says_only_what_it_keeps_writes_the_rest_from_its_whole_render(toy_tokenizer):
+    """`Renderer._texts_from` by default is the tail of the whole render: a renderer that defines
+    `_unchanged` alone still renders, through the memo, what a full render does."""
+
+    class Keeping(renderers.SmolLM2Renderer):
+        def _unchanged(self, before: object, after: object, same: int) -> int:
+            return same - 1  # a tool result's chunk may depend on the message after it
+
+    assert "_texts_from" not in vars(Keeping)
+    renderer = Keeping(toy_tokenizer)
+    memo = RenderMemo()
+    for seed, (messages, tools) in enumerate(_agent_calls(tools=True, parallel=True)):
+        full = renderer.render(messages, tools)
+        assert renderer.render(messages, tools, memo=memo) == full, seed
+        texts = memo._written[4] if memo._written is not None else []
+        assert texts == renderer._texts(messages, tools, True), seed

@@ -23,7 +23,7 @@ import msgspec
 
 from platoon.gateway.shapes import Message, Tool
 
-__all__ = ["Chunk", "RenderMemo", "Texts", "encoded", "encoded_each"]
+__all__ = ["Chunk", "RenderMemo", "Texts", "encoded", "encoded_each", "leading"]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
 Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
@@ -87,12 +87,9 @@ class RenderMemo:
             if keep > 0:
                 # The chunks of the messages before `keep`, and a preamble of none, as written.
                 old = written[4]
-                n = 0
-                while n < len(old) and (
-                    ((m := old[n][0]) is None and n == 0) or (m is not None and m < keep)
-                ):
-                    n += 1
-                texts = old[:n] + owner._texts_from(messages, tools, add_generation_prompt, keep)
+                texts = old[: leading(old, keep)] + owner._texts_from(
+                    messages, tools, add_generation_prompt, keep
+                )
         if texts is None:
             texts = owner._texts(messages, tools, add_generation_prompt)
         self._written = (owner, now, key, context, texts)
@@ -123,6 +120,15 @@ class RenderMemo:
             tokens += part
         self._last = (owner, chunks, parts)
         return tokens
+
+
+def leading(texts: Texts, start: int) -> int:
+    """How many of `texts`' first chunks belong to its first `start` messages: theirs, and a
+    preamble (a first chunk no message owns)."""
+    n = 0
+    while n < len(texts) and (((m := texts[n][0]) is None and n == 0) or (m is not None and m < start)):
+        n += 1
+    return n
 
 
 _KEYS = msgspec.msgpack.Encoder()  # exact: key order, ints apart from floats and bools

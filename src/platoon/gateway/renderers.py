@@ -33,7 +33,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from platoon.gateway import jsontext
-from platoon.gateway.memo import RenderMemo, Texts
+from platoon.gateway.memo import RenderMemo, Texts, leading
 from platoon.gateway.shapes import Message, ParsedMessage, Tokenizer, Tool, ToolCall
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
@@ -396,8 +396,10 @@ class Renderer(ABC):
         self, messages: list[Message], tools: list[Tool] | None, add_generation_prompt: bool, start: int
     ) -> Texts:
         """`_texts` without the chunks of the first `start` messages, nor a preamble (a first
-        chunk no message owns: it may depend on the tools and those messages only)."""
-        raise NotImplementedError(f"{type(self).__name__} defines _unchanged, not _texts_from")
+        chunk no message owns: it may depend on the tools and those messages only). Here the
+        whole render's tail; a renderer that can write the rest alone does it faster."""
+        texts = self._texts(messages, tools, add_generation_prompt)
+        return texts[leading(texts, start) :]
 
 
 class Qwen3Renderer(Renderer):
