@@ -32,6 +32,7 @@ __all__ = [
     "Guard",
     "ServingError",
     "bind_socket",
+    "header",
     "is_loopback",
     "presented_key",
     "read_body_limited",
@@ -98,14 +99,20 @@ def presented_key(scope: Scope) -> str | None:
     return api_key
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+def header(scope: Scope, name: bytes) -> str | None:
+    """A request header's first value; `name` in lower case (as ASGI servers give names)."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
     return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = header(scope, b"content-length")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 class Guard:

@@ -49,7 +49,7 @@ from platoon.gateway.shapes import (
     ResponsesReply,
     Tool,
 )
-from platoon.serving import BodyApp, Guard, Receive, Scope, Send, presented_key, serve_asgi
+from platoon.serving import BodyApp, Guard, Receive, Scope, Send, header, presented_key, serve_asgi
 
 __all__ = ["build_app", "serve_gateway"]
 
@@ -186,16 +186,8 @@ def _key(request: Request) -> str | None:
 _CALL_KINDS: dict[str, CallKind] = {"policy": "policy", "aux": "aux", "judge": "judge"}
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    """A request header's first value (ASGI servers give names in lower case)."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
-
-
 def _kind(scope: Scope) -> CallKind:
-    kind = _CALL_KINDS.get((_header(scope, b"x-platoon-call-kind") or "policy").lower())
+    kind = _CALL_KINDS.get((header(scope, b"x-platoon-call-kind") or "policy").lower())
     if kind is None:
         raise GatewayError("bad_request", "X-Platoon-Call-Kind must be policy, aux or judge")
     return kind
