@@ -18,6 +18,7 @@ writing, or killed mid-write) is left for the next refresh.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -241,9 +242,14 @@ class RunIndex:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))  # private like the log
             # A long wait: another viewer may be indexing a large log for a minute.
             db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=600)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
+            # Two viewers opening a new index at once: SQLite answers one of them "database is
+            # locked" at once, without waiting, when both change the journal mode or create the
+            # tables; so the setting up is taken in turns.
+            with open(f"{path}.lock", "w") as turn:
+                fcntl.flock(turn, fcntl.LOCK_EX)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
             self._db = db
         return self._db
 
