@@ -108,6 +108,10 @@ def _route(
             seq = _seq_of(exc, body) if ordered else None
             if seq is not None:
                 service.skip(*seq, message)
+            # An error raised on a worker thread sits in a cycle (anyio's future holds it, its
+            # traceback holds the future's frame), and its traceback holds every frame it passed,
+            # with the decoded body: cut, or each refused body waits for the cyclic collector.
+            exc.__traceback__ = None
             return error_response(message, status, "server" if status == 500 else "user")
         if isinstance(result, Response):
             return result
