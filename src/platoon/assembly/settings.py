@@ -52,7 +52,7 @@ class PolicySettings:
     backend: str = "tinker"  # "local": the embedded Tinker-compatible server
     base_url: str | None = None  # `tinker_base_url`; else $TINKER_BASE_URL, else hosted Tinker
     seed: int = 0
-    reproducible: bool = False  # the embedded server samples each sequence on its own
+    reproducible: bool = False  # the embedded server samples each sequence apart from its batch
     lora_rank: int = 32
     load_path: str | None = None  # a training state to start from (`checkpoint.load_path`)
     model_path: str | None = None  # sampler weights to evaluate (`eval.model_path`)

@@ -103,7 +103,7 @@ environments:
 train:
   backend: local
   model_name: platoon-tiny-qwen3      # built into the site cache on first use; or a real model
-  reproducible: true                  # the same seed, the same run to the last bit (slower on a real model)
+  reproducible: true                  # the same seed, the same run to the last bit
   renderer_name: qwen3_instruct
   lora_rank: 16
   batch_size: 4                       # tasks a step

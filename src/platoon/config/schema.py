@@ -315,9 +315,9 @@ class TrainConfig(_Strict, frozen=True):
     # task order, harness draws and each model call's sampling seed derive from it: a rerun
     # with the same seed draws the same random numbers
     seed: int = 0
-    # local backend: sample each sequence on its own, so that a rerun with the same seed is the
-    # same run bit for bit whatever the machine's load (batched sampling's last float bits
-    # follow what shares a batch). Slower: no batching across sequences
+    # local backend: a sequence's numbers never depend on what shares its batch, so that a rerun
+    # with the same seed is the same run bit for bit whatever the machine's load (batched
+    # sampling's last float bits follow what shares a batch). No prefix cache
     reproducible: bool = False
     optimizer: AdamParams = field(default_factory=AdamParams)
     lora_rank: PositiveInt = 32  # rank of the LoRA adapter that trains

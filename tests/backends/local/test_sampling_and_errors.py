@@ -1,6 +1,7 @@
 """Sampling stop rules and bad input, through the real tinker SDK."""
 
 import json
+import platform
 
 import anyio
 import anyio.lowlevel
@@ -181,13 +182,19 @@ async def test_concurrent_requests_share_decoding_steps(tiny_model, tmp_path):
 
 
 @pytest.mark.anyio
-async def test_a_batch_invariant_sampler_draws_the_same_numbers_alone_and_in_any_batch(tiny_model, tmp_path):
+@pytest.mark.parametrize("batched", [None, False], ids=["as-probed", "row-by-row"])
+async def test_a_batch_invariant_sampler_draws_the_same_numbers_alone_and_in_any_batch(
+    tiny_model, tmp_path, batched
+):
     """`train.reproducible`: a seeded request's tokens and logprobs, to the last bit, do not
-    depend on which requests share its batches (of other lengths, arriving while it decodes)."""
+    depend on which requests share its batches (of other lengths, arriving while it decodes):
+    decoded in one forward where this machine's kernels allow it (the suite's do), else a
+    forward per row."""
     import random
 
     engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
     sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True)
+    sampler.rows_batched = batched
     targets = [[11, 12, 13, 14, 15], [40, 41, 42]]
 
     def request(prompt: list[int], seed: int) -> SampleRequest:
@@ -214,6 +221,7 @@ async def test_a_batch_invariant_sampler_draws_the_same_numbers_alone_and_in_any
     for i, result in enumerate(alone):
         assert crowded[i].sequences[0].tokens == result.sequences[0].tokens
         assert crowded[i].sequences[0].logprobs == result.sequences[0].logprobs  # exactly
+    assert sampler.rows_batched is (batched is None and platform.machine() == "x86_64")
 
 
 def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_model):

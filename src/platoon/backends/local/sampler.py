@@ -29,22 +29,24 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 import numpy as np
+import structlog
 import torch
-import torch.nn.functional as F
 
 from platoon.backends.local.constraints import Grammar, Guide, Vocabulary, masked
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import RunSync
+from platoon.backends.local.invariant import MIN_ROWS, holds, per_row_attention, topped_up
+from platoon.backends.local.kvcache import cache_of, kv, left_pad, set_kv
 from platoon.backends.local.prefixes import Prefix, PrefixCache, Space
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
 from platoon.backends.local.specs import EngineError, WeightsRef
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
-    from transformers.cache_utils import CacheLayerMixin
-    from transformers.utils import ModelOutput
 
 __all__ = ["Drawn", "SampleParams", "SampleRequest", "SampleResult", "Sampler"]
+
+log = structlog.get_logger(__name__)
 
 
 class SampleParams(msgspec.Struct, frozen=True):
@@ -150,12 +152,14 @@ class Sampler:
         batch_invariant: bool = False,
     ) -> None:
         self.engine = engine
-        # Each row on its own: its numbers then never depend on the rows that share its batch.
-        # A batched forward's kernels change with the batch's size and padding (this CPU's
+        # A row's numbers never depend on the rows that share its batch (`invariant`): a
+        # batched forward's kernels change with the batch's size and padding (this CPU's
         # decode logits differ by ~1e-7 between 2 rows and 3), and so do the logprobs a
-        # trainer's loss reads; Adam turns that into another run within a few steps. Slower:
-        # a forward per row, and no prefix cache (a hit's numbers differ from a prefill's).
+        # trainer's loss reads; Adam turns that into another run within a few steps. No prefix
+        # cache then (a hit's numbers differ from a prefill's).
         self.batch_invariant = batch_invariant
+        # Whether such rows still decode in one forward (checked on the first step), not one each.
+        self.rows_batched: bool | None = None if batch_invariant else False
         self._run_sync = run_sync
         self._max_batch = max_batch
         self._pending: dict[WeightsRef, list[_Job]] = {}
@@ -331,7 +335,7 @@ class Sampler:
         until a job finishes, a request arrives, a job streams or the time slice is used up."""
         deadline = time.monotonic() + self._slice
         batch.space = self._space(key)
-        with self.engine.weights(key) as model:
+        with self.engine.weights(key) as model, self._attending(model):
             if admitted:
                 self._prefill(model, batch, key, admitted)
             while True:
@@ -348,6 +352,13 @@ class Sampler:
                     or time.monotonic() > deadline
                 ):
                     return finished
+
+    def _attending(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Row-by-row attention, for batch-invariant rows decoded in one forward."""
+        if self.rows_batched is None:
+            self.rows_batched = self.engine.attention == "sdpa" and holds(model)
+            log.info("reproducible sampling", batched=self.rows_batched)
+        return per_row_attention(model) if self.rows_batched else contextlib.nullcontext()
 
     def _space(self, ref: WeightsRef) -> Space | None:
         if ref.model_id is not None or self.batch_invariant:
@@ -399,11 +410,11 @@ class Sampler:
             )
         width = max(lengths) if batch.mask is None else max(max(lengths), batch.mask.shape[1])
         mask = torch.cat(
-            [_left_pad(torch.ones(1, n, dtype=torch.long, device=device), width, dim=1) for n in lengths]
+            [left_pad(torch.ones(1, n, dtype=torch.long, device=device), width, dim=1) for n in lengths]
         )
         layers = len(keys[0])
-        new_keys = [torch.cat([_left_pad(block[i], width) for block in keys]) for i in range(layers)]
-        new_values = [torch.cat([_left_pad(block[i], width) for block in values]) for i in range(layers)]
+        new_keys = [torch.cat([left_pad(block[i], width) for block in keys]) for i in range(layers)]
+        new_values = [torch.cat([left_pad(block[i], width) for block in values]) for i in range(layers)]
         new_logits = torch.cat(logits)
         if not batch.rows:
             from transformers import DynamicCache
@@ -415,13 +426,13 @@ class Sampler:
         else:
             assert batch.cache is not None and batch.mask is not None and batch.logits is not None
             for i, layer in enumerate(batch.cache.layers):
-                held_keys, held_values = _kv(layer)
-                _set_kv(
+                held_keys, held_values = kv(layer)
+                set_kv(
                     layer,
-                    torch.cat([_left_pad(held_keys, width), new_keys[i]]),
-                    torch.cat([_left_pad(held_values, width), new_values[i]]),
+                    torch.cat([left_pad(held_keys, width), new_keys[i]]),
+                    torch.cat([left_pad(held_values, width), new_values[i]]),
                 )
-            batch.mask = torch.cat([_left_pad(batch.mask, width, dim=1), mask])
+            batch.mask = torch.cat([left_pad(batch.mask, width, dim=1), mask])
             batch.logits = torch.cat([batch.logits, new_logits])
         batch.rows.extend(new_rows)
 
@@ -442,9 +453,9 @@ class Sampler:
             logits_to_keep=1,
             **{self._cache_arg: cache},
         )
-        cache = _cache_of(out)
+        cache = cache_of(out)
         extended = Prefix(
-            layers=[_kv(layer) for layer in cache.layers],
+            layers=[kv(layer) for layer in cache.layers],
             logits=out.logits[0, -1:].float(),
             tokens=len(prompt),
         )
@@ -464,18 +475,22 @@ class Sampler:
         device = self.engine.device
         wanted = [any(j.request.prompt_logprobs or j.request.topk_prompt for j in jobs[p]) for p in prompts]
         ids = torch.tensor(prompts, dtype=torch.long, device=device)
+        keep = 0 if any(wanted) else 1
+        if self.rows_batched:  # every product at least MIN_ROWS rows: copies of a short prompt
+            keep = keep and min(len(prompts[0]), MIN_ROWS)
+            ids = ids.repeat(-(-MIN_ROWS // ((keep or len(prompts[0])) * len(prompts))), 1)
         out = model(
             input_ids=ids,
             use_cache=True,
-            logits_to_keep=0 if any(wanted) else 1,
+            logits_to_keep=keep,
             **{self._cache_arg: DynamicCache()},
         )
         logits = out.logits.float()
-        cache = _cache_of(out)
+        cache = cache_of(out)
         ready: dict[tuple[int, ...], Prefix] = {}
         for i, prompt in enumerate(prompts):
             entry = Prefix(
-                layers=[(keys[i : i + 1], values[i : i + 1]) for keys, values in map(_kv, cache.layers)],
+                layers=[(keys[i : i + 1], values[i : i + 1]) for keys, values in map(kv, cache.layers)],
                 logits=logits[i, -1:],
                 tokens=len(prompt),
             )
@@ -567,8 +582,8 @@ class Sampler:
             if batch.rows:
                 assert batch.cache is not None
                 for layer in batch.cache.layers:
-                    keys, values = _kv(layer)
-                    _set_kv(layer, keys[index], values[index])
+                    keys, values = kv(layer)
+                    set_kv(layer, keys[index], values[index])
                 assert batch.mask is not None
                 batch.mask = batch.mask[index]
             else:
@@ -584,7 +599,7 @@ class Sampler:
         n = row.position
         layers = [
             (keys[index : index + 1, :, -n:].clone(), values[index : index + 1, :, -n:].clone())
-            for keys, values in map(_kv, batch.cache.layers)
+            for keys, values in map(kv, batch.cache.layers)
         ]
         tokens = (*row.job.request.prompt, *row.tokens[:-1])
         self.prefixes.put(batch.space, tokens, Prefix(layers=layers, logits=None, tokens=n))
@@ -639,22 +654,33 @@ class Sampler:
 
     def _decode(self, model: torch.nn.Module, batch: _Batch) -> None:
         assert batch.mask is not None
-        if self.batch_invariant:
+        if self.batch_invariant and not self.rows_batched:
             self._decode_each(model, batch)
             return
+        assert batch.cache is not None
         device = self.engine.device
         ids = torch.tensor(batch.next_tokens, dtype=torch.long, device=device)[:, None]
         positions = torch.tensor([r.position for r in batch.rows], dtype=torch.long, device=device)[:, None]
-        batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        batch.mask = mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        rows = len(batch.rows)
+        extra = topped_up(rows) if self.rows_batched else None
+        if extra is not None:  # a short batch-invariant batch: copies of its first row, then dropped
+            index = extra.to(device)
+            ids, positions, mask = ids[index], positions[index], mask[index]
+            for layer in batch.cache.layers:
+                set_kv(layer, *(t[index] for t in kv(layer)))
         out = model(
             input_ids=ids,
-            attention_mask=batch.mask,
+            attention_mask=mask,
             position_ids=positions,
             use_cache=True,
             **{self._cache_arg: batch.cache},
         )
-        batch.cache = _cache_of(out)
-        batch.logits = out.logits[:, -1].float()
+        batch.cache = cache_of(out)
+        if extra is not None:
+            for layer in batch.cache.layers:
+                set_kv(layer, *(t[:rows] for t in kv(layer)))
+        batch.logits = out.logits[:rows, -1].float()
         for row in batch.rows:
             row.position += 1
 
@@ -665,7 +691,7 @@ class Sampler:
 
         assert batch.cache is not None and batch.mask is not None
         device = self.engine.device
-        held = [_kv(layer) for layer in batch.cache.layers]
+        held = [kv(layer) for layer in batch.cache.layers]
         added: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in held]
         logits: list[torch.Tensor] = []
         for i, row in enumerate(batch.rows):
@@ -681,14 +707,14 @@ class Sampler:
                 use_cache=True,
                 **{self._cache_arg: cache},
             )
-            for layer, (keys, values) in enumerate(map(_kv, _cache_of(out).layers)):
+            for layer, (keys, values) in enumerate(map(kv, cache_of(out).layers)):
                 added[layer][0].append(keys[:, :, -1:])
                 added[layer][1].append(values[:, :, -1:])
             logits.append(out.logits[:, -1].float())
         for layer, (keys, values), (new_keys, new_values) in zip(
             batch.cache.layers, held, added, strict=True
         ):
-            _set_kv(
+            set_kv(
                 layer,
                 torch.cat([keys, torch.cat(new_keys)], dim=2),
                 torch.cat([values, torch.cat(new_values)], dim=2),
@@ -744,41 +770,6 @@ def _draw(
     # Strictly below the total, so that a token of probability 0 past the last kept one is never drawn.
     target = torch.minimum(uniform[:, None].to(cdf.dtype) * total, total * (1 - 1e-6))
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
-
-
-def _cache_of(out: ModelOutput) -> DynamicCache:
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _attention(layer: object) -> CacheLayerMixin:
-    """A layer of a model's KV cache: an attention layer's, of keys and values (every model
-    served is a decoder of attention layers)."""
-    from transformers.cache_utils import CacheLayerMixin  # transformers loads when a model does
-
-    assert isinstance(layer, CacheLayerMixin), f"not an attention layer's KV cache: {type(layer).__name__}"
-    return layer
-
-
-def _kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values of a filled layer of a KV cache."""
-    attention = _attention(layer)
-    keys, values = attention.keys, attention.values
-    assert keys is not None and values is not None, "a KV cache layer is filled"
-    return keys, values
-
-
-def _set_kv(layer: object, keys: torch.Tensor, values: torch.Tensor) -> None:
-    attention = _attention(layer)
-    attention.keys, attention.values = keys, values
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
-    return F.pad(t, pad)
 
 
 def _same_length(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

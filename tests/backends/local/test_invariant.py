@@ -1,0 +1,114 @@
+"""Batch-invariant batched decoding: rows attended one by one, products of at least 4 rows."""
+
+from __future__ import annotations
+
+import inspect
+import platform
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from platoon.backends.local.invariant import (
+    MIN_ROWS,
+    full_attention_only,
+    holds,
+    per_row_attention,
+    topped_up,
+)
+from platoon.backends.local.kvcache import cache_of
+
+
+def cache_arg(model) -> str:  # transformers 5 names it `cache`, 4.x `past_key_values`
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model), attn_implementation="sdpa").eval()
+
+
+def left_padded(prompts: list[list[int]]) -> dict[str, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        mask[i, width - len(prompt) :] = 1
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
+@torch.no_grad()
+def test_rows_attended_one_by_one_get_what_each_prompt_gets_alone(model):
+    with per_row_attention(model):
+        batched = model(**left_padded(PROMPTS), use_cache=False).logits[:, -1]
+    assert model.config._attn_implementation == "sdpa"  # switched back
+    for i, prompt in enumerate(PROMPTS):
+        alone = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0, -1]
+        torch.testing.assert_close(batched[i], alone, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_decoding_step_on_a_left_padded_cache_attends_only_to_each_rows_own_keys(model):
+    step = left_padded(PROMPTS)
+    with per_row_attention(model):
+        out = model(**step, use_cache=True)
+        mask = torch.cat([step["attention_mask"], torch.ones(len(PROMPTS), 1, dtype=torch.long)], dim=1)
+        following = torch.tensor([[30], [31], [32], [33]])
+        positions = torch.tensor([[len(p)] for p in PROMPTS])
+        decoded = model(
+            input_ids=following,
+            attention_mask=mask,
+            position_ids=positions,
+            **{cache_arg(model): cache_of(out)},
+            use_cache=True,
+        ).logits[:, -1]
+    for i, prompt in enumerate(PROMPTS):
+        alone = model(input_ids=torch.tensor([[*prompt, 30 + i]]), use_cache=False).logits[0, -1]
+        torch.testing.assert_close(decoded[i], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="MKL's kernels, measured on x86-64 only")
+def test_one_threads_mkl_products_are_row_invariant_from_four_rows(model):
+    """The suite's arithmetic (tests/conftest.py: MKL's AVX2 branch, one thread) passes the probe,
+    so the learning tests decode their reproducible rows in one forward."""
+    assert torch.get_num_threads() == 1
+    assert holds(model)
+
+
+class BatchDependent(torch.nn.Module):
+    """A model whose logits move in their last bits with the batch's size, as a kernel chosen by
+    the number of rows would make them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+        self.config = SimpleNamespace(vocab_size=11, _attn_implementation="sdpa")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        rows, width = input_ids.shape
+        logits = torch.ones(rows, width, 11) * (1 + rows * 1e-7)
+        return SimpleNamespace(logits=logits)
+
+
+def test_the_probe_refuses_products_whose_rows_change_with_the_batch():
+    assert not holds(BatchDependent())
+
+
+def test_a_model_with_a_sliding_window_is_not_decoded_in_batches():
+    windowed = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention", "sliding_attention"]))
+    full = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention"], sliding_window=None))
+    unused = SimpleNamespace(config=SimpleNamespace(sliding_window=4096, use_sliding_window=False))
+    mistral = SimpleNamespace(config=SimpleNamespace(sliding_window=4096))
+    assert not full_attention_only(windowed) and not full_attention_only(mistral)
+    assert full_attention_only(full) and full_attention_only(unused)
+
+
+def test_a_short_batch_is_topped_up_with_copies_of_its_first_row():
+    assert topped_up(1).tolist() == [0] * MIN_ROWS
+    assert topped_up(3).tolist() == [0, 1, 2, 0]
+    assert topped_up(MIN_ROWS) is None and topped_up(9) is None
