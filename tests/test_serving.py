@@ -177,3 +177,19 @@ async def test_a_body_that_does_not_come_in_time_is_408():
     scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
     await guard(scope, receive, send)
     assert sent[0]["status"] == 408 and guard.in_flight == 0
+
+
+async def test_a_request_refused_before_its_body_is_read_closes_its_connection_and_says_so():
+    """The next request of a client that kept the connection would otherwise go to a server
+    that is closing it, and get no answer ("Server disconnected without sending a response")."""
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(serve_asgi, _app(api_key="s3cret", max_body=1000))
+        async with httpx.AsyncClient(base_url=url) as client:
+            for _ in range(10):
+                refused = await client.post("/x", content=b"a" * 900)
+                assert refused.status_code == 401 and refused.headers["connection"] == "close"
+                too_big = await client.post("/x", content=b"a" * 5000, headers={"x-api-key": "s3cret"})
+                assert too_big.status_code == 413 and too_big.headers["connection"] == "close"
+                ok = await client.post("/x", content=b"a" * 900, headers={"x-api-key": "s3cret"})
+                assert ok.json() == {"size": 900} and "close" not in ok.headers.get("connection", "")
+        tg.cancel_scope.cancel()

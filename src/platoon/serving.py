@@ -232,8 +232,16 @@ async def _head(receive: Receive, size: int) -> bytes:
 
 
 async def _refuse(send: Send, status: int, message: str, *, retry_after: bool = False) -> None:
+    """Answer before the request's body is read (all of it): the connection then closes, and
+    says so. Without `connection: close`, a client reused it for its next request, which the
+    server, closing it meanwhile, never answered ("Server disconnected without sending a
+    response", seen once in a full run)."""
     body = json.dumps({"error": message, "category": "user"}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     if retry_after:
         headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
