@@ -112,3 +112,31 @@ def test_a_short_batch_is_topped_up_with_copies_of_its_first_row():
     assert topped_up(1).tolist() == [0] * MIN_ROWS
     assert topped_up(3).tolist() == [0, 1, 2, 0]
     assert topped_up(MIN_ROWS) is None and topped_up(9) is None
+
+
+@pytest.mark.anyio
+async def test_each_kind_of_adapter_is_probed_on_its_own(tiny_model, tmp_path):
+    """An adapter adds products of other shapes (rank by width), so its forwards are probed
+    apart from the base weights', and two adapters of one rank and targets share a probe."""
+    import anyio
+
+    from platoon.backends.local.engine import Engine
+    from platoon.backends.local.sampler import SampleParams, Sampler, SampleRequest
+    from platoon.backends.local.specs import LoraSpec, WeightsRef
+
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+    for name, rank in (("a", 4), ("b", 4), ("c", 8)):
+        engine.create_model(name, LoraSpec(rank=rank, seed=0))
+    sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        for weights in (
+            WeightsRef(),
+            WeightsRef(model_id="a"),
+            WeightsRef(model_id="b"),
+            WeightsRef(model_id="c"),
+        ):
+            request = SampleRequest([11, 12, 13], 2, SampleParams(max_tokens=3, seed=1), False, weights)
+            assert len((await sampler.sample(request)).sequences) == 2
+        tg.cancel_scope.cancel()
+    assert [kind and kind[0] for kind in sampler.batched_for] == [None, 4, 8]

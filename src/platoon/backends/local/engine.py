@@ -261,6 +261,15 @@ class Engine:
     def has_model(self, model_id: str) -> bool:
         return model_id in self._models
 
+    def adapter_kind(self) -> tuple[int, tuple[str, ...]] | None:
+        """The active adapter's rank and the modules it adapts (None: the base weights): what
+        decides the shapes of a forward's matrix products."""
+        if self.peft is None or not isinstance(self._active, str):
+            return None
+        config = self.peft.peft_config[self._active]
+        targets = config.target_modules
+        return config.r, (targets,) if isinstance(targets, str) else tuple(sorted(targets or ()))
+
     def lora_rank(self, model_id: str) -> int:
         return self._trainable(model_id).spec.rank
 

@@ -158,8 +158,11 @@ class Sampler:
         # trainer's loss reads; Adam turns that into another run within a few steps. No prefix
         # cache then (a hit's numbers differ from a prefill's).
         self.batch_invariant = batch_invariant
-        # Whether such rows still decode in one forward (checked on the first step), not one each.
-        self.rows_batched: bool | None = None if batch_invariant else False
+        # Whether such rows still decode in one forward, not one each: probed once for each kind
+        # of adapter (its products have other shapes), unless `batch_rows` is turned off.
+        self.batch_rows = True
+        self.batched_for: dict[object, bool] = {}
+        self.rows_batched = False  # for the weights of the current step
         self._run_sync = run_sync
         self._max_batch = max_batch
         self._pending: dict[WeightsRef, list[_Job]] = {}
@@ -355,9 +358,13 @@ class Sampler:
 
     def _attending(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Row-by-row attention, for batch-invariant rows decoded in one forward."""
-        if self.rows_batched is None:
-            self.rows_batched = self.engine.attention == "sdpa" and holds(model)
-            log.info("reproducible sampling", batched=self.rows_batched)
+        if not (self.batch_invariant and self.batch_rows):
+            return contextlib.nullcontext()
+        kind = self.engine.adapter_kind()
+        if kind not in self.batched_for:
+            self.batched_for[kind] = self.engine.attention == "sdpa" and holds(model)
+            log.info("reproducible sampling", batched=self.batched_for[kind], adapter=kind)
+        self.rows_batched = self.batched_for[kind]
         return per_row_attention(model) if self.rows_batched else contextlib.nullcontext()
 
     def _space(self, ref: WeightsRef) -> Space | None:
