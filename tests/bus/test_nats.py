@@ -71,10 +71,15 @@ async def bridged(bus: Bus, url: str, **options) -> AsyncIterator[NatsBridge]:
         tg.cancel_scope.cancel()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
+async def until(
+    condition: Callable[[], bool], timeout: float = 10.0, state: Callable[[], object] | None = None
+) -> None:
+    """Wait for `condition`; past `timeout`, fail saying what `state` shows then."""
+    with anyio.move_on_after(timeout):
         while not condition():  # noqa: ASYNC110 - polling another machine's effect
             await anyio.sleep(0.01)
+        return
+    raise AssertionError(f"not within {timeout} s" + (f": {state()}" if state is not None else ""))
 
 
 def graded(i: int) -> EpisodeGraded:
@@ -824,7 +829,10 @@ async def test_a_batch_its_consumer_sits_on_goes_to_another_and_each_event_plays
         worker.subscribe(EpisodeRequested, got.append)
         async with bridged(worker, server.url, work=[EpisodeRequested], consume_work=True):
             await bridge.flush()
-            await until(lambda: len(got) == 32 and len(claimed) == 32)
+            await until(
+                lambda: len(got) == 32 and len(claimed) == 32,
+                state=lambda: f"played {len(got)}, claimed {len(claimed)}; {bridge.stats}",
+            )
         assert sorted(e.episode_id for e in got) == sorted(held)
         played = Counter([e.episode_id for e in member.played] + [e.episode_id for e in got])
         assert played == Counter(f"ep{i}" for i in range(WORK))  # each once
