@@ -140,3 +140,16 @@ async def test_each_kind_of_adapter_is_probed_on_its_own(tiny_model, tmp_path):
             assert len((await sampler.sample(request)).sequences) == 2
         tg.cancel_scope.cancel()
     assert [kind and kind[0] for kind in sampler.batched_for] == [None, 4, 8]
+
+
+def test_a_mask_shared_by_every_row_is_read_for_each():
+    from types import SimpleNamespace
+
+    from platoon.backends.local.invariant import rows_attention
+
+    module = SimpleNamespace(num_key_value_groups=1, is_causal=True, training=False)
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(3, 2, n, 8, generator=generator) for n in (1, 5, 5))
+    alone, _ = rows_attention(module, query, key, value, None)
+    shared, _ = rows_attention(module, query, key, value, torch.ones(1, 1, 1, 5, dtype=torch.bool))
+    assert shared.shape == (3, 1, 2, 8) and torch.equal(shared, alone)

@@ -44,6 +44,7 @@ def rows_attention(
     rows, _, queries, keys = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
     starts = [0] * rows
     if attention_mask is not None:
+        attention_mask = attention_mask.expand(rows, -1, -1, -1)  # one mask may serve all rows
         seen = attention_mask[:, 0, -1]  # the last query sees every key of its row
         if seen.dtype != torch.bool:
             seen = seen == 0  # an additive mask: 0 where a key is seen
