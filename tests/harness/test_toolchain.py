@@ -34,13 +34,20 @@ def test_the_interpreter_of_a_version_is_found_and_the_sites_comes_first(tmp_pat
     assert Toolchain(python="3.12").version == "3.12" and Toolchain().version is None
 
 
-def test_a_toolchain_needing_a_python_there_is_not_is_one_clear_line(tmp_path, monkeypatch, capsys):
+def _install_fails(tmp_path, monkeypatch, capsys, name: str, extra: str = "") -> str:
+    """`platoon harness install` of a pip toolchain named `name` (with `extra` lines under
+    [toolchain]), in a site cache of its own: it fails, and says one line, returned."""
     (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
     monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
-    spec = tmp_path / "future.toml"
-    spec.write_text('name = "future"\ncommand = ["x"]\n[toolchain]\npip = ["six==1.16.0"]\npython = "3.99"\n')
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(f'name = "{name}"\ncommand = ["x"]\n[toolchain]\npip = ["six==1.16.0"]\n{extra}')
     assert main(["harness", "install", str(spec)]) == 1
     [err] = capsys.readouterr().err.splitlines()
+    return err
+
+
+def test_a_toolchain_needing_a_python_there_is_not_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    err = _install_fails(tmp_path, monkeypatch, capsys, "future", 'python = "3.99"\n')
     assert err == (
         "platoon: error: harness 'future': its toolchain did not build: it needs Python 3.99 and there is "
         "none: name one in the site profile (pythons: [/path/to/python3.99]) or install one (pyenv, uv, apt)"
@@ -52,16 +59,11 @@ def test_a_toolchain_without_bubblewrap_is_one_clear_line_and_nothing_is_written
 ):
     """Without bwrap the installers would write into the host's mount point, shared by every
     toolchain (a machine without it once built five agents into one folder there)."""
-    (tmp_path / "site.yaml").write_text(f"cache: {tmp_path / 'cache'}\n")
-    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
     which = shutil.which
     monkeypatch.setattr(
         toolchain.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else which(name, *a, **k)
     )
-    spec = tmp_path / "plain.toml"
-    spec.write_text('name = "plain"\ncommand = ["x"]\n[toolchain]\npip = ["six==1.16.0"]\n')
-    assert main(["harness", "install", str(spec)]) == 1
-    [err] = capsys.readouterr().err.splitlines()
+    err = _install_fails(tmp_path, monkeypatch, capsys, "plain")
     assert err == (
         "platoon: error: harness 'plain': its toolchain did not build: building it needs bubblewrap, which "
         f"shows the toolchain at {toolchain.MOUNT_POINT} while it is installed: install it (apt-get install "
