@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from platoon.cli import main
@@ -104,10 +105,8 @@ def test_install_builds_a_specs_toolchain_once_and_says_so(tmp_path, monkeypatch
     assert main(["harness", "install", str(spec), "platoon-react"]) == 0
     assert main(["harness", "install", str(spec)]) == 0
     out = lines(capsys)
-    assert (
-        out[0].startswith("builder: ready (")
-        and out[1] == "platoon-react: nothing to build (a function harness)"
-    )
+    assert out[0] == "platoon-react: nothing to build (a function harness)"
+    assert out[1].startswith("builder: ready (") and out[2].startswith("builder: ready (")
     [built] = list((tmp_path / "cache").rglob("built"))
     assert built.read_text() == "x"  # the second install found it done
 
@@ -135,3 +134,35 @@ def test_install_runs_a_function_harness_s_own_install(capsys):
 
     assert main(["harness", "install", "test-installs"]) == 0
     assert built == ["venv"] and lines(capsys)[0].startswith("test-installs: ready (")
+
+
+def test_install_builds_at_once_and_a_failure_stops_no_other(tmp_path, monkeypatch, capsys):
+    """The named harnesses build side by side: each waits for the other to have started, which
+    only builds run at once can do. A failed one is named and the others still finish."""
+    import threading
+
+    from platoon.harness import AgentContext
+    from platoon.harness.registry import harness
+
+    started = threading.Barrier(2, timeout=30)
+    built = []
+
+    def install_of(name: str, fails: bool = False):
+        async def install() -> None:
+            await anyio.to_thread.run_sync(started.wait)  # broken (an error) when built one by one
+            if fails:
+                raise ValueError(f"harness {name!r}: its toolchain did not build: exit 1")
+            built.append(name)
+
+        return install
+
+    for name, fails in (("test-side-a", False), ("test-side-b", True)):
+
+        @harness(name, install=install_of(name, fails))
+        async def side(ctx: AgentContext) -> None:
+            return None
+
+    assert main(["harness", "install", "test-side-a", "test-side-b"]) == 1
+    out, err = capsys.readouterr()
+    assert built == ["test-side-a"] and out.startswith("test-side-a: ready (")
+    assert err.splitlines() == ["platoon: error: harness 'test-side-b': its toolchain did not build: exit 1"]

@@ -106,26 +106,43 @@ def show_harness(args: Any) -> int:
 
 def install_harnesses(args: Any) -> int:
     """Build each named harness's toolchain (what `platoon prepare` does for a config's), so a
-    machine can be made ready before any config names it: a CI image, an offline node."""
+    machine can be made ready before any config names it: a CI image, an offline node.
+
+    The builds run at once (each is mostly an installer waiting on downloads and disk), each
+    line printed as its build ends; one that fails does not stop the others."""
     import time
 
     import anyio
 
+    harnesses = []
     for name in args.names:
         try:
             harness = get_harness(name)
         except (HarnessError, plugins.PluginError, ValueError, OSError) as exc:
             raise CommandError(str(exc)) from None
-        install = getattr(harness, "install", None)
-        if install is None:
+        if getattr(harness, "install", None) is None:
             print(f"{harness.name}: nothing to build (a function harness)")
-            continue
+        else:
+            harnesses.append(harness)
+    failures: list[str] = []
+
+    async def build(harness: Any) -> None:
         started = time.monotonic()
         try:
-            anyio.run(install)
+            await harness.install()
         except (HarnessError, ValueError) as exc:  # a spec's toolchain that did not build
-            raise CommandError(str(exc)) from None
-        print(f"{harness.name}: ready ({time.monotonic() - started:.1f} s)")
+            failures.append(str(exc))
+        else:
+            print(f"{harness.name}: ready ({time.monotonic() - started:.1f} s)", flush=True)
+
+    async def build_all() -> None:
+        async with anyio.create_task_group() as tg:
+            for harness in harnesses:
+                tg.start_soon(build, harness)
+
+    anyio.run(build_all)
+    if failures:
+        raise CommandError("\n".join(failures))
     return 0
 
 
