@@ -4,7 +4,7 @@ options they take, and which installed distribution provides each."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, packages_distributions
 from importlib.metadata import version as dist_version
@@ -114,31 +114,32 @@ def install_harnesses(args: Any) -> int:
 
     import anyio
 
-    harnesses = []
+    installs: list[tuple[str, Callable[[], Awaitable[None]]]] = []
     for name in args.names:
         try:
             harness = get_harness(name)
         except (HarnessError, plugins.PluginError, ValueError, OSError) as exc:
             raise CommandError(str(exc)) from None
-        if getattr(harness, "install", None) is None:
+        install = getattr(harness, "install", None)
+        if install is None:
             print(f"{harness.name}: nothing to build (a function harness)")
         else:
-            harnesses.append(harness)
+            installs.append((harness.name, install))
     failures: list[str] = []
 
-    async def build(harness: Any) -> None:
+    async def build(name: str, install: Callable[[], Awaitable[None]]) -> None:
         started = time.monotonic()
         try:
-            await harness.install()
+            await install()
         except (HarnessError, ValueError) as exc:  # a spec's toolchain that did not build
             failures.append(str(exc))
         else:
-            print(f"{harness.name}: ready ({time.monotonic() - started:.1f} s)", flush=True)
+            print(f"{name}: ready ({time.monotonic() - started:.1f} s)", flush=True)
 
     async def build_all() -> None:
         async with anyio.create_task_group() as tg:
-            for harness in harnesses:
-                tg.start_soon(build, harness)
+            for name, install in installs:
+                tg.start_soon(build, name, install)
 
     anyio.run(build_all)
     if failures:
