@@ -143,17 +143,20 @@ def _untraced_when_learning(request):
 
     What it proves is the rise of a reward, and its lines are the quick tests' lines too: traced,
     the learning tests took about 40% longer (a minute of the suite) for a tenth of a percent
-    of coverage.
+    of coverage. Under xdist a worker holds two started `Coverage` objects (pytest-cov starts one
+    from the `-n` it reads in the worker's options, then the worker's own); stopping only the
+    newest resumes the other, so every one is stopped, and started again in its order after.
     """
-    running = coverage.Coverage.current() if "learning" in request.keywords else None
-    if running is None:
-        yield
-        return
-    running.stop()
+    stopped: list[coverage.Coverage] = []
+    if "learning" in request.keywords:
+        while (running := coverage.Coverage.current()) is not None:
+            running.stop()
+            stopped.append(running)
     try:
         yield
     finally:
-        running.start()
+        for running in reversed(stopped):
+            running.start()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

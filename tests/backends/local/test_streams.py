@@ -115,8 +115,9 @@ def test_a_reader_that_leaves_frees_its_row(served, tiny_model):
         httpx.Client(base_url=url, headers={"x-api-key": KEY}) as client,
         client.stream("POST", SAMPLE_STREAM, json=body(tiny_model, 5000)) as response,
     ):
-        next(response.iter_lines())
-        assert portal.call(lambda: service.sampler.rows) == 1
+        first = json.loads(next(response.iter_lines()))
+        assert len(first.get("tokens", ())) == 1 and "stop_reason" not in first, first  # not an error line
+        assert portal.call(lambda: service.sampler.rows) == 1, first
     # The connection is closed: the server drops the row at its next step.
 
     async def freed() -> None:
