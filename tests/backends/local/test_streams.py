@@ -4,6 +4,7 @@ sequence as asample's, and a reader that leaves frees its row."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -115,9 +116,11 @@ def test_a_reader_that_leaves_frees_its_row(served, tiny_model):
         httpx.Client(base_url=url, headers={"x-api-key": KEY}) as client,
         client.stream("POST", SAMPLE_STREAM, json=body(tiny_model, 5000)) as response,
     ):
-        first = json.loads(next(response.iter_lines()))
+        lines = response.iter_lines()
+        first = json.loads(next(lines))
         assert len(first.get("tokens", ())) == 1 and "stop_reason" not in first, first  # not an error line
-        assert portal.call(lambda: service.sampler.rows) == 1, first
+        rows = portal.call(lambda: service.sampler.rows)
+        assert rows == 1, (first, list(itertools.islice(lines, 3)))  # what ended the row, if it ended
     # The connection is closed: the server drops the row at its next step.
 
     async def freed() -> None:
