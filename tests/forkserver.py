@@ -27,6 +27,7 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -118,6 +119,8 @@ def serve(path: str) -> None:
                 for pid in children:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+                # Here, not in a `finally`: a forked child unwinds through this frame as it exits.
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
                 return
             if key.fileobj is listener:
                 client, _ = listener.accept()
