@@ -12,9 +12,11 @@ from transformers import AutoModelForCausalLM
 
 from platoon.backends.local.invariant import (
     MIN_ROWS,
+    PADDING_SLACK,
     full_attention_only,
     holds,
     per_row_attention,
+    prefill_groups,
     topped_up,
 )
 from platoon.backends.local.kvcache import cache_of
@@ -153,3 +155,15 @@ def test_a_mask_shared_by_every_row_is_read_for_each():
     alone, _ = rows_attention(module, query, key, value, None)
     shared, _ = rows_attention(module, query, key, value, torch.ones(1, 1, 1, 5, dtype=torch.bool))
     assert shared.shape == (3, 1, 2, 8) and torch.equal(shared, alone)
+
+
+def test_prompts_share_a_prefill_by_length_or_padded_where_rows_attend_alone():
+    a, b, c, d = (1,) * 100, (2,) * 96, (3,) * 100, (4,) * 10
+    assert prefill_groups([a, b, c, d], invariant=False, rows_batched=False) == [[a, c], [b], [d]]
+    assert prefill_groups([a, b, d], invariant=True, rows_batched=False) == [[a], [b], [d]]
+    # Longest first; a prompt joins while the group's padding stays within PADDING_SLACK.
+    assert prefill_groups([d, b, a, c], invariant=True, rows_batched=True) == [[a, c, b], [d]]
+    many = [(5,) * n for n in range(1, 300, 7)]
+    for group in prefill_groups(many, invariant=True, rows_batched=True):
+        assert len(group) * len(group[0]) <= PADDING_SLACK * sum(map(len, group))
+    assert sorted(p for g in prefill_groups(many, True, True) for p in g) == sorted(many)

@@ -225,6 +225,45 @@ async def test_a_batch_invariant_sampler_draws_the_same_numbers_alone_and_in_any
     assert list(sampler.batched_for.values()) == ([expected] if batched else [])
 
 
+@pytest.mark.anyio
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="MKL's kernels, measured on x86-64 only")
+async def test_prompts_of_other_lengths_prefilled_in_one_padded_forward_get_the_numbers_they_get_alone(
+    tiny_model, tmp_path
+):
+    """`train.reproducible` with rows decoded in one forward: prompts that arrive together are
+    prefilled together, left-padded to the longest (an agent's turns, hundreds of tokens each),
+    and each row's tokens, logprobs and prompt logprobs are, to the last bit, those it gets alone."""
+    import random
+
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+    sampler = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(20, 200) for _ in range(n)] for n in (300, 287, 260, 299, 41, 38)]
+
+    def request(i: int) -> SampleRequest:
+        params = SampleParams(max_tokens=6, seed=i)
+        return SampleRequest(prompts[i], 1, params, i in (1, 4), WeightsRef())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler.run)
+        alone = [await sampler.sample(request(i)) for i in range(len(prompts))]
+        steps = sampler.steps
+        together: dict[int, object] = {}
+
+        async def one(i: int) -> None:
+            together[i] = await sampler.sample(request(i))
+
+        async with anyio.create_task_group() as requests:
+            for i in range(len(prompts)):
+                requests.start_soon(one, i)
+        tg.cancel_scope.cancel()
+    assert sampler.rows_batched and sampler.steps - steps < 6 * len(prompts)  # they shared steps
+    for i, result in enumerate(alone):
+        assert together[i].sequences[0].tokens == result.sequences[0].tokens
+        assert together[i].sequences[0].logprobs == result.sequences[0].logprobs  # exactly
+        assert together[i].prompt_logprobs == result.prompt_logprobs
+
+
 def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_model):
     """Refused before it runs, the request still uses up its place in the model's order: the
     client's next forward_backward and optim_step answer instead of waiting for it forever."""

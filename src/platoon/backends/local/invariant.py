@@ -13,6 +13,8 @@ batched forward breaks that in two places:
 Whether the second holds here (the BLAS, its threads, the device) is checked once, on the model,
 by `holds`; where it does not (measured: MKL with 2 threads splits 5 to 7 rows between them), the
 sampler runs a forward per row instead (`Sampler._decode_each`): the same guarantee, several times slower.
+Where it holds, prompts of different lengths also prefill together, left-padded (`prefill_groups`):
+a row that attends alone gets the same numbers beside padding as without it.
 """
 
 from __future__ import annotations
@@ -100,6 +102,51 @@ def full_attention_only(model: torch.nn.Module) -> bool:
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return False
     return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
+
+
+# How much of a padded prefill may be padding: a group's rows x its longest prompt, at most this
+# many times its prompts' tokens (padding costs the products' time, though never their numbers).
+PADDING_SLACK = 1.25
+
+
+def prefill_groups(
+    prompts: list[tuple[int, ...]], invariant: bool, rows_batched: bool
+) -> list[list[tuple[int, ...]]]:
+    """The prompts that share a prefill forward: those of one length; for batch-invariant rows,
+    each alone, unless rows attend alone (`rows_batched`), when prompts of any lengths share one
+    left-padded forward (longest first, each group's padding bounded by `PADDING_SLACK`)."""
+    if not invariant:
+        same: dict[int, list[tuple[int, ...]]] = {}
+        for prompt in prompts:
+            same.setdefault(len(prompt), []).append(prompt)
+        return list(same.values())
+    if not rows_batched:
+        return [[prompt] for prompt in prompts]
+    groups: list[list[tuple[int, ...]]] = []
+    tokens = 0
+    for prompt in sorted(prompts, key=len, reverse=True):
+        group = groups[-1] if groups else None
+        if group is not None and (len(group) + 1) * len(group[0]) <= PADDING_SLACK * (tokens + len(prompt)):
+            group.append(prompt)
+            tokens += len(prompt)
+        else:
+            groups.append([prompt])
+            tokens = len(prompt)
+    return groups
+
+
+def left_padded(
+    prompts: list[tuple[int, ...]], device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The prompts' ids left-padded to the longest and, where any is shorter, the forward's
+    `attention_mask` and `position_ids` that leave the padding out."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+    if all(len(p) == width for p in prompts):
+        return ids, {}
+    starts = torch.tensor([width - len(p) for p in prompts], device=device)
+    mask = (torch.arange(width, device=device) >= starts[:, None]).long()
+    return ids, {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
 def topped_up(count: int) -> torch.Tensor | None:

@@ -35,7 +35,14 @@ import torch
 from platoon.backends.local.constraints import Grammar, Guide, Vocabulary, masked
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import RunSync
-from platoon.backends.local.invariant import MIN_ROWS, holds, per_row_attention, topped_up
+from platoon.backends.local.invariant import (
+    MIN_ROWS,
+    holds,
+    left_padded,
+    per_row_attention,
+    prefill_groups,
+    topped_up,
+)
 from platoon.backends.local.kvcache import cache_of, kv, left_pad, set_kv
 from platoon.backends.local.prefixes import Prefix, PrefixCache, Space
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
@@ -397,8 +404,8 @@ class Sampler:
                 ready[prompt] = self._extend(model, space, prompt, entry, hit)
             for job in group:
                 job.cache_hit_tokens = hit
-        for same in [[p] for p in missing] if self.batch_invariant else _same_length(missing):
-            ready |= self._run_prompts(model, space, same, prompts)
+        for group in prefill_groups(missing, self.batch_invariant, self.rows_batched):
+            ready |= self._run_prompts(model, space, group, prompts)
         new_rows: list[_Row] = []
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
@@ -476,28 +483,37 @@ class Sampler:
         prompts: list[tuple[int, ...]],
         jobs: dict[tuple[int, ...], list[_Job]],
     ) -> dict[tuple[int, ...], Prefix]:
-        """Prefill prompts of one length in one forward; fill in prompt logprobs and top-k."""
+        """Prefill prompts in one forward, left-padded to the longest (only where rows attend
+        alone); fill in prompt logprobs and top-k."""
         from transformers import DynamicCache
 
         device = self.engine.device
         wanted = [any(j.request.prompt_logprobs or j.request.topk_prompt for j in jobs[p]) for p in prompts]
-        ids = torch.tensor(prompts, dtype=torch.long, device=device)
+        ids, padding = left_padded(prompts, device)
+        width = ids.shape[1]
         keep = 0 if any(wanted) else 1
-        if self.rows_batched:  # every product at least MIN_ROWS rows: copies of a short prompt
-            keep = keep and min(len(prompts[0]), MIN_ROWS)
-            ids = ids.repeat(-(-MIN_ROWS // ((keep or len(prompts[0])) * len(prompts))), 1)
+        if self.rows_batched:  # every product at least MIN_ROWS rows: copies of short prompts
+            keep = keep and min(width, MIN_ROWS)
+            copies = -(-MIN_ROWS // ((keep or width) * len(prompts)))
+            ids = ids.repeat(copies, 1)
+            padding = {name: t.repeat(copies, 1) for name, t in padding.items()}
         out = model(
             input_ids=ids,
             use_cache=True,
             logits_to_keep=keep,
+            **padding,
             **{self._cache_arg: DynamicCache()},
         )
         logits = out.logits.float()
         cache = cache_of(out)
         ready: dict[tuple[int, ...], Prefix] = {}
         for i, prompt in enumerate(prompts):
+            start = width - len(prompt)
             entry = Prefix(
-                layers=[(keys[i : i + 1], values[i : i + 1]) for keys, values in map(kv, cache.layers)],
+                layers=[
+                    (keys[i : i + 1, :, start:], values[i : i + 1, :, start:])
+                    for keys, values in map(kv, cache.layers)
+                ],
                 logits=logits[i, -1:],
                 tokens=len(prompt),
             )
@@ -509,7 +525,7 @@ class Sampler:
                     space, prompt, Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
                 )
             if wanted[i]:
-                self._score_prompt(logits[i, :-1], ids[i], jobs[prompt])
+                self._score_prompt(logits[i, start:-1], ids[i, start:], jobs[prompt])
         return ready
 
     @staticmethod
@@ -777,10 +793,3 @@ def _draw(
     # Strictly below the total, so that a token of probability 0 past the last kept one is never drawn.
     target = torch.minimum(uniform[:, None].to(cdf.dtype) * total, total * (1 - 1e-6))
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
-
-
-def _same_length(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
-    groups: dict[int, list[tuple[int, ...]]] = {}
-    for prompt in prompts:
-        groups.setdefault(len(prompt), []).append(prompt)
-    return list(groups.values())
