@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from platoon.backends.local.invariant import (
+    GROUP_TOKENS,
     MIN_ROWS,
     PADDING_SLACK,
     full_attention_only,
@@ -167,3 +168,6 @@ def test_prompts_share_a_prefill_by_length_or_padded_where_rows_attend_alone():
     for group in prefill_groups(many, invariant=True, rows_batched=True):
         assert len(group) * len(group[0]) <= PADDING_SLACK * sum(map(len, group))
     assert sorted(p for g in prefill_groups(many, True, True) for p in g) == sorted(many)
+    # A group's forward stays within GROUP_TOKENS; a longer prompt prefills alone.
+    long = [(6,) * (GROUP_TOKENS // 3)] * 5 + [(7,) * (GROUP_TOKENS + 1)]
+    assert [len(g) for g in prefill_groups(long, True, True)] == [1, 3, 2]

@@ -107,6 +107,9 @@ def full_attention_only(model: torch.nn.Module) -> bool:
 # How much of a padded prefill may be padding: a group's rows x its longest prompt, at most this
 # many times its prompts' tokens (padding costs the products' time, though never their numbers).
 PADDING_SLACK = 1.25
+# A group's rows x its longest prompt, at most (a longer prompt prefills alone, as it did before
+# prompts were grouped): the forward's activations grow with it.
+GROUP_TOKENS = 16384
 
 
 def prefill_groups(
@@ -114,7 +117,8 @@ def prefill_groups(
 ) -> list[list[tuple[int, ...]]]:
     """The prompts that share a prefill forward: those of one length; for batch-invariant rows,
     each alone, unless rows attend alone (`rows_batched`), when prompts of any lengths share one
-    left-padded forward (longest first, each group's padding bounded by `PADDING_SLACK`)."""
+    left-padded forward (longest first, each group's padding bounded by `PADDING_SLACK` and its
+    size by `GROUP_TOKENS`)."""
     if not invariant:
         same: dict[int, list[tuple[int, ...]]] = {}
         for prompt in prompts:
@@ -126,7 +130,8 @@ def prefill_groups(
     tokens = 0
     for prompt in sorted(prompts, key=len, reverse=True):
         group = groups[-1] if groups else None
-        if group is not None and (len(group) + 1) * len(group[0]) <= PADDING_SLACK * (tokens + len(prompt)):
+        padded = (len(group) + 1) * len(group[0]) if group else 0
+        if group and padded <= GROUP_TOKENS and padded <= PADDING_SLACK * (tokens + len(prompt)):
             group.append(prompt)
             tokens += len(prompt)
         else:

@@ -404,8 +404,8 @@ class Sampler:
                 ready[prompt] = self._extend(model, space, prompt, entry, hit)
             for job in group:
                 job.cache_hit_tokens = hit
-        for group in prefill_groups(missing, self.batch_invariant, self.rows_batched):
-            ready |= self._run_prompts(model, space, group, prompts)
+        for same in prefill_groups(missing, self.batch_invariant, self.rows_batched):
+            ready |= self._run_prompts(model, space, same, prompts)
         new_rows: list[_Row] = []
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
