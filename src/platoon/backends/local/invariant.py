@@ -20,7 +20,7 @@ a row that attends alone gets the same numbers beside padding as without it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -141,7 +141,7 @@ def prefill_groups(
 
 
 def left_padded(
-    prompts: list[tuple[int, ...]], device: torch.device
+    prompts: Sequence[Sequence[int]], device: torch.device
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The prompts' ids left-padded to the longest and, where any is shorter, the forward's
     `attention_mask` and `position_ids` that leave the padding out."""
@@ -174,22 +174,10 @@ def holds(model: torch.nn.Module) -> bool:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(vocab, (n,), generator=generator).tolist() for n in _PROBE_LENGTHS]
 
-    def logits(rows: list[int]) -> torch.Tensor:
-        width = max(len(prompts[r]) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            n = len(prompts[r])
-            ids[i, width - n :] = torch.tensor(prompts[r])
-            mask[i, width - n :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def logits(rows: list[int]) -> torch.Tensor:  # as the sampler prefills them
+        ids, padding = left_padded([prompts[r] for r in rows], device)
         with per_row_attention(model):
-            out = model(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
-                use_cache=False,
-            )
+            out = model(input_ids=ids, use_cache=False, **padding)
         return out.logits[:, -1].float()
 
     alone = [logits([r] * MIN_ROWS)[0] for r in range(len(prompts))]
