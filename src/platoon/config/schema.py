@@ -317,7 +317,7 @@ class TrainConfig(_Strict, frozen=True):
     seed: int = 0
     # local backend: a sequence's numbers never depend on what shares its batch, so that a rerun
     # with the same seed is the same run bit for bit whatever the machine's load (batched
-    # sampling's last float bits follow what shares a batch). No prefix cache
+    # sampling's last float bits follow what shares a batch); its prefix cache is exact
     reproducible: bool = False
     optimizer: AdamParams = field(default_factory=AdamParams)
     lora_rank: PositiveInt = 32  # rank of the LoRA adapter that trains

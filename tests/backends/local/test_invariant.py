@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import platform
 from types import SimpleNamespace
 
@@ -12,8 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from platoon.backends.local.invariant import (
     GROUP_TOKENS,
+    KEY_BLOCK,
     MIN_ROWS,
     PADDING_SLACK,
+    blocked_attention,
     full_attention_only,
     holds,
     per_row_attention,
@@ -80,7 +83,57 @@ def test_one_threads_mkl_products_are_row_invariant_from_four_rows(model):
     """The suite's arithmetic (tests/conftest.py: MKL's AVX2 branch, one thread) passes the probe,
     so the learning tests decode their reproducible rows in one forward."""
     assert torch.get_num_threads() == 1
-    assert holds(model)
+    assert holds(model, cache_arg(model))
+
+
+@torch.no_grad()
+def test_a_sequence_gets_the_same_numbers_however_it_is_cut_into_forwards(model):
+    """Attended in key blocks, a position's keys, values and logits are, to the last bit, the same
+    from one prefill as from a prefill, extensions on its cache across block ends and decoded
+    tokens: what lets a reproducible sampler reuse a cached prefix. (SDPA's are not.)"""
+    generator = torch.Generator().manual_seed(3)
+    sequence = torch.randint(model.config.vocab_size, (1, 2 * KEY_BLOCK + 20), generator=generator)
+    rows = sequence.expand(MIN_ROWS, -1)  # every product at least MIN_ROWS rows, as the sampler runs them
+    cuts = (37, KEY_BLOCK, KEY_BLOCK + 1, 2 * KEY_BLOCK + 3, 2 * KEY_BLOCK + 19, 2 * KEY_BLOCK + 20)
+    with per_row_attention(model):
+        whole = model(input_ids=rows, use_cache=True)
+        cache = None
+        pieces = []
+        for start, end in itertools.pairwise((0, *cuts)):
+            kwargs = {} if cache is None else {cache_arg(model): cache}
+            positions = torch.arange(start, end).expand(MIN_ROWS, -1)
+            out = model(input_ids=rows[:, start:end], position_ids=positions, use_cache=True, **kwargs)
+            cache = cache_of(out)
+            pieces.append(out.logits)
+    assert torch.equal(torch.cat(pieces, dim=1), whole.logits)
+    for cut, held in zip(cache_of(whole).layers, cache.layers, strict=True):
+        assert torch.equal(cut.keys, held.keys) and torch.equal(cut.values, held.values)
+
+
+def test_blocked_attention_is_causal_softmax_attention_with_grouped_heads():
+    """Against the textbook formula in float64: queries on top of earlier keys (a cache), four
+    query heads sharing each of two key heads, keys across several blocks, a second row behind
+    left padding, half precision in."""
+    generator = torch.Generator().manual_seed(0)
+    keys, queries, dim, pad = 2 * KEY_BLOCK + 9, 70, 16, 5
+    query = torch.randn(1, 8, queries, dim, generator=generator)
+    key, value = (torch.randn(1, 2, keys, dim, generator=generator) for _ in range(2))
+    scores = query.double() @ key.double().repeat_interleave(4, 1).transpose(-1, -2) * 0.3
+    hidden = torch.arange(keys)[None] > torch.arange(keys - queries, keys)[:, None]
+    expected = scores.masked_fill(hidden, float("-inf")).softmax(-1) @ value.double().repeat_interleave(4, 1)
+    out = blocked_attention(query, key, value, None, 0.3)
+    assert out.shape == (1, queries, 8, dim) and out.dtype == torch.float32
+    torch.testing.assert_close(out.transpose(1, 2).double(), expected, atol=1e-5, rtol=1e-5)
+    # Beside a row whose keys start `pad` later (its first queries are padding): the same, exactly.
+    padded = [
+        torch.cat([t, torch.nn.functional.pad(t[:, :, :-pad], (0, 0, pad, 0))]) for t in (query, key, value)
+    ]
+    both = blocked_attention(*padded, torch.tensor([0, pad]), 0.3)
+    assert torch.equal(both[0], out[0])
+    assert torch.equal(both[1, pad:], out[0, : queries - pad])  # its own keys: the same numbers
+    half = blocked_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), None, 0.3)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.transpose(1, 2).double(), expected, atol=0.05, rtol=0.05)
 
 
 class BatchDependent(torch.nn.Module):
@@ -99,7 +152,7 @@ class BatchDependent(torch.nn.Module):
 
 
 def test_the_probe_refuses_products_whose_rows_change_with_the_batch():
-    assert not holds(BatchDependent())
+    assert not holds(BatchDependent(), "cache")
 
 
 def test_a_model_with_a_sliding_window_is_not_decoded_in_batches():
@@ -158,16 +211,24 @@ def test_a_mask_shared_by_every_row_is_read_for_each():
     assert shared.shape == (3, 1, 2, 8) and torch.equal(shared, alone)
 
 
-def test_prompts_share_a_prefill_by_length_or_padded_where_rows_attend_alone():
+def test_prompts_share_a_prefill_by_what_they_add_or_padded_where_rows_attend_alone():
     a, b, c, d = (1,) * 100, (2,) * 96, (3,) * 100, (4,) * 10
-    assert prefill_groups([a, b, c, d], invariant=False, rows_batched=False) == [[a, c], [b], [d]]
-    assert prefill_groups([a, b, d], invariant=True, rows_batched=False) == [[a], [b], [d]]
+    assert prefill_groups([a, b, c, d], {}, invariant=False, rows_batched=False) == [[a, c], [b], [d]]
+    assert prefill_groups([a, b, d], {}, invariant=True, rows_batched=False) == [[a], [b], [d]]
     # Longest first; a prompt joins while the group's padding stays within PADDING_SLACK.
-    assert prefill_groups([d, b, a, c], invariant=True, rows_batched=True) == [[a, c, b], [d]]
+    assert prefill_groups([d, b, a, c], {}, invariant=True, rows_batched=True) == [[a, c, b], [d]]
     many = [(5,) * n for n in range(1, 300, 7)]
-    for group in prefill_groups(many, invariant=True, rows_batched=True):
+    for group in prefill_groups(many, {}, invariant=True, rows_batched=True):
         assert len(group) * len(group[0]) <= PADDING_SLACK * sum(map(len, group))
-    assert sorted(p for g in prefill_groups(many, True, True) for p in g) == sorted(many)
+    assert sorted(p for g in prefill_groups(many, {}, True, True) for p in g) == sorted(many)
     # A group's forward stays within GROUP_TOKENS; a longer prompt prefills alone.
     long = [(6,) * (GROUP_TOKENS // 3)] * 5 + [(7,) * (GROUP_TOKENS + 1)]
-    assert [len(g) for g in prefill_groups(long, True, True)] == [1, 3, 2]
+    assert [len(g) for g in prefill_groups(long, {}, True, True)] == [1, 3, 2]
+    # A prompt whose start is cached counts the tokens it adds: an agent's long next turn
+    # (88 cached, 8 added) goes with a short new prompt, not with one that adds 100.
+    assert prefill_groups([a, b, d], {b: 88}, invariant=True, rows_batched=True) == [[a], [d, b]]
+    # Elsewhere a forward shares the number of tokens reused as well as the length.
+    assert prefill_groups([a, c, (8,) * 100], {c: 50}, invariant=False, rows_batched=False) == [
+        [a, (8,) * 100],
+        [c],
+    ]

@@ -264,6 +264,59 @@ async def test_prompts_of_other_lengths_prefilled_in_one_padded_forward_get_the_
         assert together[i].prompt_logprobs == result.prompt_logprobs
 
 
+@pytest.mark.anyio
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="MKL's kernels, measured on x86-64 only")
+async def test_a_reproducible_agents_next_turns_reuse_its_cache_and_draw_what_a_full_prefill_draws(
+    tiny_model, tmp_path
+):
+    """`train.reproducible` with rows decoded in one forward: an agent's next turn (its last
+    prompt, the completion, a tool's reply) prefills only what it adds, and every token and
+    logprob is, to the last bit, what a sampler without a prefix cache draws. Two agents at once,
+    their turns across the attention's key blocks."""
+    import random
+
+    engine = Engine(str(tiny_model), checkpoint_dir=tmp_path, device="cpu")
+    rng = random.Random(4)
+    starts = [[rng.randrange(20, 200) for _ in range(n)] for n in (90, 57)]
+    replies = [[rng.randrange(20, 200) for _ in range(n)] for n in (25, 40, 3)]
+
+    async def conversations(sampler: Sampler) -> list[list[tuple[object, int]]]:
+        """Each agent's turns: (its sequence, the prompt tokens its turn found cached)."""
+        turns: list[list[tuple[object, int]]] = [[], []]
+
+        async def agent(i: int) -> None:
+            prompt = starts[i]
+            for n, reply in enumerate(replies):
+                params = SampleParams(max_tokens=7, seed=10 * i + n)
+                result = await sampler.sample(SampleRequest(prompt, 1, params, False, WeightsRef()))
+                turns[i].append((result.sequences[0], result.cache_hit_tokens))
+                prompt = [*prompt, *result.sequences[0].tokens, *reply]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sampler.run)
+            async with anyio.create_task_group() as agents:
+                for i in range(len(starts)):
+                    agents.start_soon(agent, i)
+            tg.cancel_scope.cancel()
+        return turns
+
+    cached = Sampler(engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True)
+    uncached = Sampler(
+        engine, lambda fn: anyio.to_thread.run_sync(fn), batch_invariant=True, prefix_cache_bytes=0
+    )
+    with_cache, without = await conversations(cached), await conversations(uncached)
+    assert cached.rows_batched
+    for i, turns in enumerate(with_cache):
+        drawn = 0  # the last turn's prompt and completion but its last token (never fed)
+        for n, ((sequence, hit), (alone, none)) in enumerate(zip(turns, without[i], strict=True)):
+            assert sequence.tokens == alone.tokens and sequence.logprobs == alone.logprobs  # exactly
+            assert hit == drawn and none == 0
+            prompt = len(starts[i]) + sum(
+                len(t.tokens) + len(r) for (t, _), r in zip(turns[:n], replies[:n], strict=True)
+            )
+            drawn = prompt + len(sequence.tokens) - 1
+
+
 def test_a_request_refused_at_decoding_does_not_wedge_the_client(service, tiny_model):
     """Refused before it runs, the request still uses up its place in the model's order: the
     client's next forward_backward and optim_step answer instead of waiting for it forever."""

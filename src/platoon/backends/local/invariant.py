@@ -5,7 +5,9 @@ same seed to give the same run, a row's logits must be the same alone and beside
 batched forward breaks that in two places:
 
 - attention, whose reductions over keys run over the batch's padded width: `rows_attention`
-  (registered with transformers as `ATTENTION`) attends each row over its own keys alone;
+  (registered with transformers as `ATTENTION`) attends each row over its own keys alone, in
+  fixed blocks of keys (`blocked_attention`), so a row's numbers do not depend either on how its
+  sequence was cut into forwards: a prefix cached from an earlier forward is exact;
 - matrix products, whose kernels change with the number of rows: MKL multiplies one row with
   one kernel and 4 or more with another, whose rows never depend on each other. So every product
   gets at least `MIN_ROWS` rows: a short batch is topped up with copies of its first row.
@@ -14,21 +16,30 @@ Whether the second holds here (the BLAS, its threads, the device) is checked onc
 by `holds`; where it does not (measured: MKL with 2 threads splits 5 to 7 rows between them), the
 sampler runs a forward per row instead (`Sampler._decode_each`): the same guarantee, several times slower.
 Where it holds, prompts of different lengths also prefill together, left-padded (`prefill_groups`):
-a row that attends alone gets the same numbers beside padding as without it.
+a row that attends alone gets the same numbers beside padding as without it; and the sampler's
+prefix cache is on (an agent's next turn prefills only what it adds), as `holds` checks too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 
 import torch
 
 ATTENTION = "platoon_rows"
 MIN_ROWS = 4
+# Keys are attended in blocks of this many, from a row's first: every reduction over keys then
+# runs over the same numbers in the same order, however many keys follow (`blocked_attention`).
+KEY_BLOCK = 64
+# At most this many scores are held at once (a long prefill attends a chunk of queries at a time).
+_SCORES = 1 << 22
 # Short prompts, batches of every remainder by 4 and 8 rows: about a second on SmolLM2-135M.
 _PROBE_LENGTHS = (1, 2, 1, 2, 2, 1)
 _PROBE_BATCHES = (5, 6, 7, 9, 13)
+# A sequence cut into a prefill, an extension across a key block's end, and a decoded token.
+_PROBE_CUTS = (30, KEY_BLOCK + 5, KEY_BLOCK + 6)
 
 
 def rows_attention(
@@ -37,38 +48,87 @@ def rows_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, row by row over each row's own keys: the left padding
-    (where the mask hides a row's first keys) is cut off, not masked."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # with the model
-
-    rows, _, queries, keys = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
-    starts = [0] * rows
+    """Causal attention, each row over its own keys (the left padding, where the mask hides a
+    row's first keys, is moved out of the way, not masked): `blocked_attention`."""
+    for name in ("softcap", "position_bias", "s_aux"):  # what the model adds to its scores
+        if kwargs.get(name) is not None:
+            raise ValueError(f"reproducible sampling's attention does not take `{name}`")
+    starts = None
     if attention_mask is not None:
-        attention_mask = attention_mask.expand(rows, -1, -1, -1)  # one mask may serve all rows
+        attention_mask = attention_mask.expand(query.shape[0], -1, -1, -1)  # one mask may serve all rows
         seen = attention_mask[:, 0, -1]  # the last query sees every key of its row
         if seen.dtype != torch.bool:
             seen = seen == 0  # an additive mask: 0 where a key is seen
-        starts = (keys - seen.sum(-1)).tolist()
-    outputs = []
-    for i, start in enumerate(starts):
-        first = max(0, start - (keys - queries))  # the row's first query that is not padding
-        mask = None
-        if attention_mask is not None and 1 < queries - first < keys - start:
-            mask = attention_mask[i : i + 1, :, first:, start:]  # queries on top of a cache
-        out, _ = sdpa_attention_forward(
-            module,
-            query[i : i + 1, :, first:],
-            key[i : i + 1, :, start:],
-            value[i : i + 1, :, start:],
-            mask,
-            **kwargs,
+        starts = key.shape[2] - seen.sum(-1)
+    return blocked_attention(query, key, value, starts, scaling), None
+
+
+def blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    starts: torch.Tensor | None = None,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """Causal attention of rows (`query` [rows, heads, q, d], `key` and `value` [rows, kv heads,
+    k, d]; a row's keys from its `starts` on, left padding before; its queries the last q
+    positions), in float32, as [rows, q, heads, d]. A query's numbers are the same whatever the
+    rows beside it, the sequence's length and however it was cut into forwards (a prefill, a
+    cached prefix extended, a token decoded), so a cached prefix changes nothing.
+
+    SDPA's reductions over keys run over the call's keys in blocks that depend on their
+    number: a query's softmax differs in its last bits between a prefill of 100 keys and one of
+    37. Here a row's keys go in fixed blocks of `KEY_BLOCK` from its first: each block's products
+    have the same shape (`MIN_ROWS` query rows at least), each block is summed alone, and the
+    blocks' sums are added in order (a cumulative sum: left to right). Hidden keys and the blocks
+    past a query's last key add exact zeros. Queries go `KEY_BLOCK` at a time, each chunk over
+    the blocks its last query sees (a causal prefill's half).
+    """
+    rows, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads  # query heads per key head (grouped-query attention)
+    scale = dim**-0.5 if scaling is None else scaling
+    device = query.device
+    # Each row's keys and values from its first column on, zero-padded (or, past a shorter
+    # row's own, anything: never seen) to whole blocks: one copy of each.
+    lengths = torch.full((rows,), keys, device=device) if starts is None else keys - starts
+    keys = int(lengths.max())
+    padded = -(-keys // KEY_BLOCK) * KEY_BLOCK
+    if starts is not None and bool(starts.any()):
+        index = (torch.arange(padded, device=device) + starts[:, None]).clamp(max=key.shape[2] - 1)
+        index = index[:, None, :, None].expand(rows, kv_heads, padded, dim)
+        key, value = key.gather(2, index), value.gather(2, index)
+    elif padded > keys:
+        key, value = (torch.nn.functional.pad(t, (0, 0, 0, padded - keys)) for t in (key, value))
+    key, value = key.float(), value.float()
+    out = torch.empty(rows, kv_heads, group, queries, dim, dtype=torch.float32, device=device)
+    grouped = query.float().view(rows, kv_heads, group, queries, dim) * scale
+    step = max(1, min(KEY_BLOCK, _SCORES // (rows * heads * (keys + KEY_BLOCK))))
+    for first in range(0, queries, step):
+        last = min(queries, first + step)
+        blocks = -(-(keys - queries + last) // KEY_BLOCK)  # enough for the chunk's last query
+        k, v = (
+            t[:, :, : blocks * KEY_BLOCK].view(rows, kv_heads, blocks, KEY_BLOCK, dim) for t in (key, value)
         )
-        if first:
-            out = torch.nn.functional.pad(out, (0, 0, 0, 0, first, 0))
-        outputs.append(out)
-    return torch.cat(outputs), None
+        q = grouped[:, :, :, first:last].reshape(rows, kv_heads, group * (last - first), dim)
+        needed = group * (last - first)
+        if needed < MIN_ROWS:  # a product's kernel changes below MIN_ROWS rows
+            q = torch.cat([q, q[:, :, :1].expand(rows, kv_heads, MIN_ROWS - needed, dim)], 2)
+        scores = torch.matmul(q[:, :, None], k.transpose(-1, -2))  # [rows, kv heads, blocks, q, block]
+        # Each query's position in its row (a padding query's, below 0, read as 0: never used).
+        offsets = torch.arange(q.shape[2], device=device) % (last - first) + first - queries
+        position = (lengths[:, None] + offsets).clamp(min=0)
+        keys_at = torch.arange(blocks * KEY_BLOCK, device=device).view(1, 1, blocks, 1, KEY_BLOCK)
+        scores.masked_fill_(keys_at > position.view(rows, 1, 1, -1, 1), float("-inf"))
+        weights = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
+        total = weights.sum(-1).cumsum(2)[:, :, -1]  # [rows, kv heads, q]
+        mixed = torch.matmul(weights, v).cumsum(2)[:, :, -1]  # [rows, kv heads, q, d]
+        chunk = (mixed / total[..., None])[:, :, :needed]
+        out[:, :, :, first:last] = chunk.view(rows, kv_heads, group, last - first, dim)
+    return out.view(rows, heads, queries, dim).transpose(1, 2).to(query.dtype)
 
 
 def _register() -> None:
@@ -113,30 +173,35 @@ GROUP_TOKENS = 16384
 
 
 def prefill_groups(
-    prompts: list[tuple[int, ...]], invariant: bool, rows_batched: bool
+    prompts: list[tuple[int, ...]], hits: dict[tuple[int, ...], int], invariant: bool, rows_batched: bool
 ) -> list[list[tuple[int, ...]]]:
-    """The prompts that share a prefill forward: those of one length; for batch-invariant rows,
-    each alone, unless rows attend alone (`rows_batched`), when prompts of any lengths share one
-    left-padded forward (longest first, each group's padding bounded by `PADDING_SLACK` and its
-    size by `GROUP_TOKENS`)."""
+    """The prompts that share a prefill forward, each on top of the first `hits[prompt]` of its
+    tokens (from the prefix cache; none when missing): those that add the same tokens on top of
+    the same number; for batch-invariant rows, each alone, unless rows attend alone
+    (`rows_batched`), when any share one left-padded forward (those that add the most first, each
+    group's padding bounded by `PADDING_SLACK` and its size by `GROUP_TOKENS`)."""
     if not invariant:
-        same: dict[int, list[tuple[int, ...]]] = {}
+        same: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         for prompt in prompts:
-            same.setdefault(len(prompt), []).append(prompt)
+            same.setdefault((len(prompt), hits.get(prompt, 0)), []).append(prompt)
         return list(same.values())
     if not rows_batched:
         return [[prompt] for prompt in prompts]
+
+    def added(prompt: tuple[int, ...]) -> int:
+        return len(prompt) - hits.get(prompt, 0)
+
     groups: list[list[tuple[int, ...]]] = []
     tokens = 0
-    for prompt in sorted(prompts, key=len, reverse=True):
+    for prompt in sorted(prompts, key=added, reverse=True):
         group = groups[-1] if groups else None
-        padded = (len(group) + 1) * len(group[0]) if group else 0
-        if group and padded <= GROUP_TOKENS and padded <= PADDING_SLACK * (tokens + len(prompt)):
+        padded = (len(group) + 1) * added(group[0]) if group else 0
+        if group and padded <= GROUP_TOKENS and padded <= PADDING_SLACK * (tokens + added(prompt)):
             group.append(prompt)
-            tokens += len(prompt)
+            tokens += added(prompt)
         else:
             groups.append([prompt])
-            tokens = len(prompt)
+            tokens = added(prompt)
     return groups
 
 
@@ -163,10 +228,14 @@ def topped_up(count: int) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def holds(model: torch.nn.Module) -> bool:
+def holds(model: torch.nn.Module, cache_arg: str) -> bool:
     """Whether batched forwards of at least `MIN_ROWS` rows give each row the same logits here,
-    whatever rows share the batch: prompts of a few tokens, each alone (with copies of itself)
-    and left-padded in batches of several sizes, compared to the last bit."""
+    whatever rows share the batch (prompts of a few tokens, each alone, with copies of itself,
+    and left-padded in batches of several sizes), and whatever forwards a sequence was cut into
+    (one prefill, or a prefill, an extension on its cache and a decoded token): compared to the
+    last bit. `cache_arg` names the forward's KV cache argument."""
+    from transformers import DynamicCache  # with the model
+
     if not full_attention_only(model):
         return False
     device = next(model.parameters()).device
@@ -186,4 +255,14 @@ def holds(model: torch.nn.Module) -> bool:
         batched = logits(rows)
         if not all(torch.equal(batched[i], alone[r]) for i, r in enumerate(rows)):
             return False
-    return True
+
+    sequence = torch.randint(vocab, (1, _PROBE_CUTS[-1]), generator=generator).to(device)
+    cache = DynamicCache()
+    cut = torch.empty(0)
+    with per_row_attention(model):
+        whole = model(input_ids=sequence.expand(MIN_ROWS, -1), use_cache=False).logits[0, -1]
+        for start, end in itertools.pairwise((0, *_PROBE_CUTS)):
+            positions = torch.arange(start, end, device=device).expand(MIN_ROWS, -1)
+            ids = sequence[:, start:end].expand(MIN_ROWS, -1)
+            cut = model(input_ids=ids, position_ids=positions, use_cache=True, **{cache_arg: cache}).logits
+    return torch.equal(cut[0, -1], whole)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from transformers.cache_utils import CacheLayerMixin
     from transformers.utils import ModelOutput
 
-__all__ = ["cache_of", "kv", "left_pad", "set_kv"]
+__all__ = ["cache_of", "kv", "left_pad", "set_kv", "stacked"]
 
 
 def cache_of(out: ModelOutput) -> DynamicCache:
@@ -49,3 +49,24 @@ def left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
         return t
     pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
     return F.pad(t, pad)
+
+
+def stacked(
+    layers: list[list[tuple[torch.Tensor, torch.Tensor]] | None], lengths: list[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the first `lengths[r]` keys and values of each row's `layers[r]` (one row
+    each; None for a row that has none, whose length is 0), left-padded to the longest and
+    stacked into one tensor of rows."""
+    some = next(row for row in layers if row is not None)
+    width = max(lengths)
+    blank = some[0][0][:, :, :0]
+
+    def rows(i: int, j: int) -> torch.Tensor:  # layer i's keys (j = 0) or values (j = 1)
+        return torch.cat(
+            [
+                left_pad(row[i][j][:, :, :n] if row else blank, width)
+                for row, n in zip(layers, lengths, strict=True)
+            ]
+        )
+
+    return [(rows(i, 0), rows(i, 1)) for i in range(len(some))]

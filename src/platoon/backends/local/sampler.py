@@ -43,7 +43,7 @@ from platoon.backends.local.invariant import (
     prefill_groups,
     topped_up,
 )
-from platoon.backends.local.kvcache import cache_of, kv, left_pad, set_kv
+from platoon.backends.local.kvcache import cache_of, kv, left_pad, set_kv, stacked
 from platoon.backends.local.prefixes import Prefix, PrefixCache, Space
 from platoon.backends.local.proto import MASKED, SampledSequence, Topk
 from platoon.backends.local.specs import EngineError, WeightsRef
@@ -162,8 +162,9 @@ class Sampler:
         # A row's numbers never depend on the rows that share its batch (`invariant`): a
         # batched forward's kernels change with the batch's size and padding (this CPU's
         # decode logits differ by ~1e-7 between 2 rows and 3), and so do the logprobs a
-        # trainer's loss reads; Adam turns that into another run within a few steps. No prefix
-        # cache then (a hit's numbers differ from a prefill's).
+        # trainer's loss reads; Adam turns that into another run within a few steps. The prefix
+        # cache then only where rows attend alone (`invariant.blocked_attention`: a hit's
+        # numbers are a prefill's).
         self.batch_invariant = batch_invariant
         # Whether such rows still decode in one forward, not one each: probed once for each kind
         # of adapter (its products have other shapes), unless `batch_rows` is turned off.
@@ -344,8 +345,8 @@ class Sampler:
         """Admit jobs and decode one token for every row; with `keep_going`, go on decoding
         until a job finishes, a request arrives, a job streams or the time slice is used up."""
         deadline = time.monotonic() + self._slice
-        batch.space = self._space(key)
         with self.engine.weights(key) as model, self._attending(model):
+            batch.space = self._space(key)
             if admitted:
                 self._prefill(model, batch, key, admitted)
             while True:
@@ -369,14 +370,16 @@ class Sampler:
             return contextlib.nullcontext()
         kind = self.engine.adapter_kind()
         if kind not in self.batched_for:
-            self.batched_for[kind] = self.engine.attention == "sdpa" and holds(model)
+            self.batched_for[kind] = self.engine.attention == "sdpa" and holds(model, self._cache_arg)
             log.info("reproducible sampling", batched=self.batched_for[kind], adapter=kind)
         self.rows_batched = self.batched_for[kind]
         return per_row_attention(model) if self.rows_batched else contextlib.nullcontext()
 
     def _space(self, ref: WeightsRef) -> Space | None:
-        if ref.model_id is not None or self.batch_invariant:
+        if ref.model_id is not None:
             return None  # live training weights change under the cache
+        if self.batch_invariant and not self.rows_batched:
+            return None  # a row decoded alone has other numbers than in a prefill
         return (ref.key, self.engine.generations.get(ref.key or "", 0))
 
     def _prefill(self, model: torch.nn.Module, batch: _Batch, ref: WeightsRef, jobs: list[_Job]) -> None:
@@ -387,25 +390,25 @@ class Sampler:
         for job in jobs:
             prompts.setdefault(tuple(job.request.prompt), []).append(job)
         ready: dict[tuple[int, ...], Prefix] = {}
-        missing: list[tuple[int, ...]] = []
+        cached: dict[tuple[int, ...], tuple[Prefix, int]] = {}  # a prompt's cached start, its tokens reused
         space = batch.space
         for prompt, group in prompts.items():
             wants_all = any(j.request.prompt_logprobs or j.request.topk_prompt for j in group)
             entry = self.prefixes.longest(space, prompt) if space is not None and not wants_all else None
             if entry is None:
-                missing.append(prompt)
                 continue
             if entry.tokens == len(prompt) and entry.logits is not None:
                 ready[prompt] = entry
                 hit = len(prompt)
             else:
-                assert space is not None
                 hit = min(entry.tokens, len(prompt) - 1)
-                ready[prompt] = self._extend(model, space, prompt, entry, hit)
+                cached[prompt] = (entry, hit)
             for job in group:
                 job.cache_hit_tokens = hit
-        for same in prefill_groups(missing, self.batch_invariant, self.rows_batched):
-            ready |= self._run_prompts(model, space, same, prompts)
+        missing = [prompt for prompt in prompts if prompt not in ready]
+        hits = {prompt: hit for prompt, (_, hit) in cached.items()}
+        for same in prefill_groups(missing, hits, self.batch_invariant, self.rows_batched):
+            ready |= self._run_prompts(model, space, same, prompts, cached)
         new_rows: list[_Row] = []
         keys: list[list[torch.Tensor]] = []
         values: list[list[torch.Tensor]] = []
@@ -450,46 +453,37 @@ class Sampler:
             batch.logits = torch.cat([batch.logits, new_logits])
         batch.rows.extend(new_rows)
 
-    def _extend(
-        self, model: torch.nn.Module, space: Space, prompt: tuple[int, ...], entry: Prefix, hit: int
-    ) -> Prefix:
-        """Prefill the rest of `prompt` on top of the first `hit` tokens of a cached sequence."""
-        from transformers import DynamicCache
-
-        device = self.engine.device
-        cache = DynamicCache()
-        for i, (k, v) in enumerate(entry.layers):
-            cache.update(k[:, :, :hit], v[:, :, :hit], i)
-        out = model(
-            input_ids=torch.tensor([prompt[hit:]], dtype=torch.long, device=device),
-            position_ids=torch.arange(hit, len(prompt), device=device)[None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: cache},
-        )
-        cache = cache_of(out)
-        extended = Prefix(
-            layers=[kv(layer) for layer in cache.layers],
-            logits=out.logits[0, -1:].float(),
-            tokens=len(prompt),
-        )
-        self.prefixes.put(space, prompt, extended)
-        return extended
-
     def _run_prompts(
         self,
         model: torch.nn.Module,
         space: Space | None,
         prompts: list[tuple[int, ...]],
         jobs: dict[tuple[int, ...], list[_Job]],
+        cached: dict[tuple[int, ...], tuple[Prefix, int]],
     ) -> dict[tuple[int, ...], Prefix]:
-        """Prefill prompts in one forward, left-padded to the longest (only where rows attend
-        alone); fill in prompt logprobs and top-k."""
+        """Prefill prompts in one forward, each on top of its `cached` start when it has one,
+        left-padded where rows attend alone (`prefill_groups`); fill in prompt logprobs and top-k."""
         from transformers import DynamicCache
 
         device = self.engine.device
         wanted = [any(j.request.prompt_logprobs or j.request.topk_prompt for j in jobs[p]) for p in prompts]
-        ids, padding = left_padded(prompts, device)
+        # The forward's queries: the most tokens a row adds; a row that adds fewer reads some of
+        # its cached tokens again (the same numbers, as `holds` checked).
+        queries = max(len(p) - cached[p][1] if p in cached else len(p) for p in prompts)
+        reused = [max(0, len(p) - queries) for p in prompts]
+        ids, padding = left_padded([p[n:] for p, n in zip(prompts, reused, strict=True)], device)
+        held: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: the rows' reused keys, values
+        if any(reused):
+            most = max(reused)
+            held = stacked(
+                [cached[p][0].layers if n else None for p, n in zip(prompts, reused, strict=True)], reused
+            )
+            kept = torch.tensor(reused, device=device)[:, None]
+            seen = padding.get("attention_mask", torch.ones_like(ids))
+            padding["position_ids"] = (seen.cumsum(-1) - 1).clamp(min=0) + kept
+            padding["attention_mask"] = torch.cat(
+                [(torch.arange(most, device=device) >= most - kept).long(), seen], 1
+            )
         width = ids.shape[1]
         keep = 0 if any(wanted) else 1
         if self.rows_batched:  # every product at least MIN_ROWS rows: copies of short prompts
@@ -497,21 +491,25 @@ class Sampler:
             copies = -(-MIN_ROWS // ((keep or width) * len(prompts)))
             ids = ids.repeat(copies, 1)
             padding = {name: t.repeat(copies, 1) for name, t in padding.items()}
+            held = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in held]
+        cache = DynamicCache()
+        for i, (keys, values) in enumerate(held):
+            cache.update(keys, values, i)
         out = model(
             input_ids=ids,
             use_cache=True,
             logits_to_keep=keep,
             **padding,
-            **{self._cache_arg: DynamicCache()},
+            **{self._cache_arg: cache},
         )
         logits = out.logits.float()
         cache = cache_of(out)
         ready: dict[tuple[int, ...], Prefix] = {}
         for i, prompt in enumerate(prompts):
-            start = width - len(prompt)
+            start = width - len(prompt)  # in the queries (a row that reuses some starts before them)
             entry = Prefix(
                 layers=[
-                    (keys[i : i + 1, :, start:], values[i : i + 1, :, start:])
+                    (keys[i : i + 1, :, -len(prompt) :], values[i : i + 1, :, -len(prompt) :])
                     for keys, values in map(kv, cache.layers)
                 ],
                 logits=logits[i, -1:],
