@@ -88,17 +88,17 @@ def blocked_attention(
     the blocks its last query sees (a causal prefill's half).
     """
     rows, heads, queries, dim = query.shape
-    kv_heads, keys = key.shape[1], key.shape[2]
+    kv_heads, width = key.shape[1], key.shape[2]
     group = heads // kv_heads  # query heads per key head (grouped-query attention)
     scale = dim**-0.5 if scaling is None else scaling
     device = query.device
     # Each row's keys and values from its first column on, zero-padded (or, past a shorter
     # row's own, anything: never seen) to whole blocks: one copy of each.
-    lengths = torch.full((rows,), keys, device=device) if starts is None else keys - starts
-    keys = int(lengths.max())
+    lengths = torch.full((rows,), width, device=device) if starts is None else width - starts
+    keys = width if starts is None else width - int(starts.min())  # the longest row's
     padded = -(-keys // KEY_BLOCK) * KEY_BLOCK
     if starts is not None and bool(starts.any()):
-        index = (torch.arange(padded, device=device) + starts[:, None]).clamp(max=key.shape[2] - 1)
+        index = (torch.arange(padded, device=device) + starts[:, None]).clamp(max=width - 1)
         index = index[:, None, :, None].expand(rows, kv_heads, padded, dim)
         key, value = key.gather(2, index), value.gather(2, index)
     elif padded > keys:
@@ -206,17 +206,25 @@ def prefill_groups(
 
 
 def left_padded(
-    prompts: Sequence[Sequence[int]], device: torch.device
+    prompts: Sequence[Sequence[int]], device: torch.device, reused: Sequence[int] = ()
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The prompts' ids left-padded to the longest and, where any is shorter, the forward's
-    `attention_mask` and `position_ids` that leave the padding out."""
+    """The prompts' ids left-padded to the longest and, where any is shorter or follows tokens
+    already in the KV cache (`reused`, each row's count, its cache left-padded to the most), the
+    forward's `attention_mask` (the cache's columns, then the ids') and `position_ids` that
+    leave the padding out."""
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
-    if all(len(p) == width for p in prompts):
+    if all(len(p) == width for p in prompts) and not any(reused):
         return ids, {}
     starts = torch.tensor([width - len(p) for p in prompts], device=device)
     mask = (torch.arange(width, device=device) >= starts[:, None]).long()
-    return ids, {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if any(reused):
+        most = max(reused)
+        kept = torch.tensor(reused, device=device)[:, None]
+        positions = positions + kept
+        mask = torch.cat([(torch.arange(most, device=device) >= most - kept).long(), mask], 1)
+    return ids, {"attention_mask": mask, "position_ids": positions}
 
 
 def topped_up(count: int) -> torch.Tensor | None:

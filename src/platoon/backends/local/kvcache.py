@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,13 +53,15 @@ def left_pad(t: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
 
 
 def stacked(
-    layers: list[list[tuple[torch.Tensor, torch.Tensor]] | None], lengths: list[int]
+    layers: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]] | None],
+    lengths: Sequence[int],
+    width: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the first `lengths[r]` keys and values of each row's `layers[r]` (one row
-    each; None for a row that has none, whose length is 0), left-padded to the longest and
-    stacked into one tensor of rows."""
+    each; None for a row that has none, whose length is 0), left-padded to `width` (default:
+    the longest) and stacked into one tensor of rows."""
     some = next(row for row in layers if row is not None)
-    width = max(lengths)
+    width = max(lengths) if width is None else width
     blank = some[0][0][:, :, :0]
 
     def rows(i: int, j: int) -> torch.Tensor:  # layer i's keys (j = 0) or values (j = 1)

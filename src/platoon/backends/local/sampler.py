@@ -410,16 +410,14 @@ class Sampler:
         for same in prefill_groups(missing, hits, self.batch_invariant, self.rows_batched):
             ready |= self._run_prompts(model, space, same, prompts, cached)
         new_rows: list[_Row] = []
-        keys: list[list[torch.Tensor]] = []
-        values: list[list[torch.Tensor]] = []
+        starts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # each new row's prompt's KV cache
         logits: list[torch.Tensor] = []
         lengths: list[int] = []
         for prompt, group in prompts.items():
             entry = ready[prompt]
             assert entry.logits is not None
             count = sum(j.request.num_samples for j in group)
-            keys.append([k.expand(count, -1, -1, -1) for k, _ in entry.layers])
-            values.append([v.expand(count, -1, -1, -1) for _, v in entry.layers])
+            starts += [entry.layers] * count
             logits.append(entry.logits.expand(count, -1))
             lengths.extend([len(prompt)] * count)
             new_rows.extend(
@@ -429,25 +427,23 @@ class Sampler:
         mask = torch.cat(
             [left_pad(torch.ones(1, n, dtype=torch.long, device=device), width, dim=1) for n in lengths]
         )
-        layers = len(keys[0])
-        new_keys = [torch.cat([left_pad(block[i], width) for block in keys]) for i in range(layers)]
-        new_values = [torch.cat([left_pad(block[i], width) for block in values]) for i in range(layers)]
+        new = stacked(starts, lengths, width)
         new_logits = torch.cat(logits)
         if not batch.rows:
             from transformers import DynamicCache
 
             cache = DynamicCache()
-            for i in range(layers):
-                cache.update(new_keys[i].contiguous(), new_values[i].contiguous(), i)
+            for i, (keys, values) in enumerate(new):
+                cache.update(keys, values, i)
             batch.cache, batch.mask, batch.logits = cache, mask, new_logits
         else:
             assert batch.cache is not None and batch.mask is not None and batch.logits is not None
-            for i, layer in enumerate(batch.cache.layers):
+            for layer, (keys, values) in zip(batch.cache.layers, new, strict=True):
                 held_keys, held_values = kv(layer)
                 set_kv(
                     layer,
-                    torch.cat([left_pad(held_keys, width), new_keys[i]]),
-                    torch.cat([left_pad(held_values, width), new_values[i]]),
+                    torch.cat([left_pad(held_keys, width), keys]),
+                    torch.cat([left_pad(held_values, width), values]),
                 )
             batch.mask = torch.cat([left_pad(batch.mask, width, dim=1), mask])
             batch.logits = torch.cat([batch.logits, new_logits])
@@ -471,18 +467,11 @@ class Sampler:
         # its cached tokens again (the same numbers, as `holds` checked).
         queries = max(len(p) - cached[p][1] if p in cached else len(p) for p in prompts)
         reused = [max(0, len(p) - queries) for p in prompts]
-        ids, padding = left_padded([p[n:] for p, n in zip(prompts, reused, strict=True)], device)
+        ids, padding = left_padded([p[n:] for p, n in zip(prompts, reused, strict=True)], device, reused)
         held: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: the rows' reused keys, values
         if any(reused):
-            most = max(reused)
             held = stacked(
                 [cached[p][0].layers if n else None for p, n in zip(prompts, reused, strict=True)], reused
-            )
-            kept = torch.tensor(reused, device=device)[:, None]
-            seen = padding.get("attention_mask", torch.ones_like(ids))
-            padding["position_ids"] = (seen.cumsum(-1) - 1).clamp(min=0) + kept
-            padding["attention_mask"] = torch.cat(
-                [(torch.arange(most, device=device) >= most - kept).long(), seen], 1
             )
         width = ids.shape[1]
         keep = 0 if any(wanted) else 1
