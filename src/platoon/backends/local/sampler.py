@@ -495,7 +495,6 @@ class Sampler:
         cache = cache_of(out)
         ready: dict[tuple[int, ...], Prefix] = {}
         for i, prompt in enumerate(prompts):
-            start = width - len(prompt)  # in the queries (a row that reuses some starts before them)
             entry = Prefix(
                 layers=[
                     (keys[i : i + 1, :, -len(prompt) :], values[i : i + 1, :, -len(prompt) :])
@@ -511,7 +510,8 @@ class Sampler:
                 self.prefixes.put(
                     space, prompt, Prefix(layers=layers, logits=entry.logits.clone(), tokens=entry.tokens)
                 )
-            if wanted[i]:
+            if wanted[i]:  # such a prompt took nothing from the cache: all of it is in the ids
+                start = width - len(prompt)
                 self._score_prompt(logits[i, start:-1], ids[i, start:], jobs[prompt])
         return ready
 
