@@ -343,6 +343,9 @@ class AgentProcessExited(Reply, frozen=True, kw_only=True):
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     timed_out: bool = False
+    # the task's own agent time limit stopped it (Harbor's `agent.timeout_sec`), not the agent's:
+    # what it left in the sandbox is graded, as Harbor's runner grades it
+    task_limit: bool = False
     unsupported: bool = False
     duration_s: float = 0.0
 

@@ -505,7 +505,11 @@ class CommandHarness:
 
     def _exited(self, ctx: AgentContext, reply: AgentProcessExited) -> AgentResult:
         final = reply.stdout.strip()[-4000:] or None
-        if reply.timed_out:  # the limit that fired: the agent's own, or the task's (`error` says)
+        if reply.timed_out and reply.task_limit:
+            # Harbor's rule: an agent out of the task's time is stopped and graded on what it left.
+            why = f"{self.name} was stopped by {reply.error or 'the task time limit'} (the task's agent time limit)"
+            return AgentResult("limit", final, f"{why}; the task's tests grade what it left")
+        if reply.timed_out:  # the agent's own limit (its spec's `timeout`): an error, not graded
             limit = reply.error or f"its {self.spec.timeout} s timeout"
             return AgentResult("timeout", final, f"{self.name} passed {limit}")
         if reply.return_code is None:

@@ -198,6 +198,42 @@ async def test_a_flooding_agent_costs_the_event_log_only_its_capped_tail(
     assert finished.status == "error" and finished.final_message.endswith("last words")
 
 
+@pytest.mark.slow
+async def test_an_agent_past_the_tasks_time_limit_is_stopped_and_graded_on_what_it_left(
+    toy_tokenizer, make_task, tmp_path, site
+):
+    """Harbor's rule: past `[agent].timeout_sec` the agent is stopped, its sandbox kept and the
+    task's tests grade what it left. The policy answers the first turn and never the second."""
+    task = make_task(
+        "sum",
+        toml="[agent]\ntimeout_sec = 2\n",
+        instruction="Write 42 to /app/answer.txt\n",
+        files={"environment/question.txt": "19 23\n"},
+    )
+    second_turn = anyio.Event()
+
+    async def slow(messages: list[dict[str, Any]]) -> str:
+        if any(m.get("role") == "assistant" for m in messages):
+            second_turn.set()
+            await anyio.sleep_forever()  # a policy slower than the task's limit
+        return "echo 42 > answer.txt"
+
+    async with harbor_system(toy_tokenizer, task.parent, slow, tmp_path, AGENTS / "shell-agent.toml") as bus:
+        events = await play(bus)
+
+    assert second_turn.is_set()
+    exited, finished, graded = (
+        only(events, AgentProcessExited),
+        only(events, EpisodeFinished),
+        only(events, EpisodeGraded),
+    )
+    assert exited.timed_out and exited.task_limit
+    # The record says which limit fired, and the episode is graded as Harbor's runner grades it.
+    assert finished.status == graded.status == "limit"
+    assert finished.reason.startswith("test-shell-agent was stopped by the task's 2 s timeout")
+    assert graded.reward == 1.0  # the task's tests saw the answer written before the limit
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -174,7 +174,9 @@ class HarborSession:
 
         left = self._time_left()
         if left is not None and left <= 0:
-            return AgentProcessExited(reply_to=req.request_id, error=self._limit(), timed_out=True)
+            return AgentProcessExited(
+                reply_to=req.request_id, error=self._limit(), timed_out=True, task_limit=True
+            )
         exited = await run_requested_agent(
             self.sandbox,
             req,
@@ -184,7 +186,9 @@ class HarborSession:
             offline=self.offline and self.sandbox.spec.network,
         )
         if exited.timed_out and left is not None and (req.timeout is None or left < req.timeout):
-            return replace(exited, error=self._limit())  # the task's limit fired, not the agent's own
+            # The task's limit fired, not the agent's own: the sandbox is kept, and grading runs the
+            # task's tests on what the agent left (as Harbor's runner does, and the bash tool).
+            return replace(exited, error=self._limit(), task_limit=True)
         return exited
 
     def _limit(self) -> str:
