@@ -208,3 +208,27 @@ def test_prepare_pulls_a_catalogue_model_once_and_says_what_to_run_when_it_canno
     code, out, _ = run(capsys, "prepare", str(config))
     assert code == 0 and f"model smollm2-135m: already pulled into {directory} (Apache-2.0)" in out
     assert "nothing to fetch" not in out
+
+
+def test_a_copy_source_missing_from_the_task_is_named_as_the_tasks_defect(tmp_path, site, capsys):
+    """No engine can build a Dockerfile that copies a file the task does not ship: the advice
+    names the file and says to fix the task, not to change the provider."""
+    task = tmp_path / "dataset" / "broken"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text('schema_version = "1.4"\n')
+    (task / "instruction.md").write_text("Count the rows.\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nCOPY data/rows.csv /app/\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "environments:\n  - {name: qa, service: harbor, harness: platoon-bash, "
+        "service_kwargs: {dataset: ./dataset}}\n"
+    )
+    code, out, _ = run(capsys, "prepare", str(config))
+    assert code == 0
+    assert (
+        "  broken: no layer: the task's own defect: Dockerfile:2: COPY source 'data/rows.csv' is not in "
+        "environment/: the task has no environment/data/rows.csv; fix the task\n" in out
+    )
+    assert "container engine" not in out

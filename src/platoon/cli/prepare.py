@@ -31,7 +31,7 @@ from platoon.cli import CommandError
 from platoon.config import SystemError, entry_names, load_config, load_site
 from platoon.config.policies import resolve_policies
 from platoon.config.schema import Config, EnvironmentConfig
-from platoon.envs.harbor import HarborError, load_dataset
+from platoon.envs.harbor import HarborError, TaskDefect, load_dataset
 from platoon.envs.harbor.prepare import (
     HF_SCHEME,
     build_image,
@@ -187,6 +187,9 @@ async def _build_layer(task: Any, cache: Path, options: dict[str, Any]) -> dict[
     try:
         plan = plan_dockerfile(task)
         path = await build_layer(task, plan, cache, **options)
+    except TaskDefect as exc:
+        # No engine builds a task that is wrong in itself: the advice is to fix the task.
+        return {"built": None, "note": f"no layer: the task's own defect: {exc}; fix the task"}
     except (HarborError, SandboxError) as exc:
         return {"built": None, "note": f"no layer ({exc}); use a provider with a container engine"}
     return {"built": "layer", "path": str(path), "base": plan.base}

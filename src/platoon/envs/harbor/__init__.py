@@ -15,7 +15,7 @@ from .config import (
     VerifierConfig,
 )
 from .dataset import Dataset, Holdout, dataset_digest, holdout_groups, load_dataset
-from .errors import HarborError
+from .errors import HarborError, TaskDefect
 from .grading import Grade, grade, parse_rewards, read_rewards
 from .spec import sandbox_spec_for
 from .task import HarborTask, load_task, resolve_env
@@ -33,6 +33,7 @@ __all__ = [
     "PackageInfo",
     "SolutionConfig",
     "TaskConfig",
+    "TaskDefect",
     "VerifierConfig",
     "dataset_digest",
     "grade",

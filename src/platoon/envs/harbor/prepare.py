@@ -42,7 +42,7 @@ from ...sandbox.base import exec_phase
 from ...sandbox.bwrap import WRITABLE
 from .config import EnvironmentConfig
 from .dataset import dataset_digest
-from .errors import HarborError
+from .errors import HarborError, TaskDefect
 from .spec import sandbox_spec_for
 from .task import HarborTask
 
@@ -208,7 +208,7 @@ def plan_dockerfile(task: HarborTask) -> BuildPlan:
                 raise HarborError(f"{where}: multi-stage builds need a container engine")
             base = _expand(next((w for w in rest.split() if not w.startswith("--")), ""), scope)
         elif base is None and instruction != "ARG":
-            raise HarborError(f"{where}: {instruction} before FROM")
+            raise TaskDefect(f"{where}: {instruction} before FROM")
         elif instruction == "ARG":
             name, sep, default = rest.partition("=")
             if sep:
@@ -231,7 +231,7 @@ def plan_dockerfile(task: HarborTask) -> BuildPlan:
         elif instruction not in _NO_FILES:
             raise HarborError(f"{where}: {instruction} needs a container engine")
     if base is None:
-        raise HarborError("Dockerfile has no FROM")
+        raise TaskDefect("Dockerfile has no FROM")
     return BuildPlan(base=base, steps=steps, env=env, workdir=explicit)
 
 
@@ -265,7 +265,7 @@ def _env_pairs(rest: str, where: str) -> list[tuple[str, str]]:
         return [(words[0], rest.split(None, 1)[1] if len(words) > 1 else "")]  # legacy `ENV key value`
     pairs = [word.partition("=") for word in words]
     if any(not sep for _, sep, _ in pairs):
-        raise HarborError(f"{where}: ENV expects key=value pairs")
+        raise TaskDefect(f"{where}: ENV expects key=value pairs")
     return [(key, value) for key, _, value in pairs]
 
 
@@ -273,9 +273,9 @@ def _json_list(rest: str, where: str) -> list[str]:
     try:
         items = json.loads(rest)
     except json.JSONDecodeError:
-        raise HarborError(f"{where}: malformed JSON form {rest!r}") from None
+        raise TaskDefect(f"{where}: malformed JSON form {rest!r}") from None
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        raise HarborError(f"{where}: the JSON form must be a list of strings")
+        raise TaskDefect(f"{where}: the JSON form must be a list of strings")
     return items
 
 
@@ -294,7 +294,7 @@ def _copy_step(
     items = _json_list(" ".join(words), where) if words and words[0].startswith("[") else words
     items = [_expand(item, scope) for item in items]
     if len(items) < 2:
-        raise HarborError(f"{where}: {instruction} needs a source and a destination")
+        raise TaskDefect(f"{where}: {instruction} needs a source and a destination")
     *sources, dest = items
     found: list[str] = []
     for source in sources:
@@ -302,7 +302,10 @@ def _copy_step(
             raise HarborError(f"{where}: ADD of {source!r} needs a container engine")
         matches = sorted(glob.glob(glob.escape(str(context)) + "/" + source.lstrip("/")))
         if not matches:
-            raise HarborError(f"{where}: {instruction} source {source!r} is not in environment/")
+            missing = posixpath.join("environment", source.lstrip("/"))
+            raise TaskDefect(
+                f"{where}: {instruction} source {source!r} is not in environment/: the task has no {missing}"
+            )
         # Directories keep a trailing slash, so replaying needs no look at the host's files.
         found += [os.path.normpath(m) + ("/" if os.path.isdir(m) else "") for m in matches]
     target = posixpath.normpath(posixpath.join(workdir, dest))
