@@ -48,11 +48,19 @@ def harbor_python() -> Path:
 
 
 def run_harbor(
-    python: Path, dataset: Path, agents: list[str], jobs: Path, cache: Path
+    python: Path,
+    dataset: Path,
+    agents: list[str],
+    jobs: Path,
+    cache: Path,
+    *,
+    stopped: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Rewards]]:
     """One `harbor run` of every task of `dataset` with each of `agents` on platoon's sandbox:
     per agent, each task's rewards (with `steps/<name>/<key>` for a multi-step task's steps),
-    by directory name."""
+    by directory name. A trial whose agent Harbor stopped at the task's time limit (and then
+    verified, as it does) fails the check unless `stopped` is given: it collects those tasks'
+    exception messages."""
     job = {
         "jobs_dir": str(jobs),
         "n_concurrent_trials": 4,
@@ -81,8 +89,11 @@ def run_harbor(
     for path in jobs.glob("*/*/result.json"):
         result = json.loads(path.read_text())
         name = Path(result["config"]["task"]["path"]).name
-        if result.get("exception_info"):
-            raise RuntimeError(f"{name}: Harbor's trial failed: {result['exception_info']}")
+        exception = result.get("exception_info")
+        if exception and stopped is not None and exception.get("exception_type") == "AgentTimeoutError":
+            stopped[name] = str(exception.get("exception_message"))
+        elif exception:
+            raise RuntimeError(f"{name}: Harbor's trial failed: {exception}")
         rewards = dict((result.get("verifier_result") or {}).get("rewards") or {})
         for step in result.get("step_results") or []:
             for key, value in ((step.get("verifier_result") or {}).get("rewards") or {}).items():
@@ -97,9 +108,11 @@ def _plain_env() -> dict[str, str]:
     return {k: os.environ[k] for k in keep if k in os.environ}
 
 
-def run_platoon(dataset: Path, policy: str, run_dir: Path, cache: Path) -> dict[str, Rewards]:
-    """platoon's eval of every task of `dataset` (its train split: no holdout) with the
-    platoon-bash harness and the scripted `policy` (`solve` or `noop` of this module)."""
+def run_platoon(
+    dataset: Path, policy: str, run_dir: Path, cache: Path, harness: str = "platoon-bash"
+) -> dict[str, Rewards]:
+    """platoon's eval of every task of `dataset` (its train split: no holdout) with `harness`
+    and the scripted `policy` (`solve`, `noop` or `slow_mini` of this module)."""
     from platoon.api import evaluate
     from platoon.config import load_config
 
@@ -107,7 +120,7 @@ def run_platoon(dataset: Path, policy: str, run_dir: Path, cache: Path) -> dict[
     DATASET = dataset
     config_path = run_dir / "check.yaml"
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(CONFIG.format(dataset=dataset, cache=cache))
+    config_path.write_text(CONFIG.format(dataset=dataset, cache=cache, harness=harness))
     config = load_config(config_path)
     report = anyio.run(
         lambda: evaluate(config, run_dir, policy=f"scripted:{__name__}:{policy}", split="train")
@@ -127,7 +140,7 @@ environments:
   - name: check
     service: harbor
     service_kwargs: {{dataset: "{dataset}", provider: bwrap, cache: "{cache}"}}
-    harness: platoon-bash
+    harness: {harness}
 train:
   model_name: Qwen/Qwen3-4B-Instruct-2507
   renderer_name: qwen3_instruct
@@ -186,10 +199,39 @@ printf '{"reward": %s, "answered": %s, "kept": %s}\\n' "$reward" "$answered" "$k
 }
 
 
-def write_steps_task(dataset: Path, name: str = "notes-steps") -> Path:
-    """Write STEPS_TASK into `dataset` as task `name`."""
+# A task whose solution writes its answer, then works past the agent's 20 s (time for a command-line
+# agent to start on a loaded machine and run its first command): Harbor's oracle is stopped at the
+# limit and the tests grade what it left (the answer, not the finish).
+SLOW_TASK = {
+    "task.toml": """\
+schema_version = "1.4"
+
+[agent]
+timeout_sec = 20.0
+
+[verifier]
+timeout_sec = 30.0
+
+[environment]
+network_mode = "no-network"
+""",
+    "instruction.md": "Write 42 to /app/answer.txt, then write done to /app/finished.txt.\n",
+    "environment/Dockerfile": "FROM debian:bookworm-slim\nWORKDIR /app\n",
+    "solution/solve.sh": "#!/bin/bash\necho 42 > /app/answer.txt\nsleep 120\necho done > /app/finished.txt\n",
+    "tests/test.sh": """\
+#!/bin/bash
+answered=0; [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ] && answered=1
+finished=0; [ -s /app/finished.txt ] && finished=1
+printf '{"reward": %s, "answered": %s, "finished": %s}\\n' "$(( answered + finished ))" "$answered" "$finished" \\
+  > /logs/verifier/reward.json
+""",
+}
+
+
+def write_steps_task(dataset: Path, name: str = "notes-steps", files: Mapping[str, str] = STEPS_TASK) -> Path:
+    """Write `files` (STEPS_TASK, or SLOW_TASK) into `dataset` as task `name`."""
     task = dataset / name
-    for rel, text in STEPS_TASK.items():
+    for rel, text in files.items():
         path = task / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -210,15 +252,30 @@ def solve(messages: list[dict]) -> str:
     return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
+async def slow_mini(messages: list[dict]) -> str:
+    """mini-swe-agent's first command is the first line of the task's solve.sh; its next turn
+    never comes (a policy slower than the task's agent time limit)."""
+    if any(m.get("role") == "assistant" for m in messages):
+        await anyio.sleep_forever()
+    prompt = "\n".join(str(m["content"]) for m in messages if m.get("role") == "user")
+    first = next(
+        line for line in _solution_for(prompt, within=True).splitlines() if line and not line.startswith("#")
+    )
+    call = {"name": "bash", "arguments": {"command": first}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
 def noop(messages: list[dict]) -> str:
     """Answer at once, running nothing (Harbor's `nop` agent)."""
     return "Done."
 
 
-def _solution_for(instruction: str) -> str:
+def _solution_for(instruction: str, *, within: bool = False) -> str:
+    """The solve.sh of the task whose instruction this is (`within`: that the text holds, as an
+    agent's own prompt template holds it)."""
     assert DATASET is not None, "run_platoon sets the dataset"
     for text in DATASET.glob("**/instruction.md"):
-        if text.read_text() == instruction:
+        if text.read_text() == instruction or (within and text.read_text().strip() in instruction):
             return (text.parent / "solution" / "solve.sh").read_text()
     raise LookupError(f"no task of {DATASET} has this instruction")
 
