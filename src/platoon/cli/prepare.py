@@ -82,17 +82,28 @@ def prepare(args: Any) -> int:
 
 
 async def _prepare_verifiers(name: str, entry: EnvironmentConfig, cache: Path, pythons: list[str]) -> None:
-    """A verifiers entry's venv (Python 3.12, verifiers, uv and its `packages`), built once."""
+    """A verifiers entry's venv (Python 3.12, the verifiers version it needs, uv and its
+    `packages`), built once: a line before the build, and one with its time after."""
     # only a config with a verifiers entry loads the verifiers backend's modules
-    from platoon.envs.verifiers.venv import ToolchainError, build_venv, venv_toolchain
+    from platoon.envs.verifiers.venv import ToolchainError, resolve_version, venv_toolchain
+    from platoon.harness.toolchain import build_toolchain, toolchain_dir
 
-    packages = [str(p) for p in entry.service_kwargs.get("packages") or []]
+    kwargs = entry.service_kwargs
+    packages = [str(p) for p in kwargs.get("packages") or []]
+    paths = [str(p) for p in kwargs.get("paths") or []]
+    named = kwargs.get("verifiers")
     started = time.monotonic()
     try:
-        folder = await build_venv(packages, cache, pythons)
+        version = await resolve_version(
+            packages, cache, pythons, named=None if named is None else str(named), paths=paths
+        )
+        toolchain = venv_toolchain(packages, version)
+        pins = ", ".join(toolchain.pip)
+        if not (toolchain_dir(toolchain, cache) / "bin" / "python").exists():
+            print(f"{name}: building the verifiers venv ({pins}); a few minutes the first time", flush=True)
+        folder = await build_toolchain(toolchain, cache, pythons)
     except ToolchainError as exc:
         raise CommandError(f"{name}: the verifiers venv did not build: {exc}") from None
-    pins = ", ".join(venv_toolchain(packages).pip)
     print(f"{name}: verifiers venv ready in {time.monotonic() - started:.1f} s at {folder} ({pins})")
 
 

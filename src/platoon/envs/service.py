@@ -13,7 +13,8 @@ ORS classes, ORS servers and Harbor datasets each implement:
     StepRequested        -> StepStarted       (a multi-step task's next step, after the last is verified)
     EpisodeGraded        -> every session of that episode is closed
 
-Requests run concurrently, one task each, but the calls to one live session run one at a time
+A backend with an `async prepare()` (a verifiers environment's venv) has it awaited before the
+service answers anything. Requests run concurrently, one task each, but the calls to one live session run one at a time
 in the order they arrived. Nothing raises into the bus: a failure becomes the reply's `error`.
 Every session that is opened is closed, on the episode's grade, on shutdown or cancellation.
 """
@@ -260,6 +261,7 @@ class EnvService(ComponentBase):
                     await stack.enter_async_context(bus.stream(kind, name=f"env:{self.name}:{kind.__name__}"))
                     for kind, _ in handlers
                 ]
+                await self._prepare()
                 task_status.started()
                 for stream, (_, handle) in zip(streams, handlers, strict=True):
                     tg.start_soon(self._pump, stream, handle)
@@ -267,6 +269,18 @@ class EnvService(ComponentBase):
             self._tg = None
             with anyio.CancelScope(shield=True):
                 await self._close_all()
+
+    async def _prepare(self) -> None:
+        """A backend's `prepare()` (a venv to build: minutes, once) runs before the service answers
+        anything, so no request's clock runs meanwhile; its failure is the answer to the requests
+        that follow (the backend keeps it), never an exception into the bus."""
+        prepare = getattr(self.backend, "prepare", None)
+        if prepare is None:
+            return
+        try:
+            await prepare()
+        except EnvError as exc:
+            log.warning("environment not ready", env=self.name, error=str(exc))
 
     async def _pump(self, stream: Any, handle: Callable[[Any], None]) -> None:
         async for event in stream:

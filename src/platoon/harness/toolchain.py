@@ -44,6 +44,7 @@ __all__ = [
     "ToolchainError",
     "build_toolchain",
     "find_python",
+    "pip_conclusion",
     "toolchain_dir",
     "toolchain_interpreter",
 ]
@@ -171,8 +172,10 @@ def _build(toolchain: Toolchain, cache: Path, pythons: Sequence[str] = ()) -> Pa
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         started = time.monotonic()
+        log = target.parent / f"{target.name}.log"  # the last build's whole output, kept
+        log.unlink(missing_ok=True)
         try:
-            _install(toolchain, work, interpreter)
+            _install(toolchain, work, interpreter, log)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -190,8 +193,11 @@ def _build(toolchain: Toolchain, cache: Path, pythons: Sequence[str] = ()) -> Pa
     return target
 
 
-def _install(toolchain: Toolchain, work: Path, interpreter: str | None = None) -> None:
-    """Install into `work`, running the installers in a bwrap that shows `work` at the mount point."""
+def _install(
+    toolchain: Toolchain, work: Path, interpreter: str | None = None, log: Path | None = None
+) -> None:
+    """Install into `work`, running the installers in a bwrap that shows `work` at the mount point;
+    their whole output goes to `log`, and a failure's reason is their conclusion."""
     python = interpreter or toolchain.python
     steps: list[list[str]] = []
     if toolchain.pip:
@@ -240,6 +246,39 @@ def _install(toolchain: Toolchain, work: Path, interpreter: str | None = None) -
         # path the sandboxes will: the rest of the file system is the host's.
         argv = [bwrap, "--dev-bind", "/", "/", "--bind", str(work), MOUNT_POINT, *step]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if log is not None:
+            with log.open("a", encoding="utf-8") as file:
+                file.write(f"$ {' '.join(step)}\n{done.stdout}{done.stderr}\n")
         if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip()[-2000:]
-            raise ToolchainError(f"{' '.join(step[:4])} ... exited with code {done.returncode}: {tail}")
+            output = f"{done.stdout}\n{done.stderr}"
+            why = pip_conclusion(output) if step[1:3] == ["-m", "pip"] else None
+            if why is None:
+                tail = (done.stderr or done.stdout).strip()[-2000:]
+                why = f"{' '.join(step[:4])} ... exited with code {done.returncode}: {tail}"
+            raise ToolchainError(why + (f"; the full log: {log}" if log is not None else ""))
+
+
+def pip_conclusion(output: str) -> str | None:
+    """pip's conclusion in one line (the resolver's verdict, or the package it could not find or
+    build), not its log; None when its output has none of them."""
+    lines = [line.strip() for line in output.splitlines()]
+    errors = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR: ")]
+    cannot = next((e for e in errors if e.startswith("Cannot install ")), None)
+    if cannot is not None:
+        what = cannot.split(" because ")[0]
+        start = (
+            lines.index("The conflict is caused by:") + 1 if "The conflict is caused by:" in lines else None
+        )
+        causes = []
+        for line in lines[start:] if start is not None else []:
+            if not line:
+                break
+            causes.append(line)
+        return f"pip: {what}: conflicting dependencies" + (f" ({'; '.join(causes)})" if causes else "")
+    missing = next((e for e in errors if e.startswith("Could not find a version that satisfies")), None)
+    if missing is not None:
+        return f"pip: {missing[0].lower()}{missing[1:]}"
+    failed = next((e for e in errors if e.startswith(("Failed building wheel for", "Failed to build"))), None)
+    if failed is not None:
+        return f"pip: {failed[0].lower()}{failed[1:]}"
+    return f"pip: {errors[-1]}" if errors else None

@@ -5,11 +5,14 @@
         harness: verifiers                 # the environment's own harness plays each episode
         service_kwargs:
           packages: ["my-env==0.3"]        # pip specs installed into its venv (or paths: [./src])
+          verifiers: "0.2.0"               # optional: the verifiers version (default: what my-env requires)
           harness: "null"                  # verifiers' harness id (null: plain chat)
           env_args: {taskset: {...}}       # merged into verifiers' env config
 
-The environment runs in its own worker process under a Python >= 3.12 venv built once into the
-site cache (`platoon.envs.verifiers.venv`), started on first use. Each episode is one verifiers
+The environment runs in its own worker process under a Python >= 3.12 venv, one per (verifiers
+version, packages), built once into the site cache (`platoon.envs.verifiers.venv`): by `platoon
+prepare`, or by `prepare` here, which the env service awaits before it answers any request (so
+no request's clock runs while a venv builds). Each episode is one verifiers
 episode: its harness in its subprocess runtime, its model client pointed at the episode's own
 gateway URL and key (so every call is recorded with its exact tokens and trained), scored by
 the task's rubric. The `verifiers` harness hands the session that URL and key (an
@@ -32,13 +35,15 @@ from typing import Literal
 
 import anyio
 import msgspec
+import structlog
 
 from platoon.bus.events import AgentProcessExited, AgentProcessRequested, ToolSpec
 from platoon.config import load_site
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
+from platoon.harness.toolchain import build_toolchain, toolchain_dir
 
 from .process import EpisodeResult, WorkerProcess, WorkerTasks
-from .venv import ToolchainError, build_venv
+from .venv import ToolchainError, resolve_version, venv_toolchain
 
 __all__ = ["SPLITS", "VerifiersBackend", "VerifiersSession"]
 
@@ -47,12 +52,15 @@ _CLOUD = ("prime", "modal", "e2b")
 _CONTAINERS = ("docker", "podman", "apptainer")
 _MODEL = "platoon-policy"  # a name every gateway serves
 
+log = structlog.get_logger("platoon.envs.verifiers")
+
 
 class VerifiersBackend:
     """The env backend of `service: verifiers://ENV_ID` (see the module docstring).
 
     `packages` are pip specs installed into the venv with verifiers; `paths` are folders put on
-    the worker's import path instead (an environment being written); `harness` is verifiers'
+    the worker's import path instead (an environment being written); `verifiers` names the
+    verifiers version (default: the newest the packages' metadata allows); `harness` is verifiers'
     harness id for every role; `runtime` must be `subprocess`; `env_args` are merged into
     verifiers' env config; `max_tasks` bounds an infinite taskset; `cache` and `pythons`
     default to the site profile's.
@@ -66,6 +74,7 @@ class VerifiersBackend:
         paths: Sequence[str | os.PathLike[str]] = (),
         harness: str = "null",
         runtime: str = "subprocess",
+        verifiers: str | None = None,
         env_args: Mapping[str, object] | None = None,
         max_tasks: int | None = None,
         cache: str | os.PathLike[str] | None = None,
@@ -88,6 +97,7 @@ class VerifiersBackend:
         self.pythons = [os.fspath(p) for p in (pythons or (site.pythons if site else []))]
         self.packages = list(packages)
         self.paths = [os.fspath(p) for p in paths]
+        self.version = verifiers
         self.settings = {
             "env_id": env_id,
             "harness": harness,
@@ -95,19 +105,43 @@ class VerifiersBackend:
             "max_tasks": max_tasks,
         }
         self._worker: WorkerProcess | None = None
+        self._failure: str | None = None
         self._starting = anyio.Lock()
         self._tasks: list[TaskInfo] | None = None
+
+    async def prepare(self) -> None:
+        """Build the venv (saying so, the first time) and start the worker, before any request."""
+        await self.worker()
 
     async def worker(self) -> WorkerProcess:
         """The running worker, started (and its venv built) on first use."""
         async with self._starting:
+            if self._failure is not None:
+                raise EnvError(self._failure)  # said once, not rebuilt for every request
             if self._worker is None:
+                env_id = self.settings["env_id"]
                 try:
-                    venv = await build_venv(self.packages, self.cache, self.pythons)
+                    version = await resolve_version(
+                        self.packages, self.cache, self.pythons, named=self.version, paths=self.paths
+                    )
+                    toolchain = venv_toolchain(self.packages, version)
+                    if not (toolchain_dir(toolchain, self.cache) / "bin" / "python").exists():
+                        log.info(
+                            "building the verifiers venv before listing the tasks (once; `platoon prepare "
+                            "CONFIG` builds it ahead)",
+                            env=env_id,
+                            pins=", ".join(toolchain.pip),
+                        )
+                    venv = await build_toolchain(toolchain, self.cache, self.pythons)
                 except ToolchainError as exc:
-                    raise EnvError(f"the verifiers venv could not be built: {exc}") from None
+                    self._failure = f"verifiers environment {env_id}: the venv could not be built: {exc}"
+                    raise EnvError(self._failure) from None
                 worker = WorkerProcess(Path(venv), self.settings, self.paths)
-                await worker.start()
+                try:
+                    await worker.start()
+                except EnvError as exc:
+                    self._failure = str(exc)
+                    raise
                 self._worker = worker
             return self._worker
 
