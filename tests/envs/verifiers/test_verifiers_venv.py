@@ -28,7 +28,9 @@ def wheel(folder: Path, name: str, version: str, requires: list[str] = ()) -> No
     with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as archive:
         archive.writestr(f"{dist}/__init__.py", "")
         archive.writestr(f"{info}/METADATA", metadata)
-        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         archive.writestr(f"{info}/RECORD", "")
 
 
@@ -64,7 +66,9 @@ async def test_a_named_version_outside_the_supported_range_is_refused_in_one_lin
 
 @pytest.mark.anyio
 async def test_the_version_an_environment_being_written_requires_is_read_from_its_pyproject(tmp_path):
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "e"\ndependencies = ["verifiers>=0.1.9,<0.2"]\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "e"\ndependencies = ["verifiers>=0.1.9,<0.2"]\n'
+    )
     assert await resolve_version([], tmp_path / "cache", paths=[tmp_path]) == "0.1.14"
     assert await resolve_version([], tmp_path / "cache") == "0.4.0"  # none required: the newest
 
@@ -89,7 +93,9 @@ async def test_the_version_is_the_newest_the_packages_metadata_allows_and_unsupp
 @needs_python
 @needs_bwrap
 @pytest.mark.anyio
-async def test_a_venv_that_does_not_build_says_pips_conclusion_in_one_line_before_any_request(index, tmp_path):
+async def test_a_venv_that_does_not_build_says_pips_conclusion_in_one_line_before_any_request(
+    index, tmp_path
+):
     cache = tmp_path / "cache"
     backend = VerifiersBackend(
         "old-env", packages=["platoon-test-old==1.0"], verifiers="0.4.0", cache=cache, pythons=[]

@@ -1,6 +1,7 @@
 """What the verifiers worker says when an environment fails to load: the innermost error and the
-package it came from, not verifiers' "not found" around it (`worker_errors.py`, standard library
-only, run here as the worker runs it: its folder first on the import path)."""
+package it came from, not verifiers' "not found" around it (`explain` in `worker.py`, which
+imports verifiers only when it loads an environment: imported here as it runs, a script whose
+folder is first on the import path)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from platoon.envs.verifiers.process import WORKER
 
 @pytest.fixture
 def worker_errors(monkeypatch):
+    """The worker module, imported as it runs: a script whose folder is first on the path."""
     monkeypatch.syspath_prepend(str(WORKER.parent))
-    return importlib.import_module("worker_errors")
+    return importlib.import_module("worker")
 
 
-def test_a_failed_import_inside_an_environment_is_reported_with_its_package(worker_errors, tmp_path, monkeypatch):
+def test_a_failed_import_inside_an_environment_is_reported_with_its_package(
+    worker_errors, tmp_path, monkeypatch
+):
     package = tmp_path / "old_env"
     package.mkdir()
     (package / "__init__.py").write_text("from .tasks import TASKS\n")
@@ -43,4 +47,6 @@ def test_a_failed_import_inside_an_environment_is_reported_with_its_package(work
 
 
 def test_a_refusal_is_said_as_it_is(worker_errors):
-    assert worker_errors.explain(worker_errors.Refused("the taskset is\n infinite")) == "the taskset is infinite"
+    assert (
+        worker_errors.explain(worker_errors.Refused("the taskset is\n infinite")) == "the taskset is infinite"
+    )
