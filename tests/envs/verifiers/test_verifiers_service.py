@@ -88,14 +88,14 @@ def service(env_id: str) -> EnvService:
     return build_env_service("vf", f"verifiers://{env_id}", service_kwargs=kwargs())
 
 
-async def play(tokenizer: Any, env: EnvService, task_id: str) -> list[Event]:
-    """One episode of `task_id` played by the verifiers harness against the scripted solver."""
+async def play(tokenizer: Any, env: EnvService, task_id: str, policy: Any = solver) -> list[Event]:
+    """One episode of `task_id` played by the verifiers harness against a scripted policy."""
     entry = EntrySettings(name="vf", harness="verifiers", max_steps=8)
     components: list[Any] = [
         env,
         Gateway(
             renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, solver),
+            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
         ),
         EpisodeRunner([entry], request_timeout=120),
         Grader(),

@@ -39,7 +39,7 @@ def index(tmp_path, monkeypatch) -> Path:
     """A package index of a few wheels, and pip pointed at it alone."""
     folder = tmp_path / "wheels"
     folder.mkdir()
-    for version in ("0.1.5", "0.2.0", "0.4.0"):
+    for version in ("0.1.5", "0.2.0", "0.2.1", "0.4.0"):
         wheel(folder, "verifiers", version)
     wheel(folder, "uv", "0.13.9")
     wheel(folder, "platoon-test-old", "1.0", ["verifiers<0.2"])
@@ -114,3 +114,28 @@ async def test_a_venv_that_does_not_build_says_pips_conclusion_in_one_line_befor
     assert "The conflict is caused by:" in log.read_text()  # pip's whole output is kept there
     said = [e for e in logs if e["event"].startswith("building the verifiers venv before listing the tasks")]
     assert said and said[0]["pins"] == "verifiers==0.4.0, uv==0.13.9, platoon-test-old==1.0"
+
+
+@pytest.mark.slow
+@needs_python
+@needs_bwrap
+def test_prepare_builds_the_venv_of_the_version_the_packages_need_with_a_line_before_and_its_time_after(
+    index, tmp_path, monkeypatch, capsys
+):
+    from platoon.cli import main
+
+    (tmp_path / "site.yaml").write_text(f"runs: {tmp_path}/runs\ncache: {tmp_path}/cache\n")
+    monkeypatch.setenv("PLATOON_SITE", str(tmp_path / "site.yaml"))
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "environments:\n  - {name: mid, service: 'verifiers://mid-env', harness: verifiers, "
+        "service_kwargs: {packages: ['platoon-test-mid==1.0']}}\n"
+    )
+    assert main(["prepare", str(config)]) == 0
+    out = capsys.readouterr().out
+    pins = "verifiers==0.2.1, uv==0.13.9, platoon-test-mid==1.0"  # the newest 0.2 the package allows
+    assert f"mid: building the verifiers venv ({pins}); a few minutes the first time\n" in out
+    assert "mid: verifiers venv ready in " in out and f"({pins})" in out
+    assert main(["prepare", str(config)]) == 0
+    again = capsys.readouterr().out
+    assert "building" not in again and "mid: verifiers venv ready in" in again  # built once
