@@ -164,3 +164,16 @@ async def test_links_an_agent_plants_among_its_artifacts_do_not_reach_the_host(m
     (folder,) = (tmp_path / "artifacts" / "task").iterdir()
     published = folder / "logs" / "artifacts"
     assert sorted(p.name for p in published.iterdir()) == ["real"]
+
+
+async def test_agent_timeout_multiplier_scales_the_tasks_agent_time_limit(make_task, tmp_path):
+    """As Harbor's runner's timeout multiplier: a task timed for a fast model, played by a slow one."""
+    make_task(toml="[agent]\ntimeout_sec = 2\n")
+    session = await backend(tmp_path, agent_timeout_multiplier=5).open(TASK, {})
+    try:
+        assert session.limit == 10
+        assert session._limit() == "the task's 10 s timeout (2 s x 5)"
+    finally:
+        await session.close()
+    with pytest.raises(EnvError, match="agent_timeout_multiplier must be positive, got 0"):
+        backend(tmp_path, agent_timeout_multiplier=0)

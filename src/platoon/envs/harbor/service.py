@@ -8,6 +8,7 @@
           holdout: {fraction: 0.25, group_by: topic}
 
           artifacts_dir: ./artifacts    # where artifacts go, <task>/<session>/ (a run: its run dir's)
+          agent_timeout_multiplier: 10  # each task's agent.timeout_sec times this (a slow policy)
 
 Splits are `train` and `eval` (the held-out groups; `test` is the same tasks). A session
 starts the task's sandbox with the site profile's provider, gives the agent one `bash`
@@ -50,7 +51,9 @@ class HarborBackend:
     sandbox provider (for docker: `url`, `ulimits`; for bwrap: `state_dir`). A `bash` call's
     output is kept to `tool_output_chars` characters (its head and its tail): what a model can
     read of it, and what the event log stores. `artifacts_dir` receives each session's artifacts
-    (none are kept without it).
+    (none are kept without it). `agent_timeout_multiplier` scales every task's (and step's)
+    `agent.timeout_sec`, as Harbor's runner's timeout multiplier does: a task's author timed it
+    for a fast model, and a policy sampled on a CPU may need many times that.
     """
 
     def __init__(
@@ -65,9 +68,13 @@ class HarborBackend:
         tool_output_chars: int = TOOL_OUTPUT_CHARS,
         pass_env: Sequence[str] = (),
         artifacts_dir: str | os.PathLike[str] | None = None,
+        agent_timeout_multiplier: float = 1.0,
     ) -> None:
         if tool_output_chars < 256:
             raise EnvError(f"tool_output_chars must be at least 256, got {tool_output_chars}")
+        if not agent_timeout_multiplier > 0:
+            raise EnvError(f"agent_timeout_multiplier must be positive, got {agent_timeout_multiplier}")
+        self.agent_timeout_multiplier = float(agent_timeout_multiplier)
         self.tool_output_chars = tool_output_chars
         self.pass_env = tuple(pass_env)  # host variables tasks' ${VAR} templates may read
         self.artifacts_dir = None if artifacts_dir is None else os.fspath(artifacts_dir)
@@ -116,6 +123,7 @@ class HarborBackend:
             pass_env=self.pass_env,
             tool_output_chars=self.tool_output_chars,
             artifacts_dir=self.artifacts_dir,
+            agent_timeout_multiplier=self.agent_timeout_multiplier,
         )
         async with stopped_on_failure(box, lambda exc: EnvError(f"task {harbor_task.name}: {exc}")):
             await session.begin()

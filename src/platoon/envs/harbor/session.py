@@ -82,8 +82,10 @@ class HarborSession:
         tool_output_chars: int = 30_000,
         artifacts_dir: str | os.PathLike[str] | None = None,
         default_network: bool = False,
+        agent_timeout_multiplier: float = 1.0,
     ) -> None:
         self.task = task
+        self.agent_timeout_multiplier = agent_timeout_multiplier
         self.sandbox = sandbox
         self.start = start
         self.pass_env = pass_env
@@ -117,7 +119,7 @@ class HarborSession:
             user = step.config.agent.user if step.config.agent.user is not None else user
             limit = step.config.agent.timeout_sec if step.config.agent.timeout_sec is not None else limit
         self.user = None if user is None else str(user)
-        self.limit = limit
+        self.limit = limit = None if limit is None else limit * self.agent_timeout_multiplier
         self.deadline = None if limit is None else time.monotonic() + limit
         self.offline = not self._network("agent")
 
@@ -194,7 +196,12 @@ class HarborSession:
     def _limit(self) -> str:
         """The task's agent time limit, as a stopped agent's reason names it (it has one here)."""
         assert self.limit is not None
-        return f"the task's {self.limit:g} s timeout"
+        scaled = self.agent_timeout_multiplier != 1
+        return f"the task's {self.limit:g} s timeout" + (
+            f" ({self.limit / self.agent_timeout_multiplier:g} s x {self.agent_timeout_multiplier:g})"
+            if scaled
+            else ""
+        )
 
     async def read_file(self, path: str) -> str:
         """A file of the sandbox as text (for a judge's rubric), copied out to a private folder."""
@@ -364,6 +371,7 @@ class HarborSession:
             tool_output_chars=self.tool_output_chars,
             artifacts_dir=self.artifacts_base,
             default_network=self.default_network,
+            agent_timeout_multiplier=self.agent_timeout_multiplier,
         )
         try:
             await session.begin()
