@@ -30,6 +30,7 @@ from platoon.backends.local.checkpoints import (
     read_spec,
 )
 from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype, resolve_model_dir
+from platoon.backends.local.invariant import per_row_attention
 from platoon.backends.local.proto import Datum
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, ModelNotFound, WeightsRef
 
@@ -319,10 +320,15 @@ class Engine:
         *,
         forward_only: bool,
         max_batch_tokens: int = 8192,
+        like_sampler: bool = False,
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """Run the loss over `data`; accumulate gradients unless `forward_only`.
 
-        Returns each datum's target logprobs and the `name:reduction` metrics.
+        Returns each datum's target logprobs and the `name:reduction` metrics. `like_sampler`:
+        score as the batch-invariant sampler does (`train.reproducible`, where its rows batch):
+        each datum alone, attending row by row (`invariant.blocked_attention`), so the logprobs
+        are the sampler's to the last bit (measured: docs/how-to/rl-health.md), at the price of
+        that attention and of no packing.
         """
         model = self._trainable(model_id)
         names = set(data[0].inputs) if data else set()
@@ -338,11 +344,15 @@ class Engine:
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
-        for rows in _batches([d.tokens.size for d in data], budget):
-            logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only)
-            total += loss
-            for i, values in logprobs.items():
-                outputs[i] = values
+        lengths = [d.tokens.size for d in data]
+        batches = ([[i]] for i in range(len(data))) if like_sampler else _batches(lengths, budget)
+        attending = per_row_attention(self.peft) if like_sampler else contextlib.nullcontext()
+        with attending:
+            for rows in batches:
+                logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only)
+                total += loss
+                for i, values in logprobs.items():
+                    outputs[i] = values
         return outputs, {"loss:sum": total}
 
     def _batch_loss(
