@@ -37,7 +37,7 @@ def test_the_trainer_scores_sampled_tokens_exactly_as_the_sampler_drew_them(serv
     training = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=1).result()
     prompt = [5, 9, 14, 3, 27, 8]
     params = types.SamplingParams(max_tokens=12, seed=7, temperature=1.0, stop=[])
-    for step in range(2):  # the base weights, then a trained adapter
+    for _ in range(2):  # the base weights, then a trained adapter
         sampler = training.save_weights_and_get_sampling_client().result()
         result = sampler.sample(types.ModelInput.from_ints(prompt), 3, params).result()
         for sequence in result.sequences:
