@@ -440,9 +440,9 @@ class StatsConfig(_Strict, frozen=True):
     trial_name: str | None = None  # None: the UTC start time
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging
     # warn (step line, live display, closing summary) when a step's sampler-trainer KL estimate
-    # (`mismatch/kl`) or the share of tokens the loss clipped (`ratio/clipped_fraction`) passes
-    # this; None: never
+    # (`mismatch/kl`) passes this; None: never
     warn_mismatch_kl: NonNegativeFloat | None = 0.01
+    # warn when the share of sampled tokens the loss clipped (`ratio/clipped_fraction`) passes this; None: never
     warn_clipped_fraction: Fraction | None = 0.2
 
 
