@@ -29,8 +29,7 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
 
 
 def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLimits | None = None) -> str:
-    """The end-of-training summary of the run in `run_dir`, from its `metrics.jsonl`; `limits`:
-    where the learning signal's health warns (`stats.warn_*`)."""
+    """The end-of-training summary of the run in `run_dir`, from its `metrics.jsonl` (`limits`: `stats.warn_*`)."""
     rows = []
     path = run_dir / "metrics.jsonl"
     if path.exists():

@@ -228,13 +228,14 @@ class Trainer(ComponentBase):
             scored = _trainer_logprobs(result, len(sent))
             metrics |= health_metrics(
                 kept,
-                scored,
+                # recorded episodes (`platoon sft`) were sampled by another policy: no mismatch to measure
+                scored if self.settings.rollouts else None,
                 version=self.version,
                 loss_fn=self.settings.loss_fn,
                 loss_fn_config=self.settings.loss_fn_config,
                 sent=sent,
             )
-            if scored is not None:
+            if scored is not None and self.settings.rollouts:
                 await bus.publish(_scored_event(batch, kept, scored, self.policy))
             trained = sum(d.num_trained_tokens for d in kept)
             if self.settings.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
