@@ -37,6 +37,7 @@ def scored(training, sequences: list[list[int]]) -> list[list[float]]:
     return [o["logprobs"].tolist() for o in training.forward(data, "cross_entropy").result().loss_fn_outputs]
 
 
+@pytest.mark.slow  # about a second: two samplings and two scorings of 4 sequences
 def test_the_trainer_scores_sampled_tokens_exactly_as_the_sampler_drew_them(service, tiny_model):
     training = service.create_lora_training_client(base_model=str(tiny_model), rank=4, seed=1).result()
     prompts = [[5, 9, 14, 3, 27, 8], [40, 41, 2, 7, 7, 19, 33, 4, 12, 6, 90]]  # rows of two lengths
