@@ -8,7 +8,7 @@ import json
 import pytest
 
 from platoon.bus.events import TrainStepFinished
-from platoon.stats.metrics import MetricsSink
+from platoon.stats.metrics import HealthLimits, MetricsSink, step_line
 from platoon.stats.summary import sparkline, train_summary
 from platoon.train.loop import NothingGraded, _check_graded
 
@@ -69,7 +69,7 @@ def test_with_several_policies_the_summary_has_a_line_per_policy(tmp_path):
 
 def test_reward_zero_and_not_graded_read_differently(capsys):
     sink = MetricsSink.__new__(MetricsSink)
-    sink.console, sink.total_steps = True, 3
+    sink.console, sink.total_steps, sink.limits = True, 3, HealthLimits()
     zero = {"reward/mean": 0.0, "episodes/total": 8.0, "episodes/graded": 8.0}
     some = {"reward/mean": 0.5, "episodes/total": 8.0, "episodes/graded": 6.0}
     none = {"episodes/total": 8.0, "episodes/graded": 0.0}
@@ -123,3 +123,56 @@ def test_with_several_policies_the_step_line_shows_each_ones_training():
     line = step_line(0, 3, metrics)
     assert "[planner: datums 4 tokens 40 loss -0.5 1.2s]" in line
     assert "[executor: datums 12 tokens 120 loss -0.5 1.2s]" in line
+
+
+def test_a_step_line_shows_the_signals_health_and_warns_past_the_users_limits():
+    metrics = {
+        "reward/mean": 0.5,
+        "mismatch/max_abs": 0.004,
+        "mismatch/kl": 0.02,
+        "ratio/clipped_fraction": 0.0,
+        "entropy/mean": 1.25,
+        "replies/truncated_fraction": 0.25,
+    }
+    line = step_line(0, 2, metrics)
+    assert line == (
+        "step 1/2  reward 0.500  mismatch 0.004  entropy 1.25  cut 0.25  "
+        "WARNING sampler-trainer mismatch kl 0.02 > 0.01"
+    )
+    assert "WARNING" not in step_line(0, 2, metrics, HealthLimits(mismatch_kl=None))
+    clipped = {"planner/ratio/clipped_fraction": 0.5, "planner/policy/version": 1.0}
+    assert step_line(0, 2, clipped).endswith(
+        "[planner: clipped 0.50]  WARNING clipped share 0.5 > 0.2 (planner)"
+    )
+
+
+def test_the_summary_tells_the_runs_health_and_its_failures_by_cause(tmp_path):
+    rows = [
+        {
+            "step": 1,
+            "reward/mean": 0.5,
+            "mismatch/max_abs": 1e-7,
+            "mismatch/kl": 0.0,
+            "entropy/mean": 2.0,
+            "episodes/failed/env_session": 3.0,
+        },
+        {
+            "step": 2,
+            "reward/mean": 0.6,
+            "mismatch/max_abs": 0.5,
+            "mismatch/kl": 0.05,
+            "entropy/mean": 1.5,
+            "episodes/failed/sampler": 1.0,
+            "episodes/failed/env_session": 1.0,
+        },
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    lines = train_summary(tmp_path).splitlines()
+    assert "health  mismatch max |Δlogprob| 0.5, kl 0.05, entropy 1.50" in lines[3]
+    assert lines[4].startswith(
+        "WARNING 1 step passed a health limit, first step 2: sampler-trainer mismatch kl 0.05"
+    )
+    assert lines[5] == "failed  4 env_session, 1 sampler  (never graded: left out of their groups' baselines)"
+    assert not any(
+        "WARNING" in line for line in train_summary(tmp_path, limits=HealthLimits(None, None)).splitlines()
+    )

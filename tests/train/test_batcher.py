@@ -55,7 +55,14 @@ class Feed:
         )
 
     async def call(
-        self, episode: str, agent: str, prompt: list[int], completion: list[int], *, version: int = 0
+        self,
+        episode: str,
+        agent: str,
+        prompt: list[int],
+        completion: list[int],
+        *,
+        version: int = 0,
+        stop_reason: str = "stop",
     ) -> None:
         await self.bus.publish(
             ModelCallFinished(
@@ -65,7 +72,7 @@ class Feed:
                 prompt_tokens=prompt,
                 completion_tokens=completion,
                 logprobs=[-0.5] * len(completion),
-                stop_reason="stop",
+                stop_reason=stop_reason,
                 policy_version=version,
             )
         )
@@ -201,6 +208,21 @@ async def test_failed_episodes_are_excluded_and_counted_by_reason():
     assert {d.episode_id for d in batch.datums} == {"a1", "a2"}
     # The group's rewards (None included) are published as they came.
     assert [g.rewards for g in h.groups] == [[1.0, 0.0, None], [1.0, None, None]]
+
+
+async def test_the_share_of_replies_cut_by_max_tokens_is_counted_per_step():
+    async with assigner(group_size=2, batch_size=1) as h:
+        for episode, reward, cuts in (("a1", 1.0, ["stop", "length"]), ("a2", 0.0, ["length", "length"])):
+            await h.request(episode, "A")
+            await h.agent(episode, f"{episode}/root")
+            for i, reason in enumerate(cuts):
+                await h.call(
+                    episode, f"{episode}/root", [1, 2, 3, *range(10, 10 + 2 * i)], [4, 5], stop_reason=reason
+                )
+            await h.grade(episode, "A", reward)
+        await h.until(lambda: len(h.batches) == 1)
+    assert h.batches[0].stats["replies/truncated_fraction"] == 0.75
+    assert h.batches[0].stats["replies/count"] == 4
 
 
 async def test_a_non_finite_reward_drops_its_episode_not_the_run():

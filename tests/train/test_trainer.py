@@ -17,7 +17,15 @@ import anyio
 import pytest
 
 from platoon.bus import Bus
-from platoon.bus.events import BatchReady, CheckpointSaved, Datum, Event, PolicyUpdated, TrainStepFinished
+from platoon.bus.events import (
+    BatchReady,
+    CheckpointSaved,
+    Datum,
+    DatumsScored,
+    Event,
+    PolicyUpdated,
+    TrainStepFinished,
+)
 from platoon.train.checkpoints import CheckpointStore
 from platoon.train.trainer import Trainer, TrainerSettings
 
@@ -151,6 +159,45 @@ async def test_datums_older_than_max_staleness_are_dropped_and_counted(tmp_path)
     assert metrics["staleness/dropped_datums"] == 2
     assert metrics["staleness/mean"] == pytest.approx(2 / 3)
     assert metrics["staleness/max"] == 1
+
+
+class ScoringClient(FakeTrainingClient):
+    """A service whose forward_backward gives each datum's target logprobs (the sampler's minus
+    0.25 on every target) and whose optim_step reports no gradient norm, as hosted Tinker may not."""
+
+    def optim_step(self, adam: Any) -> Future:
+        self.calls.append("optim_step")
+        assert self._pending is not None
+        outputs = [
+            {"logprobs": [lp - 0.25 for lp in d.loss_fn_inputs["logprobs"].tolist()]} for d in self.data[-1]
+        ]
+        later(SimpleNamespace(metrics={"loss:sum": 1.0}, loss_fn_outputs=outputs), self._pending)
+        return later(SimpleNamespace(metrics=None))
+
+
+async def test_a_step_reports_the_samplers_mismatch_with_the_trainer_and_scores_each_datum(tmp_path):
+    """Against the trainer's own logprobs of the trained datums; a stale datum is not trained, so
+    its row is empty; no gradient norm is reported where the service gives none."""
+    client = ScoringClient()
+    trainer = Trainer(
+        client,
+        TrainerSettings(base_model="tiny", max_staleness=0, save_every=0),
+        CheckpointStore(tmp_path),
+        version=1,
+    )
+    async with Bus() as bus, bus.stream(DatumsScored) as scored:
+        trainer.attach(bus)
+        bus.start_soon(trainer.run, bus)
+        (finished,) = await steps(bus, [BatchReady(step=0, datums=[datum(0), datum(1)])])
+        with anyio.fail_after(5):
+            event = await scored.receive()
+    metrics = finished.metrics
+    assert metrics["mismatch/mean_abs"] == metrics["mismatch/max_abs"] == pytest.approx(0.25)
+    assert metrics["mismatch/kl"] == pytest.approx(math.exp(-0.25) - 1 + 0.25)
+    assert metrics["ratio/mean"] == pytest.approx(math.exp(-0.25))
+    assert metrics["entropy/mean"] == 0.5
+    assert "train/grad_norm" not in metrics
+    assert event.logprobs == [[], [-0.25, -0.75, -0.75]]
 
 
 async def test_a_step_whose_datums_are_all_stale_trains_nothing_and_keeps_the_version(tmp_path):

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from platoon.bus import read_events
-from platoon.bus.events import BatchReady, EpisodeGraded, ModelCallFinished, ToolReturned, step_number
+from platoon.bus.events import (
+    BatchReady,
+    DatumsScored,
+    EpisodeGraded,
+    ModelCallFinished,
+    ToolReturned,
+    step_number,
+)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -89,7 +96,14 @@ def _log(run_dir):
         elif isinstance(e, ToolReturned):
             tools[e.episode_id].append(e.output)
     datums = [(step_number(e.step), d) for e in events if isinstance(e, BatchReady) for d in e.datums]
-    return graded, calls, tools, datums
+    batches = {e.step: e for e in events if isinstance(e, BatchReady)}
+    scores = {  # the trainer's logprobs of each datum, by (step, episode)
+        (step_number(e.step), d.episode_id): row
+        for e in events
+        if isinstance(e, DatumsScored)
+        for d, row in zip(batches[e.step].datums, e.logprobs, strict=True)
+    }
+    return graded, calls, tools, datums, scores
 
 
 def _shown(value: float) -> str:
@@ -100,7 +114,7 @@ def _shown(value: float) -> str:
 def _walk(page, log, shots: Path, name: str) -> None:
     """runs -> run -> step 2 -> the best episode -> its first model call, checking each page.
     Steps are as the terminal said them: train steps 1, 2, 3."""
-    graded, calls, tools, datums = log
+    graded, calls, tools, datums, scores = log
     page.wait_for_selector("[data-testid=runs]")
     assert "quickstart" in page.inner_text("[data-testid=runs]")
     page.screenshot(path=shots / f"{name}-1-runs.png", full_page=True)
@@ -108,6 +122,8 @@ def _walk(page, log, shots: Path, name: str) -> None:
     page.click("[data-run] a")
     page.wait_for_selector("[data-testid=steps]")
     assert page.locator("[data-plot=reward] svg").count() == 1
+    for health in ("sampler-trainer mismatch", "importance ratio", "entropy (nats a token)", "grad norm"):
+        assert page.locator(f"[data-plot='{health}'] svg").count() == 1, health
     steps = page.locator("[data-testid=steps] tbody tr").evaluate_all("els => els.map(e => e.dataset.step)")
     assert steps == ["1", "2", "3"]
     page.screenshot(path=shots / f"{name}-2-run.png", full_page=True)
@@ -166,6 +182,24 @@ def _walk(page, log, shots: Path, name: str) -> None:
     assert int(box.get_attribute("data-trained")) == sum(datum.weights[span])
     page.click("button:has-text('advantage')")  # shade by advantage instead of logprob
     page.screenshot(path=shots / f"{name}-5-call.png", full_page=True)
+    # The trainer's own logprob of each trained token (DatumsScored), against the sampler's: the
+    # scripted sampler says -0.25 for every token, the tiny model far less, so every one differs.
+    page.click("button:has-text('mismatch')")
+    shades = page.locator("[data-testid=tokens] .tok").evaluate_all(
+        "els => els.map(e => [e.dataset.mismatch, e.style.backgroundColor])"
+    )
+    scored = scores[(step, call.episode_id)]
+    expected = [scored[i] - lp for i, lp in zip(range(span.start, span.stop), call.logprobs, strict=True)]
+    shown = [float(m) if m else None for m, _ in shades]
+    assert [m for m, w in zip(shown, datum.weights[span], strict=True) if w] == pytest.approx(
+        [e for e, w in zip(expected, datum.weights[span], strict=True) if w]
+    )
+    assert all(color not in ("", "transparent", "rgba(0, 0, 0, 0)") for (m, color) in shades if m)
+    worst = max(range(len(shown)), key=lambda i: abs(shown[i] or 0))
+    assert f"at token {worst} " in page.inner_text("[data-testid=mismatch]")
+    page.screenshot(path=shots / f"{name}-5-call-mismatch.png", full_page=True)
+    page.click("button:has-text('entropy')")
+    assert "more surprising" in page.inner_text("[data-testid=tokens]")
 
 
 @pytest.mark.slow
@@ -181,7 +215,7 @@ def test_click_through_a_run_and_see_what_the_log_holds(browser, viewer, quickst
     assert page.locator("[data-testid=group] .card").count() == 4
     page.screenshot(path=tmp_path / "live-6-group.png", full_page=True)
     assert errors == []
-    assert len(list(tmp_path.glob("live-*.png"))) == 6
+    assert len(list(tmp_path.glob("live-*.png"))) == 7
 
 
 @pytest.mark.slow

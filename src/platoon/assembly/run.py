@@ -369,13 +369,18 @@ class Run:
                     credit=c.credit,
                     straggler_timeout=c.straggler_timeout,
                     straggler_quorum=c.straggler_quorum,
+                    min_group_share=c.min_group_share,
                     sealed=c.sealed,
                     policies=c.policies,
                 ),
                 *trainers,
                 Scheduler(s.scheduler, start_step=start_step, version=version, versions=versions),
                 *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
-                *([TrainProgress(m.total_steps or 0, start_step=start_step)] if m.progress else []),
+                *(
+                    [TrainProgress(m.total_steps or 0, start_step=start_step, limits=m.limits)]
+                    if m.progress
+                    else []
+                ),
                 MetricsSink(
                     s.run_dir,
                     wandb=m.wandb,
@@ -383,6 +388,7 @@ class Run:
                     trial=m.trial,
                     console=m.console,
                     total_steps=m.total_steps,
+                    limits=m.limits,
                 ),
                 *self._plugins,
             ]

@@ -29,6 +29,7 @@ from platoon.credit import CreditConfig
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
 from platoon.programs import EntrySettings
+from platoon.stats.metrics import HealthLimits
 from platoon.train.evaluate import EvalSettings
 from platoon.train.loop import SchedulerSettings
 from platoon.train.trainer import TrainerSettings
@@ -101,6 +102,7 @@ class CreditSettings:
     batch_size: int
     straggler_timeout: float | None = None
     straggler_quorum: float = 1.0
+    min_group_share: float = 0.5  # a group with fewer graded rollouts is dropped
     sealed: bool = False  # results come from workers, each episode sealed
     policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
 
@@ -113,6 +115,9 @@ class MetricsSettings:
     console: bool = True
     progress: bool = False  # the live display (it prints the step lines then)
     total_steps: int | None = None
+    limits: HealthLimits = field(
+        default_factory=HealthLimits
+    )  # where a step's line warns of the learning signal's health
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,7 @@ def _trainer_settings(
         distill_weight=train.distill.weight if train.distill else 1.0,
         normalization=train.loss_normalization,
         keep=keep,
+        correction=train.correction,
     )
 
 
@@ -466,6 +472,7 @@ def resolve(
             batch_size=train.batch_size,
             straggler_timeout=workflow.straggler_timeout_seconds,
             straggler_quorum=workflow.straggler_quorum,
+            min_group_share=workflow.min_group_share,
             sealed=config.nats is not None,
             policies=tuple(settings.trained()),
         ),
@@ -497,6 +504,7 @@ def _metrics_settings(config: Config, run_dir: Path | None, *, console: bool, li
         console=console and not live,
         progress=live,
         total_steps=config.train.max_training_steps if config.train else None,
+        limits=HealthLimits(config.stats.warn_mismatch_kl, config.stats.warn_clipped_fraction),
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointSaved",
     "ComponentFailed",
     "Datum",
+    "DatumsScored",
     "EpisodeAbandoned",
     "EpisodeFinished",
     "EpisodeGraded",
@@ -47,6 +48,7 @@ __all__ = [
     "GradeRequested",
     "Graded",
     "GroupCompleted",
+    "ModelCallFailed",
     "ModelCallFinished",
     "PolicyAnnounced",
     "PolicyStepFinished",
@@ -452,6 +454,18 @@ class ChatReplied(Reply, frozen=True, kw_only=True):
 
 
 @register_event
+class ModelCallFailed(Event, frozen=True, kw_only=True):
+    """The policy's sampler could not answer an agent's model call (it raised, or the policy
+    version the episode asked for never came). A failure of the system, not of the policy: the
+    episode ends as an error and is never graded, whatever its harness made of the failure."""
+
+    episode_id: str
+    agent_id: str
+    error: str
+    policy: str = "default"
+
+
+@register_event
 class EpisodeFinished(Event, frozen=True, kw_only=True):
     """The harness of an episode's root agent ended; `reason` says why when it did not complete."""
 
@@ -546,6 +560,18 @@ class BatchReady(Event, frozen=True, kw_only=True):
     # credit statistics (by depth, dropped groups, ...)
     stats: dict[str, float] = msgspec.field(default_factory=dict)
     policy: str = "default"  # the policy these datums train
+
+
+@register_event
+class DatumsScored(Event, frozen=True, kw_only=True):
+    """The trainer's own logprob of every target of a step's datums (its `forward_backward`,
+    before the step's update), one row per datum of the step's `BatchReady` in its order (empty
+    for one it did not train, a stale one): set against the sampler's recorded logprobs, where
+    the two disagree, token by token."""
+
+    step: int
+    policy: str = "default"
+    logprobs: list[list[float]] = msgspec.field(default_factory=list)
 
 
 def step_number(step: int, purpose: str = "train") -> int:

@@ -22,6 +22,7 @@ from platoon.cli.signals import run_async
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.config.redact import redact_text
 from platoon.models.loading import TokenizerMissing
+from platoon.stats.metrics import HealthLimits
 from platoon.stats.summary import train_summary
 from platoon.train.checkpoints import CheckpointStore, ResumeError
 from platoon.train.loop import NothingGraded
@@ -178,5 +179,6 @@ def train_command(args: argparse.Namespace) -> int:
                     f"{exc}. This example trains a model built here with {local}"
                 ) from None
             raise
-    print(train_summary(directory, time.monotonic() - started))
+    limits = HealthLimits(config.stats.warn_mismatch_kl, config.stats.warn_clipped_fraction)
+    print(train_summary(directory, time.monotonic() - started, limits))
     return 0

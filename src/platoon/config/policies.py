@@ -29,6 +29,7 @@ _TRAIN_KEYS = (
     "loss_fn_config",
     "kl",
     "distill",
+    "correction",
 )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "AgentsConfig",
     "CheckpointConfig",
     "Config",
+    "CorrectionConfig",
     "DistillConfig",
     "EnvironmentConfig",
     "EvalConfig",
@@ -113,6 +114,10 @@ class WorkflowConfig(_Strict, frozen=True):
     # close a group this long after its first grade; None: wait for all
     straggler_timeout_seconds: PositiveFloat | None = None
     straggler_quorum: Fraction = 0.5  # share of a group that must be in before a timeout closes it
+    # a group trains only when at least this share of its rollouts were graded: episodes the
+    # system failed (sandbox, environment, sampler, worker) are never in a baseline, and a group
+    # left with fewer is dropped rather than trained on the few
+    min_group_share: Fraction = 0.5
     # outcome: one reward per episode, spread over its calls; per_turn: each call answers to the
     # rewards that arrived after it (tool results), with baselines per turn of the group
     credit: Literal["outcome", "per_turn"] = "outcome"
@@ -301,6 +306,21 @@ class DistillConfig(_Strict, frozen=True):
     teacher_path: PathOrName | None = None
 
 
+class CorrectionConfig(_Strict, frozen=True):
+    """Token-level importance sampling against the sampler (`train.correction`): before the step, a
+    forward pass measures r = p_trainer / p_sampler on every sampled token, and each token's
+    advantage is weighted by r, truncated (TIS) or masked (MIS) where r strays."""
+
+    # truncate: weight min(r, high); mask: weight r where low <= r <= high, else 0 (the token is dropped)
+    mode: Literal["truncate", "mask"] = "truncate"
+    high: PositiveFloat = 2.0  # the largest weight a token carries (truncate), or keeps (mask)
+    low: NonNegativeFloat = 0.0  # mask: tokens whose r is below this are dropped too
+
+    def __post_init__(self) -> None:
+        if self.low >= self.high:
+            raise ValueError(f"correction.low ({self.low}) must be below correction.high ({self.high})")
+
+
 class TrainConfig(_Strict, frozen=True):
     """The policy, the training service and the schedule."""
 
@@ -327,6 +347,9 @@ class TrainConfig(_Strict, frozen=True):
     # sum: Tinker's summed loss; token_mean: divided by the batch's trained tokens
     loss_normalization: Literal["sum", "token_mean"] = "token_mean"
     max_staleness: NonNegativeInt = 0  # steps a datum's policy may lag; 0: strictly on-policy
+    # correct for the sampler's numbers differing from the trainer's (and for staleness) with
+    # truncated or masked importance weights; costs a forward pass a step. None: no correction
+    correction: CorrectionConfig | None = None
     workflow_config: WorkflowConfig = field(default_factory=WorkflowConfig)
     save_every: NonNegativeInt = 10  # steps between checkpoints; 0: only the last
     context_window_length: PositiveInt | None = None  # None: the model's
@@ -355,6 +378,7 @@ class PolicyConfig(_Strict, frozen=True):
     load_path: PathOrName | None = None
     kl: KLConfig | None = None  # this policy's KL penalty (e.g. against a frozen policy); None: train.kl
     distill: DistillConfig | None = None  # this policy's teacher (e.g. a frozen policy); None: train.distill
+    correction: CorrectionConfig | None = None  # this policy's importance correction; None: train.correction
     frozen: bool = False  # a frozen policy samples and never trains: an opponent or a reference
 
 
@@ -415,6 +439,11 @@ class StatsConfig(_Strict, frozen=True):
     experiment_name: str = "platoon"  # the run directory is <runs>/<experiment_name>/<trial_name>
     trial_name: str | None = None  # None: the UTC start time
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging
+    # warn (step line, live display, closing summary) when a step's sampler-trainer KL estimate
+    # (`mismatch/kl`) passes this; None: never
+    warn_mismatch_kl: NonNegativeFloat | None = 0.01
+    # warn when the share of sampled tokens the loss clipped (`ratio/clipped_fraction`) passes this; None: never
+    warn_clipped_fraction: Fraction | None = 0.2
 
 
 class PluginConfig(_Strict, frozen=True):

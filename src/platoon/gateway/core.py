@@ -39,6 +39,7 @@ from platoon.bus.events import (
     ChatReplied,
     ChatRequested,
     EpisodeFinished,
+    ModelCallFailed,
     ModelCallFinished,
     PolicyUpdated,
     derive_seed,
@@ -116,7 +117,7 @@ class Gateway(ComponentBase):
 
     name = "gateway"
     subscribes = (AgentOpenRequested, ChatRequested, PolicyUpdated, EpisodeFinished)
-    publishes = (AgentOpened, ChatReplied, ModelCallFinished)
+    publishes = (AgentOpened, ChatReplied, ModelCallFinished, ModelCallFailed)
     # What `serve_http` serves: set by `platoon.gateway` (the HTTP app imports this module).
     http_front: ClassVar[HttpFront | None] = None
 
@@ -246,12 +247,29 @@ class Gateway(ComponentBase):
                     state.updated = anyio.Event()
                 await state.updated.wait()
             return state.sampler
-        raise GatewayError(
-            "sampler",
-            f"waited {self.version_timeout:g} s for policy version {session.min_version}; "
-            f"the sampler is at {state.sampler.version if state.sampler else None}"
-            + (f" (policy {session.policy!r})" if len(self.policies) > 1 else ""),
+        raise await self._failed(
+            session,
+            GatewayError(
+                "sampler",
+                f"waited {self.version_timeout:g} s for policy version {session.min_version}; "
+                f"the sampler is at {state.sampler.version if state.sampler else None}"
+                + (f" (policy {session.policy!r})" if len(self.policies) > 1 else ""),
+            ),
         )
+
+    async def _failed(self, session: AgentSession, error: GatewayError) -> GatewayError:
+        """`error`, once said on the bus where the sampler failed (`ModelCallFailed`): the
+        episode is the system's failure, not the policy's, however its harness goes on."""
+        if error.kind == "sampler" and self._bus is not None:
+            await self._bus.publish(
+                ModelCallFailed(
+                    episode_id=session.episode_id,
+                    agent_id=session.agent_id,
+                    error=str(error),
+                    policy=session.policy,
+                )
+            )
+        return error
 
     async def _answer_chat(self, bus: Bus, request: ChatRequested) -> None:
         session = self.by_agent.get(request.agent_id)
@@ -372,7 +390,7 @@ class Gateway(ComponentBase):
         """
         state = self.policies[session.policy]
         if state.sampler is None:
-            raise GatewayError("sampler", "the gateway has no sampler yet")
+            raise await self._failed(session, GatewayError("sampler", "the gateway has no sampler yet"))
         renderer = state.renderer
         if kind == "policy":
             session.budget.check()
@@ -500,7 +518,7 @@ class Gateway(ComponentBase):
                         sampled = await sampler.sample(prompt, params_now, messages=conversation)
                 except Exception as exc:
                     log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                    raise sampler_error(exc) from exc
+                    raise await self._failed(session, sampler_error(exc)) from exc
                 # An agent that checks its own calls gets every well-formed call as it came.
                 sampled, parsed, stop_sequence = read_reply(
                     sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls

@@ -33,6 +33,7 @@ from platoon.bus.events import (
     Event,
     Graded,
     GradeRequested,
+    ModelCallFailed,
     ModelCallFinished,
     ToolCalled,
     ToolReturned,
@@ -60,6 +61,7 @@ class Grader(ComponentBase):
         ToolCalled,
         ToolReturned,
         EpisodeAbandoned,
+        ModelCallFailed,
         EpisodeFinished,
         Graded,
     )
@@ -80,6 +82,7 @@ class Grader(ComponentBase):
         self.recorder = EpisodeRecorder()
         self.pairings = Pairings()  # task groups in flight, for pairwise judges
         self._events: Stream[Event] | None = None
+        self._sampler_faults: dict[str, str] = {}  # episodes in flight whose sampler failed -> how
 
     def on_attach(self, bus: Bus) -> None:
         taken = tuple(t for t in self.subscribes if t is not Graded)  # replies come to `request`
@@ -93,8 +96,13 @@ class Grader(ComponentBase):
                 with self._events as events:
                     async for event in events:
                         if isinstance(event, EpisodeFinished):
-                            tg.start_soon(self._grade, bus, event, self.recorder.pop(event))
+                            fault = self._sampler_faults.pop(event.episode_id, None)
+                            tg.start_soon(self._grade, bus, event, self.recorder.pop(event), fault)
+                        elif isinstance(event, ModelCallFailed):
+                            self._sampler_faults.setdefault(event.episode_id, event.error)
                         else:
+                            if isinstance(event, EpisodeAbandoned):
+                                self._sampler_faults.pop(event.episode_id, None)
                             self.recorder.see(event)
                             if isinstance(event, EpisodeRequested) and self._pairwise(event.task.env):
                                 self.pairings.expect(event.group_id)
@@ -103,12 +111,23 @@ class Grader(ComponentBase):
                 for rules in self.rules.values():
                     await rules.aclose()
 
-    async def _grade(self, bus: Bus, finished: EpisodeFinished, episode: Episode | None = None) -> None:
+    async def _grade(
+        self, bus: Bus, finished: EpisodeFinished, episode: Episode | None = None, fault: str | None = None
+    ) -> None:
+        """Grade one episode; `fault`: a sampler failure during it (`ModelCallFailed`), which makes
+        it the system's failure, never graded (its runner ends it too, when it hears in time)."""
         episode = episode or Episode(
             episode_id=finished.episode_id, group_id=finished.group_id, task=finished.task
         )
         notes: dict[str, str] = {}
-        reward, rewards, reason = await self.grade(bus, finished, episode, notes)
+        reward: float | None
+        rewards: dict[str, float]
+        reason: str | None
+        if fault is not None:
+            reason = finished.reason if finished.status == "error" and finished.reason else None
+            reward, rewards, reason = None, {}, reason or f"the policy's sampler failed: {fault}"
+        else:
+            reward, rewards, reason = await self.grade(bus, finished, episode, notes)
         if reward is None and self._pairwise(finished.task.env):
             self.pairings.leave(finished.group_id, finished.episode_id)  # its group need not wait
         if reward is not None and not math.isfinite(reward):

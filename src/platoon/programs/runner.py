@@ -41,6 +41,7 @@ from platoon.bus.events import (
     EpisodeStarted,
     Graded,
     GradeRequested,
+    ModelCallFailed,
     ModelCallFinished,
     SessionOpened,
     SessionOpenRequested,
@@ -112,6 +113,7 @@ class EpisodeRunner(ComponentBase):
         Graded,
         ModelCallFinished,
         StepStarted,
+        ModelCallFailed,
     )
     publishes = (
         SessionOpenRequested,
@@ -146,12 +148,24 @@ class EpisodeRunner(ComponentBase):
         self.program_options: dict[str, Any] = {}
         self._requests: Stream[EpisodeRequested] | None = None
         self._env_faults: dict[str, list[str]] = {}  # episodes being played -> the env's failures
+        self._sampler_faults: dict[str, str] = {}  # episodes whose sampler failed -> the first failure
+        self._stops: dict[str, anyio.CancelScope] = {}  # episodes being played -> what ends one early
         for entry in entries:
             options, self.program_options[entry.name] = checked_entry(entry)
             self.options.update({(entry.name, name): o for name, o in options.items()})
 
     def on_attach(self, bus: Bus) -> None:
         self._requests = bus.stream(EpisodeRequested, name="runner").open()
+        bus.subscribe(ModelCallFailed, self._sampler_failed, name="runner:sampler-failures")
+
+    def _sampler_failed(self, event: ModelCallFailed) -> None:
+        """The policy's sampler failed one of an episode's calls: the episode is the system's
+        failure, so it ends now and is never graded (`_finish`), whatever its harness does next."""
+        stop = self._stops.get(event.episode_id)
+        if stop is None:
+            return  # not an episode this runner plays
+        self._sampler_faults.setdefault(event.episode_id, event.error)
+        stop.cancel()
 
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
@@ -186,7 +200,7 @@ class EpisodeRunner(ComponentBase):
         result = AgentResult("error", reason="the episode did not start")
         calls = 0
         # The environment failing under the agent ends the episode here, at once (`_finish` says why).
-        ended_by_env = anyio.CancelScope()
+        ended_by_env = self._stops[request.episode_id] = anyio.CancelScope()
         try:
             with (
                 anyio.fail_after(entry.timeout) if entry.timeout else contextlib.nullcontext(),
@@ -206,7 +220,7 @@ class EpisodeRunner(ComponentBase):
                     result = await get_program(entry.program)(episode)
                 finally:
                     calls = ctx.budget.used
-            if ended_by_env.cancelled_caught:
+            if ended_by_env.cancelled_caught and request.episode_id not in self._sampler_faults:
                 faults = self._env_faults.get(request.episode_id) or ["a tool failed"]
                 result = AgentResult("error", reason=f"the environment failed: {faults[0]}")
         except TimeoutError:
@@ -326,7 +340,11 @@ class EpisodeRunner(ComponentBase):
         cancelled: bool = False,
     ) -> EpisodeFinished:
         faults = self._env_faults.pop(request.episode_id, [])
-        if faults and result.status != "error" and not cancelled:
+        sampler = self._sampler_faults.pop(request.episode_id, None)
+        self._stops.pop(request.episode_id, None)
+        if sampler is not None and not cancelled:
+            result = AgentResult("error", result.final_message, f"the policy's sampler failed: {sampler}")
+        elif faults and result.status != "error" and not cancelled:
             result = AgentResult("error", result.final_message, f"the environment failed: {faults[0]}")
         status = "cancelled" if cancelled else result.status
         await bus.publish(

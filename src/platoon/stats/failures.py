@@ -14,6 +14,8 @@ __all__ = ["failure_kind"]
 _KINDS = (
     ("reward rules failed", "reward_rules"),  # first: its reason may quote the environment's
     ("the environment failed", "env_fault"),
+    ("sampler failed", "sampler"),  # the policy's sampler (`ModelCallFailed`)
+    ("no sign of life from its worker", "worker_lost"),  # a rollout worker's lease expired
     ("non-finite reward", "non_finite_reward"),
     ("carried no reward", "no_reward"),
     ("harness raised", "harness_raised"),

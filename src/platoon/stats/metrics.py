@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ from platoon.bus.events import (
 )
 from platoon.config.rundir import open_private
 
-__all__ = ["EVAL_TABLE_COLUMNS", "MetricsSink", "counted_from_zero", "is_eval_row"]
+__all__ = [
+    "EVAL_TABLE_COLUMNS",
+    "HealthLimits",
+    "MetricsSink",
+    "counted_from_zero",
+    "is_eval_row",
+    "step_line",
+]
 
 STEP_KEY = "platoon/step"
 EVAL_TABLE_COLUMNS = (
@@ -47,6 +55,13 @@ EVAL_TABLE_COLUMNS = (
 )
 _FINAL_MESSAGE_CHARS = 2000
 
+# The health of the learning signal (`platoon.train.health`), as a step line shows it.
+_HEALTH_KEYS = (
+    ("mismatch/max_abs", "mismatch {:.2g}"),
+    ("ratio/clipped_fraction", "clipped {:.2f}"),
+    ("entropy/mean", "entropy {:.2f}"),
+)
+
 _CONSOLE_KEYS = (
     ("reward/mean", "reward {:.3f}"),
     ("reward/pass_rate", "pass {:.2f}"),
@@ -56,6 +71,8 @@ _CONSOLE_KEYS = (
     ("train/loss_per_token", "per token {:.3f}"),
     ("sft/epoch", "epoch {:.0f}"),
     ("staleness/mean", "stale {:.2f}"),
+    *_HEALTH_KEYS,
+    ("replies/truncated_fraction", "cut {:.2f}"),
     ("time/step", "{:.1f}s"),
 )
 
@@ -64,8 +81,33 @@ _POLICY_KEYS = (
     ("train/datums", "datums {:.0f}"),
     ("train/trained_tokens", "tokens {:.0f}"),
     ("train/loss", "loss {:.4g}"),
+    *_HEALTH_KEYS,
     ("time/step", "{:.1f}s"),
 )
+
+
+@dataclass(frozen=True)
+class HealthLimits:
+    """Past these a step's line (and the closing summary) warns: `stats.warn_mismatch_kl` and
+    `stats.warn_clipped_fraction`; None never warns."""
+
+    mismatch_kl: float | None = 0.01
+    clipped_fraction: float | None = 0.2
+
+    def warnings(self, metrics: Mapping[str, float]) -> list[str]:
+        """What passed its limit in one step's metrics (each policy's own too)."""
+        out = []
+        for key, limit, what in (
+            ("mismatch/kl", self.mismatch_kl, "sampler-trainer mismatch kl"),
+            ("ratio/clipped_fraction", self.clipped_fraction, "clipped share"),
+        ):
+            if limit is None:
+                continue
+            for name, value in metrics.items():
+                if (name == key or name.endswith(f"/{key}")) and value > limit:
+                    who = name.removesuffix(key).rstrip("/")
+                    out.append(f"{what} {value:.3g} > {limit:g}" + (f" ({who})" if who else ""))
+        return out
 
 
 class MetricsSink(ComponentBase):
@@ -92,10 +134,12 @@ class MetricsSink(ComponentBase):
         config: dict[str, Any] | None = None,
         console: bool = True,
         total_steps: int | None = None,
+        limits: HealthLimits | None = None,
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.console = console
         self.total_steps = total_steps
+        self.limits = limits or HealthLimits()
         self._wandb_cfg = wandb
         self._experiment = experiment
         self._trial = trial
@@ -219,13 +263,17 @@ class MetricsSink(ComponentBase):
 
     def _console_line(self, event: TrainStepFinished) -> None:
         if self.console:
-            print(step_line(event.step, self.total_steps, event.metrics), file=sys.stderr, flush=True)
+            line = step_line(event.step, self.total_steps, event.metrics, self.limits)
+            print(line, file=sys.stderr, flush=True)
 
 
-def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> str:
-    """The one line a finished step (`step`: its index) leaves on the console."""
+def step_line(
+    step: int, total_steps: int | None, metrics: dict[str, float], limits: HealthLimits | None = None
+) -> str:
+    """The one line a finished step (`step`: its index) leaves on the console; with `limits`,
+    a warning where the learning signal's health passed one."""
     of = f"/{total_steps}" if total_steps else ""
-    parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if key in metrics]
+    parts = [fmt.format(metrics[key]) for key, fmt in _CONSOLE_KEYS if _shown(key, metrics)]
     total, graded = metrics.get("episodes/total", 0), metrics.get("episodes/graded", 0)
     if graded < total:
         failed = sorted(
@@ -248,7 +296,7 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
         own = [
             fmt.format(metrics[f"{policy}/{key}"])
             for key, fmt in _POLICY_KEYS
-            if f"{policy}/{key}" in metrics
+            if _shown(f"{policy}/{key}", metrics)
         ]
         if own:
             parts.append(f"[{policy}: {' '.join(own)}]")
@@ -259,7 +307,18 @@ def step_line(step: int, total_steps: int | None, metrics: dict[str, float]) -> 
             if constant == groups
             else f"{constant:.0f}/{groups:.0f} groups alike"
         )
+    warnings = (limits or HealthLimits()).warnings(metrics)
+    if warnings:
+        parts.append("WARNING " + "; ".join(warnings))
     return f"step {step_number(step)}{of}  " + "  ".join(parts)
+
+
+def _shown(key: str, metrics: Mapping[str, float]) -> bool:
+    """Whether a step line shows `key`: when the step has it (a share of clipped or cut tokens
+    only when it is not 0, the usual case for a loss that does not clip)."""
+    if key not in metrics:
+        return False
+    return not (key.endswith(("clipped_fraction", "truncated_fraction")) and metrics[key] == 0)
 
 
 def is_eval_row(row: Mapping[str, object]) -> bool:

@@ -17,7 +17,7 @@ import anyio
 
 from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TrainStepFinished
-from platoon.stats.metrics import step_line
+from platoon.stats.metrics import HealthLimits, step_line
 
 __all__ = ["TrainProgress"]
 
@@ -29,6 +29,11 @@ _TABLE = (
     ("train/loss", "loss", "{:.3g}"),
     ("train/loss_per_token", "per token", "{:.3f}"),
     ("staleness/mean", "stale", "{:.2f}"),
+    ("mismatch/max_abs", "mismatch", "{:.2g}"),
+    ("mismatch/kl", "mismatch kl", "{:.2g}"),
+    ("ratio/clipped_fraction", "clipped", "{:.2f}"),
+    ("entropy/mean", "entropy", "{:.2f}"),
+    ("replies/truncated_fraction", "cut", "{:.2f}"),
     ("time/rollout", "rollout s", "{:.1f}"),
     ("time/train", "train s", "{:.1f}"),
     ("time/step", "step s", "{:.1f}"),
@@ -41,10 +46,18 @@ class TrainProgress(ComponentBase):
     name = "progress"
     subscribes = (EpisodeRequested, EpisodeGraded, TrainStepFinished)
 
-    def __init__(self, total_steps: int, *, start_step: int = 0, console: Any = None) -> None:
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        start_step: int = 0,
+        console: Any = None,
+        limits: HealthLimits | None = None,
+    ) -> None:
         from rich.console import Console
 
         self.total_steps = total_steps
+        self.limits = limits or HealthLimits()
         self.console = console or Console(stderr=True)
         self.requested: collections.Counter[int] = collections.Counter()
         self.graded: collections.Counter[int] = collections.Counter()
@@ -94,7 +107,7 @@ class TrainProgress(ComponentBase):
                 self.last = dict(event.metrics)
                 if live is not None:
                     live.console.print(
-                        step_line(event.step, self.total_steps, event.metrics), highlight=False
+                        step_line(event.step, self.total_steps, event.metrics, self.limits), highlight=False
                     )
 
     def render(self) -> Any:

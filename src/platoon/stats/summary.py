@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from platoon.stats.metrics import is_eval_row
+from platoon.stats.metrics import HealthLimits, is_eval_row
 
 __all__ = ["sft_summary", "sparkline", "train_summary"]
 
@@ -28,8 +28,8 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
     return "".join(_BARS[0 if span == 0 else round((v - low) / span * (len(_BARS) - 1))] for v in values)
 
 
-def train_summary(run_dir: Path, seconds: float | None = None) -> str:
-    """The end-of-training summary of the run in `run_dir`, from its `metrics.jsonl`."""
+def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLimits | None = None) -> str:
+    """The end-of-training summary of the run in `run_dir`, from its `metrics.jsonl` (`limits`: `stats.warn_*`)."""
     rows = []
     path = run_dir / "metrics.jsonl"
     if path.exists():
@@ -64,6 +64,7 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
         )
     elif constant:
         lines.append(f"signal  {constant:.0f} of {groups:.0f} groups had one reward for all their rollouts")
+    lines += _health_lines(steps, limits or HealthLimits())
     for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
         own = _series(rows, f"{policy}/reward/mean")
         parts = [f"reward {_span(own)}" if own else "no step graded its agents"]
@@ -109,6 +110,47 @@ def train_summary(run_dir: Path, seconds: float | None = None) -> str:
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
+
+
+def _health_lines(steps: list[dict], limits: HealthLimits) -> list[str]:
+    """The learning signal's health over the run (`platoon.train.health`): the sampler-trainer
+    mismatch, the clipped share, the entropy and the replies cut, the steps that passed a
+    limit, and the episodes the system failed, by cause (left out of every baseline)."""
+    lines = []
+    parts = []
+    for key, shape in (
+        ("mismatch/max_abs", "mismatch max |Δlogprob| {:.2g}"),
+        ("mismatch/kl", "kl {:.2g}"),
+        ("ratio/clipped_fraction", "clipped {:.2f}"),
+        ("entropy/mean", "entropy {:.2f}"),
+        ("replies/truncated_fraction", "cut by max_tokens {:.2f}"),
+        ("train/grad_norm", "grad norm {:.3g}"),
+    ):
+        series = _series(steps, key)
+        if series:
+            parts.append(shape.format(max(series) if key.startswith(("mismatch", "ratio")) else series[-1]))
+    if parts:
+        lines.append(
+            f"health  {', '.join(parts)}  (mismatch and clipped: the run's worst step; others: the last)"
+        )
+    warned = [(step.get("step"), limits.warnings(step)) for step in steps]
+    warned = [(n, w) for n, w in warned if w]
+    if warned:
+        first, what = warned[0]
+        lines.append(
+            f"WARNING {len(warned)} step{'s' * (len(warned) != 1)} passed a health limit, first step "
+            f"{first}: {'; '.join(what)} (stats.warn_mismatch_kl, stats.warn_clipped_fraction)"
+        )
+    failed: dict[str, float] = {}
+    for step in steps:
+        for key, value in step.items():
+            if key.startswith("episodes/failed/") and isinstance(value, int | float) and value:
+                kind = key.removeprefix("episodes/failed/")
+                failed[kind] = failed.get(kind, 0) + value
+    if failed:
+        shown = ", ".join(f"{n:.0f} {kind}" for kind, n in sorted(failed.items(), key=lambda kv: -kv[1]))
+        lines.append(f"failed  {shown}  (never graded: left out of their groups' baselines)")
+    return lines
 
 
 def _resumed_after(run_dir: Path) -> int:

@@ -11,6 +11,11 @@ credit rule that raises or gives a non-finite advantage) is dropped from its bat
 counted (`episodes/failed/credit_error`). Only when every group of `_CREDIT_FAILED_STEPS` steps
 in a row fails is the fault taken to be systematic, and the run ends saying so.
 
+An episode the system failed (an env session that did not open, an environment fault, the
+sampler failing, a worker lost) has no reward: it is left out of its group's baseline and of the
+reward statistics, and counted by cause. A group left with fewer than `min_group_share` of its
+rollouts graded is dropped whole (`credit/groups_removed_too_few`), never trained on a few.
+
 A group may close early: `straggler_timeout` seconds after its first grade, once a
 `straggler_quorum` share of it is graded; the stragglers' results are then dropped and counted.
 
@@ -97,6 +102,8 @@ class EpisodeRecord:
     seal: EpisodeSealed | None = None
     graded: bool = False
     order: int = 0  # its place among the run's requests: datums are in this order, whatever ended first
+    replies: int = 0  # its policy's model calls (judges' left out)
+    cut: int = 0  # of those, the ones `max_tokens` cut (stop reason `length`)
 
     def complete(self) -> bool:
         """Whether everything the seal counts has arrived."""
@@ -164,8 +171,12 @@ class CreditAssigner(ComponentBase):
         straggler_quorum: float = 0.5,
         sealed: bool = False,
         policies: tuple[str, ...] = ("default",),
+        min_group_share: float = 0.5,
     ) -> None:
         self.group_size = group_size
+        # a group trains only when this share of its rollouts were graded: one that the system
+        # failed more (a dead sandbox host, a flaky sampler) would train on a baseline of a few
+        self.min_group_share = min_group_share
         self.batch_size = batch_size
         self.credit = credit
         self.straggler_timeout = straggler_timeout
@@ -218,9 +229,11 @@ class CreditAssigner(ComponentBase):
                                 record.rewards[event.agent_id] = event.reward
                             await self._release(bus, tg, event.episode_id)
                         case ModelCallFinished() if event.episode_id in self.records:
-                            self.records[event.episode_id].calls.setdefault(event.agent_id, []).append(
-                                recorded_call(event)
-                            )
+                            record = self.records[event.episode_id]
+                            record.calls.setdefault(event.agent_id, []).append(recorded_call(event))
+                            if event.kind != "judge":
+                                record.replies += 1
+                                record.cut += event.stop_reason == "length"
                             await self._release(bus, tg, event.episode_id)
                         case EpisodeGraded(purpose="train") if event.episode_id in self.abandoned:
                             self.dropped["abandoned"] += 1
@@ -336,12 +349,13 @@ class CreditAssigner(ComponentBase):
         rewards: list[float] = []
         parts: dict[str, list[float]] = {}
         workers: Counter[str] = Counter()
-        episodes = 0
+        episodes = replies = cut = thin = 0
         for group in groups:
             kept = []
             for graded in group.graded:
                 episodes += 1
                 record = self.records.pop(graded.episode_id, EpisodeRecord())
+                replies, cut = replies + record.replies, cut + record.cut
                 if record.worker:
                     workers[record.worker] += 1
                 if graded.reward is None:
@@ -355,13 +369,17 @@ class CreditAssigner(ComponentBase):
                 for name, value in graded.rewards.items():
                     parts.setdefault(name, []).append(value)
                 kept.append(record.rollout(graded))
-            if kept:
+            if kept and self._thin(kept):
+                thin += 1
+            elif kept:
                 rollouts.append(kept)
         result, errors = self._assign(step, rollouts)
         failures["credit_error"] += sum(len(g) for g in rollouts if g[0].group_id in errors)
         if not failures["credit_error"]:
             del failures["credit_error"]
         stats = {f"credit/{k}": float(v) for k, v in result.stats.items()}
+        if thin:
+            stats["credit/groups_removed_too_few"] = float(thin)
         if errors:
             stats["credit/groups_failed"] = float(len(errors))
             rewards = [r.reward for g in rollouts if g[0].group_id not in errors for r in g]
@@ -384,6 +402,9 @@ class CreditAssigner(ComponentBase):
             "time/rollout": time.monotonic() - self.requested_at.pop(step, time.monotonic()),
             "episodes/dropped_stragglers": float(self.dropped.pop("straggler", 0)),
         }
+        if replies:  # replies cut by max_tokens: their ends were never sampled, so never judged
+            stats["replies/truncated_fraction"] = cut / replies
+            stats["replies/count"] = float(replies)
         stats |= {f"episodes/failed/{reason}": float(count) for reason, count in failures.items()}
         for key, name in (
             ("abandoned_episodes", "episodes/abandoned"),
@@ -413,7 +434,7 @@ class CreditAssigner(ComponentBase):
             ]
             for group in groups
         ]
-        rollouts = [group for group in rollouts if group]
+        rollouts = [group for group in rollouts if group and not self._thin(group)]
         shared = self.batch(step)  # the episodes' statistics (and forgets the step's episodes)
         common = {  # the episodes' (rewards, counts, failures, times): the same for every policy
             k: v for k, v in shared.stats.items() if not k.startswith(("credit/", "train/", "time/credit"))
@@ -450,6 +471,10 @@ class CreditAssigner(ComponentBase):
             stats |= {f"{policy}/{k}": v for k, v in mine.items()}
             out.append(BatchReady(step=step, datums=result.datums, stats=stats, policy=policy))
         return out
+
+    def _thin(self, graded: list[Rollout]) -> bool:
+        """Whether too few of a group's rollouts were graded for it to train (`min_group_share`)."""
+        return len(graded) < math.ceil(self.min_group_share * self.group_size - 1e-9)
 
     def _assign(
         self, step: int, groups: list[list[Rollout]], policy: str | None = None, *, count: bool = True

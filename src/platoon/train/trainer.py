@@ -34,6 +34,7 @@ from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     BatchReady,
     CheckpointSaved,
+    DatumsScored,
     EpisodeAbandoned,
     EpisodeFinished,
     EpisodeRequested,
@@ -43,10 +44,12 @@ from platoon.bus.events import (
     step_number,
 )
 from platoon.config.rundir import write_private
-from platoon.config.schema import LossFn
+from platoon.config.schema import CorrectionConfig, LossFn
 from platoon.credit import distill_advantages, filter_stale, kl_penalty, reference_targets, to_tinker
+from platoon.credit.importance import CORRECTED_LOSSES, correct
 from platoon.policy.tinker import wait_future
 from platoon.train.checkpoints import Checkpoint, CheckpointStore
+from platoon.train.health import health_metrics
 from platoon.train.step_weights import StepWeights
 
 if TYPE_CHECKING:
@@ -83,6 +86,7 @@ class TrainerSettings:
         normalization: str = "sum",
         keep: int | None = None,
         rollouts: bool = True,
+        correction: CorrectionConfig | None = None,
     ) -> None:
         self.base_model = base_model
         self.loss_fn = loss_fn
@@ -107,6 +111,12 @@ class TrainerSettings:
         # saved and announced, and datums more than `max_staleness` versions old are dropped. A
         # run without (`platoon sft`) trains every datum and saves samplers with checkpoints only.
         self.rollouts = rollouts
+        if correction is not None and loss_fn not in CORRECTED_LOSSES:
+            raise ValueError(
+                f"train.correction weighs the sampler's logprobs in a ratio loss "
+                f"({', '.join(CORRECTED_LOSSES)}), and loss_fn is {loss_fn!r}"
+            )
+        self.correction = correction  # truncated or masked importance sampling against the sampler
 
 
 class Trainer(ComponentBase):
@@ -114,7 +124,7 @@ class Trainer(ComponentBase):
 
     name = "trainer"
     subscribes = (BatchReady, EpisodeRequested, EpisodeFinished, EpisodeAbandoned)
-    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished, PolicyStepFinished)
+    publishes = (PolicyUpdated, CheckpointSaved, TrainStepFinished, PolicyStepFinished, DatumsScored)
 
     def __init__(
         self,
@@ -202,14 +212,31 @@ class Trainer(ComponentBase):
             metrics["time/teacher"] = time.monotonic() - teacher_started
         train_started = time.monotonic()
         if kept:
-            data = [to_tinker(d, self.settings.loss_fn) for d in kept]
+            sent = kept
+            if self.settings.correction is not None:
+                sent, corrected = await self._correct(kept)
+                metrics |= corrected
+            data = [to_tinker(d, self.settings.loss_fn) for d in sent]
             fwd_bwd = self.client.forward_backward(
                 data, self.settings.loss_fn, self.settings.loss_fn_config or None
             )
             optim = self.client.optim_step(tinker.AdamParams(**self.settings.adam))
             result = await wait_future(fwd_bwd)
-            await wait_future(optim)
+            optimized = await wait_future(optim)
             metrics |= _loss_metrics(result)
+            metrics |= _optim_metrics(optimized)
+            scored = _trainer_logprobs(result, len(sent))
+            metrics |= health_metrics(
+                kept,
+                # recorded episodes (`platoon sft`) were sampled by another policy: no mismatch to measure
+                scored if self.settings.rollouts else None,
+                version=self.version,
+                loss_fn=self.settings.loss_fn,
+                loss_fn_config=self.settings.loss_fn_config,
+                sent=sent,
+            )
+            if scored is not None and self.settings.rollouts:
+                await bus.publish(_scored_event(batch, kept, scored, self.policy))
             trained = sum(d.num_trained_tokens for d in kept)
             if self.settings.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
                 metrics["train/loss_per_token"] = metrics["train/loss"] / trained  # the mean NLL
@@ -257,6 +284,25 @@ class Trainer(ComponentBase):
         if self.delete is not None:  # before the step is reported: a run that ends has none left
             await self._delete(self.step_weights.unused(self._checkpoint_samplers()), "step sampler weights")
             self._record_step_weights(self.step_weights.paths())
+
+    async def _correct(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
+        """The datums with the importance correction (`train.correction`) in their advantages,
+        from a forward pass of the trainer as it stands (`platoon.credit.importance`)."""
+        assert self.settings.correction is not None
+        started = time.monotonic()
+        data = [to_tinker(d, self.settings.loss_fn) for d in datums]
+        result = await wait_future(
+            self.client.forward(data, self.settings.loss_fn, self.settings.loss_fn_config or None)
+        )
+        rows = _trainer_logprobs(result, len(datums))
+        if rows is None:
+            raise RuntimeError(
+                "train.correction needs the trainer's logprobs of each datum, and the training "
+                "service's forward returned none (loss_fn_outputs[i]['logprobs'])"
+            )
+        out, stats = correct(datums, rows, self.settings.correction)
+        stats["time/correction"] = time.monotonic() - started
+        return out, stats
 
     async def kl(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
         """The datums with the KL penalty folded in, and the KL metrics."""
@@ -352,6 +398,43 @@ class Trainer(ComponentBase):
                 await self.delete(path)
             except Exception as exc:  # the run goes on; the files stay
                 log.warning(f"could not delete {what}", path=path, error=str(exc))
+
+
+def _trainer_logprobs(result: object, count: int) -> list[list[float]] | None:
+    """The trainer's logprob of each target of each datum (`loss_fn_outputs[i]["logprobs"]`),
+    or None where the service did not give them all."""
+    outputs = getattr(result, "loss_fn_outputs", None)
+    if not isinstance(outputs, list) or len(outputs) != count:
+        return None
+    rows = []
+    for output in outputs:
+        values = output.get("logprobs") if isinstance(output, dict) else None
+        if values is None:
+            return None
+        rows.append([float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)])
+    return rows
+
+
+def _scored_event(batch: BatchReady, kept: list[Datum], rows: list[list[float]], policy: str) -> DatumsScored:
+    """The trainer's logprobs of the batch's datums, by their place in `batch` (stale ones, not
+    trained, left empty): what the viewer lays over each sampled token."""
+    by_datum = {id(d): row for d, row in zip(kept, rows, strict=True)}
+    return DatumsScored(
+        step=batch.step,
+        policy=policy,
+        logprobs=[by_datum.get(id(d), []) for d in batch.datums],
+    )
+
+
+def _optim_metrics(result: object) -> dict[str, float]:
+    """`train/grad_norm` (before clipping) where the training service reports it (the embedded
+    backend does; hosted Tinker's optim_step may not, and then there is none)."""
+    metrics = getattr(result, "metrics", None) or {}
+    out = {}
+    for key, value in metrics.items():
+        if key.split(":")[0] == "grad_norm" and isinstance(value, int | float):
+            out["train/grad_norm"] = float(value)
+    return out
 
 
 def _loss_metrics(result: tinker.ForwardBackwardOutput) -> dict[str, float]:

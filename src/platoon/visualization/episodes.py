@@ -344,7 +344,8 @@ def call_tokens(
     normalization: str | None = None,
 ) -> dict[str, object]:
     """A model call's sampled tokens, each with its sampler logprob and, when it trained, the
-    datum's logprob, weight and advantage at its position; the prompt as ids and text.
+    datum's logprob, weight and advantage at its position and the trainer's own logprob of it
+    (`trainer_logprob`, where the trainer reported one: `DatumsScored`); the prompt as ids and text.
 
     A datum holds the advantage as the loss used it: the rollout's advantage times its depth's
     weight and, under `normalization` `token_mean` (the run's `train.loss_normalization`),
@@ -371,6 +372,10 @@ def call_tokens(
                     trained_advantage=datum.advantages[position],
                     datum_logprob=datum.logprobs[position],
                 )
+                scored = stored.scored if stored is not None else None
+                if scored is not None and position < len(scored) and datum.weights[position]:
+                    # the trainer's logprob of the token, before the step's update
+                    entry["trainer_logprob"] = scored[position]
             else:  # the first token of a sequence is never a target
                 entry.update(
                     position=None, weight=0.0, advantage=0.0, trained_advantage=0.0, datum_logprob=None

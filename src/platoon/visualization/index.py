@@ -38,6 +38,7 @@ from platoon.bus.events import (
     BatchReady,
     ComponentFailed,
     Datum,
+    DatumsScored,
     EpisodeAbandoned,
     EpisodeFinished,
     EpisodeGraded,
@@ -70,7 +71,7 @@ __all__ = [
 ]
 
 INDEX_NAME = "events.index.sqlite"
-_VERSION = "3"  # 3: steps as users read them
+_VERSION = "4"  # 3: steps as users read them; 4: the trainer's logprobs of each datum
 _HEAD_BYTES = 4096  # the log's first bytes identify it: another run in the same place differs
 
 EPISODE_COLUMNS = (
@@ -181,6 +182,8 @@ class StoredDatum(NamedTuple):
     datum: Datum
     batch_tokens: int
     depth_weight: float
+    # the trainer's logprob of each target (`DatumsScored`); None where the trainer gave none
+    scored: list[float] | None = None
 
 
 class Failure(TypedDict):
@@ -206,13 +209,14 @@ CREATE TABLE IF NOT EXISTS records (offset INTEGER PRIMARY KEY, episode_id TEXT,
 CREATE INDEX IF NOT EXISTS records_episode ON records (episode_id);
 CREATE TABLE IF NOT EXISTS requests (request_id TEXT PRIMARY KEY, episode_id TEXT);
 CREATE TABLE IF NOT EXISTS datums (episode_id TEXT, agent_id TEXT, step INTEGER, position INTEGER, data BLOB,
-    batch_tokens INTEGER, depth_weight REAL);
+    batch_tokens INTEGER, depth_weight REAL, policy TEXT, scored BLOB);
 CREATE INDEX IF NOT EXISTS datums_episode ON datums (episode_id);
 CREATE TABLE IF NOT EXISTS metrics (kind TEXT, step INTEGER, time REAL, data TEXT);
 CREATE TABLE IF NOT EXISTS failures (offset INTEGER PRIMARY KEY, component TEXT, error TEXT);
 """
 
 _datum_decoder = msgspec.msgpack.Decoder(Datum)
+_scored_decoder = msgspec.msgpack.Decoder(list[float])
 _datum_encoder = msgspec.msgpack.Encoder()
 
 
@@ -460,14 +464,21 @@ class RunIndex:
     def datums(self, episode_id: str) -> list[StoredDatum]:
         """The datums the trainer got for an episode, with their step, in batch order."""
         rows = self._query(
-            "SELECT step, data, batch_tokens, depth_weight FROM datums WHERE episode_id = ? "
+            "SELECT step, data, batch_tokens, depth_weight, scored FROM datums WHERE episode_id = ? "
             "ORDER BY step, position",
             (episode_id,),
         )
-        datums = cast("list[tuple[int, bytes, int, float]]", rows)  # data: a compressed Datum
+        # data: a compressed Datum; scored: the trainer's logprobs, compressed
+        datums = cast("list[tuple[int, bytes, int, float, bytes | None]]", rows)
         return [
-            StoredDatum(step, _datum_decoder.decode(zlib.decompress(data)), tokens, weight)
-            for step, data, tokens, weight in datums
+            StoredDatum(
+                step,
+                _datum_decoder.decode(zlib.decompress(data)),
+                tokens,
+                weight,
+                _scored_decoder.decode(zlib.decompress(scored)) if scored else None,
+            )
+            for step, data, tokens, weight, scored in datums
         ]
 
 
@@ -504,6 +515,8 @@ class _Writer:
             self._episode(event, record)
         elif isinstance(event, BatchReady):
             self._batch(event)
+        elif isinstance(event, DatumsScored):
+            self._scored(event)
         elif isinstance(event, (TrainStepFinished, EvalFinished)):
             kind = "train" if isinstance(event, TrainStepFinished) else "eval"
             self.db.execute(
@@ -611,7 +624,7 @@ class _Writer:
     def _batch(self, event: BatchReady) -> None:
         tokens = sum(d.num_trained_tokens for d in event.datums)
         self.db.executemany(
-            "INSERT INTO datums VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO datums VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
             [
                 (
                     d.episode_id,
@@ -621,8 +634,20 @@ class _Writer:
                     zlib.compress(_datum_encoder.encode(d), 1),
                     tokens,
                     _depth_weight(event, d.depth),
+                    event.policy,
                 )
                 for i, d in enumerate(event.datums)
+            ],
+        )
+
+    def _scored(self, event: DatumsScored) -> None:
+        """The trainer's logprobs, onto the datums of its step's batch by their place in it."""
+        self.db.executemany(
+            "UPDATE datums SET scored = ? WHERE step = ? AND policy = ? AND position = ?",
+            [
+                (zlib.compress(_datum_encoder.encode(row), 1), step_number(event.step), event.policy, i)
+                for i, row in enumerate(event.logprobs)
+                if row
             ],
         )
 

@@ -30,6 +30,7 @@ from platoon.backends.local.checkpoints import (
     read_spec,
 )
 from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype, resolve_model_dir
+from platoon.backends.local.invariant import left_padded, per_row_attention
 from platoon.backends.local.proto import Datum
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, ModelNotFound, WeightsRef
 
@@ -319,10 +320,15 @@ class Engine:
         *,
         forward_only: bool,
         max_batch_tokens: int = 8192,
+        like_sampler: bool = False,
     ) -> tuple[list[np.ndarray], dict[str, float]]:
         """Run the loss over `data`; accumulate gradients unless `forward_only`.
 
-        Returns each datum's target logprobs and the `name:reduction` metrics.
+        Returns each datum's target logprobs and the `name:reduction` metrics. `like_sampler`:
+        score as the batch-invariant sampler does (`train.reproducible`, where its rows batch):
+        a datum a row, left-padded, attending row by row (`invariant.blocked_attention`), so the
+        logprobs are the sampler's to the last bit (measured: docs/how-to/rl-health.md), at the
+        price of that attention and of no packing.
         """
         model = self._trainable(model_id)
         names = set(data[0].inputs) if data else set()
@@ -338,11 +344,15 @@ class Engine:
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
-        for rows in _batches([d.tokens.size for d in data], budget):
-            logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only)
-            total += loss
-            for i, values in logprobs.items():
-                outputs[i] = values
+        lengths = [d.tokens.size for d in data]
+        batches = _batches(lengths, budget, pack=not like_sampler)
+        attending = per_row_attention(self.peft) if like_sampler else contextlib.nullcontext()
+        with attending:
+            for rows in batches:
+                logprobs, loss = self._batch_loss(rows, data, loss_fn, resolved, forward_only, like_sampler)
+                total += loss
+                for i, values in logprobs.items():
+                    outputs[i] = values
         return outputs, {"loss:sum": total}
 
     def _batch_loss(
@@ -352,38 +362,25 @@ class Engine:
         loss_fn: str,
         config: dict[str, float],
         forward_only: bool,
+        like_sampler: bool = False,
     ) -> tuple[dict[int, np.ndarray], float]:
         """One forward (and backward) over packed rows: each row holds one or more datums end to
         end, each datum's positions start at 0 and it attends only to itself (transformers reads
         the restarts of `position_ids` as packed sequences), so the result equals one datum at a
-        time while mixed lengths waste no compute on padding."""
-        lengths = [[data[i].tokens.size for i in row] for row in rows]
-        width = max(sum(n) for n in lengths)
-        packed = any(len(row) > 1 or sum(n) < width for row, n in zip(rows, lengths, strict=True))
-        ids = np.zeros((len(rows), width), dtype=np.int64)
-        targets = np.zeros((len(rows), width), dtype=np.int64)
-        positions = np.zeros((len(rows), width), dtype=np.int64)
-        spans: dict[int, tuple[int, int, int]] = {}  # datum -> (row, start, length)
-        for r, row in enumerate(rows):
-            start = 0
-            for i in row:
-                datum, n = data[i], data[i].tokens.size
-                ids[r, start : start + n] = datum.tokens
-                targets[r, start : start + n] = datum.inputs["target_tokens"]
-                positions[r, start : start + n] = np.arange(n)
-                spans[i] = (r, start, n)
-                start += n
-            positions[r, start:] = np.arange(width - start)  # padding: a sequence of its own
+        time while mixed lengths waste no compute on padding. `like_sampler`: a datum a row,
+        left-padded, as the batch-invariant sampler prefills (its row attention reads the mask)."""
+        ids, targets, extra, spans = (_left_padded if like_sampler else _packed)(rows, data)
+        packed = bool(extra)
         order = sorted(spans)
         device = self.device
         ids_t = torch.from_numpy(ids).to(device)
         targets_t = torch.from_numpy(targets).to(device)
-        extra = {"position_ids": torch.from_numpy(positions).to(device)} if packed else {}
+        extra = {name: torch.from_numpy(values).to(device) for name, values in extra.items()}
         with torch.set_grad_enabled(not forward_only):
             logits = self.peft(input_ids=ids_t, use_cache=False, **extra).logits.float()
             token_logprobs = -torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), targets_t.reshape(-1), reduction="none"
-            ).reshape(len(rows), width)
+            ).reshape(ids_t.shape)
             if packed:
                 flat = torch.cat([token_logprobs[r, a : a + n] for r, a, n in (spans[i] for i in order)])
             else:
@@ -653,14 +650,57 @@ class Engine:
 _UNSET = object()
 
 
-def _batches(lengths: list[int], budget: int) -> Iterator[list[list[int]]]:
-    """Pack datum indices into rows as wide as the longest datum (first fit, longest first),
-    and the rows into batches of at most `budget` tokens (always at least one row)."""
+Layout = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[int, tuple[int, int, int]]]
+
+
+def _packed(rows: list[list[int]], data: list[Datum]) -> Layout:
+    """The ids and targets of datums laid end to end in rows, right-padded, with the
+    `position_ids` that restart at each datum (none when each row is one datum filling it), and
+    where each datum is: datum -> (row, start, length)."""
+    lengths = [[data[i].tokens.size for i in row] for row in rows]
+    width = max(sum(n) for n in lengths)
+    packed = any(len(row) > 1 or sum(n) < width for row, n in zip(rows, lengths, strict=True))
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    targets = np.zeros((len(rows), width), dtype=np.int64)
+    positions = np.zeros((len(rows), width), dtype=np.int64)
+    spans: dict[int, tuple[int, int, int]] = {}
+    for r, row in enumerate(rows):
+        start = 0
+        for i in row:
+            datum, n = data[i], data[i].tokens.size
+            ids[r, start : start + n] = datum.tokens
+            targets[r, start : start + n] = datum.inputs["target_tokens"]
+            positions[r, start : start + n] = np.arange(n)
+            spans[i] = (r, start, n)
+            start += n
+        positions[r, start:] = np.arange(width - start)  # padding: a sequence of its own
+    return ids, targets, ({"position_ids": positions} if packed else {}), spans
+
+
+def _left_padded(rows: list[list[int]], data: list[Datum]) -> Layout:
+    """A datum a row, left-padded to the longest, with the `attention_mask` and `position_ids`
+    that leave the padding out (`invariant.left_padded`, as the sampler prefills)."""
+    datums = [data[i] for (i,) in rows]
+    width = max(d.tokens.size for d in datums)
+    ids, padding = left_padded([d.tokens.tolist() for d in datums], torch.device("cpu"))
+    targets = np.zeros((len(rows), width), dtype=np.int64)
+    spans: dict[int, tuple[int, int, int]] = {}
+    for r, ((i,), datum) in enumerate(zip(rows, datums, strict=True)):
+        n = datum.tokens.size
+        targets[r, width - n :] = datum.inputs["target_tokens"]
+        spans[i] = (r, width - n, n)
+    return ids.numpy(), targets, {k: v.numpy() for k, v in padding.items()}, spans
+
+
+def _batches(lengths: list[int], budget: int, *, pack: bool = True) -> Iterator[list[list[int]]]:
+    """Pack datum indices into rows as wide as the longest datum (first fit, longest first; one
+    a row without `pack`), and the rows into batches of at most `budget` tokens (always at least
+    one row)."""
     width = max(lengths)
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        for r, free in enumerate(room):
+        for r, free in enumerate(room if pack else ()):
             if lengths[i] <= free:
                 rows[r].append(i)
                 room[r] -= lengths[i]

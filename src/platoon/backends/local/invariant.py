@@ -123,7 +123,8 @@ def blocked_attention(
         position = (lengths[:, None] + offsets).clamp(min=0)
         keys_at = torch.arange(blocks * KEY_BLOCK, device=device).view(1, 1, blocks, 1, KEY_BLOCK)
         scores.masked_fill_(keys_at > position.view(rows, 1, 1, -1, 1), float("-inf"))
-        weights = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
+        # the max is a constant of the softmax (detached: the trainer differentiates through here)
+        weights = scores.sub_(scores.detach().amax(dim=(2, 4), keepdim=True)).exp_()
         total = weights.sum(-1).cumsum(2)[:, :, -1]  # [rows, kv heads, q]
         mixed = torch.matmul(weights, v).cumsum(2)[:, :, -1]  # [rows, kv heads, q, d]
         chunk = (mixed / total[..., None])[:, :, :needed]

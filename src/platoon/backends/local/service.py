@@ -396,7 +396,13 @@ class TinkerService:
             if refused is not None:
                 raise UserError(refused)
             logprobs, metrics = self.engine.forward_backward(
-                call.model_id, call.data, call.loss_fn, call.config, forward_only=call.forward_only
+                call.model_id,
+                call.data,
+                call.loss_fn,
+                call.config,
+                forward_only=call.forward_only,
+                # reproducible sampling whose rows batch: the trainer scores as it samples
+                like_sampler=self.sampler.batch_invariant and self.sampler.rows_batched,
             )
             return proto_outcome(encode_forward_backward_output(logprobs, metrics))
 

@@ -251,6 +251,13 @@ const PANELS = [
   { title: "staleness", keys: ["staleness/mean", "staleness/max", "staleness/dropped_datums"] },
   { title: "loss", keys: ["train/loss"] },
   { title: "loss per token", keys: ["train/loss_per_token", "sft/heldout_loss"] },
+  // the learning signal's health (docs/reference/health.md)
+  { title: "sampler-trainer mismatch", keys: ["mismatch/max_abs", "mismatch/mean_abs", "mismatch/kl"] },
+  { title: "importance ratio", keys: ["ratio/max", "ratio/mean", "ratio/min"] },
+  { title: "clipped and cut (share)", keys: ["ratio/clipped_fraction", "correction/truncated_fraction", "correction/masked_fraction", "replies/truncated_fraction"] },
+  { title: "entropy (nats a token)", keys: ["entropy/mean"] },
+  { title: "grad norm", keys: ["train/grad_norm"] },
+  { title: "tokens per datum", keys: ["train/tokens_per_datum", "train/trained_tokens_per_datum"] },
 ];
 
 function metricPanels(rows) {
@@ -477,7 +484,25 @@ function turn(item, ctx) {
   return h("div", { class: "turn" }, JSON.stringify(item));
 }
 
+// A number that may be tiny (a float32 rounding) or not: exponent notation only when it is.
+function small(x) { return x === 0 || Math.abs(x) >= 1e-3 ? x.toFixed(4) : x.toExponential(2); }
+
+// The trainer's logprob of a token less the sampler's (null where the trainer gave none).
+function mismatchOf(tok) {
+  return typeof tok.trainer_logprob === "number" && typeof tok.logprob === "number" ? tok.trainer_logprob - tok.logprob : null;
+}
+
 function tokenColor(tok, mode) {
+  if (mode === "entropy") { // -logprob: the surprise of the sampled token, in nats (5 nats and more: darkest)
+    const nats = tok.logprob === null || tok.logprob === undefined ? 0 : -tok.logprob;
+    return `rgba(40,110,200,${Math.min(1, nats / 5) * 0.75})`;
+  }
+  if (mode === "mismatch") { // |trainer - sampler| on a log scale: 1e-7 faint, 1e-1 and more darkest; 0 clear
+    const m = mismatchOf(tok);
+    if (m === null) return "transparent";
+    const a = Math.abs(m);
+    return a === 0 ? "transparent" : `rgba(140,60,190,${0.1 + 0.65 * Math.max(0, Math.min(1, (Math.log10(a) + 7) / 6))})`;
+  }
   if (mode === "advantage") {
     if (!tok.weight) return "transparent";
     const a = Math.max(-1, Math.min(1, tok.advantage || 0)); // the rollout's advantage, not the scaled one
@@ -491,26 +516,39 @@ function tokensView(data) {
   const box = h("div", { "data-testid": "tokens", "data-token-count": data.tokens.length, "data-trained": data.trained_tokens });
   const draw = () => {
     const spans = data.tokens.map((tok, i) => h("span", {
-      class: "tok" + (tok.weight ? "" : " masked"), "data-i": i, "data-id": tok.id, "data-logprob": tok.logprob, "data-advantage": tok.advantage ?? "", "data-trained-advantage": tok.trained_advantage ?? "", "data-weight": tok.weight ?? "",
+      class: "tok" + (tok.weight ? "" : " masked"), "data-i": i, "data-id": tok.id, "data-logprob": tok.logprob, "data-mismatch": mismatchOf(tok) ?? "", "data-advantage": tok.advantage ?? "", "data-trained-advantage": tok.trained_advantage ?? "", "data-weight": tok.weight ?? "",
       style: `background:${tokenColor(tok, state.shade)};border-bottom-color:${tok.weight ? (tok.advantage > 0 ? "#1f8a4c" : tok.advantage < 0 ? "#c23b3b" : "#999") : "transparent"}`,
       onmousemove: (e) => showTip(e, `token ${tok.id} ${JSON.stringify(tok.text ?? "")}\nlogprob ${fmt(tok.logprob, 4)} (p ${fmt(Math.exp(tok.logprob ?? 0), 3)})` +
-        (tok.position !== undefined ? `\ndatum position ${tok.position}\nadvantage ${fmt(tok.advantage, 4)} (trained as ${fmt(tok.trained_advantage, 4)} a token)\nweight ${fmt(tok.weight)} (${tok.weight ? "trained" : "masked"})\ndatum logprob ${fmt(tok.datum_logprob, 4)}` : "\nnot in any datum")),
+        (tok.position !== undefined ? `\ndatum position ${tok.position}\nadvantage ${fmt(tok.advantage, 4)} (trained as ${fmt(tok.trained_advantage, 4)} a token)\nweight ${fmt(tok.weight)} (${tok.weight ? "trained" : "masked"})\ndatum logprob ${fmt(tok.datum_logprob, 4)}` : "\nnot in any datum") +
+        (mismatchOf(tok) !== null ? `\ntrainer logprob ${fmt(tok.trainer_logprob, 6)}\nmismatch (trainer - sampler) ${small(mismatchOf(tok))}` : "")),
       onmouseleave: hideTip }, tok.text ?? `[${tok.id}]`));
     tokenBox.replaceChildren(...spans);
   };
   const tokenBox = h("div", { class: "tokens" });
-  const HINTS = { logprob: " darker = less likely under the sampler", advantage: " green = positive advantage, red = negative; struck through = masked (weight 0)" };
+  const HINTS = {
+    logprob: " darker = less likely under the sampler",
+    entropy: " darker = more surprising (-logprob, in nats): where the sampler was unsure",
+    advantage: " green = positive advantage, red = negative; struck through = masked (weight 0)",
+    mismatch: " darker = the trainer's logprob further from the sampler's (log scale, 1e-7 to 0.1); clear = equal or not trained",
+  };
   const hint = h("span", { class: "muted" }, HINTS[state.shade]);
-  const tabs = h("span", { class: "tabs" }, ["logprob", "advantage"].map((m) => h("button", { class: state.shade === m ? "on" : "", onclick: (e) => { e.stopPropagation(); state.shade = m; [...tabs.children].forEach((b) => b.classList.toggle("on", b.textContent === m)); hint.textContent = HINTS[m]; draw(); } }, m)));
+  const tabs = h("span", { class: "tabs" }, ["logprob", "entropy", "advantage", "mismatch"].map((m) => h("button", { class: state.shade === m ? "on" : "", onclick: (e) => { e.stopPropagation(); state.shade = m; [...tabs.children].forEach((b) => b.classList.toggle("on", b.textContent === m)); hint.textContent = HINTS[m]; draw(); } }, m)));
   const d = data.datum;
   const advs = d ? d.advantages.map((a) => fmt(a, 4)).join(", ") : null;
   const scaled = d ? normalization(d) : null;
+  // where the sampler and the trainer disagree most
+  let worst = null;
+  data.tokens.forEach((tok, i) => { const m = mismatchOf(tok); if (m !== null && (worst === null || Math.abs(m) > Math.abs(worst.m))) worst = { i, m, tok }; });
+  const scoredNote = worst === null ? null : h("p", { class: "muted", "data-testid": "mismatch" }, worst.m === 0
+    ? "trainer and sampler logprobs equal on every trained token"
+    : `largest sampler-trainer mismatch: ${small(worst.m)} at token ${worst.i} ${JSON.stringify(worst.tok.text ?? String(worst.tok.id))}`);
   box.append(...[
     h("h3", {}, `Sampled tokens (${data.tokens.length}, ${data.trained_tokens} trained)`),
     h("p", {}, "shade by ", tabs, hint),
     d ? h("p", { "data-testid": "datum" }, `datum ${d.index} of step ${d.step}: ${fmt(d.length)} tokens, ${fmt(d.num_trained_tokens)} trained, policy version ${d.policy_version}, advantage ${advs}`)
       : h("p", { class: "problems" }, data.untrained_reason || "not trained"),
     scaled ? h("p", { class: "muted", "data-testid": "normalization" }, scaled) : null,
+    scoredNote,
     data.tokenizer_error ? h("p", { class: "muted" }, "token ids shown as numbers: " + data.tokenizer_error) : null,
     tokenBox,
     h("details", { onclick: (e) => e.stopPropagation() }, h("summary", {}, `prompt (${data.prompt_ids.length} tokens)`), h("pre", {}, data.prompt_text ?? data.prompt_ids.join(" ")))].filter(Boolean));
