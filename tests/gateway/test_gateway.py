@@ -17,6 +17,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+import structlog
+import structlog.testing
 
 from platoon.bus import Bus
 from platoon.bus.events import (
@@ -499,6 +501,27 @@ async def test_a_prompt_past_the_context_window_ends_the_agent(toy_tokenizer):
         with pytest.raises(BudgetExhausted, match="maximum context length is 20 tokens"):
             await ctx.chat([{"role": "user", "content": "word " * 50}])
         assert await gw.settled() == []
+
+
+@pytest.mark.anyio
+async def test_a_first_prompt_past_the_window_is_said_once_in_one_line_before_any_sample(toy_tokenizer):
+    """An agent whose own prompt cannot fit (a CLI agent's system prompt on a small model) makes
+    no call: the run says so once, naming both sizes and what to change, not once per episode."""
+    long = [{"role": "user", "content": "word " * 50}]
+    with structlog.testing.capture_logs() as logs:
+        async with running_gateway(toy_tokenizer, ["never"], context_window=20) as gw:
+            for episode in ("ep1", "ep2"):
+                ctx = await gw.context(episode)
+                with pytest.raises(BudgetExhausted):
+                    await ctx.chat(long)
+            assert await gw.settled() == []
+    said = [entry["event"] for entry in logs if "first prompt" in entry["event"]]
+    prompt = len(get_renderer("qwen3_instruct", toy_tokenizer).render(long))
+    assert said == [
+        f"an agent's first prompt is {prompt} tokens and the model's context window is 20: no call of "
+        "such an agent can be sampled. Use a model with a longer window, or an agent with a shorter "
+        "prompt (its harness options, or another agent)"
+    ]
 
 
 @pytest.mark.anyio

@@ -169,6 +169,7 @@ class Gateway(ComponentBase):
         self._bus: Bus | None = None
         self._ready = anyio.Event()
         self._chats: Stream[ChatRequested] | None = None
+        self._said_too_long = False  # the run is told once that agents' first prompts do not fit
 
     # --- the component -----------------------------------------------------------------------
 
@@ -407,7 +408,12 @@ class Gateway(ComponentBase):
         sizes = [len(w) for w in written if w is not None]
         bound = sum(sizes) if len(sizes) == len(written) else size_bound(messages)
         chars = bound + size_bound(tools or ())
-        self._check_size(chars, messages, tools, state)
+        try:
+            self._check_size(chars, messages, tools, state)
+        except GatewayError as exc:
+            raise self._first_too_long(
+                session, exc, f"more than {chars // (state.longest_token or 1):,}"
+            ) from None
         render = functools.partial(
             renderer.render, messages, tools or None, completions=completions, memo=session.prompt
         )
@@ -425,7 +431,10 @@ class Gateway(ComponentBase):
         if controls.prefill:
             prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
             prompt += prefill
-        sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
+        try:
+            sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
+        except GatewayError as exc:
+            raise self._first_too_long(session, exc, f"{len(prompt):,}") from None
         budget = session.budget
         if kind == "policy" and budget.max_tokens is not None:
             # A call may not sample past the episode's token budget.
@@ -585,6 +594,22 @@ class Gateway(ComponentBase):
             streamed=text.sent if text is not None and stream else "",
             top_logprobs=sampled.top_logprobs,
         )
+
+    def _first_too_long(self, session: AgentSession, error: GatewayError, tokens: str) -> GatewayError:
+        """`error`; where it refuses an agent's first prompt as longer than the model's window,
+        the run is told so once, in one line, before anything is sampled: an agent whose own
+        system prompt and tools do not fit can make no call at all, and each of its episodes
+        would end in the same refusal."""
+        if error.kind == "context_length" and session.calls == 0 and not self._said_too_long:
+            self._said_too_long = True
+            log.warning(
+                f"an agent's first prompt is {tokens} tokens and the model's context window is "
+                f"{self.context_window:,}: no call of such an agent can be sampled. Use a model with "
+                "a longer window, or an agent with a shorter prompt (its harness options, or another "
+                "agent)",
+                episode=session.episode_id,
+            )
+        return error
 
     def _check_size(
         self, bound: int, messages: Sequence[Message], tools: Sequence[Tool] | None, state: GatewayPolicy
