@@ -176,3 +176,36 @@ def test_the_summary_tells_the_runs_health_and_its_failures_by_cause(tmp_path):
     assert not any(
         "WARNING" in line for line in train_summary(tmp_path, limits=HealthLimits(None, None)).splitlines()
     )
+
+
+def test_a_recursive_runs_summary_says_how_often_it_delegated_and_each_depths_reward(tmp_path):
+    """What the orchestration learned, per step in metrics.jsonl and in the closing lines."""
+    rows = []
+    for step, (share, root, child) in enumerate(
+        [(0.5, 0.5, 0.4), (0.5, 0.6, 0.5), (0.25, 0.7, 0.5), (0.0, 0.9, 0.6)]
+    ):
+        rows.append(
+            {
+                "step": step,
+                "reward/mean": root,
+                "agents/delegated": share,
+                "credit/depth/0/reward_mean": root,
+                "credit/depth/1/reward_mean": child,
+            }
+        )
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "evals").mkdir()
+    for step, (calls, children) in ((0, (5.0, 2.0)), (4, (3.0, 0.0))):
+        depths = {"0": {"agents": 4.0, "model_calls": calls * 4 - children * 3}}
+        if children:
+            depths["1"] = {"agents": children, "model_calls": children * 3}
+        report = {"reward_mean": 0.5, "episodes": 4, "by_depth": depths}
+        (tmp_path / "evals" / f"step-{step:06d}.json").write_text(json.dumps(report))
+    text = train_summary(tmp_path)
+    assert (
+        "tree    delegated first 3 steps 0.417, last 3 steps 0.250  (0.50 → 0.00); "
+        "depth 0 reward 0.60 → 0.73; depth 1 reward 0.47 → 0.53"
+    ) in text
+    assert "eval    step 0: reward 0.500, 5.0 model calls an episode (2 subagents in 4 episodes)" in text
+    assert "eval    step 4: reward 0.500, 3.0 model calls an episode" in text
+    assert "tree" not in train_summary(tmp_path / "nowhere")

@@ -357,6 +357,24 @@ async def test_calls_are_recorded_per_agent_and_merged_by_prefix():
     assert child.depth == 1 and child.advantages[1] == -0.5
 
 
+async def test_each_step_says_how_often_the_root_delegated_once_a_tree_grew():
+    """`agents/delegated`: the share of a step's graded episodes whose root spawned a subagent;
+    absent while no tree grew, then reported every step, 0 included (delegation may die out)."""
+    async with assigner(group_size=2, batch_size=1) as h:
+        for step, spawns in enumerate([(False, False), (True, False), (False, False)]):
+            for n, spawned in enumerate(spawns):
+                episode = f"s{step}e{n}"
+                await h.request(episode, f"G{step}", step=step)
+                await h.agent(episode, f"{episode}/root")
+                await h.call(episode, f"{episode}/root", [1, 2, 3], [4, 5])
+                if spawned:
+                    await h.agent(episode, f"{episode}/child", parent=f"{episode}/root", depth=1)
+                    await h.call(episode, f"{episode}/child", [9, 9], [10])
+                await h.grade(episode, f"G{step}", float(n), step=step)
+            await h.until(lambda step=step: len(h.batches) == step + 1)
+    assert [b.stats.get("agents/delegated") for b in h.batches] == [None, 0.5, 0.0]
+
+
 async def test_eval_and_rollout_episodes_are_ignored():
     async with assigner(group_size=1, batch_size=1) as h:
         for purpose in ("eval", "rollout"):

@@ -65,6 +65,7 @@ def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLim
     elif constant:
         lines.append(f"signal  {constant:.0f} of {groups:.0f} groups had one reward for all their rollouts")
     lines += _health_lines(steps, limits or HealthLimits())
+    lines += _tree_lines(steps)
     for policy in _policies(rows):  # several policies: each one's own (RFC 0001)
         own = _series(rows, f"{policy}/reward/mean")
         parts = [f"reward {_span(own)}" if own else "no step graded its agents"]
@@ -103,6 +104,7 @@ def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLim
         ]
         if own_rewards:
             shown += "; own reward " + ", ".join(own_rewards)
+        shown += _eval_tree(report)
         lines.append(f"eval    step {_step(path)}: {shown}")
     lines.append(f"run     {run_dir}")
     if importlib.util.find_spec("platoon.visualization") is not None:
@@ -110,6 +112,37 @@ def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLim
     else:
         lines.append(f"events  platoon events {run_dir}")
     return "\n".join(lines)
+
+
+def _tree_lines(steps: list[dict]) -> list[str]:
+    """What a recursive run's orchestration learned: how often the root delegated, and each
+    depth's reward (a subagent's own, or the episode's it answers to), first steps to last."""
+    delegated = _series(steps, "agents/delegated")
+    if not delegated:
+        return []
+    parts = [f"delegated {_span(delegated)}"]
+    depth = 0
+    while series := _series(steps, f"credit/depth/{depth}/reward_mean"):
+        n = min(3, len(series))
+        parts.append(f"depth {depth} reward {sum(series[:n]) / n:.2f} → {sum(series[-n:]) / n:.2f}")
+        depth += 1
+    return [f"tree    {'; '.join(parts)}"]
+
+
+def _eval_tree(report: dict) -> str:
+    """An evaluation's model calls per episode (the turns an agent took, its subagents' too), and
+    how many episodes delegated where a tree grew."""
+    episodes = report.get("episodes")
+    by_depth = report.get("by_depth") or {}
+    if not isinstance(episodes, int | float) or not episodes or not isinstance(by_depth, dict):
+        return ""
+    rows = [row for row in by_depth.values() if isinstance(row, dict)]
+    calls = sum(row.get("model_calls", 0) for row in rows)
+    shown = f", {calls / episodes:.1f} model calls an episode"
+    children = by_depth.get("1")
+    if isinstance(children, dict) and children.get("agents"):
+        shown += f" ({children['agents']:.0f} subagents in {episodes:.0f} episodes)"
+    return shown
 
 
 def _health_lines(steps: list[dict], limits: HealthLimits) -> list[str]:

@@ -191,6 +191,9 @@ class CreditAssigner(ComponentBase):
         self.abandoned: OrderedDict[str, None] = OrderedDict()
         self.dropped: Counter[str] = Counter()
         self._credit_failed_steps = 0
+        # Whether a root ever delegated: then each step reports the share of episodes that did
+        # (`agents/delegated`), what a recursive run's orchestration learns.
+        self._delegating = False
         self._requests = 0
         self._events: Stream[Event] | None = None
         self._bus: Bus | None = None
@@ -402,6 +405,11 @@ class CreditAssigner(ComponentBase):
             "time/rollout": time.monotonic() - self.requested_at.pop(step, time.monotonic()),
             "episodes/dropped_stragglers": float(self.dropped.pop("straggler", 0)),
         }
+        trees = [rollout for group in rollouts for rollout in group]
+        delegated = [any(agent.depth > 0 for agent in rollout.agents) for rollout in trees]
+        self._delegating = self._delegating or any(delegated)
+        if self._delegating and trees:  # once a tree grew, every step says how often (0 too)
+            stats["agents/delegated"] = sum(delegated) / len(delegated)
         if replies:  # replies cut by max_tokens: their ends were never sampled, so never judged
             stats["replies/truncated_fraction"] = cut / replies
             stats["replies/count"] = float(replies)
