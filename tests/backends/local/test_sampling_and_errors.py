@@ -78,9 +78,10 @@ def test_bad_training_input_is_a_user_error_and_the_server_keeps_serving(service
         (good, "importance_sampling", None, "needs loss_fn_inputs"),
     ]
     for data, loss_fn, config, message in cases:
-        with pytest.raises(tinker.RequestFailedError, match=message) as info:
+        # Checked whole before it is queued: a 400, not a future that fails later.
+        with pytest.raises(tinker.BadRequestError, match=message) as info:
             client.forward_backward(data, loss_fn, config).result()
-        assert info.value.category == tinker.types.RequestErrorCategory.User
+        assert info.value.status_code == 400 and info.value.body["category"] == "user"
         assert client.forward(good, "cross_entropy").result().metrics["loss:sum"] > 0
 
 
@@ -88,7 +89,7 @@ def test_unknown_ids_and_paths_are_user_errors(service, tiny_model):
     client = service.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
     real_id = client.model_id
     client.model_id = real_id + "0"
-    with pytest.raises(tinker.RequestFailedError, match="unknown model_id"):
+    with pytest.raises(tinker.BadRequestError, match="unknown model_id"):
         client.forward([datum([1, 2, 3])], "cross_entropy").result()
     client.model_id = real_id
     with pytest.raises(tinker.RequestFailedError, match="no checkpoint"):
@@ -98,7 +99,7 @@ def test_unknown_ids_and_paths_are_user_errors(service, tiny_model):
     with pytest.raises(tinker.BadRequestError, match="unknown base_model"):
         service.create_sampling_client(base_model="not/this-model").result()
     sampler = service.create_sampling_client(base_model=str(tiny_model)).result()
-    with pytest.raises(tinker.RequestFailedError, match="outside the vocabulary"):
+    with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
         sampler.sample(
             types.ModelInput.from_ints([1, 99_999]), 1, types.SamplingParams(max_tokens=2)
         ).result()
@@ -119,9 +120,9 @@ def test_requests_after_the_session_finished_are_refused(base_url, tiny_model):
             )
 
     holder.run_coroutine_threadsafe(finish()).result()
-    with pytest.raises(tinker.RequestFailedError, match="has finished"):
+    with pytest.raises(tinker.BadRequestError, match="has finished"):
         client.forward([datum([1, 2, 3])], "cross_entropy").result()
-    with pytest.raises(tinker.RequestFailedError, match="has finished"):
+    with pytest.raises(tinker.BadRequestError, match="has finished"):
         sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=2)).result()
     service.close("success").result()
     # Other sessions are unaffected.

@@ -478,7 +478,7 @@ def test_unload_model(world: World):
         lambda c: c.post("/api/v1/unload_model", body=model_dump(request), cast_to=types.UnloadModelResponse)
     )
     assert answer.model_id == doomed.model_id
-    with pytest.raises(tinker.RequestFailedError, match="was unloaded"):
+    with pytest.raises(tinker.BadRequestError, match="was unloaded"):
         doomed.forward([_datum()], "cross_entropy").result()
 
 
@@ -523,7 +523,7 @@ LOSS_CONFIG = {"dro": {"beta": 0.05}}
 def test_every_loss_the_sdk_names(world: World, loss_fn: str):
     datum = _loss_datum(world, loss_fn)
     if loss_fn == "custom":
-        with pytest.raises(tinker.RequestFailedError, match="server-side custom losses"):
+        with pytest.raises(tinker.BadRequestError, match="server-side custom losses"):
             world.training.forward([datum], loss_fn).result()
         return
     out = world.training.forward([datum], loss_fn, LOSS_CONFIG.get(loss_fn)).result()

@@ -74,26 +74,26 @@ def test_a_false_or_foreign_claim_is_refused(service, tiny_model, base_url):
     seq = _sampled(training, n=1)[0]
     tampered = [(t + 1) % 100 for t in seq.tokens]
     with pytest.raises(
-        tinker.RequestFailedError,
+        tinker.BadRequestError,
         match=r"model_input: positions 6..10 are not positions 0..4 of sequence .*sampled tokens",
     ):
         training.forward([_datum(seq, 1.0, tokens=tampered)], "stable_reinforce").result()
     derived = _datum(seq, 1.0)
     derived.loss_fn_inputs["sampled"] = types.TensorData(data=[1.0] * 10, dtype="float32", shape=[10])
-    with pytest.raises(tinker.RequestFailedError, match="derived by the server"):
+    with pytest.raises(tinker.BadRequestError, match="derived by the server"):
         training.forward([derived], "stable_reinforce").result()
     # Records belong to the session that sampled them.
     other = tinker.ServiceClient(base_url=base_url, api_key="tml-test")
     try:
         stranger = other.create_lora_training_client(base_model=str(tiny_model), rank=4).result()
-        with pytest.raises(tinker.RequestFailedError, match="was not recorded in this session"):
+        with pytest.raises(tinker.BadRequestError, match="was not recorded in this session"):
             stranger.forward([_datum(seq, 1.0)], "stable_reinforce").result()
         # A sampler that did not record leaves nothing to train on.
         plain = training.save_weights_and_get_sampling_client().result()
         unrecorded = plain.sample(
             types.ModelInput.from_ints(PROMPT), 1, types.SamplingParams(max_tokens=3)
         ).result()
-        with pytest.raises(tinker.RequestFailedError, match="was not recorded"):
+        with pytest.raises(tinker.BadRequestError, match="was not recorded"):
             training.forward([_datum(unrecorded.sequences[0], 1.0)], "stable_reinforce").result()
         # The training client goes on after each refusal.
         assert training.forward([_datum(seq, 1.0)], "stable_reinforce").result().metrics["loss:sum"] != 0

@@ -21,11 +21,11 @@ import msgspec
 
 from platoon.backends.local.specs import EngineError, LoraSpec, ModelNotFound
 
-__all__ = ["CheckpointInfo", "CheckpointStore", "Mark", "check_manifest", "read_spec"]
+__all__ = ["CheckpointInfo", "CheckpointStore", "Mark", "check_manifest", "check_name", "read_spec"]
 
-_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,200}$")  # a file name any file system takes
 _KINDS = ("weights", "sampler_weights")
-_RUN = re.compile(r"^[A-Za-z0-9._:\-]+$")
+_RUN = re.compile(r"^[A-Za-z0-9._:\-]{1,200}$")
 _MARKS = "_checkpoints.json"  # per run: checkpoint id -> Mark
 _MANIFEST = "platoon_manifest.json"
 _ADAPTER = "adapter_model.safetensors"
@@ -71,8 +71,7 @@ class CheckpointStore:
 
     def path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
         """The tinker path and directory of a new checkpoint of `model_id`."""
-        if not name or not _NAME.match(name) or name in {".", ".."}:
-            raise EngineError(f"checkpoint name {name!r} must be non-empty letters, digits, '.', '_' or '-'")
+        check_name(name)
         return f"tinker://{model_id}/{kind}/{name}", self.root / model_id / kind / name
 
     def local_path(self, tinker_path: str) -> Path:
@@ -195,6 +194,13 @@ class CheckpointStore:
         staging = target.with_suffix(".partial")
         staging.write_text(json.dumps(marks))
         staging.replace(target)
+
+
+def check_name(name: str) -> None:
+    """A checkpoint name a client may give: a file name, without a path."""
+    if not _NAME.match(name) or name in {".", ".."}:
+        shown = name if len(name) <= 60 else f"{name[:60]}... ({len(name)} characters)"
+        raise EngineError(f"checkpoint name {shown!r} must be 1 to 200 letters, digits, '.', '_' or '-'")
 
 
 def _copy_files(source: Path, staging: Path) -> None:

@@ -286,6 +286,21 @@ class Engine:
             raise ModelNotFound(f"unknown model_id {model_id!r}")
         return model
 
+    def check_batch(self, data: list[Datum], loss_fn: str, config: dict[str, float]) -> dict[str, float]:
+        """Refuse a batch this model cannot run (lengths, ids, the loss and its inputs); return
+        the loss's config. Reads no model state: the server checks a request with it before
+        queueing it."""
+        names = set(data[0].inputs) if data else set()
+        for i, datum in enumerate(data):
+            if set(datum.inputs) != names:
+                raise EngineError(f"datum {i}: loss_fn_inputs keys differ from datum 0's")
+        try:
+            resolved = losses.check_loss(loss_fn, names, config)
+        except losses.LossError as exc:
+            raise EngineError(str(exc)) from None
+        self._check_datums(data)
+        return resolved
+
     def _check_datums(self, data: list[Datum]) -> None:
         if not data:
             raise EngineError("forward_backward needs at least one datum")
@@ -331,15 +346,7 @@ class Engine:
         price of that attention and of no packing.
         """
         model = self._trainable(model_id)
-        names = set(data[0].inputs) if data else set()
-        for i, datum in enumerate(data):
-            if set(datum.inputs) != names:
-                raise EngineError(f"datum {i}: loss_fn_inputs keys differ from datum 0's")
-        try:
-            resolved = losses.check_loss(loss_fn, names, config)
-        except losses.LossError as exc:
-            raise EngineError(str(exc)) from None
-        self._check_datums(data)
+        resolved = self.check_batch(data, loss_fn, config)
         self._use(model.adapter)
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)

@@ -92,6 +92,10 @@ class FutureStore:
             self._key_of[request_id] = key
         return request_id, True
 
+    def of_key(self, key: Hashable) -> str | None:
+        """The request id already made for `key` (a retried request), if any."""
+        return self._keys.get(key)
+
     def resolve(self, request_id: str, outcome: Outcome) -> None:
         future = self._futures.get(request_id)
         if future is None or future.outcome is not None:
@@ -186,7 +190,7 @@ class CompletionLog:
 
 
 class SeqError(ValueError):
-    """A seq_id that can never run: already past, or submitted twice."""
+    """A seq_id that can never run: already past, submitted twice, or too far ahead."""
 
 
 class SyncJob:
@@ -223,16 +227,26 @@ class SeqQueue:
     by default it runs inline.
     """
 
-    def __init__(self, first: int = 1, run_group: RunSync = _inline) -> None:
+    def __init__(self, first: int = 1, run_group: RunSync = _inline, *, ahead: int | None = None) -> None:
         self.next = first
+        self.ahead = ahead  # how far past `next` a seq_id may be (None: any)
         self._jobs: dict[int, tuple[str, Job]] = {}
         self._wakeup = anyio.Event()
         self._run_group = run_group
         self.closed = False
 
-    def submit(self, seq_id: int, request_id: str, job: Job) -> None:
+    def check(self, seq_id: int) -> None:
+        """Refuse a seq_id that could never run, or that would wait for more than `ahead` others."""
         if seq_id < self.next or seq_id in self._jobs:
             raise SeqError(f"seq_id {seq_id} was already used (next expected: {self.next})")
+        if self.ahead is not None and seq_id > self.next + self.ahead:
+            raise SeqError(
+                f"seq_id {seq_id} is more than {self.ahead} ahead of the next expected ({self.next}): "
+                "it would wait, holding its body, for requests that may never come"
+            )
+
+    def submit(self, seq_id: int, request_id: str, job: Job) -> None:
+        self.check(seq_id)
         self._jobs[seq_id] = (request_id, job)
         if seq_id == self.next:
             self._wakeup.set()

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from platoon.backends.local.bodies import Ttl
 from platoon.backends.local.checkpoints import CheckpointInfo
 from platoon.backends.local.service import Answer, Session, TinkerService
 from platoon.backends.local.specs import EngineError, LoraSpec
@@ -57,7 +58,7 @@ def _error(message: str, status: int) -> Response:
 
 
 class _Ttl(msgspec.Struct):
-    ttl_seconds: int | None = None
+    ttl_seconds: Ttl | None = None
 
 
 class _WeightsInfo(msgspec.Struct):

@@ -32,6 +32,7 @@ import numpy as np
 import structlog
 import torch
 
+from platoon.backends.local.bodies import MAX_NUM_SAMPLES, MAX_TOPK
 from platoon.backends.local.constraints import Grammar, Guide, Vocabulary, masked
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import RunSync
@@ -93,9 +94,6 @@ class Drawn(msgspec.Struct):
     topk_ids: list[list[int]]
     topk_logprobs: list[list[float]]
     result: SampleResult | None = None
-
-
-MAX_TOPK = 1024
 
 
 class _Job:
@@ -187,18 +185,17 @@ class Sampler:
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
 
     def check(self, request: SampleRequest) -> int:
-        """Validate a request; return how many tokens it may generate."""
+        """Validate a request (the cheap bounds first, the prompt's ids last); return how many
+        tokens it may generate. The service calls it before it answers, so a request it refuses
+        is a 400 and never a failed future."""
         engine = self.engine
         prompt, params = request.prompt, request.params
+        if not 1 <= request.num_samples <= MAX_NUM_SAMPLES:
+            raise EngineError(
+                f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {request.num_samples}"
+            )
         if not prompt:
             raise EngineError("prompt is empty")
-        bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
-        if bad:
-            raise EngineError(
-                f"prompt holds token id {bad[0]}, outside the vocabulary [0, {engine.vocab_size})"
-            )
-        if not 1 <= request.num_samples <= 1024:
-            raise EngineError(f"num_samples must be between 1 and 1024, got {request.num_samples}")
         room = engine.max_context - len(prompt)
         if room < 1:
             raise EngineError(f"prompt of {len(prompt)} tokens fills the context length {engine.max_context}")
@@ -210,9 +207,6 @@ class Sampler:
             raise EngineError(f"top_p must be in (0, 1], got {params.top_p}")
         if params.top_k == 0 or params.top_k < -1:
             raise EngineError(f"top_k must be -1 (off) or >= 1, got {params.top_k}")
-        bad = [t for t in params.stop_tokens if not 0 <= t < engine.vocab_size]
-        if bad:
-            raise EngineError(f"stop token {bad[0]} is outside the vocabulary")
         limit = min(MAX_TOPK, engine.vocab_size)
         for name, k in (
             ("topk_prompt_logprobs", request.topk_prompt),
@@ -220,6 +214,14 @@ class Sampler:
         ):
             if not 0 <= k <= limit:
                 raise EngineError(f"{name} must be between 0 and {limit}, got {k}")
+        bad = [t for t in params.stop_tokens if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise EngineError(f"stop token {bad[0]} is outside the vocabulary")
+        bad = [t for t in prompt if not 0 <= t < engine.vocab_size]
+        if bad:
+            raise EngineError(
+                f"prompt holds token id {bad[0]}, outside the vocabulary [0, {engine.vocab_size})"
+            )
         return min(room, params.max_tokens or room)
 
     @property

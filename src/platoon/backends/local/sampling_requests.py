@@ -10,8 +10,11 @@ from platoon.backends.local.specs import EngineError, WeightsRef, not_offered
 __all__ = ["read_sample_request"]
 
 
-def read_sample_request(req: Asample, weights: WeightsRef, eos_ids: frozenset[int]) -> SampleRequest:
-    """The sampler's request for `req` on `weights`; `eos_ids` are the stops when it names none."""
+def read_sample_request(
+    req: Asample, weights: WeightsRef, eos_ids: frozenset[int], max_context: int
+) -> SampleRequest:
+    """The sampler's request for `req` on `weights`; `eos_ids` are the stops when it names none.
+    A prompt longer than `max_context` is refused before its tokens are gathered."""
     unsupported = [
         name
         for name, value in (
@@ -29,6 +32,9 @@ def read_sample_request(req: Asample, weights: WeightsRef, eos_ids: frozenset[in
             )
         )
     prompt: list[int] = []
+    length = sum(len(t) for c in req.prompt.chunks if isinstance(t := c.get("tokens"), list))
+    if length >= max_context:
+        raise EngineError(f"prompt of {length} tokens fills the context length {max_context}")
     for chunk in req.prompt.chunks:
         kind = chunk.get("type", "encoded_text")
         if kind != "encoded_text":

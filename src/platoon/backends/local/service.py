@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Mapping
@@ -42,6 +43,7 @@ from platoon.backends.local.bodies import (
     SaveWeights,
     SessionRef,
 )
+from platoon.backends.local.checkpoints import check_name
 from platoon.backends.local.engine import Engine
 from platoon.backends.local.futures import (
     CompletionLog,
@@ -76,6 +78,7 @@ Answer = dict[str, object] | Response  # a handler's answer: JSON to encode, or 
 
 log = structlog.get_logger(__name__)
 CLONE_STRIDE = 1_000_000_000  # a cloned sampling client numbers its requests from clone * this
+SEQ_AHEAD = 4096  # how far past a model's next seq_id a training request may be numbered
 
 
 class UserError(ValueError):
@@ -260,11 +263,17 @@ class TinkerService:
         `work` runs on the event loop; `compute` (torch work with no server state to touch) runs
         in the worker thread, together with the compute of the requests queued right behind it.
         """
-        request_id, new = self.futures.create(("train", model_id, seq_id))
-        if not new:
-            return request_id
+        key = ("train", model_id, seq_id)
+        retried = self.futures.of_key(key)
+        if retried is not None:
+            return retried
+        model = self._model(model_id)  # an unknown model, or one that ended: a 400
         try:
-            model = self._model(model_id)
+            model.queue.check(seq_id)
+        except SeqError as exc:
+            raise UserError(str(exc)) from None
+        request_id, _ = self.futures.create(key)
+        try:
             if compute is not None:
                 job: Job = SyncJob(
                     _guarded(request_id, compute), lambda outcome: self.futures.resolve(request_id, outcome)
@@ -273,7 +282,7 @@ class TinkerService:
                 assert work is not None
                 job = lambda: self._settle(request_id, work)  # noqa: E731
             model.queue.submit(seq_id, request_id, job)
-        except (UserError, SeqError) as exc:
+        except SeqError as exc:
             self.futures.resolve(request_id, failure(str(exc)))
         return request_id
 
@@ -284,7 +293,8 @@ class TinkerService:
             raise UserError(message)
 
         if model_id in self.models:
-            self._queued(model_id, seq_id, refused)
+            with contextlib.suppress(UserError):  # a model that ended, or a seq_id out of reach
+                self._queued(model_id, seq_id, refused)
 
     async def _start_model(self, model_id: str, model: _Model) -> None:
         model.ready = True
@@ -348,17 +358,24 @@ class TinkerService:
     async def create_model(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=CreateModel)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        session = self._session(req.session_id)
+        self._check_base_model(req.base_model)
+        _check_optimizer(req.optimizer_config)
+        lora = req.lora_config or LoraConfig()
+        spec = LoraSpec(lora.rank, lora.seed, lora.train_mlp, lora.train_attn, lora.train_unembed)
+        if not (spec.train_mlp or spec.train_attn or spec.train_unembed):
+            raise UserError("lora_config trains nothing: enable train_mlp, train_attn or train_unembed")
 
         async def work() -> Outcome:
-            session = self._session(req.session_id)
-            self._check_base_model(req.base_model)
-            _check_optimizer(req.optimizer_config)
-            lora = req.lora_config or LoraConfig()
-            spec = LoraSpec(lora.rank, lora.seed, lora.train_mlp, lora.train_attn, lora.train_unembed)
             if model_id in self.models:
                 raise UserError(f"model {model_id} already exists")
             await self.run_sync(lambda: self.engine.create_model(model_id, spec))
-            model = _Model(session, SeqQueue(first=1, run_group=self.run_sync), spec.rank, req.user_metadata)
+            model = _Model(
+                session,
+                SeqQueue(first=1, run_group=self.run_sync, ahead=SEQ_AHEAD),
+                spec.rank,
+                req.user_metadata,
+            )
             self.models[model_id] = model
             session.models.append(model_id)
             await self._start_model(model_id, model)
@@ -384,17 +401,23 @@ class TinkerService:
         }
 
     async def forward_backward(self, body: bytes) -> Answer:
-        # A large batch parses on a worker thread: the server keeps answering meanwhile.
+        # A large batch parses and is checked on a worker thread: the server keeps answering
+        # meanwhile. It is checked whole (lengths, ids, loss) before it is queued: a 400, not a
+        # failed future.
+        small = len(body) <= 2**20
         call = (
             decode_forward_backward(body)
-            if len(body) <= 2**20
+            if small
             else await anyio.to_thread.run_sync(decode_forward_backward, body)
         )
+        self._model(call.model_id)
         refused = self._derive_inputs(call)
+        if refused is not None:
+            raise UserError(refused)
+        check = functools.partial(self.engine.check_batch, call.data, call.loss_fn, call.config)
+        check() if small else await anyio.to_thread.run_sync(check)
 
         def compute() -> Outcome:
-            if refused is not None:
-                raise UserError(refused)
             logprobs, metrics = self.engine.forward_backward(
                 call.model_id,
                 call.data,
@@ -414,9 +437,7 @@ class TinkerService:
         records, added in place (on the event loop, which owns the records); or why not."""
         if call.loss_fn != "stable_reinforce":
             return None
-        model = self.models.get(call.model_id)
-        if model is None:
-            return None  # the queued request fails on the unknown model
+        model = self.models[call.model_id]
         try:
             for i, datum in enumerate(call.data):
                 sent = DERIVED_INPUTS & set(datum.inputs)
@@ -432,15 +453,9 @@ class TinkerService:
 
     async def optim_step(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=OptimStep)
+        params = _adam(req)
 
         def compute() -> Outcome:
-            if req.adam_params is None:
-                kind = (req.optimizer_params or {}).get("type", "unknown")
-                raise UserError(f"optimizer {kind!r} is not supported; use AdamParams")
-            try:
-                params = msgspec.convert(req.adam_params, AdamParams)
-            except msgspec.ValidationError as exc:
-                raise UserError(f"adam_params: {exc}") from None
             metrics = self.engine.optim_step(req.model_id, params)
             return json_outcome({"metrics": metrics, "type": "optim_step"})
 
@@ -451,6 +466,8 @@ class TinkerService:
 
     async def save_weights(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=SaveWeights)
+        if req.path is not None:
+            check_name(req.path)
 
         async def work() -> Outcome:
             name = req.path or f"state-{uuid.uuid4().hex[:8]}"
@@ -464,6 +481,10 @@ class TinkerService:
 
     async def save_weights_for_sampler(self, body: bytes) -> Answer:
         req = msgspec.json.decode(body, type=SaveForSampler)
+        if req.path is not None:
+            check_name(req.path)
+        elif req.kind not in ("inflight", "snapshot"):
+            raise UserError(f"unknown sampling client kind {req.kind!r}")
 
         async def work() -> Outcome:
             if req.path is not None:
@@ -498,19 +519,21 @@ class TinkerService:
         if req.session_id is None or req.model_seq_id is None:
             raise UserError("load_weights needs model_id and seq_id, or session_id and model_seq_id")
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        session = self._session(req.session_id)
+        self._check_base_model(req.base_model)
+        if not req.optimizer:
+            _check_optimizer(req.optimizer_config)
 
         async def create() -> Outcome:
-            session = self._session(req.session_id or "")
-            self._check_base_model(req.base_model)
-            if not req.optimizer:
-                _check_optimizer(req.optimizer_config)
             if model_id in self.models:
                 raise UserError(f"model {model_id} already exists")
             await self.run_sync(
                 lambda: self.engine.create_from_state(model_id, req.path, optimizer=req.optimizer)
             )
             model = _Model(
-                session, SeqQueue(first=1, run_group=self.run_sync), self.engine.lora_rank(model_id)
+                session,
+                SeqQueue(first=1, run_group=self.run_sync, ahead=SEQ_AHEAD),
+                self.engine.lora_rank(model_id),
             )
             self.models[model_id] = model
             session.models.append(model_id)
@@ -556,16 +579,19 @@ class TinkerService:
         return {"sampler_id": sampler_id, "base_model": self.model_name, "model_path": sampler.model_path}
 
     async def asample(self, body: bytes) -> Answer:
-        req = msgspec.json.decode(body, type=Asample)
+        # Read and checked whole before it is answered (a large prompt on a worker thread): a
+        # request the sampler would refuse is a 400, and nothing is built for one (num_samples
+        # of 2e7 once built 2e7 ids here, and stalled the server for 18 s, before it was refused).
+        read = functools.partial(self._checked_sample, body)
+        req, request = read() if len(body) <= 2**20 else await anyio.to_thread.run_sync(read)
         key = ("sample", req.sampling_session_id, req.seq_id) if req.seq_id is not None else None
-        num = max(req.num_samples, 0)
+        num = req.num_samples
 
         target = None
         if req.sampling_session_id is not None:
             target = (req.sampling_session_id, (req.seq_id or 0) // CLONE_STRIDE)
 
         async def work() -> Outcome:
-            request = self.sample_request(req)
             result = await self.sampler.sample(request)
             if req.record_stability_info:
                 self._record(req, request_id, request.prompt, result.sequences)
@@ -577,6 +603,14 @@ class TinkerService:
 
         request_id, _ = self._future(key, work, target)
         return {"request_id": request_id, "sample_sequence_ids": [f"{request_id}:{i}" for i in range(num)]}
+
+    def _checked_sample(self, body: bytes) -> tuple[Asample, SampleRequest]:
+        req = msgspec.json.decode(body, type=Asample)
+        request = self.sample_request(req)
+        self.sampler.check(request)
+        if req.record_stability_info and req.sampling_session_id is None:
+            raise UserError("record_stability_info needs a sampling session (a sampling client)")
+        return req, request
 
     def _record(
         self, req: Asample, request_id: str, prompt: list[int], sequences: list[SampledSequence]
@@ -601,7 +635,7 @@ class TinkerService:
         else:
             self._check_base_model(req.base_model)
             weights = WeightsRef()
-        return read_sample_request(req, weights, self.engine.eos_ids)
+        return read_sample_request(req, weights, self.engine.eos_ids, self.engine.max_context)
 
     async def retrieve_futures(self, body: bytes) -> Answer:
         """A sampling client's completions after its cursor (long-polled, as retrieve_future)."""
@@ -727,6 +761,21 @@ def _guarded(request_id: str, compute: Callable[[], Outcome]) -> Callable[[], Ou
             return failure(f"internal error: {exc!r}", "server")
 
     return run
+
+
+def _adam(req: OptimStep) -> AdamParams:
+    """An optim_step's Adam settings, checked (in range, finite) before it is queued."""
+    if req.adam_params is None:
+        kind = (req.optimizer_params or {}).get("type", "unknown")
+        raise UserError(f"optimizer {kind!r} is not supported; use AdamParams")
+    try:
+        params = msgspec.convert(req.adam_params, AdamParams)
+    except msgspec.ValidationError as exc:
+        raise UserError(f"adam_params: {exc}") from None
+    infinite = [f for f in params.__struct_fields__ if not math.isfinite(getattr(params, f))]
+    if infinite:
+        raise UserError(f"adam_params: {infinite[0]} must be finite")
+    return params
 
 
 def _check_optimizer(config: OptimizerConfig | None) -> None:

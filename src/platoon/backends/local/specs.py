@@ -3,7 +3,10 @@ references to the weights a sampler uses."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 __all__ = ["AdamParams", "EngineError", "LoraSpec", "ModelNotFound", "WeightsRef", "not_offered"]
 
@@ -33,12 +36,12 @@ class LoraSpec(msgspec.Struct, frozen=True):
 class AdamParams(msgspec.Struct, frozen=True):
     """Tinker's AdamParams: torch AdamW with decoupled weight decay; grad_clip_norm 0 = no clipping."""
 
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
+    learning_rate: Annotated[float, Meta(ge=0)] = 1e-4
+    beta1: Annotated[float, Meta(ge=0, lt=1)] = 0.9
+    beta2: Annotated[float, Meta(ge=0, lt=1)] = 0.95
+    eps: Annotated[float, Meta(ge=0)] = 1e-12
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
+    grad_clip_norm: Annotated[float, Meta(ge=0)] = 0.0
 
 
 class WeightsRef(msgspec.Struct, frozen=True):
