@@ -9,18 +9,28 @@ every route, a cap on the request body (and `read_body_limited` for a compressed
 small zstd bomb cannot expand before a check), a cap on requests in flight, and deadlines for a request's
 headers (hypercorn's idle timeout) and body, so a client that sends slowly is dropped. `require_key` refuses to serve beyond
 loopback without a key: anyone who can reach the port would otherwise own the service.
+
+Loopback is no wall either (another user of the machine, a sandbox on the host's network reach
+it), so every server platoon starts has a key: the operator's, or one made up for it (`new_key`).
+Its own clients get it in the process, or, for a server on this machine's loopback, from a file
+only its user can read (`published_key`, `published_key_for`), as Jupyter's clients find its
+servers' tokens: a `platoon train` finds the key of the `platoon serve tinker` it is pointed at.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
 import os
+import secrets
 import socket
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -34,7 +44,10 @@ __all__ = [
     "bind_socket",
     "header",
     "is_loopback",
+    "new_key",
     "presented_key",
+    "published_key",
+    "published_key_for",
     "read_body_limited",
     "require_key",
     "serve_asgi",
@@ -84,6 +97,77 @@ def require_key(host: str, api_key: str | None, what: str) -> None:
             f"{what} would listen on {host} with no key, open to anyone who reaches the port: "
             "give it one with --api-key (or $PLATOON_SERVER_API_KEY), or listen on 127.0.0.1"
         )
+
+
+def new_key(prefix: str = "") -> str:
+    """A random key for a server (`prefix`: what its clients expect, `tml-` for Tinker's)."""
+    return prefix + secrets.token_urlsafe(24)
+
+
+def keys_dir() -> Path:
+    """Where the keys of this user's servers on loopback are published: `$PLATOON_RUNTIME_DIR`,
+    else `$XDG_RUNTIME_DIR/platoon`, else `~/.local/share/platoon/runtime`; 0700."""
+    configured = os.environ.get("PLATOON_RUNTIME_DIR")
+    if configured:
+        return Path(configured)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "platoon"
+    return Path.home() / ".local" / "share" / "platoon" / "runtime"
+
+
+def _key_file(url: str) -> Path | None:
+    """The file of the server on this machine's loopback at `url`'s port (any loopback name)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.hostname is None or port is None or not is_loopback(parts.hostname):
+        return None
+    return keys_dir() / f"server-{port}.json"
+
+
+@contextlib.contextmanager
+def published_key(url: str, key: str) -> Iterator[None]:
+    """While the server at `url` (on loopback) runs, its key is in a file only this user reads
+    (0600 in a 0700 folder), for this user's clients that are pointed at it."""
+    path = _key_file(url)
+    if path is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        record = json.dumps({"url": url.rstrip("/"), "key": key, "pid": os.getpid()}).encode()
+        staging = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(record)
+        os.replace(staging, path)
+    except OSError:  # a home that cannot be written: the clients given the key still have it
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(path.read_bytes()).get("pid") == os.getpid():
+                path.unlink()
+
+
+def published_key_for(url: str | None) -> str | None:
+    """The key this user's server at `url` published, if it runs on loopback and is alive."""
+    path = _key_file(url) if url else None
+    if path is None:
+        return None
+    try:
+        record = json.loads(path.read_bytes())
+        os.kill(int(record["pid"]), 0)  # a key left by a server that died is no one's
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    key = record.get("key")
+    return key if isinstance(key, str) else None
 
 
 def presented_key(scope: Scope) -> str | None:

@@ -172,8 +172,11 @@ def test_platoon_env_serve_main() -> None:
     try:
         # It says so once it listens: connections made from then on wait in the backlog.
         assert proc.stdout is not None
+        key = proc.stdout.readline().split()[1]  # made up, as none was given: loopback has a key too
         assert proc.stdout.readline().strip() == f"serving guessthenumber on http://127.0.0.1:{port}"
-        assert httpx.get(f"http://127.0.0.1:{port}/list_environments").json() == ["guessthenumber"]
+        assert httpx.get(f"http://127.0.0.1:{port}/list_environments").status_code == 401
+        answer = httpx.get(f"http://127.0.0.1:{port}/list_environments", headers={"x-api-key": key})
+        assert answer.json() == ["guessthenumber"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0 and out.strip() == ""

@@ -14,7 +14,9 @@ from pathlib import Path
 class Served:
     """A `platoon` command serving until closed; what it printed, and its memory."""
 
-    def __init__(self, argv: list[str], *, ready: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], *, ready: str, env: dict[str, str] | None = None, timeout: float = 180
+    ) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "platoon", *argv],
             env={**os.environ, **(env or {})},
@@ -22,20 +24,26 @@ class Served:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        assert self.process.stdout is not None
         self.lines: list[str] = []
+        self._ready = threading.Event()
+        self._pattern = re.compile(ready)
+        # Its output is read all along (a pipe nobody reads fills up and blocks the process).
+        self._drain = threading.Thread(target=self._read, daemon=True)
+        self._drain.start()
+        if not self._ready.wait(timeout) or not self._matched():
+            self.close()
+            raise AssertionError(f"platoon {argv[0]} did not say it listens: {self.output}")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append(line)
-            if re.search(ready, line):
-                break
-        else:
-            self.process.wait(timeout=30)
-            raise AssertionError(f"platoon {argv[0]} ended before it listened: {''.join(self.lines)}")
-        # Its later output must not fill the pipe and block it.
-        self._drain = threading.Thread(
-            target=lambda: self.lines.extend(self.process.stdout or ()), daemon=True
-        )
-        self._drain.start()
+            if self._pattern.search(line):
+                self._ready.set()
+        self._ready.set()  # it ended
+
+    def _matched(self) -> bool:
+        return any(self._pattern.search(line) for line in self.lines)
 
     @property
     def output(self) -> str:

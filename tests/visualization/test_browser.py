@@ -59,9 +59,9 @@ class Viewer:
         )
         assert self.process.stdout is not None
         lines = []
-        for line in self.process.stdout:  # after indexing, it prints the address to open
+        for line in self.process.stdout:  # after indexing, it prints the address to open, with its key
             lines.append(line)
-            found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+            found = re.search(r"http://127\.0\.0\.1:\d+/\?key=\S+", line)
             if found:
                 self.url = found.group(0)
                 return

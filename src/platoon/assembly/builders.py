@@ -132,15 +132,21 @@ def _gateway(
 
 
 def _grader(
-    config: Config, settings: Settings, *, tinker_base_url: str | None = None, model_name: str | None = None
+    config: Config,
+    settings: Settings,
+    *,
+    tinker_base_url: str | None = None,
+    tinker_api_key: str | None = None,
+    model_name: str | None = None,
 ) -> Grader:
     """Each entry's reward processor, reward rules and judges; a `tinker` judge that names no
     service, model or renderer uses the run's (`tinker_base_url`, `model_name`: the service and
-    base model as the run opened them)."""
+    base model as the run opened them; `tinker_api_key`: the key of its own embedded service)."""
     train = config.train
     rules = build_reward_rules(
         dict(zip(entry_names(config), config.environments, strict=True)),
         tinker_base_url=tinker_base_url or config.tinker_base_url,
+        tinker_api_key=tinker_api_key if tinker_base_url else None,
         model_name=model_name or (train.model_name if train else None),
         renderer_name=train.renderer_name if train else None,
     )

@@ -29,10 +29,12 @@ from platoon.policy.tinker import (
     closing,
     sampling_client,
     sdk_call,
+    service_key,
     tinker_endpoint,
     tinker_service_client,
     wait_future,
 )
+from platoon.serving import new_key, published_key
 from platoon.train.checkpoints import (
     Checkpoint,
     CheckpointNotFound,
@@ -63,6 +65,7 @@ class OpenPolicy:
     tool_call_parser: str | None
     sampler_factory: SamplerFactory | None = None
     base_url: str | None = None  # the training service, as samplers and judges reach it
+    api_key: str | None = None  # the key of the run's own embedded service (None: the environment's)
     trainer: Trainer | None = None  # the trainer component, when the policy trains here
     checkpoint: Checkpoint | None = None  # the checkpoint it resumed from
     start_path: str | None = None  # the sampler weights it trains from: its checkpoint's or load_path's
@@ -94,10 +97,15 @@ async def _service(
     policy: PolicySettings, checkpoint_dir: Path | None
 ) -> AsyncIterator[tuple[tinker.ServiceClient, str | None]]:
     """The policy's Tinker service (a client, and the URL others reach it at): the embedded
-    server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run."""
+    server (`train.backend: local`), a self-hosted one, or hosted Tinker. Opened once per run.
+
+    The embedded server has a key of its own, made up for the run: loopback is open to every user
+    of the machine and to a sandbox on the host's network. The run's clients get it here; its
+    workers and judges on this machine find it published for this user (`published_key`)."""
     if policy.backend == "local":
         assert policy.model_name is not None
-        options: ServeOptions = {"batch_invariant": policy.reproducible}
+        key = new_key("tml-")
+        options: ServeOptions = {"batch_invariant": policy.reproducible, "api_key": key}
         if checkpoint_dir is not None:
             options["checkpoint_dir"] = checkpoint_dir
         from platoon.backends.local import running_server_in_thread  # the local extra: torch
@@ -105,8 +113,9 @@ async def _service(
         async with running_server_in_thread(policy.local_model(), **options) as base_url:
             import tinker  # the tinker extra, and it imports torch: only where a service opens
 
-            async with closing(tinker.ServiceClient(base_url=base_url, api_key="tml-local")) as client:
-                yield client, base_url
+            with published_key(base_url, key):
+                async with closing(tinker.ServiceClient(base_url=base_url, api_key=key)) as client:
+                    yield client, base_url
         return
     async with closing(tinker_service_client(policy.base_url)) as client:
         yield client, policy.base_url
@@ -153,6 +162,7 @@ async def open_policy(
     shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
     async with shared as (opened, base_url):
         loaded.base_url = base_url
+        loaded.api_key = service_key(opened) if policy.backend == "local" else None
         if policy.trainer is None:
             model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
             loaded.sampler_factory = TinkerSamplerFactory(opened, model, model_path=policy.model_path)
@@ -181,7 +191,7 @@ async def open_policy(
             teacher=teacher,
             policy=policy.name,
             prefix=prefix,
-            delete=_deleter(base_url, local=policy.backend == "local"),
+            delete=_deleter(base_url, loaded.api_key, local=policy.backend == "local"),
         )
         loaded.checkpoint = checkpoint
         loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
@@ -391,11 +401,11 @@ def _service_key(policy: PolicySettings) -> tuple[str, str]:
     return ("tinker", policy.base_url or "")
 
 
-def _deleter(base_url: str | None, *, local: bool) -> Callable[[str], Awaitable[None]]:
+def _deleter(base_url: str | None, run_key: str | None, *, local: bool) -> Callable[[str], Awaitable[None]]:
     """How a trainer deletes weights it no longer needs (old checkpoints, `checkpoint.keep`;
     step sampler weights nothing samples any more): the Tinker REST API's DELETE, on the
-    policy's own service."""
-    url, key = (base_url, None) if local else tinker_endpoint(base_url)
+    policy's own service (`run_key`: the embedded one's)."""
+    url, key = (base_url, run_key) if local else tinker_endpoint(base_url)
     rest: list[tinker.RestClient] = []  # made at the first delete: its connections stay open for the process
 
     async def delete(path: str) -> None:

@@ -318,7 +318,13 @@ class Run:
 
         # `tinker` judges that name no service or model use the run's own.
         def grader() -> Grader:
-            return _grader(config, s, tinker_base_url=policy.base_url, model_name=s.policy.model_name)
+            return _grader(
+                config,
+                s,
+                tinker_base_url=policy.base_url,
+                tinker_api_key=policy.api_key,
+                model_name=s.policy.model_name,
+            )
 
         envs = _env_services(config, s.run_dir)
         assert s.runner is not None

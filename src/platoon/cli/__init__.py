@@ -198,9 +198,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("view", help="look inside runs in a local web page: curves, episodes, tokens")
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="runs to show (default: the site's runs)")
     p.add_argument("--port", type=int, default=0, help="the port (default: a free one)")
-    p.add_argument("--host", default="127.0.0.1", help="listen here instead of loopback (behind a key)")
+    p.add_argument("--host", default="127.0.0.1", help="listen here instead of loopback")
     p.add_argument(
-        "--key", help="the key a viewer beyond loopback asks for (default: $PLATOON_VIEW_KEY, else a new one)"
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name browsers may reach it by (a shared viewer answers its --host and this "
+        "machine's names only); repeatable",
+    )
+    p.add_argument(
+        "--key", help="the key it asks every request for (default: $PLATOON_VIEW_KEY, else a new one)"
     )
     p.add_argument("--export", metavar="DIR", help="write a static copy that opens from disk, then exit")
     p.set_defaults(handler="platoon.cli.view:view")

@@ -1,16 +1,19 @@
 """`platoon view [RUN_DIR ...]`: the trajectory viewer, a local web page over runs.
 
 With no RUN_DIR it shows every run under the site's `runs` folder. It listens on 127.0.0.1 (a
-free port unless `--port`); `--host` shares it on a network, behind a key (`--key`, or
-$PLATOON_VIEW_KEY, else one made up and printed in the address to open). `--export DIR` writes a
-static copy instead of serving.
+free port unless `--port`), or shares it on a network with `--host`. Either way it asks every
+request for a key (`--key`, or $PLATOON_VIEW_KEY, else one made up), which the address it prints
+carries, as Jupyter's does: another user of the machine reaches loopback too. It answers only
+requests addressed to its own host (and the names `--allow-host` adds), so a web page elsewhere
+cannot read runs through a browser (DNS rebinding). `--export DIR` writes a static copy instead of
+serving.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -19,7 +22,7 @@ import anyio
 
 from platoon.cli import CommandError
 from platoon.config import load_site
-from platoon.serving import is_loopback, serve_asgi
+from platoon.serving import is_loopback, new_key, serve_asgi
 from platoon.visualization.app import make_app
 from platoon.visualization.export import export
 from platoon.visualization.runs import RunSet
@@ -42,20 +45,14 @@ def view(args: Any) -> int:
         )
         return 0
 
-    key = None
+    key = args.key or os.environ.get("PLATOON_VIEW_KEY") or new_key()
     if not is_loopback(args.host):
-        key = args.key or os.environ.get("PLATOON_VIEW_KEY") or secrets.token_urlsafe(24)
         print(
             f"platoon view: listening on {args.host}: anyone who reaches the port and has the key can read "
             "these runs (prompts, agent outputs, configs)",
             file=sys.stderr,
         )
-    elif args.key:
-        raise CommandError(
-            "--key is for a viewer shared beyond loopback (--host); on 127.0.0.1 there is none"
-        )
-    allowed = [] if is_loopback(args.host) else ["*"]
-    app = make_app(runs, allowed_hosts=allowed, key=key)
+    app = make_app(runs, allowed_hosts=[*_own_names(args.host), *args.allow_host], key=key)
 
     async def main() -> None:
         # Ctrl-C and SIGTERM stop the server from inside the loop: hypercorn then closes the
@@ -63,8 +60,12 @@ def view(args: Any) -> int:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with anyio.create_task_group() as tg:
                 url = await tg.start(serve_asgi, app, args.host, args.port)
+                if args.host in _EVERY_ADDRESS:  # a browser opens it by this machine's name
+                    url = url.replace(
+                        args.host if ":" not in args.host else f"[{args.host}]", socket.getfqdn(), 1
+                    )
                 where = "the site's runs folder" if runs.root else f"{len(runs)} run(s)"
-                opened = f"{url}/?key={key}" if key else f"{url}/"
+                opened = f"{url}/?key={key}"
                 print(f"platoon view: serving {where} at {opened}  (Ctrl-C stops)", flush=True)
                 async for _ in signals:
                     tg.cancel_scope.cancel()
@@ -72,6 +73,25 @@ def view(args: Any) -> int:
 
     anyio.run(main)
     return 0
+
+
+_EVERY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+def _own_names(host: str) -> list[str]:
+    """The names a browser may use for this viewer: the host it listens on, and for a viewer on
+    every address, this machine's names and addresses."""
+    if is_loopback(host):
+        return []
+    names = {host} if host not in _EVERY_ADDRESS else set()
+    if host in _EVERY_ADDRESS:
+        for name in (socket.gethostname(), socket.getfqdn()):
+            names.add(name)
+            try:
+                names.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+            except OSError:
+                pass
+    return sorted(names)
 
 
 def _index(runs: Any) -> None:

@@ -21,6 +21,7 @@ from openreward.api.errors import ToolCallError
 
 from platoon.envs._sdk import RewardTracker, blocks_text, on_asyncio, task_infos, terminal_spec, tool_spec
 from platoon.envs.service import EnvError, Grade, TaskInfo, ToolError, ToolResult
+from platoon.serving import published_key_for
 
 __all__ = ["RemoteBackend", "RemoteSession"]
 
@@ -28,8 +29,8 @@ __all__ = ["RemoteBackend", "RemoteSession"]
 class RemoteBackend:
     """Tasks and sessions of one environment on an ORS server.
 
-    `api_key` is sent as the server's `X-API-Key` (default: `$OPENREWARD_API_KEY`, else
-    none). `reward` chooses how sessions are graded (`final` or `sum`, see `RewardTracker`).
+    `api_key` is sent as the server's `X-API-Key` (default: the key this user's `platoon env
+    serve` published for a server on loopback, else `$OPENREWARD_API_KEY`, else none). `reward` chooses how sessions are graded (`final` or `sum`, see `RewardTracker`).
     """
 
     def __init__(
@@ -44,7 +45,8 @@ class RemoteBackend:
         self.url = url
         self.base_url = f"{parts.scheme}://{parts.netloc}"
         self.variant = segments[0] if segments else None
-        self.api_key = api_key or os.environ.get("OPENREWARD_API_KEY") or None
+        published = published_key_for(self.base_url)
+        self.api_key = api_key or published or os.environ.get("OPENREWARD_API_KEY") or None
         self.reward = reward
         RewardTracker(reward)
         self._api: AsyncEnvironmentsAPI | None = None

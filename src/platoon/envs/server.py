@@ -47,7 +47,15 @@ from starlette.routing import Route
 from platoon.envs._sdk import Environment, call_user, is_environment_class, on_asyncio
 from platoon.envs.service import EnvError
 from platoon.plugins import PluginError, import_ref
-from platoon.serving import Guard, ServingError, bind_socket, hypercorn_config, require_key
+from platoon.serving import (
+    Guard,
+    ServingError,
+    bind_socket,
+    hypercorn_config,
+    new_key,
+    published_key,
+    require_key,
+)
 
 __all__ = ["EnvServer", "main", "running_env_server", "serve_env"]
 
@@ -590,8 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("PLATOON_SERVER_API_KEY"),
-        help="require this X-API-Key on every request (default: $PLATOON_SERVER_API_KEY; "
-        "required beyond 127.0.0.1)",
+        help="require this X-API-Key on every request (default: $PLATOON_SERVER_API_KEY, else one "
+        "made up and printed, which this user's clients on this machine find; required beyond 127.0.0.1)",
     )
     args = parser.parse_args(argv)
     try:
@@ -606,7 +614,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"platoon: error: {exc}", file=sys.stderr)
         return 1
-    print(f"serving {names} on http://{args.host}:{args.port}", flush=True)
-    serve = functools.partial(serve_env, classes, args.host, args.port, api_key=args.api_key, sock=sock)
-    anyio.run(serve)
+    # Loopback too has a key: another user of the machine, or a sandbox on the host's network,
+    # reaches it. One made up is published for this user's clients (`service: http://...` finds it).
+    key = args.api_key or new_key()
+    url = f"http://{args.host}:{sock.getsockname()[1]}"
+    if not args.api_key:
+        print(f"key {key}  (this user's clients on this machine find it; others send it as X-API-Key)")
+    print(f"serving {names} on {url}", flush=True)
+    serve = functools.partial(serve_env, classes, args.host, args.port, api_key=key, sock=sock)
+    with published_key(url, key):
+        anyio.run(serve)
     return 0

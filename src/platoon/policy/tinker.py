@@ -42,6 +42,7 @@ import structlog
 from platoon.bus.events import PolicyUpdated
 from platoon.config import SystemError
 from platoon.policy.base import SampledChunk, SampledCompletion, SampleParams
+from platoon.serving import published_key_for
 
 __all__ = [
     "StreamingTinkerSampler",
@@ -417,10 +418,18 @@ def _unsupported_server(exc: BaseException) -> SystemError | None:
     return None
 
 
+def service_key(client: tinker.ServiceClient) -> str | None:
+    """The key a service client sends (the run's own embedded server's, for its judges)."""
+    key = client.holder.shadow_config.api_key
+    return key if isinstance(key, str) else None
+
+
 def tinker_endpoint(configured: str | None) -> tuple[str | None, str | None]:
-    """(base URL, API key) of the Tinker service; raises when none is named."""
+    """(base URL, API key) of the Tinker service; raises when none is named. The key is the one
+    this user's `platoon serve tinker` published when the URL is such a server on loopback, else
+    `$TINKER_API_KEY`."""
     base_url = configured or os.environ.get("TINKER_BASE_URL")
-    api_key = os.environ.get("TINKER_API_KEY")
+    api_key = published_key_for(base_url) or os.environ.get("TINKER_API_KEY")
     if base_url is None and not api_key:
         raise SystemError(_NO_SERVICE)
     return base_url, api_key

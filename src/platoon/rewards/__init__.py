@@ -27,6 +27,7 @@ from platoon.rewards.judge import (
     render_rubric,
 )
 from platoon.rewards.rules import RewardOutcome, RewardRules, RuleError, rule_names
+from platoon.serving import published_key_for
 
 if TYPE_CHECKING:
     import tinker
@@ -60,6 +61,7 @@ def build_reward_rules(
     entries: Mapping[str, EnvironmentConfig],
     *,
     tinker_base_url: str | None = None,
+    tinker_api_key: str | None = None,
     model_name: str | None = None,
     renderer_name: str | None = None,
     judge_model: Callable[[JudgeConfig], JudgeModel] | None = None,
@@ -67,9 +69,12 @@ def build_reward_rules(
     """Each entry's rules, by entry name (entries with neither `reward:` nor `judge:` have none).
 
     `tinker_base_url`, `model_name` and `renderer_name` are the run's training service, base
-    model and renderer, which a `tinker` judge uses where its config names none. `judge_model`
+    model and renderer, which a `tinker` judge uses where its config names none (with
+    `tinker_api_key`, the key of the run's own service, sent only to that service). `judge_model`
     replaces how a judge's model is made (tests pass scripted ones)."""
-    make = judge_model or (lambda cfg: _judge_model(cfg, tinker_base_url, model_name, renderer_name))
+    make = judge_model or (
+        lambda cfg: _judge_model(cfg, tinker_base_url, tinker_api_key, model_name, renderer_name)
+    )
     out: dict[str, RewardRules] = {}
     for name, entry in entries.items():
         if entry.reward is None and entry.judge is None:
@@ -95,7 +100,11 @@ def build_judge(cfg: JudgeConfig, make: Callable[[JudgeConfig], JudgeModel]) -> 
 
 
 def _judge_model(
-    cfg: JudgeConfig, tinker_base_url: str | None, model_name: str | None, renderer_name: str | None
+    cfg: JudgeConfig,
+    tinker_base_url: str | None,
+    tinker_api_key: str | None,
+    model_name: str | None,
+    renderer_name: str | None,
 ) -> JudgeModel:
     api_key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
     if cfg.api_key_env and api_key is None:
@@ -128,7 +137,8 @@ def _judge_model(
             sampling_client,
         )
 
-        key = api_key or os.environ.get("TINKER_API_KEY") or "tml-local"
+        own = tinker_api_key if base_url == tinker_base_url else None  # the run's key, to its service only
+        key = api_key or own or published_key_for(base_url) or os.environ.get("TINKER_API_KEY") or "tml-local"
         services.append(tinker.ServiceClient(base_url=base_url, api_key=key))
         kwargs = {"model_path": model_path} if model_path else {"base_model": model}
         return TinkerSampler(await sampling_client(services[0], **kwargs))

@@ -32,6 +32,7 @@ from platoon.bus.events import (
 from platoon.policy.base import Sampler
 from platoon.policy.tinker import TinkerSamplerFactory, tinker_service_client
 from platoon.programs import EntrySettings, EpisodeRunner
+from platoon.serving import published_key_for
 from platoon.train.distributed import identity_mismatch
 
 __all__ = [
@@ -451,7 +452,10 @@ class TinkerPolicies:
                 import tinker  # the tinker extra, and it imports torch: only a worker on Tinker
 
                 trusted = url == own or self.trust_announced
-                api_key = (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
+                # A server of this user's on loopback (a trainer's embedded one) published its key
+                # where only this user reads it: the key goes back to the server that made it.
+                published = published_key_for(url)
+                api_key = published or (os.environ.get("TINKER_API_KEY") if trusted else None) or "tml-local"
                 if not trusted:
                     log.warning(
                         "sampling from the announced Tinker URL without this worker's key: the announcement "

@@ -117,13 +117,9 @@ class Api:
 
     def run(self, params: dict[str, str]) -> Run:
         run_id = params.get("run")
-        run = self.runs.get(run_id) if run_id else None
+        run = self.runs.lookup(run_id) if run_id else None
         if run is None:
-            if self.runs.root is not None and run_id:
-                self.runs.rescan()
-                run = self.runs.get(run_id)
-            if run is None:
-                raise ApiError(404, f"no run {run_id!r} among the runs this viewer serves")
+            raise ApiError(404, f"no run {run_id!r} among the runs this viewer serves")
         return run
 
     def runs_list(self, params: dict[str, str]) -> RunsAnswer:

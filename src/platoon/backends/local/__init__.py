@@ -31,7 +31,7 @@ from platoon.backends.local.engine import Engine
 from platoon.backends.local.server import create_app
 from platoon.backends.local.service import TinkerService
 from platoon.backends.local.specs import EngineError
-from platoon.serving import ServingError, require_key, serve_asgi
+from platoon.serving import ServingError, new_key, published_key, require_key, serve_asgi
 
 __all__ = ["EngineError", "main", "running_server", "running_server_in_thread", "serve"]
 
@@ -161,8 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--api-key",
         default=os.environ.get("PLATOON_SERVER_API_KEY"),
-        help="require this key on every request (default: $PLATOON_SERVER_API_KEY; "
-        "required beyond 127.0.0.1)",
+        help="require this key on every request (default: $PLATOON_SERVER_API_KEY, else one made up "
+        "and printed, which this user's clients on this machine find; required beyond 127.0.0.1)",
     )
     args = parser.parse_args(argv)
     try:
@@ -173,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     facts: dict[str, object] = {}
+    # Loopback too has a key: another user of the machine, or a sandbox on the host's network,
+    # reaches it. One made up is published for this user's clients (a `platoon train` pointed at it).
+    key = args.api_key or new_key("tml-")
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
@@ -185,15 +188,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     dtype=args.dtype,
                     checkpoint_dir=args.checkpoint_dir,
                     name=args.name,
-                    api_key=args.api_key,
+                    api_key=key,
                     facts=facts,
                     task_status=task_status,
                 )
             )
             # Ctrl-C and SIGTERM end it here, so the server shuts down in order (no traceback);
             # taken before it says it listens, so no signal falls between.
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with (
+                anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+                published_key(url, key),
+            ):
                 where = f"{facts['device']} ({facts['dtype']}, {facts['attention']} attention)"
+                if not args.api_key:
+                    print(
+                        f"key {key}  (this user's clients on this machine find it; elsewhere: "
+                        f"TINKER_BASE_URL={url} TINKER_API_KEY={key})",
+                        file=sys.stderr,
+                    )
                 print(f"Tinker API for {args.model} at {url} on {where}", file=sys.stderr, flush=True)
                 async for _ in signals:
                     print("stopping", file=sys.stderr, flush=True)
