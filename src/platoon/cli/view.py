@@ -81,16 +81,15 @@ _EVERY_ADDRESS = ("0.0.0.0", "::", "")
 def _own_names(host: str) -> list[str]:
     """The names a browser may use for this viewer: the host it listens on, and for a viewer on
     every address, this machine's names and addresses."""
-    if is_loopback(host):
-        return []
-    names = {host} if host not in _EVERY_ADDRESS else set()
-    if host in _EVERY_ADDRESS:
-        for name in (socket.gethostname(), socket.getfqdn()):
-            names.add(name)
-            try:
-                names.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
-            except OSError:
-                pass
+    if host not in _EVERY_ADDRESS:
+        return [host.strip("[]")]
+    names: set[str] = set()
+    for name in (socket.gethostname(), socket.getfqdn()):
+        names.add(name)
+        try:
+            names.update(str(info[4][0]) for info in socket.getaddrinfo(name, None))
+        except OSError:
+            pass
     return sorted(names)
 
 
