@@ -58,6 +58,7 @@ from platoon.bus.codec import decode, encode
 from platoon.bus.components import ComponentBase
 from platoon.bus.core import Bus, Stream
 from platoon.bus.events import ChatRequested, Event, ModelCallFinished
+from platoon.config.rundir import make_private_dir
 
 __all__ = [
     "EVENT_LOG_NAME",
@@ -173,7 +174,7 @@ class EventLog(ComponentBase):
     async def run(self, bus: Bus) -> None:
         self.attach(bus)
         assert self._events is not None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab") as file:
             if file.tell() == 0:

@@ -21,6 +21,7 @@ from platoon.cli import CommandError
 from platoon.cli.signals import run_async
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.config.redact import redact_text
+from platoon.config.rundir import make_private_dir
 from platoon.models.loading import TokenizerMissing
 from platoon.stats.metrics import HealthLimits
 from platoon.stats.summary import train_summary
@@ -118,7 +119,7 @@ def _set_aside_failed_attempt(directory: Path) -> None:
         return
     aside = directory / _FAILED
     shutil.rmtree(aside, ignore_errors=True)
-    aside.mkdir()
+    make_private_dir(aside)
     for path in directory.iterdir():
         if path.name != _FAILED:
             path.rename(aside / path.name)

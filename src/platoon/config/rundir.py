@@ -102,9 +102,17 @@ def write_run_files(
 
 
 def make_private_dir(directory: str | os.PathLike[str]) -> Path:
-    """Create the run directory (and parents) if missing; it is readable by its owner only."""
+    """Create the run directory (and parents) if missing; it, and each parent made for it, is
+    readable by its owner only, whatever the umask."""
     path = Path(directory)
+    made = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in made:
+        folder.chmod(0o700)
     path.chmod(0o700)
     return path
 

@@ -28,7 +28,7 @@ from platoon.bus.events import (
     TrainStepFinished,
     step_number,
 )
-from platoon.config.rundir import open_private
+from platoon.config.rundir import make_private_dir, open_private
 
 __all__ = [
     "EVAL_TABLE_COLUMNS",
@@ -177,7 +177,7 @@ class MetricsSink(ComponentBase):
         self.attach(bus)
         assert self._events is not None
         self._start_wandb()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.path.parent)
         try:
             with open_private(self.path, "a") as file, self._events as events:
                 async for event in events:

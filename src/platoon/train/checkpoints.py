@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from platoon.config.rundir import write_private
+from platoon.config.rundir import make_private_dir, write_private
 
 log = structlog.get_logger("platoon.checkpoints")
 
@@ -72,7 +72,7 @@ class CheckpointStore:
         return list(reversed(newest[n:]))
 
     def _write(self, records: list[Checkpoint]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.run_dir)
         write_private(self.path, b"".join(msgspec.json.encode(c) + b"\n" for c in records))
 
     def candidates(self, *, quiet: bool = False) -> list[Checkpoint]:
@@ -103,7 +103,7 @@ class CheckpointStore:
         return found[0] if found else None
 
     def write_identity(self, identity: dict[str, Any]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.run_dir)
         write_private(self.identity_path, json.dumps(identity, indent=2, sort_keys=True).encode())
 
     def check_identity(self, identity: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from platoon.bus.events import (
     derive_seed,
     new_id,
 )
+from platoon.config.rundir import make_private_dir, write_private
 from platoon.stats.failures import failure_kind
 
 __all__ = [
@@ -464,8 +465,8 @@ class Evaluator(ComponentBase):
                 seed=s.seed,
             )
             path = self.run_dir / s.report.format(step=request.step)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(as_json(report))
+            make_private_dir(path.parent)
+            write_private(path, as_json(report))
         await bus.publish(
             Evaluated(
                 reply_to=request.request_id,

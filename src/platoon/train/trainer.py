@@ -43,7 +43,7 @@ from platoon.bus.events import (
     TrainStepFinished,
     step_number,
 )
-from platoon.config.rundir import write_private
+from platoon.config.rundir import make_private_dir, write_private
 from platoon.config.schema import CorrectionConfig, LossFn
 from platoon.credit import distill_advantages, filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.credit.importance import CORRECTED_LOSSES, correct
@@ -384,7 +384,7 @@ class Trainer(ComponentBase):
         return self.checkpoints.run_dir / "step_weights.json"
 
     def _record_step_weights(self, paths: list[str]) -> None:
-        self._ledger.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self._ledger.parent)
         write_private(self._ledger, msgspec.json.encode(paths))
 
     def _checkpoint_samplers(self) -> set[str]:

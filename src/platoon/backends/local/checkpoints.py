@@ -3,6 +3,8 @@ renamed into place) and checked, and the catalogue the REST routes list.
 
 `tinker://<run>/<weights|sampler_weights>/<name>` is the directory `<root>/<run>/<kind>/<name>`.
 Each run keeps its checkpoints' marks (`public`, `expires_at`) in one JSON file beside them.
+What is written here is its owner's alone, whatever the umask: folders 0700, files 0600 (the
+weights, the optimizer's state and the manifest are a trained policy).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ import msgspec
 
 from platoon.backends.local.specs import EngineError, LoraSpec, ModelNotFound
 
-__all__ = ["CheckpointInfo", "CheckpointStore", "Mark", "check_manifest", "check_name", "read_spec"]
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointStore",
+    "Mark",
+    "check_manifest",
+    "check_name",
+    "private_dir",
+    "read_spec",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9._\-]{1,200}$")  # a file name any file system takes
 _KINDS = ("weights", "sampler_weights")
@@ -94,8 +104,10 @@ class CheckpointStore:
         checksummed and then renamed to `directory` (replacing what was there)."""
         staging = directory.with_name(directory.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        private_dir(staging)
         fill(staging)
+        for path in staging.iterdir():
+            path.chmod(0o600 if path.is_file() else 0o700)
         _write_manifest(staging)
         shutil.rmtree(directory, ignore_errors=True)
         staging.rename(directory)
@@ -192,7 +204,7 @@ class CheckpointStore:
             marks[checkpoint_id] = mark
         target = self.run_dir(run_id) / _MARKS
         staging = target.with_suffix(".partial")
-        staging.write_text(json.dumps(marks))
+        _write_private(staging, json.dumps(marks).encode())
         staging.replace(target)
 
 
@@ -201,6 +213,25 @@ def check_name(name: str) -> None:
     if not _NAME.match(name) or name in {".", ".."}:
         shown = name if len(name) <= 60 else f"{name[:60]}... ({len(name)} characters)"
         raise EngineError(f"checkpoint name {shown!r} must be 1 to 200 letters, digits, '.', '_' or '-'")
+
+
+def private_dir(path: Path) -> None:
+    """`path` and each folder made on the way to it: 0700, whatever the umask."""
+    made = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for folder in made:
+        folder.chmod(0o700)
+
+
+def _write_private(path: Path, content: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(file.fileno(), 0o600)  # an older file of another mode keeps it otherwise
+        file.write(content)
 
 
 def _copy_files(source: Path, staging: Path) -> None:
@@ -217,7 +248,7 @@ def _write_manifest(directory: Path) -> None:
             digests[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
             with path.open("rb") as file:
                 os.fsync(file.fileno())
-    (directory / _MANIFEST).write_text(json.dumps(digests, indent=1))
+    _write_private(directory / _MANIFEST, json.dumps(digests, indent=1).encode())
 
 
 def check_manifest(directory: Path) -> None:

@@ -27,6 +27,7 @@ from platoon.backends.local.checkpoints import (
     CheckpointStore,
     Mark,
     check_manifest,
+    private_dir,
     read_spec,
 )
 from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype, resolve_model_dir
@@ -522,11 +523,12 @@ class Engine:
             snapshot = self._snapshots[key]
             assert snapshot.tensors is not None
             directory = self.checkpoint_dir / "_ephemeral" / key.replace(":", "-")
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dir(directory)
             save_file(
                 {k: v.cpu().contiguous() for k, v in snapshot.tensors.items()},
                 directory / "adapter_model.safetensors",
             )
+            (directory / "adapter_model.safetensors").chmod(0o600)
             snapshot.tensors, snapshot.path = None, directory
 
     def sampler_weights(self, tinker_path: str) -> WeightsRef:
