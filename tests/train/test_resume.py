@@ -267,3 +267,38 @@ def test_a_run_written_when_steps_counted_from_zero_resumes_where_it_stopped(sit
     assert [c["policy_version"] for c in checkpoints(run_dir)] == [1, 2, 3]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_replaced_or_deleted_since_it_was_saved_is_named_and_the_one_before_resumes(
+    site, tiny_model
+):
+    """Another process that reached the training service could delete a checkpoint, or put other
+    weights (with a manifest of their own) in its place: the digests the run recorded say which."""
+    import shutil
+
+    from platoon.train.checkpoints import Checkpoint, checkpoint_problem
+    from platoon.train.export import ExportError, export
+
+    run_dir = site / "run"
+    _train(learn_config(tiny_model, steps=3, save_every=1), run_dir)
+    saved = checkpoints(run_dir)
+    assert all(len(c["digests"]) == 2 for c in saved)  # the state's and the sampler's
+    newest, older = _state_dir(run_dir, saved[-1]), _state_dir(run_dir, saved[-2])
+    shutil.rmtree(newest)
+    shutil.copytree(older, newest)  # whole and self-consistent, but not what step 3 saved
+    sampler = saved[-2]["sampler_path"].removeprefix("tinker://").split("/")
+    shutil.rmtree(run_dir.joinpath("tinker", *sampler))  # and step 2's sampler weights are gone
+
+    records = [Checkpoint(**c) for c in saved]
+    assert "state-000003 is not the checkpoint saved at step 3" in str(
+        checkpoint_problem(records[-1], run_dir / "tinker")
+    )
+    assert "ckpt-000002 is missing" in str(checkpoint_problem(records[-2], run_dir / "tinker"))
+    with pytest.raises(ExportError, match=r"step 2: .*ckpt-000002 is missing"):
+        export(run_dir, site / "out", step=2, adapter_only=True)
+
+    _train(learn_config(tiny_model, steps=4, save_every=1), run_dir, resume=True)
+    lock = json.loads((run_dir / "lock.json").read_text())
+    assert lock["resumed_from_step"] == 1  # step 3's was replaced, step 2's incomplete: step 1's
+    assert [c["step"] for c in checkpoints(run_dir)] == [1, 2, 3, 4]

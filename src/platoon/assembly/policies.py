@@ -40,7 +40,9 @@ from platoon.train.checkpoints import (
     CheckpointNotFound,
     CheckpointStore,
     ResumeError,
+    checkpoint_problem,
     locate_weights,
+    manifest_digest,
 )
 from platoon.train.recorded import recorded_tokenizers
 from platoon.train.trainer import Trainer, TrainerSettings
@@ -169,7 +171,7 @@ async def open_policy(
             yield loaded
             return
         assert store is not None, "a policy that trains here needs its checkpoint store"
-        client, checkpoint = await _resumed_client(opened, policy, store, list(candidates))
+        client, checkpoint = await _resumed_client(opened, policy, store, list(candidates), checkpoint_dir)
         version = checkpoint.policy_version if checkpoint else 0
         if policy.kl and reference is None:
             weights = _weights_here(
@@ -192,6 +194,7 @@ async def open_policy(
             policy=policy.name,
             prefix=prefix,
             delete=_deleter(base_url, loaded.api_key, local=policy.backend == "local"),
+            digest=manifest_digest(checkpoint_dir) if checkpoint_dir is not None else None,
         )
         loaded.checkpoint = checkpoint
         loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
@@ -430,10 +433,21 @@ async def _resumed_client(
     policy: PolicySettings,
     store: CheckpointStore,
     candidates: list[Checkpoint],
+    files: Path | None = None,
 ) -> tuple[tinker.TrainingClient, Checkpoint | None]:
-    """The training client, from the newest checkpoint whose files load (older ones next)."""
+    """The training client, from the newest checkpoint whose files are as they were saved (their
+    digests, when `files` holds them: the embedded server's folder) and load; older ones next."""
     failures = []
     for checkpoint in candidates:
+        problem = checkpoint_problem(checkpoint, files) if files is not None else None
+        if problem is not None:
+            log.warning(
+                "checkpoint missing or damaged; trying the one before",
+                after_step=checkpoint.step,
+                problem=problem,
+            )
+            failures.append(f"after step {checkpoint.step}: {problem}")
+            continue
         try:
             client = await _training_client(service, policy, checkpoint)
         except Exception as exc:

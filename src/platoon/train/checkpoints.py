@@ -8,15 +8,22 @@ file is replaced whole (written aside, synced, renamed), so no line is ever torn
 cannot be read (the file damaged on disk) is skipped with a warning; a resume tries the newest
 checkpoint first and falls back to older ones whose files still load (see `train.loop`).
 
+On the embedded backend a line also holds `digests`: the sha256 of each saved checkpoint's
+manifest (which holds the sha256 of each of its files), so a resume or an export notices a
+checkpoint deleted, damaged or replaced since (another process on the machine may have reached
+the training service), says which, and a resume falls back to the one before
+(`checkpoint_problem`).
+
 `identity.json` records what a run is: the model, the renderer, the LoRA rank and the
 held-out split. A resume whose config changes any of them is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,9 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointStore",
     "ResumeError",
+    "checkpoint_problem",
     "locate_weights",
+    "manifest_digest",
 ]
 
 
@@ -46,6 +55,50 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
     sampler_path: str
     policy_version: int
     task_cursor: int
+    digests: dict[str, str] = {}  # tinker path -> sha256 of its manifest (the embedded backend's)
+
+
+_MANIFEST = "platoon_manifest.json"  # what the embedded server writes beside a checkpoint's files
+
+
+def manifest_digest(root: Path) -> Callable[[str], str | None]:
+    """How a trainer records a checkpoint saved under `root` (the run's `tinker` folder): the
+    sha256 of its manifest, or None for a path whose files are not there."""
+
+    def digest(path: str) -> str | None:
+        parts = _tinker_parts(path)
+        try:
+            return (
+                hashlib.sha256((root.joinpath(*parts) / _MANIFEST).read_bytes()).hexdigest()
+                if parts
+                else None
+            )
+        except OSError:
+            return None
+
+    return digest
+
+
+def checkpoint_problem(checkpoint: Checkpoint, root: Path) -> str | None:
+    """Why a recorded checkpoint's files under `root` are not what was saved: the one missing,
+    changed or damaged, by name; None when they are (or nothing was recorded of them)."""
+    for path, recorded in checkpoint.digests.items():
+        parts = _tinker_parts(path)
+        directory = root.joinpath(*parts) if parts else None
+        if directory is None or not (directory / _MANIFEST).is_file():
+            return f"{path} is missing (deleted since it was saved?)"
+        manifest = (directory / _MANIFEST).read_bytes()
+        if hashlib.sha256(manifest).hexdigest() != recorded:
+            return f"{path} is not the checkpoint saved at step {checkpoint.step}: its manifest changed"
+        try:
+            files = json.loads(manifest)
+        except ValueError:
+            return f"{path}: its manifest is damaged"
+        for name, digest in files.items():
+            file = directory / name
+            if not file.is_file() or hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+                return f"{path}: {name} is missing or damaged"
+    return None
 
 
 class CheckpointStore:

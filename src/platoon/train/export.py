@@ -24,7 +24,13 @@ import msgspec
 
 from platoon.config.load import read_file
 from platoon.models.loading import builtin_model_name, resolve_model
-from platoon.train.checkpoints import Checkpoint, CheckpointNotFound, CheckpointStore, locate_weights
+from platoon.train.checkpoints import (
+    Checkpoint,
+    CheckpointNotFound,
+    CheckpointStore,
+    checkpoint_problem,
+    locate_weights,
+)
 
 __all__ = ["ExportError", "export", "run_checkpoint"]
 
@@ -100,11 +106,20 @@ def export(
     try:
         checkpoint_dir, path = locate_weights(checkpoint.sampler_path, [run_dir])
     except CheckpointNotFound as exc:
+        if checkpoint.digests:  # the run saved its files here: they are gone
+            raise ExportError(
+                f"step {checkpoint.step}: {checkpoint.sampler_path} is missing (deleted since it was "
+                "saved?); export another --step"
+            ) from None
         raise ExportError(
             f"step {checkpoint.step}: {exc} (a run on hosted Tinker keeps its weights there)"
         ) from None
     session, kind, name = path.removeprefix("tinker://").split("/")
     weights = checkpoint_dir / session / kind / name
+    # The files as they were saved (the digests the run recorded), else as their own manifest says.
+    problem = checkpoint_problem(checkpoint, checkpoint_dir)
+    if problem is not None:
+        raise ExportError(f"step {checkpoint.step}: {problem}; export another --step")
     from platoon.backends.local.engine import EngineError, check_manifest  # the local extra: torch
 
     try:

@@ -139,9 +139,11 @@ class Trainer(ComponentBase):
         policy: str = "default",
         prefix: str = "",
         delete: Callable[[str], Awaitable[None]] | None = None,
+        digest: Callable[[str], str | None] | None = None,
     ) -> None:
         self.policy = policy
         self.delete = delete  # async (tinker path) -> None: deletes weights no longer needed
+        self.digest = digest  # (tinker path) -> what checkpoints.jsonl records of its files
         self.prefix = prefix
         self.client = training_client
         self.reference = reference  # a sampling client of the reference policy, for the KL penalty
@@ -338,12 +340,14 @@ class Trainer(ComponentBase):
         """Save the full training state (weights and optimizer) and record the checkpoint."""
         state = await wait_future(self.client.save_state(name=f"state-{step + 1:06d}"))
         sampler = await wait_future(self.client.save_weights_for_sampler(name=f"ckpt-{step + 1:06d}"))
+        digests = {p: d for p in (state.path, sampler.path) if self.digest and (d := self.digest(p))}
         checkpoint = Checkpoint(
             step=step_number(step),  # checkpoints.jsonl counts as a user does
             state_path=state.path,
             sampler_path=sampler.path,
             policy_version=self.version,
             task_cursor=self.task_cursor_of(step),
+            digests=digests,
         )
         self.checkpoints.append(checkpoint)
         if self.settings.keep:
