@@ -15,7 +15,13 @@ class Served:
     """A `platoon` command serving until closed; what it printed, and its memory."""
 
     def __init__(
-        self, argv: list[str], *, ready: str, env: dict[str, str] | None = None, timeout: float = 180
+        self,
+        argv: list[str],
+        *,
+        ready: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 180,
+        umask: int | None = None,
     ) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "platoon", *argv],
@@ -23,6 +29,7 @@ class Served:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=None if umask is None else (lambda: os.umask(umask) and None),
         )
         self.lines: list[str] = []
         self._ready = threading.Event()
