@@ -125,6 +125,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         "HF_HOME": str(_hub_cache(model, root / "hf", HUB_NAME)),
         "HF_HUB_OFFLINE": "1",
         "TINKER_API_KEY": "tml-cookbook",
+        "PLATOON_SERVER_API_KEY": "tml-cookbook",  # the key the server checks, on loopback too
         "TINKER_TELEMETRY": "0",
     }
     argv = [sys.executable, "-m", "platoon", "serve", "tinker", "--model", str(model), "--name", HUB_NAME]
