@@ -391,7 +391,7 @@ def test_an_unknown_run_id_is_answered_without_walking_the_runs_folder(tmp_path,
     monkeypatch.setattr(runs_module, "_find_runs", lambda folder: walks.append(folder) or walk(folder))
     client = TestClient(make_app(RunSet(root=root)), base_url="http://127.0.0.1")
     walks.clear()
-    for i in range(300):
+    for i in range(20):
         for run_id in (f"nope-{i}", f"exp/{i}", "../runs/exp/old", "exp/../exp/old", "/etc"):
             assert client.get("/api/run", params={"run": run_id}).status_code == 404
     assert walks == []
