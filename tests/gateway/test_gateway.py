@@ -134,6 +134,11 @@ class Running:
         self.gateway = gateway
         self.records: list[ModelCallFinished] = []
 
+    @property
+    def renderer(self) -> Any:
+        """The renderer of the gateway's default policy."""
+        return self.gateway.policies[self.gateway.default_policy].renderer
+
     async def open(self, episode_id: str, agent_id: str | None = None, **options: Any) -> AgentOpened:
         reply = await self.bus.request(
             AgentOpenRequested(episode_id=episode_id, agent_id=agent_id or f"{episode_id}/root", **options)
@@ -265,7 +270,7 @@ async def test_a_call_records_the_exact_sampled_tokens(toy_tokenizer):
     assert (reply.prompt_tokens, reply.completion_tokens) == (len(record.prompt_tokens), len(expected))
     assert record.call_id == reply.call_id
     assert (record.episode_id, record.agent_id, record.kind) == ("ep1", "ep1/root", "policy")
-    assert record.prompt_tokens == gw.gateway.renderer.render(messages)
+    assert record.prompt_tokens == gw.renderer.render(messages)
     assert record.completion_tokens == expected
     assert record.logprobs == [-0.25] * len(expected)
     assert record.stop_reason == "stop"
@@ -352,7 +357,7 @@ async def test_a_tool_calling_agent_forms_one_token_sequence(toy_tokenizer, echo
     for earlier, later in itertools.pairwise(records):
         assert extends(later, earlier)
     # The splice is what makes it hold: the re-rendered history differs from what was sampled.
-    rerendered = gw.gateway.renderer.render(messages[:-2], GUESS_TOOLS)
+    rerendered = gw.renderer.render(messages[:-2], GUESS_TOOLS)
     assert rerendered[: len(records[3].prompt_tokens)] != records[3].prompt_tokens
 
 
@@ -369,7 +374,7 @@ async def test_rewritten_history_is_rendered_as_written(toy_tokenizer):
         first, second = await gw.settled()
 
     assert not extends(second, first)
-    assert second.prompt_tokens == gw.gateway.renderer.render(messages, GUESS_TOOLS)
+    assert second.prompt_tokens == gw.renderer.render(messages, GUESS_TOOLS)
 
 
 @pytest.mark.anyio

@@ -5,6 +5,8 @@ gateway does not serve is refused."""
 # ruff: noqa: F811
 from __future__ import annotations
 
+import anthropic
+import openai
 import pytest
 from test_gateway import Factory, running_gateway
 
@@ -12,7 +14,7 @@ from platoon.bus.events import AgentOpened, AgentOpenRequested, PolicyUpdated
 from platoon.gateway import GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.testing.policies import ScriptedSampler, ScriptedSamplerFactory
-from tokenizer_fixtures import toy_tokenizer  # noqa: F401
+from tokenizer_fixtures import llama3_tokenizer, toy_tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
@@ -91,3 +93,36 @@ async def test_agents_may_name_any_served_policys_model(toy_tokenizer):
         toy_tokenizer, ["planner"], policy="planner", model_name="Qwen/Qwen3-4B", policies=policies
     ) as gw:
         assert {"Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "platoon-policy"} <= gw.gateway.model_names
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_agent_on_a_second_policy_gets_its_own_tokenizers_texts_and_counts(
+    toy_tokenizer, llama3_tokenizer, anyio_backend
+):
+    """Logprob token texts and counted tokens over HTTP come from the agent's own policy: an agent
+    of a policy whose tokenizer differs from the first policy's reads its own tokens."""
+    llama = get_renderer("llama3", llama3_tokenizer)
+    policies = {
+        "llama": GatewayPolicy(
+            llama, ScriptedSamplerFactory(llama3_tokenizer, ["Forty two."] * 4, stop_token="<|eot_id|>")
+        )
+    }
+    messages = [{"role": "user", "content": "Guess a number."}]
+    async with running_gateway(
+        toy_tokenizer, ["toy"] * 4, policy="toy", policies=policies, serve_http=True
+    ) as gw:
+        opened = await gw.open("e5", policy="llama")
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            reply = await client.chat.completions.create(
+                model="platoon-policy", messages=messages, logprobs=True
+            )
+        async with anthropic.AsyncAnthropic(
+            base_url=opened.base_url.removesuffix("/v1"), api_key=opened.key, max_retries=0
+        ) as claude:
+            counted = await claude.messages.count_tokens(model="platoon-policy", messages=messages)
+        [record] = await gw.settled()
+
+    assert record.policy == "llama" and reply.choices[0].message.content == "Forty two."
+    texts = [entry.token for entry in reply.choices[0].logprobs.content]
+    assert texts == [llama3_tokenizer.decode([t]) for t in record.completion_tokens]
+    assert counted.input_tokens == len(llama.render(messages)) == len(record.prompt_tokens)

@@ -31,7 +31,7 @@ async def test_a_huge_prompt_is_refused_before_it_is_tokenized(qwen3_tokenizer):
         opened = await gw.open("ep1")
         client = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0)
         calls = []
-        gw.gateway.renderer.render = lambda *a, **k: calls.append(1) or []  # must not be reached
+        gw.renderer.render = lambda *a, **k: calls.append(1) or []  # must not be reached
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(
                 model="platoon-policy", messages=[{"role": "user", "content": "a" * (50 * 2**20)}]
@@ -57,7 +57,7 @@ async def test_a_huge_prompt_is_refused_before_it_is_tokenized(qwen3_tokenizer):
 async def test_too_many_or_too_large_tools_are_refused_before_they_are_rendered(toy_tokenizer, tools):
     async with running_gateway(toy_tokenizer, ["ok"], serve_http=True) as gw:
         opened = await gw.open("ep1")
-        gw.gateway.renderer.render = lambda *a, **k: pytest.fail("rendered")
+        gw.renderer.render = lambda *a, **k: pytest.fail("rendered")
         client = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0)
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(model="platoon-policy", messages=USER, tools=tools)
@@ -68,7 +68,7 @@ async def test_too_many_or_too_large_tools_are_refused_before_they_are_rendered(
 async def test_one_agents_long_prompt_does_not_hold_up_another_agents_call(toy_tokenizer):
     """The long prompt is tokenized off the event loop: while it is, another call is answered."""
     async with running_gateway(toy_tokenizer, ["ok", "ok"], serve_http=True) as gw:
-        renderer = gw.gateway.renderer
+        renderer = gw.renderer
         real_render = renderer.render
         other_answered = threading.Event()
         waited: list[bool] = []

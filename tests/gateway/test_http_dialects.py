@@ -103,7 +103,7 @@ async def test_responses_api_string_input_and_max_output_tokens(toy_tokenizer, a
     assert response.status == "incomplete"
     assert response.incomplete_details.reason == "max_output_tokens"
     assert len(record.completion_tokens) == 2 and record.stop_reason == "length"
-    assert record.prompt_tokens == gw.gateway.renderer.render([{"role": "user", "content": "Count."}])
+    assert record.prompt_tokens == gw.renderer.render([{"role": "user", "content": "Count."}])
 
 
 # --- Anthropic Messages -----------------------------------------------------------------------
@@ -200,7 +200,7 @@ async def test_anthropic_bearer_auth_max_tokens_and_count_tokens(toy_tokenizer, 
 
     assert reply.stop_reason == "max_tokens"
     assert reply.usage.output_tokens == len(record.completion_tokens) == 3
-    assert counted.input_tokens == len(gw.gateway.renderer.render(messages, GUESS_TOOLS))
+    assert counted.input_tokens == len(gw.renderer.render(messages, GUESS_TOOLS))
 
 
 async def test_a_call_over_http_records_its_messages_for_the_viewer(toy_tokenizer, anyio_backend):

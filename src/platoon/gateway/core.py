@@ -141,8 +141,6 @@ class Gateway(ComponentBase):
         policy: str = "default",
         policies: Mapping[str, GatewayPolicy] | None = None,
     ) -> None:
-        self.renderer = renderer
-        self.factory = sampler_factory
         self.default_policy = policy
         self.policies: dict[str, GatewayPolicy] = {policy: GatewayPolicy(renderer, sampler_factory)}
         self.policies.update(policies or {})
@@ -161,7 +159,6 @@ class Gateway(ComponentBase):
         self.max_body = max_body
         self.constraint_tries = constraint_tries
         self.base_url: str | None = None
-        self.sampler: Sampler | None = None
         self.agents: dict[str, AgentSession] = {}  # by key
         self.by_agent: dict[str, AgentSession] = {}
         self.budgets: dict[str, Budget] = {}
@@ -185,7 +182,6 @@ class Gateway(ComponentBase):
         assert self._chats is not None
         for state in self.policies.values():
             state.sampler = await state.factory.initial()
-        self.sampler = self.policies[self.default_policy].sampler
         async with anyio.create_task_group() as tg:
             if self.serve_http:
                 front = type(self).http_front
@@ -225,8 +221,6 @@ class Gateway(ComponentBase):
             log.debug("update of a policy not served here ignored", policy=event.policy)
             return
         state.sampler = await state.factory.updated(event)
-        if event.policy == self.default_policy:
-            self.sampler = state.sampler
         updated, state.updated = state.updated, anyio.Event()
         if updated is not None:
             updated.set()

@@ -304,15 +304,13 @@ _KEPT_RESPONSES = 64  # per agent, for previous_response_id
 def build_app(gateway: Gateway) -> Guard:
     """The ASGI app of a gateway."""
 
-    def token_texts(tokens: list[int]) -> list[str]:
-        return [gateway.renderer.tokenizer.decode([t]) for t in tokens]
-
-    def logprobs_of(c: Completion) -> dialects.Logprobs:
-        decode = gateway.renderer.tokenizer.decode
+    def logprobs_of(session: AgentSession, c: Completion) -> dialects.Logprobs:
+        """A reply's logprobs with each token's text, as the agent's own policy's tokenizer reads it."""
+        decode = gateway.policies[session.policy].renderer.tokenizer.decode
         top = (
             None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
         )
-        return dialects.Logprobs(token_texts(c.tokens), c.logprobs, top)
+        return dialects.Logprobs([decode([t]) for t in c.tokens], c.logprobs, top)
 
     def sample(
         session: AgentSession,
@@ -398,7 +396,7 @@ def build_app(gateway: Gateway) -> Guard:
                     (
                         c.message,
                         c.finish_reason,
-                        logprobs_of(c) if want_logprobs else None,
+                        logprobs_of(session, c) if want_logprobs else None,
                     )
                     for c in done
                 ]
@@ -451,7 +449,7 @@ def build_app(gateway: Gateway) -> Guard:
                     c.finish_reason,
                     (c.prompt_tokens, c.completion_tokens),
                     rid,
-                    logprobs_of(c) if want_logprobs else None,
+                    logprobs_of(session, c) if want_logprobs else None,
                 )
                 if body.get("store", True) is not False:
                     conversation = [*messages[instructions:], c.message]
@@ -499,7 +497,7 @@ def build_app(gateway: Gateway) -> Guard:
             messages, tools = dialects.count_tokens_request(body)
             model_of(body.get("model"), "messages")
             try:
-                tokens = gateway.renderer.render(messages, tools)
+                tokens = gateway.policies[session.policy].renderer.render(messages, tools)
             except ValueError as exc:
                 raise dialects.DialectError(str(exc), "messages") from None
             return JSONResponse({"input_tokens": len(tokens)})
