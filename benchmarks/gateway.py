@@ -78,7 +78,7 @@ from starlette.routing import Route
 
 from platoon.bus import Bus
 from platoon.bus.events import AgentOpened, AgentOpenRequested, Reply, Request, TaskRef
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.context import AgentContext, Budget
 from platoon.policy.base import SampledCompletion, SampleParams
@@ -348,7 +348,7 @@ def bench_gateway() -> Gateway:
     tokenizer = toy_tokenizer()
     renderer = get_renderer("qwen3_instruct", tokenizer)
     completion = list(tokenizer.encode(REPLY, add_special_tokens=False)) + renderer.stop_token_ids[:1]
-    return Gateway(renderer=renderer, sampler_factory=InstantFactory(InstantSampler(completion)))
+    return Gateway(GatewayPolicy(renderer, InstantFactory(InstantSampler(completion))))
 
 
 async def serve(what: str, clients: int, conn: Connection) -> None:

@@ -48,7 +48,7 @@ import platoon as pt
 from platoon.bus import Bus, EventLog, running
 from platoon.bus.events import ToolReturned
 from platoon.envs import build_env_service
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -247,9 +247,11 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
             components = [
                 service,
                 Gateway(
-                    renderer=get_renderer("qwen3_instruct", tokenizer),
-                    sampler_factory=ScriptedSamplerFactory(tokenizer, binary_search),
-                    serve_http=mode == "http",
+                    GatewayPolicy(
+                        get_renderer("qwen3_instruct", tokenizer),
+                        ScriptedSamplerFactory(tokenizer, binary_search),
+                    ),
+                    GatewaySettings(serve_http=mode == "http"),
                 ),
                 EpisodeRunner([EntrySettings(name="ns", harness=harness, max_steps=12)]),
                 Grader(),

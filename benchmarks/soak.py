@@ -35,7 +35,7 @@ import anyio
 from rollout import ToolCounter, binary_search, env_service, tokenizer_dir
 
 from platoon.bus import Bus, EventLog, running
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -68,9 +68,11 @@ async def soak(minutes: float, every: float, concurrency: int, trace: bool, fram
             components = [
                 service,
                 Gateway(
-                    renderer=get_renderer("qwen3_instruct", tokenizer),
-                    sampler_factory=ScriptedSamplerFactory(tokenizer, binary_search),
-                    serve_http=False,
+                    GatewayPolicy(
+                        get_renderer("qwen3_instruct", tokenizer),
+                        ScriptedSamplerFactory(tokenizer, binary_search),
+                    ),
+                    GatewaySettings(serve_http=False),
                 ),
                 EpisodeRunner([EntrySettings(name="ns", harness="bench-inproc", max_steps=12)]),
                 Grader(),

@@ -225,7 +225,7 @@ def test_every_part_of_every_purpose_declares_what_it_takes_and_publishes(site, 
 
 
 def test_a_harbor_entry_keeps_its_artifacts_in_the_run_folder(site):
-    from platoon.assembly.builders import _env_services
+    from platoon.assembly.builders import env_services
 
     task = site / "tasks" / "t"
     (task / "tests").mkdir(parents=True)
@@ -243,9 +243,9 @@ def test_a_harbor_entry_keeps_its_artifacts_in_the_run_folder(site):
         "service_kwargs": {**entry["service_kwargs"], "artifacts_dir": "/elsewhere"},
     }
     config = validate_config({**RAW, "environments": [{**entry, "name": "tasks"}, own]})
-    services = _env_services(config, site / "run")
+    services = env_services(config, site / "run")
     assert [s.backend.artifacts_dir for s in services] == [
         str(site / "run" / "artifacts" / "tasks"),
         "/elsewhere",
     ]
-    assert [s.backend.artifacts_dir for s in _env_services(config)] == [None, "/elsewhere"]
+    assert [s.backend.artifacts_dir for s in env_services(config)] == [None, "/elsewhere"]

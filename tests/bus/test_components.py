@@ -71,7 +71,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     from platoon.bus.nats import NatsBridge
     from platoon.credit import CreditConfig
     from platoon.envs import build_env_service
-    from platoon.gateway import Gateway
+    from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
     from platoon.gateway.renderers import get_renderer
     from platoon.plugins import EventHandlerPlugin
     from platoon.programs import EpisodeRunner, Grader
@@ -96,9 +96,10 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         EventLog(tmp_path),
         build_env_service("vowels", "python://vowels:Vowels", None, {}),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", toy_tokenizer),
-            sampler_factory=ScriptedSamplerFactory(toy_tokenizer, ["done"]),
-            serve_http=False,
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", toy_tokenizer), ScriptedSamplerFactory(toy_tokenizer, ["done"])
+            ),
+            GatewaySettings(serve_http=False),
         ),
         EpisodeRunner([]),
         FollowingRunner([], follower=follower),

@@ -32,7 +32,7 @@ from platoon.bus.events import (
     TaskRef,
     derive_seed,
 )
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.context import AgentContext, Budget, BudgetExhausted, ChatError
 from platoon.policy.base import SampledCompletion, SampleParams
@@ -183,15 +183,18 @@ async def running_gateway(
     *,
     factory: Any = None,
     renderer: str = "qwen3_instruct",
+    policy: str = "default",
+    policies: dict[str, GatewayPolicy] | None = None,
     **options: Any,
 ) -> AsyncIterator[Running]:
     """A bus with a gateway on it answering from `script` (or `factory`); HTTP off unless asked."""
     options.setdefault("serve_http", False)
-    gateway = Gateway(
-        renderer=get_renderer(renderer, tokenizer),
-        sampler_factory=factory or ScriptedSamplerFactory(tokenizer, script),
-        **options,
+    if "model_aliases" in options:
+        options["model_aliases"] = tuple(options["model_aliases"])
+    first = GatewayPolicy(
+        get_renderer(renderer, tokenizer), factory or ScriptedSamplerFactory(tokenizer, script)
     )
+    gateway = Gateway({policy: first, **(policies or {})}, GatewaySettings(**options))
     async with Bus() as bus:
         running = Running(bus, gateway)
         bus.subscribe(ModelCallFinished, running.records.append)

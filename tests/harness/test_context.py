@@ -23,7 +23,7 @@ from platoon.bus.events import (
     ToolReturned,
     ToolSpec,
 )
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.context import AgentContext, AgentResult, Budget, BudgetExhausted, ChatError, ToolResult
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -56,9 +56,11 @@ async def gateway_bus(
 ) -> AsyncIterator[Bus]:
     """A bus with a gateway on it (no HTTP) answering from `script`."""
     gateway = Gateway(
-        renderer=get_renderer(options.pop("renderer", "qwen3_instruct"), tokenizer),
-        sampler_factory=ScriptedSamplerFactory(tokenizer, script),
-        serve_http=False,
+        GatewayPolicy(
+            get_renderer(options.pop("renderer", "qwen3_instruct"), tokenizer),
+            ScriptedSamplerFactory(tokenizer, script),
+        ),
+        GatewaySettings(serve_http=False),
     )
     async with Bus() as bus:
         if records is not None:

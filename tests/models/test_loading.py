@@ -199,8 +199,8 @@ async def test_an_assembled_gateway_refuses_a_prompt_past_the_models_window_befo
     import openai
     from transformers import AutoTokenizer
 
-    from platoon.assembly.builders import _gateway
-    from platoon.assembly.settings import GatewaySettings
+    from platoon.assembly.builders import gateway_of
+    from platoon.gateway import GatewayPolicy, GatewaySettings
     from platoon.gateway.renderers import get_renderer
     from platoon.models.tiny import save_tiny_model
     from platoon.policy.scripted import ScriptedSamplerFactory
@@ -209,7 +209,9 @@ async def test_an_assembled_gateway_refuses_a_prompt_past_the_models_window_befo
         save_tiny_model(tmp_path / "tiny", max_position_embeddings=2048)
     )
     renderer = get_renderer("qwen3_instruct", tokenizer)
-    gateway = _gateway(GatewaySettings(), renderer, ScriptedSamplerFactory(tokenizer, ["ok"]))
+    gateway = gateway_of(
+        GatewaySettings(), {"default": GatewayPolicy(renderer, ScriptedSamplerFactory(tokenizer, ["ok"]))}
+    )
     assert gateway.context_window == 2048
     rendered = []
     renderer.render = lambda *a, **k: rendered.append(1) or []  # must not be reached

@@ -17,7 +17,7 @@ import platoon as pt
 from platoon.bus import Bus, running
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, ToolSpec, new_id
 from platoon.envs import EnvError, EnvService, Grade, TaskInfo, ToolResult
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -249,9 +249,8 @@ async def toy_system(
     backend = backend or ToyBackend()
     service = EnvService("toy", backend, tool_timeout=tool_timeout, tool_errors=tool_errors)
     gateway = Gateway(
-        renderer=get_renderer("qwen3_instruct", tokenizer),
-        sampler_factory=ScriptedSamplerFactory(tokenizer, script),
-        serve_http=False,
+        GatewayPolicy(get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, script)),
+        GatewaySettings(serve_http=False),
     )
     components = [
         service,

@@ -15,7 +15,7 @@ from platoon.bus.events import AgentSpawned, EpisodeFinished, ModelCallFinished
 from platoon.config.schema import AgentsConfig, PolicyChoice
 from platoon.envs.ors import OrsBackend
 from platoon.envs.service import EnvService
-from platoon.gateway import Gateway, GatewayPolicy
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.harness import AgentContext, AgentResult
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -63,11 +63,14 @@ async def play(tokenizer: Any, choice: PolicyChoice, *, default: str = "planner"
     components = [
         EnvService("notes", OrsBackend(Notes), tool_timeout=10),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, lambda m: "planner"),
-            serve_http=False,
-            policy="planner",
-            policies={"executor": policy("executor")},
+            {
+                "planner": GatewayPolicy(
+                    get_renderer("qwen3_instruct", tokenizer),
+                    ScriptedSamplerFactory(tokenizer, lambda m: "planner"),
+                ),
+                "executor": policy("executor"),
+            },
+            GatewaySettings(serve_http=False),
         ),
         EpisodeRunner([entry], request_timeout=30),
         Grader(),

@@ -20,7 +20,7 @@ from platoon.config.schema import AgentsConfig
 from platoon.credit import CreditConfig
 from platoon.envs.ors import OrsBackend
 from platoon.envs.service import EnvService
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -213,9 +213,10 @@ async def tree_system(
     components: list[Any] = [
         EnvService("notes", OrsBackend(env), tool_timeout=10),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
-            serve_http=serve_http,
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, policy)
+            ),
+            GatewaySettings(serve_http=serve_http),
         ),
         EpisodeRunner([settings], request_timeout=30),
         Grader(),

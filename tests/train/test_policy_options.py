@@ -131,14 +131,14 @@ def trained_weights(config, run_dir: Path, *, resume: bool = False) -> dict[str,
 async def announcements(config, run_dir: Path) -> dict:
     """What the trainer of `config` announces of each policy at its start (`PolicyAnnounced`)."""
     from platoon.assembly import assemble, load_policy, open_policies
-    from platoon.assembly.builders import _announced
+    from platoon.assembly.builders import announced
     from platoon.train.policies import policy_stores
 
     run = assemble(config, "train", run_dir=run_dir)
     loaded = {name: load_policy(p) for name, p in run.settings.policies.items()}
     stores = policy_stores(run_dir, run.settings.trained(), several=True)
     async with open_policies(loaded, run_dir=run_dir, stores=stores) as opened:
-        return {name: _announced(policy) for name, policy in opened.items()}
+        return {name: announced(policy) for name, policy in opened.items()}
 
 
 def first_call_sampled(server: str, run_dir: Path, policy: str, weights: str) -> bool:

@@ -157,7 +157,7 @@ async def test_each_policy_is_asked_for_its_own_version_and_the_oldest_is_the_ep
     from platoon.bus.events import EpisodeRequested
     from platoon.train.loop import Scheduler
 
-    scheduler = Scheduler(settings(policies=("planner", "executor"), several=True))
+    scheduler = Scheduler(settings(policies=("planner", "executor")))
     seen = await play([Tasks(), TwoTrainers(), scheduler])
     requests = [e for e in seen if isinstance(e, EpisodeRequested)]
     by_step = {r.step: (r.policy_version, r.policy_versions) for r in requests}
@@ -216,7 +216,7 @@ def test_a_several_policy_run_has_a_trainer_per_trained_policy_and_the_step_join
     # one policy: the run as it always was
     single = validate_config({**msgspec_plain(config), "policies": None})
     one = assemble(single, "train", run_dir=tmp_path / "one")
-    assert "trainer" in [p.name for p in one.parts] and one.settings.policies == {}
+    assert "trainer" in [p.name for p in one.parts] and list(one.settings.policies) == ["default"]
     assert one.settings.credit.policies == ("default",)
 
 

@@ -26,7 +26,7 @@ from platoon.bus.events import (
 from platoon.config import load_config
 from platoon.config.schema import AgentsConfig
 from platoon.envs import build_env_service
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -79,9 +79,10 @@ async def play(agents: dict[str, Any], **service: Any) -> list[Event]:
     components = [
         build_env_service("textcraft", **service),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
-            serve_http=False,
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, policy)
+            ),
+            GatewaySettings(serve_http=False),
         ),
         EpisodeRunner([entry], request_timeout=30),
         Grader(),

@@ -19,9 +19,10 @@ What each purpose runs (`platoon graph CONFIG --purpose P` lists it from `run.pa
               trainer(s), metrics, plugins (`platoon sft`)
 
 The config is read here and nowhere after: `resolve` turns it into one settings object per
-component (`Settings`), and a component gets its own, never the `Config`. A policy (its model,
-tokenizer, renderer, training service, training client and sampler factory) is opened by
-`open_policy`, once per policy; the training service is opened there and only there.
+component (`Settings`), and a component gets its own, never the `Config`. A run has one policy or
+several (`Settings.policies`, never empty: one is the case of one); each (its model, tokenizer,
+renderer, training service, training client and sampler factory) is opened by `open_policies`,
+once per run; the training services are opened there and only there.
 
 The rooms: `settings` (the config, resolved), `parts` (what each purpose runs, and `assemble`),
 `policies` (opening a policy), `builders` (making the components), `run` (the run's
@@ -33,12 +34,11 @@ from __future__ import annotations
 
 from platoon.assembly.nats import trainer_components
 from platoon.assembly.parts import Part, assemble
-from platoon.assembly.policies import OpenPolicy, load_policy, open_policies, open_policy
+from platoon.assembly.policies import OpenPolicy, load_policy, open_policies
 from platoon.assembly.run import Run
 from platoon.assembly.settings import (
     PURPOSES,
     CreditSettings,
-    GatewaySettings,
     MetricsSettings,
     NatsSettings,
     PolicySettings,
@@ -54,6 +54,7 @@ from platoon.assembly.settings import (
     import_packages,
     resolve,
 )
+from platoon.gateway import GatewaySettings
 from platoon.train.evaluate import EvalSettings
 from platoon.train.loop import SchedulerSettings
 
@@ -82,7 +83,6 @@ __all__ = [
     "import_packages",
     "load_policy",
     "open_policies",
-    "open_policy",
     "resolve",
     "trainer_components",
 ]

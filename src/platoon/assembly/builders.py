@@ -4,23 +4,21 @@ lock.json and the worker handshake record of the opened policies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from platoon.assembly.policies import OpenPolicy
-from platoon.assembly.settings import (
-    GatewaySettings,
-    Settings,
-)
+from platoon.assembly.settings import Settings
 from platoon.bus.events import (
     PolicyUpdated,
 )
 from platoon.config import Config, entry_names
 from platoon.envs import build_env_service
 from platoon.envs.service import EnvService
-from platoon.gateway import Gateway, GatewayPolicy
-from platoon.gateway.renderers import Renderer
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.models.loading import TOY_TOKENIZER, model_window, tokenizer_identity
 from platoon.policy.base import SampleParams, SamplerFactory
 from platoon.programs import Grader
@@ -30,7 +28,7 @@ from platoon.train.distributed import parsers_identity
 log = structlog.get_logger("platoon.assembly")
 
 
-def _env_services(config: Config, run_dir: Path | None = None) -> list[EnvService]:
+def env_services(config: Config, run_dir: Path | None = None) -> list[EnvService]:
     """One env service per environment entry. A Harbor entry's artifacts go to the run's folder
     (`<run dir>/artifacts/<entry>`) unless it names its own `artifacts_dir`."""
     services = []
@@ -42,7 +40,7 @@ def _env_services(config: Config, run_dir: Path | None = None) -> list[EnvServic
     return services
 
 
-def _tokenizer_lock(policy: OpenPolicy) -> dict[str, str]:
+def tokenizer_lock(policy: OpenPolicy) -> dict[str, str]:
     """The policy's tokenizer as lock.json records it: the name the config gave it and the
     fingerprint of its vocabulary (see `tokenizer_identity`)."""
     p = policy.settings
@@ -50,29 +48,27 @@ def _tokenizer_lock(policy: OpenPolicy) -> dict[str, str]:
     return tokenizer_identity(policy.tokenizer, p.tokenizer or p.model_name or scripted)
 
 
-def _policy_lock(opened: dict[str, OpenPolicy]) -> dict[str, object]:
-    """What lock.json records of a run's several policies (the first's as the run's own)."""
+def policies_lock(opened: Mapping[str, OpenPolicy]) -> dict[str, object]:
+    """What lock.json records of a run's policies: the first's as the run's own, and each one's
+    by name when the config names them (`policies:`)."""
     first = next(iter(opened.values()))
-    return {
-        "renderer": first.settings.renderer_name,
-        "tool_call_parser": first.tool_call_parser,
-        "tokenizer": _tokenizer_lock(first),
-        "policies": {
-            name: {
-                "renderer": p.settings.renderer_name,
-                "tool_call_parser": p.tool_call_parser,
-                "tokenizer": _tokenizer_lock(p),
-            }
-            for name, p in opened.items()
-        },
-    }
+
+    def lock(p: OpenPolicy) -> dict[str, object]:
+        return {
+            "renderer": p.settings.renderer_name,
+            "tool_call_parser": p.tool_call_parser,
+            "tokenizer": tokenizer_lock(p),
+        }
+
+    named = {name: lock(p) for name, p in opened.items() if p.settings.prefix}
+    return {**lock(first), **({"policies": named} if named else {})}
 
 
-def _parsers_identity(opened: dict[str, OpenPolicy]) -> dict[str, str]:
+def parsers_identity_of(opened: Mapping[str, OpenPolicy]) -> dict[str, str]:
     return parsers_identity({name: p.tool_call_parser for name, p in opened.items()})
 
 
-def _announced(policy: OpenPolicy) -> PolicyUpdated:
+def announced(policy: OpenPolicy) -> PolicyUpdated:
     """What the trainer announces of a policy at the start: the weights it resumed from (a
     trained one), or those it samples all run long (a frozen one)."""
     p = policy.settings
@@ -87,51 +83,32 @@ def _announced(policy: OpenPolicy) -> PolicyUpdated:
     )
 
 
-def _policies_gateway(
-    g: GatewaySettings, opened: dict[str, OpenPolicy], factories: dict[str, SamplerFactory]
+def gateway(
+    settings: GatewaySettings, opened: Mapping[str, OpenPolicy], factories: Mapping[str, SamplerFactory]
 ) -> Gateway:
-    """The gateway of a run with several policies (RFC 0001): it serves each of them, the
-    first as its own."""
-    first, *others = opened
+    """The gateway of a run: it serves each of the run's policies (the first under the gateway's
+    model name, each other also under its own), sampled through `factories`."""
+    first = next(iter(opened))
     served = {
         name: GatewayPolicy(
-            opened[name].renderer,
+            p.renderer,
             factories[name],
-            frozen=opened[name].settings.frozen,
-            model_name=opened[name].settings.model_name,
+            frozen=p.settings.frozen,
+            model_name=None if name == first else p.settings.model_name,
         )
-        for name in others
+        for name, p in opened.items()
     }
-    return _gateway(g, opened[first].renderer, factories[first], policy=first, policies=served)
+    return gateway_of(settings, served)
 
 
-def _gateway(
-    g: GatewaySettings,
-    renderer: Renderer,
-    factory: SamplerFactory,
-    *,
-    policy: str = "default",
-    policies: dict[str, GatewayPolicy] | None = None,
-) -> Gateway:
-
-    return Gateway(
-        renderer=renderer,
-        sampler_factory=factory,
-        defaults=SampleParams(),
-        # Unset, the model's own: a prompt past it is refused before it is tokenized whole.
-        context_window=g.context_window or model_window(renderer.tokenizer),
-        max_concurrent_samples=g.max_concurrent_samples,
-        host=g.host,
-        port=g.port,
-        model_name=g.model_name,
-        model_aliases=list(g.model_aliases),
-        constraint_tries=g.constraint_tries,
-        policy=policy,
-        policies=policies,
-    )
+def gateway_of(settings: GatewaySettings, served: Mapping[str, GatewayPolicy]) -> Gateway:
+    """A gateway over `served`, its context window unset taken from the first policy's model: a
+    prompt past it is refused before it is tokenized whole."""
+    window = settings.context_window or model_window(next(iter(served.values())).renderer.tokenizer)
+    return Gateway(served, msgspec.structs.replace(settings, context_window=window), defaults=SampleParams())
 
 
-def _grader(
+def grader(
     config: Config,
     settings: Settings,
     *,

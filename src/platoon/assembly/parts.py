@@ -111,9 +111,10 @@ def _parts(settings: Settings, config: Config, plugin_components: Sequence[objec
 
 def _trainer_parts(settings: Settings, trainer: type) -> list[Part]:
     """One trainer per trained policy, and with several the step join (RFC 0001)."""
-    if not settings.policies:
-        return [Part("trainer", trainer)]
-    return [*(Part(f"trainer:{name}", trainer) for name in settings.trained()), Part("step-join", StepJoin)]
+    trained = settings.trained()
+    if not any(settings.policies[name].prefix for name in trained):
+        return [Part("trainer", trainer) for _ in trained]
+    return [*(Part(f"trainer:{name}", trainer) for name in trained), Part("step-join", StepJoin)]
 
 
 def assemble(
@@ -167,13 +168,16 @@ def assemble(
         renderer = served.get("renderer_name")
         settings = replace(
             settings,
-            gateway=replace(
+            gateway=msgspec.structs.replace(
                 g,
                 host=served.get("host", g.host),
                 port=served.get("port", g.port),
                 model_name=served.get("model_name", g.model_name),
             ),
-            policy=replace(settings.policy, renderer_name=renderer or settings.policy.renderer_name),
+            policies={
+                name: replace(p, renderer_name=renderer) if renderer and i == 0 else p
+                for i, (name, p) in enumerate(settings.policies.items())
+            },
             event_log=events_dir is not None,
             run_dir=Path(events_dir) if events_dir is not None else None,
         )

@@ -1,6 +1,6 @@
-"""Opening a policy for a run: its tokenizer and renderer (`load_policy`), then its training
+"""Opening a run's policies: each one's tokenizer and renderer (`load_policy`), then its training
 service, training client (resumed from a checkpoint), trainer and sampler factory
-(`open_policy`, `open_policies`). A policy's training service is opened here and only here.
+(`open_policies`). A policy's training service is opened here and only here.
 """
 
 from __future__ import annotations
@@ -124,148 +124,150 @@ async def _service(
 
 
 @contextlib.asynccontextmanager
-async def open_policy(
-    loaded: OpenPolicy,
-    *,
-    run_dir: Path | None = None,
-    store: CheckpointStore | None = None,
-    candidates: Sequence[Checkpoint] = (),
-    sampler_factory: SamplerFactory | None = None,
-    service: tuple[tinker.ServiceClient, str | None] | None = None,
-    prefix: str = "",
-    reference: tinker.SamplingClient | None = None,
-    teacher: tinker.SamplingClient | None = None,
-    service_dir: Path | None = None,
-) -> AsyncIterator[OpenPolicy]:
-    """Open a loaded policy for a run: its training service and, when it trains
-    (`settings.trainer`), its training client (resumed from the newest checkpoint of
-    `candidates` that loads) and trainer; and its sampler factory.
-
-    Call it once per policy of a run: everything a policy owns is made here. `service`: one
-    already open that the policy shares with others of the run (`open_policies`); `prefix`:
-    the policy's name on its trainer's metrics, when the run has several; `reference`, `teacher`:
-    the sampling client of its KL reference or teacher when another policy of the run is that
-    (`open_policies`); `service_dir`: the checkpoint folder of that shared service, where the
-    weights its reference or teacher names are copied in."""
-    policy = loaded.settings
-    if policy.scripted:
-        loaded.sampler_factory = policy_from_ref(policy.scripted, loaded.tokenizer)
-        yield loaded
-        return
-    checkpoint_dir = run_dir / "tinker" if policy.trainer is not None and run_dir is not None else None
-    if service is not None:
-        checkpoint_dir = service_dir
-    if service is None and policy.load_path and policy.trainer is not None:
-        policy = loaded.settings = _start_state(policy, checkpoint_dir)
-    if service is None and policy.trainer is None and policy.backend == "local" and policy.model_path:
-        # A finished run's weights: the embedded server opens on that run's checkpoints.
-        checkpoint_dir, path = _finished_weights(policy)
-        policy = loaded.settings = replace(policy, model_path=path)
-    shared = contextlib.nullcontext(service) if service is not None else _service(policy, checkpoint_dir)
-    async with shared as (opened, base_url):
-        loaded.base_url = base_url
-        loaded.api_key = service_key(opened) if policy.backend == "local" else None
-        if policy.trainer is None:
-            model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
-            loaded.sampler_factory = TinkerSamplerFactory(opened, model, model_path=policy.model_path)
-            yield loaded
-            return
-        assert store is not None, "a policy that trains here needs its checkpoint store"
-        client, checkpoint = await _resumed_client(opened, policy, store, list(candidates), checkpoint_dir)
-        version = checkpoint.policy_version if checkpoint else 0
-        if policy.kl and reference is None:
-            weights = _weights_here(
-                policy, policy.kl_reference, checkpoint_dir, loaded.tokenizer, "train.kl.reference_path"
-            )
-            reference = await _sampling(opened, policy, weights)
-        if policy.distill and teacher is None:
-            weights = _weights_here(
-                policy, policy.teacher_path, checkpoint_dir, loaded.tokenizer, "train.distill.teacher_path"
-            )
-            teacher = await _sampling(opened, policy, weights)
-        settings = _with_base_url(policy.trainer, base_url)
-        loaded.trainer = Trainer(
-            client,
-            settings,
-            store,
-            version=version,
-            reference=reference,
-            teacher=teacher,
-            policy=policy.name,
-            prefix=prefix,
-            delete=_deleter(base_url, loaded.api_key, local=policy.backend == "local"),
-            digest=manifest_digest(checkpoint_dir) if checkpoint_dir is not None else None,
-        )
-        loaded.checkpoint = checkpoint
-        loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
-        loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
-            opened, policy.model_name or "", model_path=loaded.start_path, version=version
-        )
-        yield loaded
-
-
-@contextlib.asynccontextmanager
 async def open_policies(
-    loaded: dict[str, OpenPolicy],
+    loaded: Mapping[str, OpenPolicy],
     *,
     run_dir: Path | None = None,
-    stores: dict[str, CheckpointStore] | None = None,
+    stores: Mapping[str, CheckpointStore] | None = None,
     candidates: Mapping[str, Sequence[Checkpoint]] | None = None,
     sampler_factory: SamplerFactory | None = None,
 ) -> AsyncIterator[dict[str, OpenPolicy]]:
-    """Open the several policies of a run (RFC 0001), each with `open_policy`. Policies that
-    share a training service share one client: two policies on one base model of the embedded
-    backend are two LoRA adapters on one server; each other service is opened once (the
-    checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained policy
-    whose KL reference or teacher is a frozen one (`kl.reference_policy`, `distill.teacher`)
-    scores against the weights that policy samples, on its service. On the embedded backend the
-    finished run's weights a policy samples (`model_path`) are copied into its server's folder."""
+    """Open a run's policies (one, or several: RFC 0001): each one's training service and, when
+    it trains (`settings.trainer`), its training client (resumed from the newest of its
+    `candidates` that loads, its checkpoints in its `stores` entry) and trainer; and its sampler
+    factory (`sampler_factory`, in tests, replaces a trained one's). Call it once per run:
+    everything a policy owns is made here.
+
+    Policies that share a training service share one client: two policies on one base model of
+    the embedded backend are two LoRA adapters on one server; each other service is opened once
+    (the checkpoints of a second embedded server go to `run_dir/tinker-<policy>`). A trained
+    policy whose KL reference or teacher is a frozen one (`kl.reference_policy`, `distill.teacher`)
+    scores against the weights that policy samples, on its service."""
     keys = {name: _service_key(p.settings) for name, p in loaded.items()}
     async with contextlib.AsyncExitStack() as stack:
-        services: dict[tuple[str, str], tuple[tinker.ServiceClient, str | None]] = {}
-        folders: dict[tuple[str, str], Path | None] = {}
-        opened: dict[str, OpenPolicy] = {}
+        services: dict[tuple[str, str], _Service] = {}
         for name, policy in loaded.items():
             key = keys[name]
             if key not in services and not policy.settings.scripted:
                 on_it = [p for p in loaded.values() if keys[p.settings.name] == key]
-                trains = any(p.settings.trainer is not None for p in on_it)
-                sampled = [p for p in on_it if _samples_finished_weights(p.settings)]
-                where = None
-                if (trains or sampled) and run_dir is not None:
-                    where = run_dir / ("tinker" if not services else f"tinker-{name}")
-                elif sampled:  # an evaluation: a folder of the session's own for the copies
-                    where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="platoon-tinker-")))
-                for other in on_it:  # the training states they start from, on this service
-                    if other.settings.load_path and other.settings.trainer:
-                        other.settings = _start_state(other.settings, where)
-                for other in sampled:
-                    assert where is not None
-                    other.settings = _finished_weights_in(other.settings, where)
-                services[key] = await stack.enter_async_context(_service(policy.settings, where))
-                folders[key] = where
+                where = _service_folder(on_it, run_dir, first=not services, name=name, stack=stack)
+                client, base_url = await stack.enter_async_context(_service(policy.settings, where))
+                services[key] = _Service(client, base_url, where)
+        opened: dict[str, OpenPolicy] = {}
         for name, policy in loaded.items():
             key, trains = keys[name], policy.settings.trainer is not None
             frozen = {"kl": policy.settings.kl_policy, "distill": policy.settings.teacher_policy}
             scorers: dict[str, tinker.SamplingClient | None] = {"kl": None, "distill": None}
             for role, by in frozen.items():
                 if by is not None and trains and keys[by] in services:
-                    scorers[role] = await _frozen_reference(services[keys[by]][0], loaded[by].settings)
-            opened[name] = await stack.enter_async_context(
-                open_policy(
-                    policy,
-                    run_dir=run_dir,
-                    store=(stores or {}).get(name),
-                    candidates=(candidates or {}).get(name, ()),
-                    sampler_factory=sampler_factory,
-                    service=services.get(key),
-                    prefix=f"{name}/",
-                    reference=scorers["kl"],
-                    teacher=scorers["distill"],
-                    service_dir=folders.get(key),
-                )
+                    scorers[role] = await _frozen_reference(services[keys[by]].client, loaded[by].settings)
+            opened[name] = await _open(
+                policy,
+                services.get(key),
+                store=(stores or {}).get(name),
+                candidates=(candidates or {}).get(name, ()),
+                sampler_factory=sampler_factory,
+                reference=scorers["kl"],
+                teacher=scorers["distill"],
             )
         yield opened
+
+
+@dataclass(frozen=True)
+class _Service:
+    """A training service open for a run: its client, the URL others reach it at, and its
+    checkpoint folder (the embedded server's; None: the service keeps its own)."""
+
+    client: tinker.ServiceClient
+    base_url: str | None
+    folder: Path | None
+
+
+def _service_folder(
+    on_it: list[OpenPolicy], run_dir: Path | None, *, first: bool, name: str, stack: contextlib.AsyncExitStack
+) -> Path | None:
+    """The checkpoint folder of the service the policies `on_it` share, with the weights they
+    start from or sample made loadable there: the run's `tinker/` (a later service's
+    `tinker-<name>/`) where one trains or samples a finished run's weights; for one policy alone
+    that samples a finished run's weights, that run's own folder; else a folder of the session's
+    own for the copies (an evaluation of several), or none."""
+    trains = any(p.settings.trainer is not None for p in on_it)
+    sampled = [p for p in on_it if _samples_finished_weights(p.settings)]
+    if sampled == on_it and len(on_it) == 1 and run_dir is None:
+        found, path = _finished_weights(on_it[0].settings)
+        on_it[0].settings = replace(on_it[0].settings, model_path=path)
+        return found
+    where: Path | None = None
+    if (trains or sampled) and run_dir is not None:
+        where = run_dir / ("tinker" if first else f"tinker-{name}")
+    elif sampled:
+        where = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="platoon-tinker-")))
+    for p in on_it:  # the training states they start from, on this service
+        if p.settings.load_path and p.settings.trainer:
+            p.settings = _start_state(p.settings, where)
+    for p in sampled:
+        assert where is not None
+        p.settings = _finished_weights_in(p.settings, where)
+    return where
+
+
+async def _open(
+    loaded: OpenPolicy,
+    service: _Service | None,
+    *,
+    store: CheckpointStore | None,
+    candidates: Sequence[Checkpoint],
+    sampler_factory: SamplerFactory | None,
+    reference: tinker.SamplingClient | None,
+    teacher: tinker.SamplingClient | None,
+) -> OpenPolicy:
+    """One policy opened on its service (a scripted one has none): see `open_policies`.
+    `reference`, `teacher`: the sampling client of its KL reference or teacher when another
+    policy of the run is that; else made here from the weights its settings name."""
+    policy = loaded.settings
+    if policy.scripted:
+        loaded.sampler_factory = policy_from_ref(policy.scripted, loaded.tokenizer)
+        return loaded
+    assert service is not None
+    loaded.base_url = service.base_url
+    loaded.api_key = service_key(service.client) if policy.backend == "local" else None
+    if policy.trainer is None:
+        model = policy.local_model() if policy.backend == "local" else policy.model_name or ""
+        loaded.sampler_factory = TinkerSamplerFactory(service.client, model, model_path=policy.model_path)
+        return loaded
+    assert store is not None, "a policy that trains here needs its checkpoint store"
+    client, checkpoint = await _resumed_client(
+        service.client, policy, store, list(candidates), service.folder
+    )
+    version = checkpoint.policy_version if checkpoint else 0
+    if policy.kl and reference is None:
+        weights = _weights_here(
+            policy, policy.kl_reference, service.folder, loaded.tokenizer, "train.kl.reference_path"
+        )
+        reference = await _sampling(service.client, policy, weights)
+    if policy.distill and teacher is None:
+        weights = _weights_here(
+            policy, policy.teacher_path, service.folder, loaded.tokenizer, "train.distill.teacher_path"
+        )
+        teacher = await _sampling(service.client, policy, weights)
+    loaded.trainer = Trainer(
+        client,
+        _with_base_url(policy.trainer, service.base_url),
+        store,
+        version=version,
+        reference=reference,
+        teacher=teacher,
+        policy=policy.name,
+        prefix=policy.prefix,
+        delete=_deleter(service.base_url, loaded.api_key, local=policy.backend == "local"),
+        digest=manifest_digest(service.folder) if service.folder is not None else None,
+    )
+    loaded.checkpoint = checkpoint
+    loaded.start_path = checkpoint.sampler_path if checkpoint else await _loaded_sampler(client, policy)
+    loaded.sampler_factory = sampler_factory or TinkerSamplerFactory(
+        service.client, policy.model_name or "", model_path=loaded.start_path, version=version
+    )
+    return loaded
 
 
 def _start_state(policy: PolicySettings, checkpoint_dir: Path | None) -> PolicySettings:

@@ -14,19 +14,17 @@ from typing import TypeVar
 import structlog
 
 from platoon.assembly.builders import (
-    _announced,
-    _env_services,
-    _gateway,
-    _grader,
-    _parsers_identity,
-    _policies_gateway,
-    _policy_lock,
-    _tokenizer_lock,
+    announced,
+    env_services,
+    parsers_identity_of,
+    policies_lock,
 )
+from platoon.assembly.builders import gateway as build_gateway
+from platoon.assembly.builders import grader as build_grader
 from platoon.assembly.nats import (
     trainer_components,
 )
-from platoon.assembly.policies import OpenPolicy, load_policy, open_policies, open_policy
+from platoon.assembly.policies import OpenPolicy, load_policy, open_policies
 from platoon.assembly.settings import TRAINING, Settings, check_training_service
 from platoon.assembly.sft import sft_identity, sft_plan, with_schedule
 from platoon.assembly.worker import build_worker
@@ -34,7 +32,6 @@ from platoon.bus import Bus, EventLog, running
 from platoon.config import Config, SystemError, write_run_files
 from platoon.config.policies import resolve_policies
 from platoon.gateway import Gateway
-from platoon.models import loading
 from platoon.policy.base import SamplerFactory
 from platoon.programs import EpisodeRunner, Grader
 from platoon.programs.runner import checked_entry
@@ -176,90 +173,28 @@ class Run:
             async with self._opened_training() as components:
                 yield components
             return
-        if s.policies:  # several policies: the gateway serves every one of them
-            loaded_all = {name: load_policy(p) for name, p in s.policies.items()}
-            if s.purpose in ("eval", "rollout"):
-                assert s.run_dir is not None
-                write_run_files(
-                    s.run_dir, self.config, {**_policy_lock(loaded_all), "policy": s.policy.scripted}
-                )
-            async with open_policies(loaded_all) as opened:
-                yield self._build(next(iter(opened.values())), several=opened)
-            return
-        loaded = load_policy(s.policy)
+        loaded = {name: load_policy(p) for name, p in s.policies.items()}
         if s.purpose in ("eval", "rollout"):
             assert s.run_dir is not None
-            lock = {
-                "renderer": s.policy.renderer_name,
-                "tool_call_parser": loaded.tool_call_parser,
-                "tokenizer": _tokenizer_lock(loaded),
-            }
-            write_run_files(s.run_dir, self.config, {**lock, "policy": s.policy.scripted})
-        async with open_policy(loaded) as policy:
-            yield self._build(policy)
+            write_run_files(s.run_dir, self.config, {**policies_lock(loaded), "policy": s.policy.scripted})
+        async with open_policies(loaded) as opened:
+            yield self._build(opened)
 
     @contextlib.asynccontextmanager
     async def _opened_training(self) -> AsyncIterator[list[object]]:
+        """Open a run that trains: a checkpoint store, a resume point, a training client and a
+        trainer per trained policy (each of several under `checkpoints/<policy>/`)."""
         s = self.settings
         run_dir = s.run_dir
         assert run_dir is not None
         if self._sampler_factory is None:
             check_training_service(self.config)
-        if s.policy.builtin:
-            loading.resolve_model(s.policy.builtin)  # built here on first use
-        if s.policies:
-            async with self._opened_policies_training() as assembled:
-                yield assembled
-            return
-        loaded = load_policy(s.policy)  # a tokenizer that is not there is said before the run exists
-        store = CheckpointStore(run_dir)
-        identity = run_identity(self.config)
-        if s.sft is not None:  # its data, read and checked before the run exists
-            self.plan = sft_plan(s.sft, {s.policy.name: loaded}, [s.policy.name])
-            loaded.settings = with_schedule(loaded.settings, self.plan, s.sft.save_every)
-            identity["sft"] = sft_identity(self.plan)
-        candidates = store.candidates() if s.resume else []
-        if s.resume:
-            store.check_identity(identity)
-            if not candidates:
-                log.info("no checkpoint yet: the run starts from step 1", run_dir=str(run_dir))
-        else:
-            if store.path.exists():
-                raise ResumeError(
-                    f"{run_dir} already holds a training run; pass --resume {run_dir} to continue it"
-                )
-            store.write_identity(identity)
-        async with open_policy(
-            loaded, run_dir=run_dir, store=store, candidates=candidates, sampler_factory=self._sampler_factory
-        ) as policy:
-            checkpoint = policy.checkpoint
-            start_step = checkpoint.step if checkpoint else 0  # the steps trained: the next one's index
-            if s.resume:
-                _forget_metrics_from(run_dir, start_step)
-            # Only now that the run could start: a failed resume leaves the run's files as they were.
-            lock = {
-                "renderer": s.policy.renderer_name,
-                "tool_call_parser": policy.tool_call_parser,
-                "tokenizer": _tokenizer_lock(policy),
-                "resumed_from_step": start_step,
-            }
-            write_run_files(run_dir, self.config, lock)
-            yield self._build(policy, start_step=start_step)
-
-    @contextlib.asynccontextmanager
-    async def _opened_policies_training(self) -> AsyncIterator[list[object]]:
-        """`_opened_training` for several policies (RFC 0001): a checkpoint store, a resume
-        point, a training client and a trainer per trained policy."""
-
-        s = self.settings
-        run_dir = s.run_dir
-        assert run_dir is not None
         trained = s.trained()
         loaded = {name: load_policy(p) for name, p in s.policies.items()}  # before the run exists
         run_store = CheckpointStore(run_dir)  # the run's identity.json
-        stores = policy_stores(run_dir, trained, several=True)
+        stores = policy_stores(run_dir, trained, several=any(s.policies[n].prefix for n in trained))
         identity = run_identity(self.config)
-        if s.sft is not None:
+        if s.sft is not None:  # its data, read and checked before the run exists
             self.plan = sft_plan(s.sft, loaded, trained)
             for name in trained:
                 loaded[name].settings = with_schedule(loaded[name].settings, self.plan, s.sft.save_every)
@@ -284,27 +219,21 @@ class Run:
             sampler_factory=self._sampler_factory,
         ) as opened:
             resumed = [p.checkpoint.step for p in opened.values() if p.checkpoint is not None]
-            start_step = min(resumed) if resumed else 0
+            start_step = min(resumed) if resumed else 0  # the steps trained: the next one's index
             if s.resume:
                 _forget_metrics_from(run_dir, start_step)
-            lock = {**_policy_lock(opened), "resumed_from_step": start_step}
-            write_run_files(run_dir, self.config, lock)
-            yield self._build(next(iter(opened.values())), start_step=start_step, several=opened)
+            # Only now that the run could start: a failed resume leaves the run's files as they were.
+            write_run_files(run_dir, self.config, {**policies_lock(opened), "resumed_from_step": start_step})
+            yield self._build(opened, start_step=start_step)
 
-    def _build(
-        self, policy: OpenPolicy, *, start_step: int = 0, several: dict[str, OpenPolicy] | None = None
-    ) -> list[object]:
-        """The components, in the order of the parts. `several`: every policy of a run with
-        `policies:` (`policy` is the first of them)."""
-
+    def _build(self, opened: dict[str, OpenPolicy], *, start_step: int = 0) -> list[object]:
+        """The components, in the order of the parts, over the run's opened policies."""
         s = self.settings
         config = self.config
-        several = several or {}
+        policy = next(iter(opened.values()))  # the run's own
 
         def gateway() -> Gateway:
-            if not several:
-                return _gateway(s.gateway, policy.renderer, policy.factory())
-            return _policies_gateway(s.gateway, several, {name: p.factory() for name, p in several.items()})
+            return build_gateway(s.gateway, opened, {name: p.factory() for name, p in opened.items()})
 
         if s.purpose == "gateway":
             built: list[object] = [gateway()]
@@ -314,11 +243,11 @@ class Run:
             return self._checked(built)
 
         if s.purpose == "sft":
-            return self._built_sft([*(several or {"": policy}).values()], start_step)
+            return self._built_sft(list(opened.values()), start_step)
 
         # `tinker` judges that name no service or model use the run's own.
         def grader() -> Grader:
-            return _grader(
+            return build_grader(
                 config,
                 s,
                 tinker_base_url=policy.base_url,
@@ -326,7 +255,7 @@ class Run:
                 model_name=s.policy.model_name,
             )
 
-        envs = _env_services(config, s.run_dir)
+        envs = env_services(config, s.run_dir)
         assert s.runner is not None
         runner = s.runner
         if s.purpose in ("eval", "rollout"):
@@ -343,20 +272,14 @@ class Run:
                 ]
             )
         assert s.run_dir is not None
-        checkpoint = policy.checkpoint
-        version = checkpoint.policy_version if checkpoint else 0
-        trained = [p.trainer for p in (several or {"": policy}).values() if p.trainer is not None]
-        trainers: list[Trainer | StepJoin] = [*trained]
-        versions = {t.policy: t.version for t in trained} if several else {}
-        if several:
-            trainers.append(StepJoin(list(versions)))
-            version = min(versions.values())
+        trained = [p.trainer for p in opened.values() if p.trainer is not None]
+        versions = {t.policy: t.version for t in trained}
         assert s.credit is not None and s.scheduler is not None and s.metrics is not None
         if s.nats is not None:
-            opened = several or {policy.settings.name: policy}
-            nats = replace(s.nats, identity=s.nats.identity | _parsers_identity(opened))
-            announced = [_announced(p) for p in opened.values()]
-            rollouts = trainer_components(config, announced, url=self._nats_url, settings=nats)
+            nats = replace(s.nats, identity=s.nats.identity | parsers_identity_of(opened))
+            rollouts = trainer_components(
+                config, [announced(p) for p in opened.values()], url=self._nats_url, settings=nats
+            )
         else:
             rollouts = [
                 gateway(),
@@ -379,51 +302,52 @@ class Run:
                     sealed=c.sealed,
                     policies=c.policies,
                 ),
-                *trainers,
-                Scheduler(s.scheduler, start_step=start_step, version=version, versions=versions),
+                *self._trainers(trained),
+                Scheduler(s.scheduler, start_step=start_step, versions=versions),
                 *([Evaluator(s.eval, run_dir=s.run_dir)] if s.eval is not None else []),
                 *(
                     [TrainProgress(m.total_steps or 0, start_step=start_step, limits=m.limits)]
                     if m.progress
                     else []
                 ),
-                MetricsSink(
-                    s.run_dir,
-                    wandb=m.wandb,
-                    experiment=m.experiment,
-                    trial=m.trial,
-                    console=m.console,
-                    total_steps=m.total_steps,
-                    limits=m.limits,
-                ),
+                self._metrics(m.total_steps),
                 *self._plugins,
             ]
         )
 
+    @staticmethod
+    def _trainers(trained: list[Trainer]) -> list[Trainer | StepJoin]:
+        """The trainers; where they train under their policies' names, the join of their steps."""
+        joined = [t for t in trained if t.prefix]
+        return [*trained, *([StepJoin([t.policy for t in joined])] if joined else [])]
+
     def _built_sft(self, policies: list[OpenPolicy], start_step: int) -> list[object]:
         """An SFT run's components: the feeder of recorded datums in place of rollouts and
         credit, then the trainers (and with several, the step join) and metrics of any run."""
-        s, m = self.settings, self.settings.metrics
-        assert self.plan is not None and s.run_dir is not None and m is not None
+        s = self.settings
+        assert self.plan is not None and s.run_dir is not None
         trained = [p.trainer for p in policies if p.trainer is not None]
-        trainers: list[Trainer | StepJoin] = [*trained]
-        if s.policies:
-            trainers.append(StepJoin([t.policy for t in trained]))
         feeder = SftFeeder(
             self.plan,
             {t.policy: t.client for t in trained},
             start_step=start_step,
-            prefixed=bool(s.policies),
+            prefixed=any(t.prefix for t in trained),
         )
-        metrics = MetricsSink(
+        metrics = self._metrics(self.plan.total_steps)
+        return self._checked([EventLog(s.run_dir), feeder, *self._trainers(trained), metrics, *self._plugins])
+
+    def _metrics(self, total_steps: int | None) -> MetricsSink:
+        s, m = self.settings, self.settings.metrics
+        assert s.run_dir is not None and m is not None
+        return MetricsSink(
             s.run_dir,
             wandb=m.wandb,
             experiment=m.experiment,
             trial=m.trial,
             console=m.console,
-            total_steps=self.plan.total_steps,
+            total_steps=total_steps,
+            limits=m.limits,
         )
-        return self._checked([EventLog(s.run_dir), feeder, *trainers, metrics, *self._plugins])
 
     def _checked(self, components: list[object]) -> list[object]:
         """The components, once checked against the parts the run said it would have."""

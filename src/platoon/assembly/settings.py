@@ -26,6 +26,7 @@ from platoon.config.schema import (
     workflow_for,
 )
 from platoon.credit import CreditConfig
+from platoon.gateway import GatewaySettings
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
 from platoon.programs import EntrySettings
@@ -69,21 +70,13 @@ class PolicySettings:
     frozen: bool = False  # one of several policies that samples and never trains
     # where a finished run's weights (`model_path` on the embedded backend) are looked for
     runs: tuple[str, ...] = ()
+    # "<name>/" where the config names its policies (`policies:`): its metrics and checkpoints
+    # are kept under its name; "" for the one policy of a config without `policies:`
+    prefix: str = ""
 
     def local_model(self) -> str:
         """The model as the embedded server loads it (a built-in one built on first use)."""
         return loading.resolve_model(self.model_name or "")
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    context_window: int | None = None
-    max_concurrent_samples: int = 256
-    host: str = "127.0.0.1"
-    port: int = 0
-    model_name: str = "platoon-policy"
-    model_aliases: tuple[str, ...] = ()
-    constraint_tries: int = 3
 
 
 @dataclass(frozen=True)
@@ -143,7 +136,9 @@ class Settings:
 
     purpose: str
     run_dir: Path | None
-    policy: PolicySettings
+    policies: dict[
+        str, PolicySettings
+    ]  # every policy of the run by name, never none; the first is the run's own
     gateway: GatewaySettings
     runner: RunnerSettings | None
     reward_processors: dict[str, str]
@@ -155,15 +150,14 @@ class Settings:
     sft: SftSettings | None = None
     resume: bool = False
     event_log: bool = True
-    # `policies:` (RFC 0001): every policy by name, `policy` first; empty: `policy` is the one
-    policies: dict[str, PolicySettings] = field(default_factory=dict)
 
-    def all_policies(self) -> dict[str, PolicySettings]:
-        """Every policy of the run by name (the one policy, named "default", without `policies:`)."""
-        return self.policies or {self.policy.name: self.policy}
+    @property
+    def policy(self) -> PolicySettings:
+        """The run's own policy: the first (the one, "default", of a config without `policies:`)."""
+        return next(iter(self.policies.values()))
 
     def trained(self) -> list[str]:
-        return [name for name, p in self.all_policies().items() if p.trainer is not None]
+        return [name for name, p in self.policies.items() if p.trainer is not None]
 
 
 def import_packages(config: Config, config_dir: Path | None = None) -> None:
@@ -353,6 +347,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
             builtin=loading.builtin_model_name(train.model_name),
             frozen=spec.frozen,
             runs=runs,
+            prefix=f"{name}/" if config.policies else "",
         )
     return out
 
@@ -409,7 +404,6 @@ def resolve(
         raise SystemError("the config has no environments (one with sft: and none is for platoon sft alone)")
     policies = _policy_settings(config, purpose, policy)
     pol = next(iter(policies.values()))
-    several = policies if config.policies and train else {}
     gateway = GatewaySettings(
         context_window=train.context_window_length if train else None,
         max_concurrent_samples=config.gateway.max_concurrent_samples,
@@ -431,7 +425,7 @@ def resolve(
     settings = Settings(
         purpose=purpose,
         run_dir=run_dir,
-        policy=pol,
+        policies=policies,
         gateway=gateway,
         runner=runner,
         reward_processors={
@@ -440,7 +434,6 @@ def resolve(
             if e.reward_processor
         },
         resume=resume,
-        policies=several,
     )
     if purpose == "eval":
         settings = replace(settings, eval=_eval_settings(config, purpose, split, progress))
@@ -488,7 +481,6 @@ def resolve(
             eval_at_start=bool(ev and ev.at_start),
             wait_for_workers=config.nats is not None,
             policies=tuple(settings.trained()),
-            several=bool(several),
         ),
         eval=_eval_settings(config, purpose, None, None) if ev else None,
         metrics=_metrics_settings(config, run_dir, console=console, live=live),

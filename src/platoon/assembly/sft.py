@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import structlog
 
-from platoon.assembly.builders import _tokenizer_lock
+from platoon.assembly.builders import tokenizer_lock
 from platoon.assembly.policies import OpenPolicy
 from platoon.assembly.settings import PolicySettings, SftSettings
 from platoon.config.policies import PolicyChoiceError, choose_policy
@@ -92,7 +92,7 @@ def _read(source: str, policies: Mapping[str, OpenPolicy], trained: Sequence[str
         return read_run(source)
     name = trained[0] if trained else next(iter(policies))
     policy = policies[name]
-    return read_conversations(source, policy.renderer, _tokenizer_lock(policy), policy=name)
+    return read_conversations(source, policy.renderer, tokenizer_lock(policy), policy=name)
 
 
 class _Assigner:
@@ -120,7 +120,7 @@ class _Assigner:
         if key not in self.checked:
             run = self.runs[episode.source]
             check_tokenizer(
-                run, agent.policy, _tokenizer_lock(self.policies[policy]), what=f"policy {policy!r}"
+                run, agent.policy, tokenizer_lock(self.policies[policy]), what=f"policy {policy!r}"
             )
             self.checked.add(key)
         return policy

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from platoon.assembly.builders import _env_services, _gateway, _grader, _parsers_identity, _policies_gateway
+from platoon.assembly.builders import env_services, gateway, grader, parsers_identity_of
 from platoon.assembly.nats import _bridge, _extra_types, _nats, authenticated, worker_identity
 from platoon.assembly.policies import OpenPolicy, load_policy
 from platoon.assembly.settings import Settings
@@ -39,7 +39,7 @@ def build_worker(
     s = settings
     nats = _nats(config, nats_url)
     name = name or worker_name()
-    loaded = {n: load_policy(p) for n, p in s.all_policies().items()}
+    loaded = {n: load_policy(p) for n, p in s.policies.items()}
     follower = PolicyFollower(_sampler_for(config, s, loaded))
     mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
     from platoon.bus.nats import Leases  # the nats extra: imported only by a distributed run
@@ -60,17 +60,13 @@ def build_worker(
     )
     assert s.runner is not None
     seal = ResultSeal(worker=name, envs={e.name for e in s.runner.entries})
-    if s.policies:
-        gateway = _policies_gateway(s.gateway, loaded, {n: follower.factory(n) for n in loaded})
-    else:
-        gateway = _gateway(s.gateway, loaded[s.policy.name].renderer, follower)
     components = [
-        *_env_services(config),
-        gateway,
+        *env_services(config),
+        gateway(s.gateway, loaded, {n: follower.factory(n) for n in loaded}),
         FollowingRunner(
             s.runner.entries, follower=follower, policy_wait=policy_wait, worker=name, seed=s.runner.seed
         ),
-        _grader(config, s),
+        grader(config, s),
         seal,
         follower,
         *plugins,
@@ -85,7 +81,7 @@ def build_worker(
         drain_timeout=nats.drain_timeout if drain_timeout is None else drain_timeout,
         every=nats.announce_every,
         trainer_timeout=nats.trainer_timeout or max(30.0, 10 * nats.announce_every),
-        identity=worker_identity(config) | _parsers_identity(loaded),
+        identity=worker_identity(config) | parsers_identity_of(loaded),
     )
 
 

@@ -45,12 +45,14 @@ from platoon.bus.events import (
     derive_seed,
     new_id,
 )
+from platoon.config.policies import DEFAULT_POLICY
 from platoon.gateway.errors import GatewayError, sampler_error
 from platoon.gateway.memo import encoded_each
 from platoon.gateway.params import call_params, longest_token, size_bound, text_size
 from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import Controls, read_reply, take_controls, unmet
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
+from platoon.gateway.settings import GatewaySettings
 from platoon.gateway.shapes import Message, Params, Tool
 from platoon.gateway.streaming import TextStream
 from platoon.policy.base import (
@@ -63,7 +65,15 @@ from platoon.policy.base import (
     TopLogprobs,
 )
 
-__all__ = ["AgentSession", "Completion", "Gateway", "GatewayError", "GatewayPolicy", "HttpFront"]
+__all__ = [
+    "AgentSession",
+    "Completion",
+    "Gateway",
+    "GatewayError",
+    "GatewayPolicy",
+    "GatewaySettings",
+    "HttpFront",
+]
 
 log = structlog.get_logger("platoon.gateway")
 
@@ -101,18 +111,12 @@ class HttpFront(Protocol):
 class Gateway(ComponentBase):
     """The gateway component. See the module docstring.
 
-    `context_window` (tokens) makes a longer prompt a context-length error and clamps
-    `max_tokens` to the room left; `max_concurrent_samples` bounds calls in flight (HTTP
-    callers get 429 past it, in-process callers wait), `max_calls_per_agent` those of one agent
-    over HTTP, and `max_body` the size of an HTTP request. `constraint_tries` is how many
-    samples a reply that must be a tool call or JSON gets from a sampler that cannot constrain its
-    decoding (the embedded one decodes to the constraint) before the call is refused.
-
-    Several policies (RFC 0001): `renderer` and `sampler_factory` serve the policy named
-    `policy`; `policies` adds others by name. Each agent is sampled from the policy its
-    `AgentOpenRequested` names (a name the gateway does not serve is refused), each
-    `PolicyUpdated` switches only its own policy's sampler, and every `ModelCallFinished` says
-    which policy sampled it.
+    It serves one policy or several (RFC 0001), by name, the first as the one agents get when
+    they name none; a bare `GatewayPolicy` is the one policy "default". Each agent is sampled
+    from the policy its `AgentOpenRequested` names (a name the gateway does not serve is
+    refused), and every per-policy fact of its calls (renderer, tokenizer, sampler) is that
+    policy's; each `PolicyUpdated` switches only its own policy's sampler, and every
+    `ModelCallFinished` says which policy sampled it. `settings`: see `GatewaySettings`.
     """
 
     name = "gateway"
@@ -123,41 +127,25 @@ class Gateway(ComponentBase):
 
     def __init__(
         self,
+        policies: Mapping[str, GatewayPolicy] | GatewayPolicy,
+        settings: GatewaySettings | None = None,
         *,
-        renderer: Renderer,
-        sampler_factory: SamplerFactory,
         defaults: SampleParams | None = None,
-        context_window: int | None = None,
-        max_concurrent_samples: int = 256,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        serve_http: bool = True,
-        model_name: str = "platoon-policy",
-        model_aliases: Sequence[str] = (),
-        version_timeout: float = 600.0,
-        max_calls_per_agent: int = 16,
-        max_body: int = 64 * 2**20,
-        constraint_tries: int = 3,
-        policy: str = "default",
-        policies: Mapping[str, GatewayPolicy] | None = None,
     ) -> None:
-        self.default_policy = policy
-        self.policies: dict[str, GatewayPolicy] = {policy: GatewayPolicy(renderer, sampler_factory)}
-        self.policies.update(policies or {})
+        self.policies: dict[str, GatewayPolicy] = (
+            {DEFAULT_POLICY: policies} if isinstance(policies, GatewayPolicy) else dict(policies)
+        )
+        if not self.policies:
+            raise ValueError("a gateway serves at least one policy")
+        self.default_policy = next(iter(self.policies))
+        self.settings = s = settings or GatewaySettings()
         self.defaults = defaults or SampleParams()
-        self.context_window = context_window
-        self.limiter = anyio.CapacityLimiter(max_concurrent_samples)
-        self.host = host
-        self.port = port
-        self.serve_http = serve_http
-        self.model_name = model_name
-        # What agents may ask for: the policy's name, the generic one, and configured aliases.
-        served = [p.model_name for p in (policies or {}).values() if p.model_name]
-        self.model_names = frozenset({model_name, "platoon-policy", *model_aliases, *served})
-        self.version_timeout = version_timeout
-        self.max_calls_per_agent = max_calls_per_agent
-        self.max_body = max_body
-        self.constraint_tries = constraint_tries
+        self.context_window = s.context_window
+        self.limiter = anyio.CapacityLimiter(s.max_concurrent_samples)
+        self.serve_http = s.serve_http
+        # What agents may ask for: the gateway's name, the generic one, aliases and each policy's model.
+        served = [p.model_name for p in self.policies.values() if p.model_name]
+        self.model_names = frozenset({s.model_name, "platoon-policy", *s.model_aliases, *served})
         self.base_url: str | None = None
         self.agents: dict[str, AgentSession] = {}  # by key
         self.by_agent: dict[str, AgentSession] = {}
@@ -187,7 +175,7 @@ class Gateway(ComponentBase):
                 front = type(self).http_front
                 if front is None:
                     raise RuntimeError("the gateway has no HTTP front: import platoon.gateway")
-                self.base_url = await tg.start(front, self, self.host, self.port)
+                self.base_url = await tg.start(front, self, self.settings.host, self.settings.port)
             self._ready.set()
             with self._chats as chats:
                 async for request in chats:
@@ -236,7 +224,7 @@ class Gateway(ComponentBase):
         state = self.policies[session.policy]
         if state.sampler is not None and (state.frozen or state.sampler.version >= session.min_version):
             return state.sampler  # the usual case, without a cancel scope per call
-        with anyio.move_on_after(self.version_timeout):
+        with anyio.move_on_after(self.settings.version_timeout):
             while state.sampler is None or state.sampler.version < session.min_version:
                 if state.updated is None:
                     state.updated = anyio.Event()
@@ -246,7 +234,7 @@ class Gateway(ComponentBase):
             session,
             GatewayError(
                 "sampler",
-                f"waited {self.version_timeout:g} s for policy version {session.min_version}; "
+                f"waited {self.settings.version_timeout:g} s for policy version {session.min_version}; "
                 f"the sampler is at {state.sampler.version if state.sampler else None}"
                 + (f" (policy {session.policy!r})" if len(self.policies) > 1 else ""),
             ),
@@ -530,7 +518,7 @@ class Gateway(ComponentBase):
                 problem = unmet(controls, parsed, sampled)
                 if problem is None:
                     break
-                if attempt >= self.constraint_tries or (stream and text is not None and text.sent):
+                if attempt >= self.settings.constraint_tries or (stream and text is not None and text.sent):
                     raise _refused(controls, attempt, problem)
                 log.debug("a constrained reply is not what it must be; sampling again", attempt=attempt)
         except BaseException:

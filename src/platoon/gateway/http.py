@@ -365,9 +365,10 @@ def build_app(gateway: Gateway) -> Guard:
     ) -> _Answer:
         try:
             session = gateway.authenticate(presented_key(scope))
-            if session.in_flight >= gateway.max_calls_per_agent:
+            if session.in_flight >= gateway.settings.max_calls_per_agent:
                 raise GatewayError(
-                    "overloaded", f"at most {gateway.max_calls_per_agent} calls of one agent at a time"
+                    "overloaded",
+                    f"at most {gateway.settings.max_calls_per_agent} calls of one agent at a time",
                 )
             session.in_flight += 1
             try:
@@ -570,7 +571,7 @@ def build_app(gateway: Gateway) -> Guard:
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
     # Agents' keys are checked per route (each agent has its own); the guard caps bodies.
-    return Guard(app, max_body=gateway.max_body, max_in_flight=4096, bodied=bodied)
+    return Guard(app, max_body=gateway.settings.max_body, max_in_flight=4096, bodied=bodied)
 
 
 _Endpoint = Callable[[Scope, bytes], Awaitable[_Answer]]  # a model call's route: scope and body

@@ -106,8 +106,7 @@ class SchedulerSettings:
     eval_every: int | None = None  # None: no evaluation during training
     eval_at_start: bool = False
     wait_for_workers: bool = False  # NATS: no rollouts until a worker is heard from
-    policies: tuple[str, ...] = ("default",)  # the trained policies, whose versions episodes ask for
-    several: bool = False  # `policies:`: each episode asks each policy for its own version
+    policies: tuple[str, ...] = ("default",)  # the trained policies: each episode asks each for its version
 
 
 class Scheduler(ComponentBase):
@@ -137,11 +136,9 @@ class Scheduler(ComponentBase):
     ) -> None:
         self.settings = settings
         self.start_step = start_step
-        self.version = version  # the newest policy version heard of
-        # several policies (RFC 0001): each trained one's newest version; `version` is the oldest
-        if versions is None and settings.several:
-            versions = dict.fromkeys(settings.policies, version)
-        self.versions = dict(versions or {})
+        # each trained policy's newest version heard of (RFC 0001); `version` is the oldest
+        self.versions = dict(versions) if versions is not None else dict.fromkeys(settings.policies, version)
+        self.version = min(self.versions.values(), default=version)
         self.trained = start_step  # steps whose TrainStepFinished we have seen
         self.last: dict[str, Any] = {}  # the last step's metrics
         self.done = anyio.Event()

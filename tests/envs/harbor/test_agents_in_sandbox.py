@@ -29,7 +29,7 @@ from platoon.bus.events import (
 )
 from platoon.envs import EnvService
 from platoon.envs.harbor.service import HarborBackend
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.command import SpecError, load_spec_harness
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -64,8 +64,9 @@ async def harbor_system(tokenizer, dataset, script, tmp_path, harness) -> AsyncI
     components = [
         EnvService(ENV, backend),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, script),
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, script)
+            ),
         ),
         EpisodeRunner([EntrySettings(name=ENV, harness=str(harness), max_steps=6)], request_timeout=60),
         Grader(),

@@ -52,7 +52,7 @@ from platoon.config import AgentsConfig, load_site
 from platoon.credit import CreditConfig
 from platoon.envs import EnvService
 from platoon.envs.harbor.service import HarborBackend
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.harness import AgentContext, AgentResult, get_harness, harness
 from platoon.harness.toolchain import find_python
@@ -148,7 +148,7 @@ async def play(
     )
     components = [
         EnvService(ENV, backend),
-        Gateway(renderer=get_renderer("qwen3_instruct", tokenizer), sampler_factory=factory),
+        Gateway(GatewayPolicy(get_renderer("qwen3_instruct", tokenizer), factory)),
         EpisodeRunner([entry], request_timeout=60),
         Grader(),
         # A group of one keeps its datums (its advantage is 0): the datums are what is checked.

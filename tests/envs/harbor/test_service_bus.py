@@ -23,7 +23,7 @@ from platoon.bus.events import (
 )
 from platoon.envs import EnvService
 from platoon.envs.harbor.service import HarborBackend
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -71,8 +71,9 @@ async def harbor_system(
     components = [
         EnvService(ENV, backend),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, script),
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, script)
+            ),
         ),
         EpisodeRunner(
             [EntrySettings(name=ENV, harness="platoon-bash", **{"max_steps": 6, **entry})], request_timeout=60

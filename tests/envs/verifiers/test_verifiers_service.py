@@ -30,7 +30,7 @@ from platoon.bus.events import (
 )
 from platoon.credit import CreditConfig
 from platoon.envs import EnvError, EnvService, TaskInfo, build_env_service
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.harness.toolchain import find_python
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -94,8 +94,9 @@ async def play(tokenizer: Any, env: EnvService, task_id: str, policy: Any = solv
     components: list[Any] = [
         env,
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, policy),
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, policy)
+            ),
         ),
         EpisodeRunner([entry], request_timeout=120),
         Grader(),

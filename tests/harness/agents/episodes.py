@@ -14,7 +14,7 @@ from typing import Any
 from platoon.bus import Bus, running
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, new_id
 from platoon.envs import build_env_service
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
@@ -83,8 +83,9 @@ async def guessing(
     components = [
         build_env_service("guess", "python://guess:GuessTheNumber"),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", tokenizer),
-            sampler_factory=ScriptedSamplerFactory(tokenizer, script),
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", tokenizer), ScriptedSamplerFactory(tokenizer, script)
+            ),
         ),
         EpisodeRunner([settings], request_timeout=30),
         Grader(),
