@@ -33,19 +33,16 @@ import structlog
 from platoon.bus import NoResponder, RequestTimeout
 from platoon.bus.events import (
     AgentFinished,
-    AgentOpened,
     AgentOpenRequested,
-    AgentSpawned,
     Graded,
     GradeRequested,
-    SessionOpened,
     SessionOpenRequested,
     ToolCalled,
     ToolReturned,
     ToolSpec,
     new_id,
 )
-from platoon.config.policies import DEFAULT_POLICY, PolicyChoiceError, choose_policy
+from platoon.config.policies import DEFAULT_POLICY
 from platoon.config.schema import AgentsConfig
 from platoon.harness import (
     AgentContext,
@@ -59,6 +56,7 @@ from platoon.harness import (
     validate_options,
 )
 from platoon.harness.compaction import CompactingContext, CompactionOptions
+from platoon.programs.agents import AgentOpenError, chosen_policy, open_agent, spawned
 from platoon.programs.registry import Episode, play_steps, program
 
 __all__ = ["LOCAL_ENV", "SPAWN_TOOL", "AgentTree", "RecursiveOptions", "recursive"]
@@ -186,7 +184,7 @@ class AgentTree:
         async with slots:
             try:
                 ctx, chosen = await self._open(parent, instruction, tools, harness, max_steps, role)
-            except _SpawnError as exc:
+            except AgentOpenError as exc:
                 return AgentResult("error", reason=f"spawn failed: {exc}")
             result = await self._run(ctx, chosen)
         self._update_budgets(parent, ctx)
@@ -227,75 +225,45 @@ class AgentTree:
         chosen, options = self._harness(parent, harness)
         agent_id = new_id()
         depth = parent.depth + 1
-        try:
-            policy = choose_policy(
-                self.settings.policy,
-                depth=depth,
-                harness=chosen.name,
-                role=role,
-                default=getattr(self.episode.entry, "default_policy", DEFAULT_POLICY),
-            )
-        except PolicyChoiceError as exc:
-            raise _SpawnError(str(exc)) from None
-        try:
-            opened = await bus.request(
-                SessionOpenRequested(
-                    episode_id=request.episode_id,
-                    agent_id=agent_id,
-                    task=request.task,
-                    fork_of=parent.agent_id,
-                    fork=self.settings.fork,
-                    instruction=instruction,
-                ),
-                timeout=parent.request_timeout,
-            )
-        except (NoResponder, RequestTimeout) as exc:
-            raise _SpawnError(str(exc)) from None
-        assert isinstance(opened, SessionOpened)
-        if opened.error is not None:
-            raise _SpawnError(opened.error)
+        policy = chosen_policy(
+            self.settings.policy,
+            depth=depth,
+            harness=chosen.name,
+            role=role,
+            default=getattr(self.episode.entry, "default_policy", DEFAULT_POLICY),
+        )
+        steps = max_steps or self.settings.child_max_steps
+        per_depth = self.settings.budget == "per_depth"
+        session = SessionOpenRequested(
+            episode_id=request.episode_id,
+            agent_id=agent_id,
+            task=request.task,
+            fork_of=parent.agent_id,
+            fork=self.settings.fork,
+            instruction=instruction,
+        )
+        agent = AgentOpenRequested(
+            episode_id=request.episode_id,
+            agent_id=agent_id,
+            parent_id=parent.agent_id,
+            depth=depth,
+            budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
+            max_model_calls=steps if per_depth else None,
+            # The entry's sampling settings (max tokens, temperature, stop), then the
+            # parent's own overrides: a subagent samples as its root does.
+            params={**self.episode.entry.params, **parent.params},
+            policy_version=request.policy_versions.get(policy, request.policy_version),
+            policy=policy,
+            role=role or "",
+            checks_tool_calls=getattr(chosen, "checks_tool_calls", False),
+        )
+        opened, key = await open_agent(bus, session, agent, timeout=parent.request_timeout)
         offered = list(opened.tools)
         if tools is not None:
             unknown = sorted(set(tools) - {t.name for t in offered} - {SPAWN_TOOL.name})
             if unknown:
-                raise _SpawnError(f"unknown tools {', '.join(unknown)}")
-        steps = max_steps or self.settings.child_max_steps
-        per_depth = self.settings.budget == "per_depth"
-        try:
-            key = await bus.request(
-                AgentOpenRequested(
-                    episode_id=request.episode_id,
-                    agent_id=agent_id,
-                    parent_id=parent.agent_id,
-                    depth=depth,
-                    budget_id=f"{request.episode_id}:depth{depth}" if per_depth else request.episode_id,
-                    max_model_calls=steps if per_depth else None,
-                    # The entry's sampling settings (max tokens, temperature, stop), then the
-                    # parent's own overrides: a subagent samples as its root does.
-                    params={**self.episode.entry.params, **parent.params},
-                    policy_version=request.policy_versions.get(policy, request.policy_version),
-                    policy=policy,
-                    role=role or "",
-                    checks_tool_calls=getattr(chosen, "checks_tool_calls", False),
-                ),
-                timeout=parent.request_timeout,
-            )
-        except (NoResponder, RequestTimeout) as exc:
-            raise _SpawnError(f"the model gateway did not answer: {exc}") from None
-        assert isinstance(key, AgentOpened)
-        if key.error is not None:
-            raise _SpawnError(f"the model gateway refused the agent: {key.error}")
-        await bus.publish(
-            AgentSpawned(
-                episode_id=request.episode_id,
-                agent_id=agent_id,
-                parent_id=parent.agent_id,
-                depth=depth,
-                harness=chosen.name,
-                instruction=instruction,
-                policy=policy,
-            )
-        )
+                raise AgentOpenError(f"unknown tools {', '.join(unknown)}")
+        await bus.publish(spawned(agent, harness=chosen.name, instruction=instruction))
         deadline = parent.budget.deadline
         if self.settings.child_timeout:
             child_deadline = time.monotonic() + self.settings.child_timeout
@@ -331,7 +299,7 @@ class AgentTree:
             chosen = get_harness(name)
             return chosen, validate_options(chosen, {}, f"the options of harness {name!r}")
         except (HarnessError, ValueError, OSError) as exc:
-            raise _SpawnError(str(exc)) from None
+            raise AgentOpenError(str(exc)) from None
 
     async def _run(self, ctx: AgentContext, harness: Harness) -> AgentResult:
         timeout = self.settings.child_timeout
@@ -377,10 +345,6 @@ class AgentTree:
                 reward=reward,
             )
         )
-
-
-class _SpawnError(Exception):
-    pass
 
 
 @program("recursive", options=RecursiveOptions)

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import structlog
 
-from platoon.bus import Bus, ComponentBase, NoResponder, RequestTimeout, Stream
+from platoon.bus import Bus, ComponentBase, Stream
 from platoon.bus.events import (
     AgentFinished,
     AgentOpened,
@@ -51,9 +51,10 @@ from platoon.bus.events import (
     ToolReturned,
     new_id,
 )
-from platoon.config.policies import DEFAULT_POLICY, ROOT_ROLE, PolicyChoiceError, choose_policy
+from platoon.config.policies import DEFAULT_POLICY, ROOT_ROLE
 from platoon.harness import AgentContext, AgentResult, Budget, BudgetExhausted, choose_harness, get_harness
 from platoon.harness.registry import validate_options
+from platoon.programs.agents import AgentOpenError, chosen_policy, open_agent, spawned
 from platoon.programs.registry import Episode, get_program, validate_program_options
 
 __all__ = ["EntrySettings", "EpisodeRunner"]
@@ -232,7 +233,7 @@ class EpisodeRunner(ComponentBase):
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 await self._finish(bus, request, agent_id, result, calls, started, cancelled=True)
             raise
-        except _EpisodeSetupError as exc:
+        except AgentOpenError as exc:
             result = AgentResult("error", reason=str(exc))
         except Exception as exc:
             log.info("harness raised", episode=request.episode_id, error=f"{type(exc).__name__}: {exc}")
@@ -248,49 +249,29 @@ class EpisodeRunner(ComponentBase):
         agent_id: str,
         deadline: float | None,
     ) -> AgentContext:
-        try:
-            opened = await bus.request(
-                SessionOpenRequested(episode_id=request.episode_id, agent_id=agent_id, task=request.task),
-                timeout=self.request_timeout,
-            )
-        except (NoResponder, RequestTimeout) as exc:
-            raise _EpisodeSetupError(f"no env session for {request.task.env!r}: {exc}") from None
-        assert isinstance(opened, SessionOpened)
-        if opened.error is not None:
-            raise _EpisodeSetupError(f"the env session failed to open: {opened.error}")
-        try:
-            policy = choose_policy(
-                getattr(entry.agents, "policy", None),
-                depth=0,
-                harness=harness_name,
-                role=ROOT_ROLE,
-                default=entry.default_policy,
-            )
-        except PolicyChoiceError as exc:
-            raise _EpisodeSetupError(str(exc)) from None
-        try:
-            key = await bus.request(
-                AgentOpenRequested(
-                    episode_id=request.episode_id,
-                    agent_id=agent_id,
-                    depth=0,
-                    budget_id=request.episode_id,
-                    max_model_calls=entry.max_steps,
-                    max_tokens=entry.max_tokens,
-                    params=entry.params,
-                    policy_version=request.policy_versions.get(policy, request.policy_version),
-                    policy=policy,
-                    role=ROOT_ROLE,
-                    seed=request.seed,
-                    checks_tool_calls=getattr(get_harness(harness_name), "checks_tool_calls", False),
-                ),
-                timeout=self.request_timeout,
-            )
-        except (NoResponder, RequestTimeout) as exc:
-            raise _EpisodeSetupError(f"the model gateway did not answer: {exc}") from None
-        assert isinstance(key, AgentOpened)
-        if key.error is not None:
-            raise _EpisodeSetupError(f"the model gateway refused the agent: {key.error}")
+        policy = chosen_policy(
+            getattr(entry.agents, "policy", None),
+            depth=0,
+            harness=harness_name,
+            role=ROOT_ROLE,
+            default=entry.default_policy,
+        )
+        agent = AgentOpenRequested(
+            episode_id=request.episode_id,
+            agent_id=agent_id,
+            depth=0,
+            budget_id=request.episode_id,
+            max_model_calls=entry.max_steps,
+            max_tokens=entry.max_tokens,
+            params=entry.params,
+            policy_version=request.policy_versions.get(policy, request.policy_version),
+            policy=policy,
+            role=ROOT_ROLE,
+            seed=request.seed,
+            checks_tool_calls=getattr(get_harness(harness_name), "checks_tool_calls", False),
+        )
+        session = SessionOpenRequested(episode_id=request.episode_id, agent_id=agent_id, task=request.task)
+        opened, key = await open_agent(bus, session, agent, timeout=self.request_timeout)
         await bus.publish(
             EpisodeStarted(
                 episode_id=request.episode_id,
@@ -301,17 +282,7 @@ class EpisodeRunner(ComponentBase):
                 worker=self.worker,
             )
         )
-        await bus.publish(
-            AgentSpawned(
-                episode_id=request.episode_id,
-                agent_id=agent_id,
-                parent_id=None,
-                depth=0,
-                harness=harness_name,
-                instruction=opened.instruction,
-                policy=policy,
-            )
-        )
+        await bus.publish(spawned(agent, harness=harness_name, instruction=opened.instruction))
         return AgentContext(
             bus=bus,
             task=request.task,
@@ -372,7 +343,3 @@ class EpisodeRunner(ComponentBase):
         )
         await bus.publish(finished)
         return finished
-
-
-class _EpisodeSetupError(Exception):
-    pass
