@@ -12,7 +12,7 @@ import pytest
 
 from platoon.assembly import Part, assemble, import_packages, resolve
 from platoon.bus import EventLog
-from platoon.config import SystemError, validate_config
+from platoon.config import AssemblyError, validate_config
 from platoon.envs.service import EnvService
 from platoon.gateway import Gateway
 from platoon.programs import EpisodeRunner, Grader
@@ -141,14 +141,14 @@ def test_a_trainer_names_the_built_in_model_by_its_directory(site):
 
 
 def test_what_cannot_be_assembled_is_said_at_once(site):
-    with pytest.raises(SystemError, match="no such purpose 'serve'"):
+    with pytest.raises(AssemblyError, match="no such purpose 'serve'"):
         assemble(validate_config(RAW), "serve")
-    with pytest.raises(SystemError, match="no train: section"):
+    with pytest.raises(AssemblyError, match="no train: section"):
         assemble(validate_config({"environments": RAW["environments"]}), "train")
-    with pytest.raises(SystemError, match="no environments"):
+    with pytest.raises(AssemblyError, match="no environments"):
         assemble(validate_config({}), "eval")
     hosted = {**RAW, "train": {**RAW["train"], "backend": "tinker", "reproducible": True}}
-    with pytest.raises(SystemError, match=r"train\.reproducible: only the embedded backend"):
+    with pytest.raises(AssemblyError, match=r"train\.reproducible: only the embedded backend"):
         assemble(validate_config(hosted), "train")
 
 

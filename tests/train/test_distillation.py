@@ -20,7 +20,7 @@ import pytest
 from learnable import learn_config
 
 from platoon.api import train
-from platoon.config import SystemError, validate_config
+from platoon.config import AssemblyError, validate_config
 
 pytestmark = pytest.mark.torch
 
@@ -76,7 +76,7 @@ def test_the_base_model_teaches_its_own_samples_nothing_and_another_tokenizer_is
     qwen = site / "qwen3"
     qwen3_tokenizer.save_pretrained(qwen)
     with pytest.raises(
-        SystemError, match=rf"train.distill.teacher_path: .*'{tiny_model}' and default uses '{qwen}'"
+        AssemblyError, match=rf"train.distill.teacher_path: .*'{tiny_model}' and default uses '{qwen}'"
     ):
         _train(
             site / "other", tiny_model, 1, tokenizer=str(qwen), distill={"teacher_path": str(site / "base")}

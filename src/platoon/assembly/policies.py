@@ -19,7 +19,7 @@ import structlog
 from platoon.assembly.settings import (
     PolicySettings,
 )
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.gateway.renderers import Renderer
 from platoon.models import loading
 from platoon.policy.base import SamplerFactory
@@ -287,7 +287,7 @@ def _start_state(policy: PolicySettings, checkpoint_dir: Path | None) -> PolicyS
         found, path = locate_weights(ref, roots)
     except CheckpointNotFound as exc:
         if directory.is_dir():
-            raise SystemError(f"checkpoint.load_path: {exc}") from None
+            raise AssemblyError(f"checkpoint.load_path: {exc}") from None
         return replace(policy, load_path=ref)  # perhaps already on this run's service
     _copy_in(found, path, checkpoint_dir)
     return replace(policy, load_path=path)
@@ -324,14 +324,14 @@ def _weights_here(
             _check_tokenizer(directory, "", policy, tokenizer, key)
             latest = CheckpointStore(directory).latest()
             if latest is None:
-                raise SystemError(f"{key}: {directory} saved no checkpoint")
+                raise AssemblyError(f"{key}: {directory} saved no checkpoint")
             return latest.sampler_path
         return ref
     try:
         found, path = locate_weights(ref, policy.runs)
     except CheckpointNotFound as exc:
         if directory.is_dir():
-            raise SystemError(f"{key}: {exc}") from None
+            raise AssemblyError(f"{key}: {exc}") from None
         return ref  # perhaps already on this run's service
     _check_tokenizer(
         found.parent, found.name.removeprefix("tinker").removeprefix("-"), policy, tokenizer, key
@@ -349,7 +349,7 @@ def _check_tokenizer(
     theirs = tokenizers.get(recorded) or tokenizers.get("")
     mine = loading.tokenizer_identity(tokenizer, policy.tokenizer or policy.model_name)
     if theirs is not None and theirs["fingerprint"] != mine["fingerprint"]:
-        raise SystemError(
+        raise AssemblyError(
             f"{key}: {run_dir} was trained with the tokenizer {theirs['name']!r} and {policy.name} "
             f"uses {mine['name']!r}; its logprobs of {policy.name}'s tokens would be of other text "
             "(name weights of a model with the same tokenizer)"
@@ -365,13 +365,13 @@ def _newest_state(run_dir: Path, policy: str) -> str:
         named = [d for d in several if d.name == policy]
         if not named and len(several) > 1:
             names = ", ".join(d.name for d in several)
-            raise SystemError(
+            raise AssemblyError(
                 f"checkpoint.load_path: {run_dir} holds the states of {names}; name one's directory"
             )
         stores = [CheckpointStore((named or several)[0])]
     latest = stores[0].latest()
     if latest is None:
-        raise SystemError(f"checkpoint.load_path: {run_dir} saved no checkpoint to start from")
+        raise AssemblyError(f"checkpoint.load_path: {run_dir} saved no checkpoint to start from")
     return latest.state_path
 
 
@@ -382,7 +382,7 @@ def _finished_weights(policy: PolicySettings) -> tuple[Path, str]:
     try:
         return locate_weights(policy.model_path, policy.runs)
     except CheckpointNotFound as exc:
-        raise SystemError(f"model_path: {exc}") from None
+        raise AssemblyError(f"model_path: {exc}") from None
 
 
 def _samples_finished_weights(policy: PolicySettings) -> bool:

@@ -29,7 +29,7 @@ from platoon.assembly.settings import TRAINING, Settings, check_training_service
 from platoon.assembly.sft import sft_identity, sft_plan, with_schedule
 from platoon.assembly.worker import build_worker
 from platoon.bus import Bus, EventLog, running
-from platoon.config import Config, SystemError, write_run_files
+from platoon.config import AssemblyError, Config, write_run_files
 from platoon.config.policies import resolve_policies
 from platoon.gateway import Gateway
 from platoon.policy.base import SamplerFactory
@@ -158,7 +158,7 @@ class Run:
         """Open the run's services, build its components and run them on a bus of their own;
         yields the bus. Leaving the block cancels the components and closes the services."""
         if self.purpose == "worker":
-            raise SystemError("a worker runs in stages: use Run.worker()")
+            raise AssemblyError("a worker runs in stages: use Run.worker()")
         for entry in self.settings.runner.entries if self.settings.runner else ():
             checked_entry(entry)  # a misnamed harness is said now, not after the model loads
         async with self._opened() as components:
@@ -365,7 +365,7 @@ class Run:
         """The rollout worker of a `worker` run (see `platoon.train.distributed.Worker`): its
         components built, nothing connected yet."""
         if self.purpose != "worker":
-            raise SystemError(f"a {self.purpose} run is not a worker")
+            raise AssemblyError(f"a {self.purpose} run is not a worker")
         built = build_worker(
             self.config,
             self.settings,

@@ -15,7 +15,7 @@ import msgspec
 import structlog
 
 from platoon.assembly.nats import NatsSettings, lease_timeout, worker_identity
-from platoon.config import Config, SystemError, entry_names, load_site
+from platoon.config import AssemblyError, Config, entry_names, load_site
 from platoon.config.policies import DEFAULT_POLICY, resolve_policies
 from platoon.config.schema import (
     PolicyChoice,
@@ -171,7 +171,7 @@ def import_packages(config: Config, config_dir: Path | None = None) -> None:
             try:
                 importlib.import_module(entry.package)
             except ImportError as exc:
-                raise SystemError(f"cannot import package {entry.package!r}: {exc}") from exc
+                raise AssemblyError(f"cannot import package {entry.package!r}: {exc}") from exc
 
 
 def credit_settings(config: Config) -> CreditConfig:
@@ -258,7 +258,7 @@ def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]
             "seed": inference.seed,
         }
         if entry.harness is None:
-            raise SystemError(f"environments.{i}.harness: an entry needs a harness to play it")
+            raise AssemblyError(f"environments.{i}.harness: an entry needs a harness to play it")
         settings.append(
             EntrySettings(
                 name=name,
@@ -305,12 +305,12 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
         trains = purpose in TRAINING and not spec.frozen
         rl = trains and purpose == "train"  # a KL penalty is RL's; SFT has no advantages to fold it in
         if train.reproducible and train.backend != "local":
-            raise SystemError(
+            raise AssemblyError(
                 "train.reproducible: only the embedded backend (train.backend: local) samples each "
                 "sequence on its own; a Tinker service batches as it likes (set train.reproducible=false)"
             )
         if trains and spec.model_path and config.policies:
-            raise SystemError(
+            raise AssemblyError(
                 f"policies.{name}.model_path: a policy that trains starts from its base model, or "
                 "from a training state named by load_path (model_path is what a frozen policy, or an "
                 "evaluation, samples)"
@@ -392,16 +392,18 @@ def resolve(
 ) -> Settings:
     """Each component's settings, read from `config` once. Raises on what cannot be assembled."""
     if purpose not in PURPOSES:
-        raise SystemError(f"no such purpose {purpose!r}: one of {', '.join(PURPOSES)}")
+        raise AssemblyError(f"no such purpose {purpose!r}: one of {', '.join(PURPOSES)}")
     train = config.train
     if purpose in ("train", "worker", "sft") and train is None:
-        raise SystemError(
+        raise AssemblyError(
             "a worker needs the trainer's config, with its train: section"
             if purpose == "worker"
             else "the config has no train: section (it names the policy that trains)"
         )
     if purpose in ("eval", "rollout", "train", "worker") and not config.environments:
-        raise SystemError("the config has no environments (one with sft: and none is for platoon sft alone)")
+        raise AssemblyError(
+            "the config has no environments (one with sft: and none is for platoon sft alone)"
+        )
     policies = _policy_settings(config, purpose, policy)
     pol = next(iter(policies.values()))
     gateway = GatewaySettings(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from platoon.cli import CommandError
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.train.export import ExportError
 from platoon.train.export import export as run_export
 
@@ -23,7 +23,7 @@ def export(args: Any) -> int:
             policy=args.policy,
             overwrite=args.overwrite,
         )
-    except (ExportError, SystemError) as exc:
+    except (ExportError, AssemblyError) as exc:
         raise CommandError(str(exc)) from None
     what = (
         "the PEFT adapter" if args.adapter else "the merged model (base + LoRA), tokenizer and chat template"

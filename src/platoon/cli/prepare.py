@@ -28,7 +28,7 @@ import anyio.to_thread
 from platoon import models
 from platoon.assembly import import_packages
 from platoon.cli import CommandError
-from platoon.config import SystemError, entry_names, load_config, load_site
+from platoon.config import AssemblyError, entry_names, load_config, load_site
 from platoon.config.policies import resolve_policies
 from platoon.config.schema import Config, EnvironmentConfig
 from platoon.envs.harbor import HarborError, TaskDefect, load_dataset
@@ -352,7 +352,7 @@ def _load_tokenizer(config: Config) -> None:
         return
     try:
         tokenizer = load_tokenizer(name)  # a built-in model is built into the cache here
-    except SystemError:
+    except AssemblyError:
         print(
             f"tokenizer {name}: not in a local directory or the Hugging Face cache; put it in the "
             f"cache (`hf download {name}` on a machine with network) or set train.tokenizer to a "

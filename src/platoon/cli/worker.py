@@ -28,7 +28,7 @@ import structlog
 
 from platoon.assembly import assemble, import_packages
 from platoon.cli import CommandError
-from platoon.config import SystemError, load_config
+from platoon.config import AssemblyError, load_config
 from platoon.stats.logging import configure_logging
 from platoon.train.distributed import DistributedError
 
@@ -67,7 +67,7 @@ def worker(args: Any) -> int:
         ).worker()
     except DistributedError as exc:
         raise CommandError(str(exc)) from None
-    except SystemError as exc:
+    except AssemblyError as exc:
         if str(exc).startswith("--policy"):
             raise CommandError(str(exc)) from None
         raise

@@ -26,11 +26,12 @@ from .schema import (
     workflow_for,
 )
 from .site import Site, load_site, site_path
-from .validate import ConfigError, SystemError
+from .validate import AssemblyError, ConfigError
 
 __all__ = [
     "AdamParams",
     "AgentsConfig",
+    "AssemblyError",
     "CheckpointConfig",
     "Config",
     "ConfigError",
@@ -45,7 +46,6 @@ __all__ = [
     "Site",
     "SplitsConfig",
     "StatsConfig",
-    "SystemError",
     "TrainConfig",
     "WandbConfig",
     "WorkflowConfig",

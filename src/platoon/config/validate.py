@@ -22,7 +22,7 @@ __all__ = ["ConfigError", "build", "check", "convert", "resolve_paths", "type_at
 T = TypeVar("T", bound=msgspec.Struct)
 
 
-class SystemError(RuntimeError):
+class AssemblyError(RuntimeError):
     """The config describes something that cannot be assembled here (a model, a service or a
     package it names is not there)."""
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import structlog
 
 from platoon import models
-from platoon.config import SystemError, load_site
+from platoon.config import AssemblyError, load_site
 from platoon.gateway.autoparser import AutoParserError, choose_tool_call_parser
 from platoon.gateway.renderers import get_renderer
 from platoon.models.tiny import TINY_CONTEXT, save_tiny_model
@@ -39,7 +39,7 @@ __all__ = [
 log = structlog.get_logger("platoon.models")
 
 
-class TokenizerMissing(SystemError):
+class TokenizerMissing(AssemblyError):
     """A tokenizer that is neither a local directory nor in the Hugging Face cache."""
 
 
@@ -66,7 +66,7 @@ def resolve_model(name: str) -> str:
     try:
         return str(models.pull(entry, say=lambda line: log.info(line)))
     except models.ModelError as exc:
-        raise SystemError(f"model {name!r}: {exc}") from None
+        raise AssemblyError(f"model {name!r}: {exc}") from None
 
 
 def builtin_model_name(name: str | None) -> str | None:
@@ -161,7 +161,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         return tokenizer_class(name_or_path).from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
-        raise SystemError(
+        raise AssemblyError(
             f"cannot load the tokenizer {name_or_path!r} from a local directory or the HF cache "
             f"(platoon never downloads at run time): {str(exc).splitlines()[0]}"
         ) from None
@@ -187,10 +187,10 @@ def tokenizer_named(name: str | None, *, scripted: bool = False) -> Any:
     if name is None:
         if scripted:
             return load_tokenizer(TOY_TOKENIZER)
-        raise SystemError("the config names no model: set train.model_name (or eval.model_name)")
+        raise AssemblyError("the config names no model: set train.model_name (or eval.model_name)")
     try:
         return load_tokenizer(name)
-    except SystemError:
+    except AssemblyError:
         if not scripted:
             raise
         log.warning(

@@ -13,7 +13,7 @@ from typing import Any
 
 from platoon import plugins
 from platoon.bus.events import PolicyUpdated
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.policy.base import SampledChunk, SampledCompletion, SampleParams, SamplerFactory
 
 __all__ = ["Script", "ScriptedSampler", "ScriptedSamplerFactory", "policy_from_ref"]
@@ -141,5 +141,5 @@ def policy_from_ref(ref: str, tokenizer: Any) -> SamplerFactory:
     """`scripted:MODULE:ATTR`: a scripted policy (a list of texts or a function of the messages)."""
     kind, _, target = ref.partition(":")
     if kind != "scripted" or ":" not in target:
-        raise SystemError(f"--policy {ref!r}: expected scripted:MODULE:ATTR")
+        raise AssemblyError(f"--policy {ref!r}: expected scripted:MODULE:ATTR")
     return ScriptedSamplerFactory(tokenizer, plugins.import_ref(target))

@@ -40,7 +40,7 @@ import sniffio
 import structlog
 
 from platoon.bus.events import PolicyUpdated
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.policy.base import SampledChunk, SampledCompletion, SampleParams
 from platoon.serving import published_key_for
 
@@ -350,7 +350,7 @@ async def sampling_client(
 
 async def sdk_call(call: Callable[[], T]) -> T:
     """A blocking Tinker SDK call in a worker thread; a server this SDK cannot talk to is said
-    in one line (`SystemError`) instead of the SDK's traceback."""
+    in one line (`AssemblyError`) instead of the SDK's traceback."""
     try:
         return await anyio.to_thread.run_sync(call)
     except Exception as exc:
@@ -388,7 +388,7 @@ def tinker_service_client(base_url: str | None) -> tinker.ServiceClient:
     try:
         import tinker
     except ImportError:
-        raise SystemError(
+        raise AssemblyError(
             "sampling a Tinker policy needs the tinker extra: pip install 'platoon[tinker]'"
         ) from None
     base_url, api_key = tinker_endpoint(base_url)
@@ -402,7 +402,7 @@ _OLD_WIRE = (
 )
 
 
-def _unsupported_server(exc: BaseException) -> SystemError | None:
+def _unsupported_server(exc: BaseException) -> AssemblyError | None:
     """A Tinker server this SDK cannot talk to, said in one line (None: another failure).
 
     Such a server lacks `client/config` (the SDK's first call) or answers results as JSON where
@@ -412,9 +412,9 @@ def _unsupported_server(exc: BaseException) -> SystemError | None:
         url = response.request.url
         if url.path.endswith("/client/config"):
             where = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
-            return SystemError(f"the Tinker server at {where} has no {url.path}: {_OLD_WIRE}")
+            return AssemblyError(f"the Tinker server at {where} has no {url.path}: {_OLD_WIRE}")
     if isinstance(exc, ValueError) and "Server returned a JSON payload" in str(exc):
-        return SystemError(f"the Tinker server answered in JSON where this SDK reads protobuf: {_OLD_WIRE}")
+        return AssemblyError(f"the Tinker server answered in JSON where this SDK reads protobuf: {_OLD_WIRE}")
     return None
 
 
@@ -431,5 +431,5 @@ def tinker_endpoint(configured: str | None) -> tuple[str | None, str | None]:
     base_url = configured or os.environ.get("TINKER_BASE_URL")
     api_key = published_key_for(base_url) or os.environ.get("TINKER_API_KEY")
     if base_url is None and not api_key:
-        raise SystemError(_NO_SERVICE)
+        raise AssemblyError(_NO_SERVICE)
     return base_url, api_key

@@ -36,7 +36,7 @@ from platoon.bus.events import (
     EpisodeRequested,
     ModelCallFinished,
 )
-from platoon.config import SystemError
+from platoon.config import AssemblyError
 from platoon.credit import Call, merge_calls
 from platoon.train.batcher import recorded_call
 
@@ -58,7 +58,7 @@ __all__ = [
 log = structlog.get_logger("platoon.sft")
 
 
-class RecordedError(SystemError):
+class RecordedError(AssemblyError):
     """Recorded episodes that cannot train this policy (a filter keeping none, another tokenizer)."""
 
 
