@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "platoon.config": 4,
     "platoon.policy": 4,
     "platoon.naming": 4,
+    "platoon.errors": 4,
     "platoon.serving": 4,
     "platoon.plugins": 4,
 }

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from platoon.errors import sole_error
+
 __all__ = ["main"]
 
 EXIT_ERROR = 1
@@ -306,9 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as raised:
         if args.debug:
             raise
-        exc: BaseException = raised
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # an error from inside a task group: say the error itself
+        exc = sole_error(raised)  # an error from inside a task group: say the error itself
         code = getattr(exc, "code", None)
         code = code if isinstance(code, int) else _exit_code(exc)
         message = str(exc) or type(exc).__name__

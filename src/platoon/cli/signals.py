@@ -11,6 +11,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from platoon.errors import sole_error
+
 __all__ = ["run_async"]
 
 
@@ -48,9 +50,7 @@ def run_async(main: Any, *, until_signal: bool = False) -> Any:
     try:
         return anyio.run(stoppable)
     except BaseExceptionGroup as group:
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-            error = error.exceptions[0]
+        error = sole_error(group)
         if isinstance(error, BaseExceptionGroup):
             raise
         raise error from None

@@ -22,6 +22,7 @@ from platoon.cli.signals import run_async
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.config.redact import redact_text
 from platoon.config.rundir import make_private_dir
+from platoon.errors import sole_error
 from platoon.models.loading import TokenizerMissing
 from platoon.stats.metrics import HealthLimits
 from platoon.stats.summary import train_summary
@@ -42,8 +43,7 @@ class RunStopped(RuntimeError):
 def run_stopped(exc: BaseException, hint: str) -> RunStopped:
     """A run that failed once it had something to resume: its reason (out of a task group's
     wrapping) and `hint`, the command that resumes it."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    exc = sole_error(exc)
     return RunStopped(f"{str(exc) or type(exc).__name__}\n{hint}")
 
 

@@ -29,6 +29,7 @@ import structlog
 from platoon.assembly import assemble, import_packages
 from platoon.cli import CommandError
 from platoon.config import AssemblyError, load_config
+from platoon.errors import first_error
 from platoon.stats.logging import configure_logging
 from platoon.train.distributed import DistributedError
 
@@ -102,10 +103,7 @@ async def _serve(node: Any) -> str:
             try:
                 reason = await node.run(stop=stop)
             except* NatsBridgeError as group:
-                first: BaseException = group
-                while isinstance(first, BaseExceptionGroup):
-                    first = first.exceptions[0]
-                error = str(first)
+                error = str(first_error(group))
             tg.cancel_scope.cancel()
 
         tg.start_soon(signals)

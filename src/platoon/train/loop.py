@@ -41,6 +41,7 @@ from platoon.bus.events import (
     derive_seed,
     new_id,
 )
+from platoon.errors import sole_error
 from platoon.train.evaluate import list_tasks
 
 __all__ = ["NothingGraded", "Scheduler", "SchedulerSettings", "TaskOrder"]
@@ -163,9 +164,7 @@ class Scheduler(ComponentBase):
                 self.done.set()
                 follow.cancel_scope.cancel()
         except BaseExceptionGroup as group:
-            error: BaseException = group
-            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-                error = error.exceptions[0]
+            error = sole_error(group)
             if isinstance(error, BaseExceptionGroup) or not isinstance(error, Exception):
                 raise  # several errors, or a cancellation: as they are
             raise error from None  # the run fails with what failed (NothingGraded, say) itself
