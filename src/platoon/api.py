@@ -15,7 +15,7 @@ import anyio
 import msgspec
 
 from platoon.assembly import SftSources, assemble, import_packages
-from platoon.bus.events import EvalRequested, Evaluated
+from platoon.bus.events import EvalRequested
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.policy.base import SamplerFactory
 from platoon.train.evaluate import EvalReport
@@ -117,6 +117,6 @@ async def evaluate(
     run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
     async with run.running() as bus:
         done = await bus.request(EvalRequested(step=0), timeout=None)
-    assert isinstance(done, Evaluated) and done.report_path is not None
+    assert done.report_path is not None
     report = await anyio.Path(done.report_path).read_bytes()
     return msgspec.json.decode(report, type=EvalReport)

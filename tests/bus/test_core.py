@@ -16,6 +16,14 @@ class Pong(Reply, frozen=True, kw_only=True):
     n: int
 
 
+class Ask(Request["Answer"], frozen=True, kw_only=True):
+    n: int
+
+
+class Answer(Reply, frozen=True, kw_only=True):
+    n: int
+
+
 def step(i: int) -> TrainStepFinished:
     return TrainStepFinished(step=i, metrics={})
 
@@ -167,6 +175,22 @@ async def test_request_reply():
         bus.subscribe(Ping, responder)
         replies = [await bus.request(Ping(n=i), timeout=1) for i in range(5)]
     assert [r.n for r in replies] == [1, 2, 3, 4, 5]
+
+
+async def test_a_request_is_answered_by_the_reply_type_it_names():
+    async with Bus() as bus:
+
+        async def responder(ask: Ask):
+            reply = (
+                Answer(reply_to=ask.request_id, n=ask.n + 1) if ask.n else Pong(reply_to=ask.request_id, n=0)
+            )
+            await bus.publish(reply)
+
+        bus.subscribe(Ask, responder)
+        answer = await bus.request(Ask(n=1), timeout=1)
+        assert type(answer) is Answer and answer.n == 2
+        with pytest.raises(TypeError, match="Ask was answered by a Pong; its reply type is Answer"):
+            await bus.request(Ask(n=0), timeout=1)
 
 
 async def test_request_times_out_and_without_responder_fails_at_once():

@@ -36,7 +36,7 @@ import structlog
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from platoon.bus.events import ComponentFailed, Event, Reply, Request
+from platoon.bus.events import ComponentFailed, Event, Reply, Request, reply_type
 
 __all__ = ["Bus", "BusClosed", "NoResponder", "RequestTimeout", "Stream", "Subscription"]
 
@@ -396,12 +396,15 @@ class Bus:
 
     # --- request / reply -------------------------------------------------------------------
 
-    async def request(self, event: Request, *, timeout: float | None = 30.0) -> Reply:
-        """Publish a request and wait for the reply whose `reply_to` is its `request_id`.
+    async def request(self, event: Request[R], *, timeout: float | None = 30.0) -> R:
+        """Publish a request and wait for the reply whose `reply_to` is its `request_id`, of the
+        type the request names (`Request[R]`).
 
-        Raises `NoResponder` when nothing subscribes to the request's type and
-        `RequestTimeout` when no reply comes within `timeout` seconds (None waits forever).
+        Raises `NoResponder` when nothing subscribes to the request's type,
+        `RequestTimeout` when no reply comes within `timeout` seconds (None waits forever), and
+        `TypeError` when the reply is not of the request's reply type.
         """
+        expected = reply_type(type(event))
         if not self._targets(type(event)):
             raise NoResponder(f"nothing on the bus answers {type(event).__name__}")
         send, receive = anyio.create_memory_object_stream[Reply](1)
@@ -409,7 +412,7 @@ class Bus:
         try:
             with anyio.fail_after(math.inf if timeout is None else timeout):
                 await self.publish(event)
-                return await receive.receive()
+                reply = await receive.receive()
         except TimeoutError:
             raise RequestTimeout(
                 f"no reply to {type(event).__name__} {event.request_id} within {timeout} s"
@@ -418,6 +421,11 @@ class Bus:
             self._waiters.pop(event.request_id, None)
             send.close()
             receive.close()
+        if not isinstance(reply, expected):
+            raise TypeError(
+                f"{type(event).__name__} was answered by a {type(reply).__name__}; its reply type is {expected.__name__}"
+            )
+        return reply
 
     def subscriptions(self) -> list[tuple[str, tuple[type[Event], ...]]]:
         """(name, event types) of every open subscription: what `platoon graph`'s tests check

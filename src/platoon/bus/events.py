@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, ClassVar, Literal, TypeVar
+import sys
+from typing import Any, ClassVar, ForwardRef, Generic, Literal, TypeVar, get_args
 
 import msgspec
 
@@ -100,8 +101,12 @@ class Event(msgspec.Struct, frozen=True, tag=True, kw_only=True):
     """Base class of every event. Subscribing to `Event` receives everything."""
 
 
-class Request(Event, frozen=True, kw_only=True):
-    """An event that expects exactly one `Reply` whose `reply_to` is this `request_id`."""
+R = TypeVar("R", bound="Reply")
+
+
+class Request(Event, Generic[R], frozen=True, kw_only=True):
+    """An event that expects exactly one reply, of type `R`, whose `reply_to` is this
+    `request_id`. Each request type names its reply: `class ToolCalled(Request["ToolReturned"])`."""
 
     request_id: str = msgspec.field(default_factory=new_id)
 
@@ -111,6 +116,30 @@ class Reply(Event, frozen=True, kw_only=True):
 
     reply_to: str
     error: str | None = None
+
+
+_REPLY_TYPES: dict[type, type[Reply]] = {}
+
+
+def reply_type(request: type[Request[R]]) -> type[R]:
+    """The reply type a request type names (`Request[R]`); `Reply` where it names none."""
+    found = _REPLY_TYPES.get(request)
+    if found is None:
+        found = Reply
+        for klass in request.__mro__:
+            for base in getattr(klass, "__orig_bases__", ()):
+                args = get_args(base)
+                if getattr(base, "__origin__", None) is Request and args:
+                    named = args[0]
+                    if isinstance(named, ForwardRef):
+                        named = vars(sys.modules[klass.__module__])[named.__forward_arg__]
+                    if isinstance(named, type) and issubclass(named, Reply):
+                        found = named
+                        break
+            if found is not Reply:
+                break
+        _REPLY_TYPES[request] = found
+    return found  # type: ignore[return-value]  # R, as the request's class names it
 
 
 def register_event(cls: E) -> E:
@@ -235,7 +264,7 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
 
 
 @register_event
-class ToolCalled(Request, frozen=True, kw_only=True):
+class ToolCalled(Request["ToolReturned"], frozen=True, kw_only=True):
     """An agent calls one of its environment's tools; the env session replies `ToolReturned`."""
 
     episode_id: str
@@ -273,7 +302,7 @@ ForkMode = Literal["fresh", "copy", "shared"]
 
 
 @register_event
-class SessionOpenRequested(Request, frozen=True, kw_only=True):
+class SessionOpenRequested(Request["SessionOpened"], frozen=True, kw_only=True):
     """Open an env session for an agent. A subagent's session forks its parent's (`fork_of`)."""
 
     episode_id: str
@@ -292,7 +321,7 @@ class SessionOpened(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class StepRequested(Request, frozen=True, kw_only=True):
+class StepRequested(Request["StepStarted"], frozen=True, kw_only=True):
     """An agent finished a step of a multi-step task: verify it and begin the next."""
 
     episode_id: str
@@ -309,7 +338,7 @@ class StepStarted(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class AgentProcessRequested(Request, frozen=True, kw_only=True):
+class AgentProcessRequested(Request["AgentProcessExited"], frozen=True, kw_only=True):
     """Run a command-line agent inside the agent's env session sandbox (see `platoon.sandbox.agent`).
 
     `payload` is JSON `{"argv", "env", "files"}`: it holds the agent's gateway key, so the event
@@ -353,7 +382,7 @@ class AgentProcessExited(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class GradeRequested(Request, frozen=True, kw_only=True):
+class GradeRequested(Request["Graded"], frozen=True, kw_only=True):
     """Ask the env service for an agent's session grade (the root's grades the episode)."""
 
     episode_id: str
@@ -377,7 +406,7 @@ class Graded(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class TasksRequested(Request, frozen=True, kw_only=True):
+class TasksRequested(Request["TasksListed"], frozen=True, kw_only=True):
     env: str
     split: str
 
@@ -388,7 +417,7 @@ class TasksListed(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class AgentOpenRequested(Request, frozen=True, kw_only=True):
+class AgentOpenRequested(Request["AgentOpened"], frozen=True, kw_only=True):
     """Ask the gateway to admit an agent: it answers with the agent's own key.
 
     Agents that share a `budget_id` draw on one budget of model calls and tokens; the first
@@ -428,7 +457,7 @@ class AgentOpened(Reply, frozen=True, kw_only=True):
 
 
 @register_event
-class ChatRequested(Request, frozen=True, kw_only=True):
+class ChatRequested(Request["ChatReplied"], frozen=True, kw_only=True):
     """A function harness's `ctx.chat`: OpenAI-style messages for the gateway to sample."""
 
     episode_id: str
@@ -624,7 +653,7 @@ class CheckpointSaved(Event, frozen=True, kw_only=True):
 
 
 @register_event
-class EvalRequested(Request, frozen=True, kw_only=True):
+class EvalRequested(Request["Evaluated"], frozen=True, kw_only=True):
     """Ask the evaluator for an evaluation at `step` (the scheduler's, every `eval.every` steps)."""
 
     step: int  # the training step the evaluation is taken at

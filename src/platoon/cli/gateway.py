@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from platoon.assembly import assemble, import_packages
-from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
+from platoon.bus.events import AgentOpenRequested, ModelCallFinished, new_id
 from platoon.cli import CommandError
 from platoon.cli.signals import run_async
 from platoon.config import Config, load_config
@@ -72,7 +72,6 @@ async def _serve(args: Any, config: Any) -> None:
     async with run.running() as bus:
         bus.subscribe(ModelCallFinished, report, name="gateway-serve:report")
         opened = await bus.request(AgentOpenRequested(episode_id=new_id(), agent_id="agent"))
-        assert isinstance(opened, AgentOpened)
         base = opened.base_url or ""
         root = base.removesuffix("/v1")
         print(f"gateway  {base}  (model {args.model_name!r}, renderer {renderer_name})")

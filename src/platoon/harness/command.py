@@ -498,7 +498,6 @@ class CommandHarness:
             )
             await stack.enter_async_context(count_model_calls(ctx))
             reply = await ctx.bus.request(request, timeout=None)
-            assert isinstance(reply, AgentProcessExited)
             if reply.unsupported:
                 reply = await _run_in_fresh_sandbox(request)
         return self._exited(ctx, reply)

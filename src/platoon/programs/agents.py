@@ -40,14 +40,12 @@ async def open_agent(
         opened = await bus.request(session, timeout=timeout)
     except (NoResponder, RequestTimeout) as exc:
         raise AgentOpenError(f"no env session for {session.task.env!r}: {exc}") from None
-    assert isinstance(opened, SessionOpened)
     if opened.error is not None:
         raise AgentOpenError(f"the env session failed to open: {opened.error}")
     try:
         key = await bus.request(agent, timeout=timeout)
     except (NoResponder, RequestTimeout) as exc:
         raise AgentOpenError(f"the model gateway did not answer: {exc}") from None
-    assert isinstance(key, AgentOpened)
     if key.error is not None:
         raise AgentOpenError(f"the model gateway refused the agent: {key.error}")
     return opened, key

@@ -181,7 +181,6 @@ class Grader(ComponentBase):
             )
         except (NoResponder, RequestTimeout) as exc:
             return None, {}, f"grading failed: {exc}"
-        assert isinstance(graded, Graded)
         if graded.error is not None:
             prefix = "" if graded.error.startswith("grading failed") else "grading failed: "
             return None, {}, prefix + graded.error

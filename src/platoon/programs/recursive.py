@@ -34,7 +34,6 @@ from platoon.bus import NoResponder, RequestTimeout
 from platoon.bus.events import (
     AgentFinished,
     AgentOpenRequested,
-    Graded,
     GradeRequested,
     SessionOpenRequested,
     ToolCalled,
@@ -329,7 +328,6 @@ class AgentTree:
             )
         except (NoResponder, RequestTimeout):
             return None
-        assert isinstance(graded, Graded)
         return graded.reward if graded.error is None else None
 
     async def _finished(
