@@ -22,7 +22,7 @@ from platoon.bus import Bus, running
 from platoon.bus.events import BatchReady, EpisodeGraded, EpisodeRequested, TaskRef, new_id
 from platoon.credit import CreditConfig, mean_baseline
 from platoon.envs import EnvError, EnvService
-from platoon.gateway import Gateway
+from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.harness import ChatError
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
@@ -86,9 +86,10 @@ async def system(toy_tokenizer: Any, backend: ToyBackend, script: Any, group_siz
     components = [
         EnvService("toy", backend),
         Gateway(
-            renderer=get_renderer("qwen3_instruct", toy_tokenizer),
-            sampler_factory=ScriptedSamplerFactory(toy_tokenizer, script),
-            serve_http=False,
+            GatewayPolicy(
+                get_renderer("qwen3_instruct", toy_tokenizer), ScriptedSamplerFactory(toy_tokenizer, script)
+            ),
+            GatewaySettings(serve_http=False),
         ),
         EpisodeRunner(
             [EntrySettings(name="toy", harness="guess-once-or-carry-on", max_steps=2)], request_timeout=10
