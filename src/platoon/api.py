@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import structlog
 
 from platoon.assembly import SftSources, assemble, import_packages
 from platoon.bus.events import EvalRequested
@@ -113,7 +114,15 @@ async def evaluate(
     split: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
-    """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`."""
+    """Everything `platoon eval` does: play the eval split and write `eval.json` in `run_dir`.
+
+    An evaluation replaces the one before it in `run_dir`, its event log with its report: the
+    episodes there are always the ones `eval.json` reports (what `platoon sft --from` and the
+    viewer read), never a mix of two evaluations."""
+    log = Path(run_dir) / "events.msgpack"
+    if log.exists():
+        structlog.get_logger("platoon").info("replacing the evaluation before this one", run_dir=str(run_dir))
+        log.unlink()
     run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
     async with run.running() as bus:
         done = await bus.request(EvalRequested(step=0), timeout=None)

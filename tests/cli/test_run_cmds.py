@@ -160,6 +160,19 @@ def test_an_eval_with_non_finite_rewards_reports_them_as_failures_in_valid_json(
     assert report["graded"] == 2 and report["reward_mean"] == 1.0  # the others found it
 
 
+def test_an_eval_run_again_replaces_the_episodes_of_the_one_before(site, capsys):
+    """The event log holds the evaluation eval.json reports: `platoon sft --from` trains on it,
+    and an earlier evaluation's episodes (another policy's, another split's) must not join them."""
+    argv = ["eval", "eval.yaml", "--policy", POLICY, "eval.group_size=1"]
+    run = site / "runs" / "quickstart" / "guess-eval"
+    assert main([*argv, "eval.max_tasks=3"]) == 0
+    assert main([*argv, "eval.max_tasks=2"]) == 0
+    capsys.readouterr()
+    assert main(["events", str(run), "--type", "EpisodeGraded"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert msgspec.json.decode((run / "eval.json").read_bytes())["episodes"] == 2
+
+
 @pytest.mark.slow
 def test_train_on_a_taken_run_directory_asks_which_way(site, tiny_model, capsys):
     base = [
