@@ -89,6 +89,14 @@ def test_a_first_step_that_graded_nothing_stops_the_run_saying_why():
     with pytest.raises(NothingGraded) as stopped:
         _check_graded({"episodes/total": 8.0, "episodes/graded": 0.0, "episodes/failed/no_reward": 8.0})
     assert "(8 no_reward)" in str(stopped.value) and "service_kwargs: {reward: sum}" in str(stopped.value)
+    # Episodes that failed (an agent whose prompt does not fit the model): no advice on rewards.
+    with pytest.raises(NothingGraded) as stopped:
+        _check_graded({"episodes/total": 2.0, "episodes/graded": 0.0, "episodes/failed/gateway": 2.0})
+    assert str(stopped.value) == (
+        "no episode of the first step was graded (2 gateway), so there is nothing to learn from; each "
+        "failed before it could be graded (the lines above say where); `platoon events RUN_DIR --type "
+        "EpisodeGraded` shows each episode's reason"
+    )
 
 
 def test_constant_groups_are_said_on_the_step_line_and_in_the_summary(tmp_path):

@@ -249,10 +249,15 @@ def _check_graded(metrics: dict[str, Any]) -> None:
         if k.startswith("episodes/failed/")
     }
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(failed.items())) or "no reason recorded"
+    if set(failed) <= {"no_reward", "other"}:  # ended well, yet carried no reward: how to give one
+        advice = (
+            "an ORS environment grades an episode by the reward of the tool result that finished it "
+            "(give that result a reward), or by the sum of its rewards (platoon_reward = 'sum' on the "
+            "class, or service_kwargs: {reward: sum}); "
+        )
+    else:  # they failed: the warnings above and each episode's reason say where
+        advice = "each failed before it could be graded (the lines above say where); "
     raise NothingGraded(
-        f"no episode of the first step was graded ({why}), so there is nothing to learn from; "
-        "an ORS environment grades an episode by the reward of the tool result that finished it "
-        "(give that result a reward), or by the sum of its rewards (platoon_reward = 'sum' on the "
-        "class, or service_kwargs: {reward: sum}); `platoon events RUN_DIR --type EpisodeGraded` "
-        "shows each episode's reason"
+        f"no episode of the first step was graded ({why}), so there is nothing to learn from; {advice}"
+        "`platoon events RUN_DIR --type EpisodeGraded` shows each episode's reason"
     )
