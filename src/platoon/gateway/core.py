@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import secrets
-import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, TypeGuard
+from typing import ClassVar, Literal, Protocol
 
 import anyio
 import anyio.abc
-import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
@@ -46,11 +45,22 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.config.policies import DEFAULT_POLICY
+from platoon.gateway.call import (
+    PreparedCall,
+    Reply,
+    Slot,
+    as_dicts,
+    in_budget,
+    refused,
+    resampled,
+    steered,
+    streams,
+)
 from platoon.gateway.errors import GatewayError, sampler_error
 from platoon.gateway.memo import encoded_each
 from platoon.gateway.params import call_params, longest_token, size_bound, text_size
 from platoon.gateway.renderers import Renderer, RendererError
-from platoon.gateway.replies import Controls, read_reply, take_controls, unmet
+from platoon.gateway.replies import read_reply, take_controls, unmet
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
 from platoon.gateway.settings import GatewaySettings
 from platoon.gateway.shapes import Message, Params, Tool
@@ -61,7 +71,6 @@ from platoon.policy.base import (
     Sampler,
     SamplerFactory,
     StopReason,
-    StreamingSampler,
     TopLogprobs,
 )
 
@@ -370,7 +379,54 @@ class Gateway(ComponentBase):
         `record_messages` puts the messages in the call's `ModelCallFinished` (an HTTP call has
         no `ChatRequested` that holds them). `response_format` ({"schema": SCHEMA or None}) asks
         for a reply that is JSON (of the schema).
+
+        A call is three phases: prepare (`_prepare`: checked, rendered, its parameters fixed),
+        sample (in a `Slot` of the limiter and the agent's budget, sampled again while the reply
+        is not what it must be) and record (`_record`: `ModelCallFinished`, the turn kept).
         """
+        call = await self._prepare(session, messages, tools, params, kind)
+        reply: Reply | None = None
+        text: TextStream | None = None
+        async with Slot(self.limiter, session.budget if kind == "policy" else None, wait) as slot:
+            for attempt in itertools.count():
+                text = self._text_stream(call, stream)
+                sampled: SampledCompletion | None = None
+                if text is None:
+                    sampled = await self._sample_whole(session, call, attempt)
+                else:
+                    streamed = self._sample_streamed(session, call, attempt, text, stream)
+                    async with contextlib.aclosing(streamed):
+                        async for item in streamed:
+                            if isinstance(item, str):
+                                yield item
+                            else:
+                                sampled = item
+                assert sampled is not None
+                reply = self._read(session, call, sampled, attempt + 1, text if stream else None)
+                if reply is not None:
+                    break
+        assert reply is not None
+        text = text if stream else None
+        done = await self._record(session, call, reply, slot, kind, text, record_messages)
+        # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
+        if text is not None and text.sent:
+            rest = text.rest(reply[1].content or "")
+            if rest:
+                yield rest
+        yield done
+
+    # --- a call's phases -----------------------------------------------------------------------
+
+    async def _prepare(
+        self,
+        session: AgentSession,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        params: Params,
+        kind: CallKind,
+    ) -> PreparedCall:
+        """A call checked and rendered, with the parameters and the sampler it is sampled with;
+        nothing is reserved or sampled yet."""
         state = self.policies[session.policy]
         if state.sampler is None:
             raise await self._failed(session, GatewayError("sampler", "the gateway has no sampler yet"))
@@ -383,6 +439,46 @@ class Gateway(ComponentBase):
         if state.stream_markers is None:  # fixed for a renderer: read once
             state.stream_markers = renderer.stream_markers()
         controls = take_controls(params, tools, renderer, state.stream_markers)
+        prompt = await self._render(session, state, messages, tools)
+        prefill: list[int] = []
+        if controls.prefill:
+            prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
+            prompt += prefill
+        try:
+            sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
+        except GatewayError as exc:
+            raise self._first_too_long(session, exc, f"{len(prompt):,}") from None
+        sampler = await self._sampler_for(session)
+        sample_params, constrained = steered(in_budget(sample_params, session, kind), sampler, controls)
+        dicts = as_dicts(messages)
+        # The forced opening, for scripted policies (real ones see its tokens).
+        conversation = (
+            [*dicts, {"role": "assistant", "content": controls.prefill, "prefix": True}]
+            if controls.prefill
+            else dicts
+        )
+        return PreparedCall(
+            renderer,
+            tools,
+            controls,
+            prompt,
+            prefill,
+            sample_params,
+            sampler,
+            constrained,
+            dicts,
+            conversation,
+        )
+
+    async def _render(
+        self,
+        session: AgentSession,
+        state: GatewayPolicy,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+    ) -> list[int]:
+        """The prompt's tokens, reusing the agent's sampled turns; a prompt that cannot fit the
+        context window is refused before it is tokenized."""
         # Each message as msgpack, once: for turns sampled before, the size bound, and the memo.
         written = encoded_each(messages)
         completions = sampled_turns(session, messages, written)
@@ -397,143 +493,133 @@ class Gateway(ComponentBase):
                 session, exc, f"more than {chars // (state.longest_token or 1):,}"
             ) from None
         render = functools.partial(
-            renderer.render, messages, tools or None, completions=completions, memo=session.prompt
+            state.renderer.render, messages, tools or None, completions=completions, memo=session.prompt
         )
         try:
             # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile
             # (the messages then encoded again there, as they are then).
-            prompt = (
-                await anyio.to_thread.run_sync(render) if chars > _INLINE_CHARS else render(encoded=written)
-            )
+            if chars > _INLINE_CHARS:
+                return await anyio.to_thread.run_sync(render)
+            return render(encoded=written)
         except RendererError as exc:
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
             raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
-        prefill: list[int] = []
-        if controls.prefill:
-            prefill = renderer.tokenizer.encode(controls.prefill, add_special_tokens=False)
-            prompt += prefill
-        try:
-            sample_params = call_params(self.defaults, session, params, len(prompt), self.context_window)
-        except GatewayError as exc:
-            raise self._first_too_long(session, exc, f"{len(prompt):,}") from None
-        budget = session.budget
-        if kind == "policy" and budget.max_tokens is not None:
-            # A call may not sample past the episode's token budget.
-            room = max(budget.max_tokens - budget.tokens, 1)
-            if sample_params.max_tokens is None or sample_params.max_tokens > room:
-                sample_params = msgspec.structs.replace(sample_params, max_tokens=room)
-        sampler = await self._sampler_for(session)
-        most = getattr(sampler, "max_top_logprobs", 0)  # a sampler that has none has no attribute
-        if sample_params.top_logprobs > most:
-            raise GatewayError(
-                "bad_request",
-                f"top_logprobs: this policy's sampler gives {most or 'no'} top alternatives per token, "
-                f"{sample_params.top_logprobs} were asked for (the embedded and Tinker samplers give up to 20)",
-                param="top_logprobs",
-            )
-        # A sampler that constrains its decoding samples only what the reply must be (through
-        # its stream); any other's reply is checked, and sampled again when it is not.
-        constrained = (
-            controls.constraint is not None and _streams(sampler) and getattr(sampler, "constrains", False)
+
+    def _text_stream(self, call: PreparedCall, stream: bool) -> TextStream | None:
+        """What a streaming sampler's tokens read as, so far: for a call that streams its text, is
+        cut at a client's stop sequence or is decoded to its constraint; None for a whole sample."""
+        if not (streams(call.sampler) and (stream or call.controls.stops or call.constrained)):
+            return None
+        controls, renderer = call.controls, call.renderer
+        return TextStream(
+            renderer.tokenizer,
+            markers=controls.markers,
+            stops=controls.stops,
+            after_first_call=controls.after_first_call,
+            stop_token_ids=renderer.stop_token_ids,
+            plain=controls.plain,
         )
-        if constrained:
-            sample_params = msgspec.structs.replace(sample_params, constraint=controls.constraint)
-        elif controls.json_format is not None:
-            controls.plain = False  # nothing of it streams before it is checked
 
-        # The limiter is held on behalf of this call, not of a task: a stream is answered by
-        # the task that started it and then by the one that sends the response.
-        holder = object()
-        if wait:
-            await self.limiter.acquire_on_behalf_of(holder)
-        else:
-            try:
-                self.limiter.acquire_on_behalf_of_nowait(holder)
-            except anyio.WouldBlock:
-                raise GatewayError("overloaded", "the sampler is saturated; retry later") from None
-        started = time.time()
-        clock = time.perf_counter()
-        reserved = False
-        dicts = conversation = _as_dicts(messages)
-        if controls.prefill:  # the forced opening, for scripted policies (real ones see the tokens)
-            conversation = [*conversation, {"role": "assistant", "content": controls.prefill, "prefix": True}]
+    async def _sample_whole(
+        self, session: AgentSession, call: PreparedCall, attempt: int
+    ) -> SampledCompletion:
+        """Sample `attempt` of `call` whole. A sampler's failure is the system's (`_failed`)."""
         try:
-            if kind == "policy":
-                # Checked again and reserved now: concurrent calls of one budget may have
-                # waited for capacity since the first check.
-                budget.check()
-                budget.calls += 1
-                reserved = True
-            # A reply forced to call a tool (tool_choice) or to be JSON (response_format) that is
-            # not is sampled again, a bounded number of times, then refused: never markup as text.
-            # Nothing of such a reply streams before it is checked (unless the sampler decoded it
-            # to its constraint: then it is refused as it is), so a retry sends nothing twice.
-            attempt = 0
-            while True:
-                text: TextStream | None = None  # what a streaming sampler's tokens read as, so far
-                params_now = _resampled(sample_params, attempt)
-                try:
-                    if _streams(sampler) and (stream or controls.stops or constrained):
-                        text = TextStream(
-                            renderer.tokenizer,
-                            markers=controls.markers,
-                            stops=controls.stops,
-                            after_first_call=controls.after_first_call,
-                            stop_token_ids=renderer.stop_token_ids,
-                            plain=controls.plain,
-                        )
-                        tokens: list[int] = []
-                        logprobs: list[float] = []
-                        top: TopLogprobs = []
-                        reason: StopReason = "stop"
-                        chunks = sampler.sample_stream(prompt, params_now, messages=conversation)
-                        try:
-                            async for chunk in chunks:
-                                tokens += chunk.tokens
-                                logprobs += chunk.logprobs
-                                top += chunk.top_logprobs or []
-                                reason = chunk.stop_reason or reason
-                                delta = text.feed(chunk.tokens)
-                                if delta and stream:
-                                    yield delta
-                                if text.stop is not None:
-                                    break  # a stop sequence: no need to sample further
-                        finally:
-                            if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
-                                await chunks.aclose()
-                        sampled = SampledCompletion(
-                            tokens=tokens, logprobs=logprobs, stop_reason=reason, top_logprobs=top or None
-                        )
-                    else:
-                        sampled = await sampler.sample(prompt, params_now, messages=conversation)
-                except Exception as exc:
-                    log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
-                    raise await self._failed(session, sampler_error(exc)) from exc
-                # An agent that checks its own calls gets every well-formed call as it came.
-                sampled, parsed, stop_sequence = read_reply(
-                    sampled, tools, controls, renderer, check_arguments=not session.checks_tool_calls
-                )
-                attempt += 1
-                problem = unmet(controls, parsed, sampled)
-                if problem is None:
-                    break
-                if attempt >= self.settings.constraint_tries or (stream and text is not None and text.sent):
-                    raise _refused(controls, attempt, problem)
-                log.debug("a constrained reply is not what it must be; sampling again", attempt=attempt)
-        except BaseException:
-            if reserved:
-                budget.calls -= 1
-            raise
-        finally:
-            self.limiter.release_on_behalf_of(holder)
-        duration = time.perf_counter() - clock
+            return await call.sampler.sample(
+                call.prompt, resampled(call.params, attempt), messages=call.conversation
+            )
+        except Exception as exc:
+            raise await self._sampler_failed(session, exc) from exc
 
+    async def _sample_streamed(
+        self, session: AgentSession, call: PreparedCall, attempt: int, text: TextStream, stream: bool
+    ) -> AsyncGenerator[str | SampledCompletion, None]:
+        """Sample `attempt` of `call` through the sampler's stream, which `text` reads: its
+        content deltas (when `stream`), then the completion. Sampling ends at a stop sequence."""
+        assert streams(call.sampler)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        top: TopLogprobs = []
+        reason: StopReason = "stop"
+        try:
+            chunks = call.sampler.sample_stream(
+                call.prompt, resampled(call.params, attempt), messages=call.conversation
+            )
+            try:
+                async for chunk in chunks:
+                    tokens += chunk.tokens
+                    logprobs += chunk.logprobs
+                    top += chunk.top_logprobs or []
+                    reason = chunk.stop_reason or reason
+                    delta = text.feed(chunk.tokens)
+                    if delta and stream:
+                        yield delta
+                    if text.stop is not None:
+                        break  # a stop sequence: no need to sample further
+            finally:
+                if isinstance(chunks, AsyncGenerator):  # a streaming sampler's always is
+                    await chunks.aclose()
+        except Exception as exc:
+            raise await self._sampler_failed(session, exc) from exc
+        yield SampledCompletion(
+            tokens=tokens, logprobs=logprobs, stop_reason=reason, top_logprobs=top or None
+        )
+
+    async def _sampler_failed(self, session: AgentSession, exc: Exception) -> GatewayError:
+        log.warning("sampler failed", error=f"{type(exc).__name__}: {exc}")
+        return await self._failed(session, sampler_error(exc))
+
+    def _read(
+        self,
+        session: AgentSession,
+        call: PreparedCall,
+        sampled: SampledCompletion,
+        tries: int,
+        text: TextStream | None,
+    ) -> Reply | None:
+        """The reply, parsed and cut at its first stop; None where it must be sampled again.
+
+        A reply forced to call a tool (tool_choice) or to be JSON (response_format) that is not is
+        sampled again, a bounded number of times, then refused: never markup as text. Nothing of
+        such a reply streams before it is checked (unless the sampler decoded it to its
+        constraint: then it is refused as it is; `text`, where it streamed), so a retry sends
+        nothing twice.
+        """
+        # An agent that checks its own calls gets every well-formed call as it came.
+        reply = read_reply(
+            sampled,
+            call.tools,
+            call.controls,
+            call.renderer,
+            check_arguments=not session.checks_tool_calls,
+        )
+        problem = unmet(call.controls, reply[1], reply[0])
+        if problem is None:
+            return reply
+        if tries >= self.settings.constraint_tries or (text is not None and text.sent):
+            raise refused(call.controls, tries, problem)
+        log.debug("a constrained reply is not what it must be; sampling again", attempt=tries)
+        return None
+
+    async def _record(
+        self,
+        session: AgentSession,
+        call: PreparedCall,
+        reply: Reply,
+        slot: Slot,
+        kind: CallKind,
+        text: TextStream | None,
+        record_messages: bool,
+    ) -> Completion:
+        """The answered call: its turn kept for the agent's next prompt, its tokens counted in
+        the budget, `ModelCallFinished` published; `text`, the stream its content went out by."""
+        sampled, parsed, stop_sequence = reply
         message = parsed.to_openai()
         call_id = new_id()
         key = turn_key(message)
         if key is not None:
-            session.sampled.setdefault(key, []).append(prefill + list(sampled.tokens))
+            session.sampled.setdefault(key, []).append(call.prefill + list(sampled.tokens))
         session.calls += 1
         if kind == "policy":
             session.budget.tokens += len(sampled.tokens)
@@ -543,37 +629,32 @@ class Gateway(ComponentBase):
                     call_id=call_id,
                     episode_id=session.episode_id,
                     agent_id=session.agent_id,
-                    prompt_tokens=prompt,  # a list of this call's own
+                    prompt_tokens=call.prompt,  # a list of this call's own
                     completion_tokens=list(sampled.tokens),
                     logprobs=list(sampled.logprobs),
                     stop_reason=sampled.stop_reason,
-                    policy_version=sampler.version,
+                    policy_version=call.sampler.version,
                     kind=kind,
                     completion_text=parsed.content,
-                    started_at=started,
-                    duration_s=duration,
-                    messages=dicts if record_messages else None,  # read, never written: not copied
+                    started_at=slot.started,
+                    duration_s=slot.duration,
+                    messages=call.messages if record_messages else None,  # read, never written: not copied
                     policy=session.policy,
                     parse_errors=list(parsed.errors),
                 )
             )
-        # The rest of a streamed text goes before the end; a reply that streamed nothing goes whole.
-        sent = text.sent if stream and text is not None else ""
-        rest = text.rest(parsed.content or "") if text is not None and sent else ""
-        if rest:
-            yield rest
-        yield Completion(
+        return Completion(
             message=message,
             call_id=call_id,
             finish_reason=parsed.finish_reason,
-            prompt_tokens=len(prompt),
+            prompt_tokens=len(call.prompt),
             completion_tokens=len(sampled.tokens),
             parse_errors=list(parsed.errors),
             budget_remaining=session.budget.remaining(),
             tokens=list(sampled.tokens),
             logprobs=list(sampled.logprobs),
             stop_sequence=stop_sequence,
-            streamed=text.sent if text is not None and stream else "",
+            streamed=text.sent if text is not None else "",
             top_logprobs=sampled.top_logprobs,
         )
 
@@ -618,43 +699,6 @@ class Gateway(ComponentBase):
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
 
 
-def _resampled(params: SampleParams, attempt: int) -> SampleParams:
-    """The parameters of sample `attempt` of one call: a seeded call's later samples get seeds of
-    their own (the same seed would sample the same reply again)."""
-    if attempt == 0 or params.seed is None:
-        return params
-    return msgspec.structs.replace(params, seed=derive_seed(params.seed, "resample", attempt))
-
-
-def _refused(controls: Controls, tries: int, why: str) -> GatewayError:
-    """The refusal of a reply that had to be a tool call or JSON and never was."""
-    samples = f"{tries} sample{'s' if tries > 1 else ''}"
-    if controls.prefill:
-        return GatewayError(
-            "sampler",
-            f"tool_choice asks for a tool call, and the policy wrote none in {samples} (last: {why}); "
-            "ask again, or without tool_choice",
-        )
-    schema = controls.json_format.get("schema") if controls.json_format is not None else None
-    wanted = "JSON of its schema" if schema is not None else "a JSON object"
-    return GatewayError(
-        "sampler",
-        f"the output format asks for {wanted}, and the policy wrote none in {samples} (last: {why}); "
-        "ask again, or without the output format",
-    )
-
-
-def _streams(sampler: Sampler) -> TypeGuard[StreamingSampler]:
-    """Whether a sampler streams (`StreamingSampler`; an isinstance check of a protocol costs
-    more than the rest of a call's bookkeeping)."""
-    return callable(getattr(sampler, "sample_stream", None))
-
-
 def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request", "auth", "sampler"]:
     # "not_found" is the HTTP front's alone (a route, a stored response): never raised here.
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
-
-
-def _as_dicts(messages: Sequence[Message]) -> list[dict[str, object]]:
-    """The conversation as the sampler protocol takes it (the client's JSON objects, as they are)."""
-    return [m if isinstance(m, dict) else dict(m) for m in messages]

@@ -10,6 +10,7 @@ against the budget, aux calls train for free, judge calls are recorded and never
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -179,10 +180,6 @@ def _no_model(api: _Api) -> GatewayError:
     return GatewayError("bad_request", "model: Field required", param="model")
 
 
-def _key(request: Request) -> str | None:
-    return presented_key(request.scope)
-
-
 _CALL_KINDS: dict[str, CallKind] = {"policy": "policy", "aux": "aux", "judge": "judge"}
 
 
@@ -302,288 +299,316 @@ _KEPT_RESPONSES = 64  # per agent, for previous_response_id
 
 
 def build_app(gateway: Gateway) -> Guard:
-    """The ASGI app of a gateway."""
-
-    def logprobs_of(session: AgentSession, c: Completion) -> dialects.Logprobs:
-        """A reply's logprobs with each token's text, as the agent's own policy's tokenizer reads it."""
-        decode = gateway.policies[session.policy].renderer.tokenizer.decode
-        top = (
-            None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
-        )
-        return dialects.Logprobs([decode([t]) for t in c.tokens], c.logprobs, top)
-
-    def sample(
-        session: AgentSession,
-        messages: Sequence[Message],
-        tools: Sequence[Tool] | None,
-        params: Params,
-        kind: CallKind,
-        *,
-        stream: bool = True,
-    ) -> AsyncGenerator[str | Completion, None]:
-        """One call over HTTP: refused at once when the gateway is full (a client retries), and
-        its messages recorded, since no `ChatRequested` holds them."""
-        return gateway.complete_stream(
-            session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
-        )
-
-    def model_of(model: object, api: _Api) -> str:
-        """The model a body asks for: one the gateway serves, or a 404; none is a 400, as each API
-        answers it."""
-        if model is None or model == "":
-            raise _no_model(api)
-        if not isinstance(model, str) or model not in gateway.model_names:
-            raise GatewayError(
-                "not_found",
-                f"the model {model!r} does not exist here; this gateway serves {sorted(gateway.model_names)} "
-                "(more names: gateway.model_aliases)",
-                param="model",
-            )
-        return model
-
-    def check_max_tokens(value: object, name: str, api: _Api, model: str) -> None:
-        """Refuse a max_tokens beyond the context window as each API refuses one beyond the
-        model's output limit. One that fits the window but not beside the prompt is clamped to
-        the room left (agents ask for their model's usual limit whatever the prompt)."""
-        window = gateway.context_window
-        if window is None or not isinstance(value, int) or value <= window:
-            return
-        if api == "messages":
-            message = f"max_tokens: {value} > {window}, which is the maximum allowed number of output tokens for {model}"
-        else:
-            message = (
-                f"{name} is too large: {value}. This model supports at most {window} completion tokens, "
-                f"whereas you provided {value}."
-            )
-        raise GatewayError("bad_request", message, param=name)
-
-    async def answer(
-        scope: Scope,
-        raw: bytes,
-        call: Callable[[AgentSession, bytes], Awaitable[_Answer]],
-        error: _ErrorResponse,
-    ) -> _Answer:
-        try:
-            session = gateway.authenticate(presented_key(scope))
-            if session.in_flight >= gateway.settings.max_calls_per_agent:
-                raise GatewayError(
-                    "overloaded",
-                    f"at most {gateway.settings.max_calls_per_agent} calls of one agent at a time",
-                )
-            session.in_flight += 1
-            try:
-                return await call(session, raw)
-            finally:
-                session.in_flight -= 1
-        except dialects.DialectError as exc:
-            return error("bad_request", str(exc), exc.param, exc.code)
-        except GatewayError as exc:
-            return error(exc.kind, str(exc), exc.param, exc.code)
-
-    async def chat_completions(scope: Scope, raw: bytes) -> _Answer:
-        async def call(session: AgentSession, raw: bytes) -> _Answer:
-            body = await _json(raw)
-            messages, tools, params, n, stream = dialects.chat_request(body)
-            model = model_of(body.get("model"), "chat")
-            limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-            check_max_tokens(params.get("max_tokens"), limit, "chat", model)
-            kind = _kind(scope)
-            want_logprobs = bool(body.get("logprobs"))
-            options = body.get("stream_options")  # an object or null: `chat_request` checked it
-            include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-
-            def shape(done: list[Completion], rid: str) -> ChatCompletion:
-                choices = [
-                    (
-                        c.message,
-                        c.finish_reason,
-                        logprobs_of(session, c) if want_logprobs else None,
-                    )
-                    for c in done
-                ]
-                usage = (done[0].prompt_tokens, sum(c.completion_tokens for c in done))
-                return dialects.chat_response(model, choices, usage, rid)
-
-            if stream and n == 1:
-                rid = new_id()
-                replies = sample(session, messages, tools, params, kind)
-                format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
-                return await _streamed(replies, format, lambda c: shape([c], rid))
-            done: list[Completion] = []
-            for _ in range(n):
-                done.append(await _last(sample(session, messages, tools, params, kind, stream=False)))
-            response = shape(done, done[0].call_id)
-            if stream:
-                return _sse(_whole(dialects.chat_stream(response, include_usage)))
-            return _JSON(response)
-
-        return await answer(scope, raw, call, _openai_error)
-
-    async def responses(scope: Scope, raw: bytes) -> _Answer:
-        async def call(session: AgentSession, raw: bytes) -> _Answer:
-            body = await _json(raw)
-            messages, tools, params, stream = dialects.responses_request(body)
-            model = model_of(body.get("model"), "responses")
-            check_max_tokens(params.get("max_tokens"), "max_output_tokens", "responses", model)
-            previous = body.get("previous_response_id")  # a string or null: `responses_request` checked it
-            instructions = 1 if body.get("instructions") else 0
-            if isinstance(previous, str) and previous:
-                kept = session.responses.get(previous)
-                if kept is None:
-                    raise GatewayError(
-                        "bad_request",
-                        f"Previous response with id '{previous}' not found. (Responses are kept for "
-                        "the episode's life when sent with store true, the default.)",
-                        param="previous_response_id",
-                        code="previous_response_not_found",
-                    )
-                # The earlier conversation, then this input; instructions are not carried over.
-                messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
-            rid = new_id()
-            include = body.get("include")  # a list of strings or null: `responses_request` checked it
-            want_logprobs = isinstance(include, list) and dialects.RESPONSES_LOGPROBS in include
-
-            def finish(c: Completion) -> ResponsesReply:
-                response = dialects.responses_response(
-                    model,
-                    c.message,
-                    c.finish_reason,
-                    (c.prompt_tokens, c.completion_tokens),
-                    rid,
-                    logprobs_of(session, c) if want_logprobs else None,
-                )
-                if body.get("store", True) is not False:
-                    conversation = [*messages[instructions:], c.message]
-                    session.responses[response["id"]] = (conversation, response)
-                    while len(session.responses) > _KEPT_RESPONSES:
-                        session.responses.popitem(last=False)
-                return response
-
-            replies = sample(session, messages, tools, params, _kind(scope), stream=stream)
-            if stream:
-                format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
-                return await _streamed(replies, format, finish)
-            return _JSON(finish(await _last(replies)))
-
-        return await answer(scope, raw, call, _openai_error)
-
-    async def messages_endpoint(scope: Scope, raw: bytes) -> _Answer:
-        async def call(session: AgentSession, raw: bytes) -> _Answer:
-            # Read straight into its struct; a body that is not a valid one is parsed to say why.
-            read = bodies.decode(raw, bodies.MessagesRequest) or bodies.read(
-                await _json(raw), bodies.MessagesRequest, "Messages", dialects.MESSAGES_WHOLE
-            )
-            messages, tools, params, stream = dialects.anthropic_call(read)
-            model = model_of(read.model, "messages")
-            check_max_tokens(params.get("max_tokens"), "max_tokens", "messages", model)
-            rid = new_id()
-
-            def finish(c: Completion) -> AnthropicReply:
-                usage = (c.prompt_tokens, c.completion_tokens)
-                return dialects.anthropic_response(
-                    model, c.message, c.finish_reason, usage, rid, c.stop_sequence
-                )
-
-            replies = sample(session, messages, tools, params, _kind(scope), stream=stream)
-            if stream:
-                format = dialects.MessagesStream(f"msg_{rid}", model, 0)
-                return await _streamed(replies, format, finish)
-            return _JSON(finish(await _last(replies)))
-
-        return await answer(scope, raw, call, _anthropic_error)
-
-    async def count_tokens(scope: Scope, raw: bytes) -> _Answer:
-        async def call(session: AgentSession, raw: bytes) -> _Answer:
-            body = await _json(raw)
-            messages, tools = dialects.count_tokens_request(body)
-            model_of(body.get("model"), "messages")
-            try:
-                tokens = gateway.policies[session.policy].renderer.render(messages, tools)
-            except ValueError as exc:
-                raise dialects.DialectError(str(exc), "messages") from None
-            return JSONResponse({"input_tokens": len(tokens)})
-
-        return await answer(scope, raw, call, _anthropic_error)
-
-    def model_object(name: str) -> JsonObject:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "platoon"}
-
-    async def models(request: Request) -> Response:
-        try:
-            gateway.authenticate(_key(request))
-        except GatewayError as exc:
-            return _openai_error(exc.kind, str(exc))
-        return JSONResponse(
-            {"object": "list", "data": [model_object(n) for n in sorted(gateway.model_names)]}
-        )
-
-    async def model(request: Request) -> Response:
-        try:
-            gateway.authenticate(_key(request))
-            name = model_of(request.path_params["model"], "chat")
-        except GatewayError as exc:
-            return _openai_error(exc.kind, str(exc), exc.param)
-        return JSONResponse(model_object(name))
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        message = f"no route {request.method} {request.url.path}"
-        body = {
-            "error": {"message": message, "type": "invalid_request_error", "param": None, "code": "not_found"}
-        }
-        return JSONResponse(body, status_code=404)
-
-    async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        body = {
-            "error": {
-                "message": f"{request.method} is not allowed on {request.url.path}",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        }
-        return JSONResponse(body, status_code=405)
-
-    # The model calls are answered straight from the guard, with the body it read; any other
-    # request (another method, path or root path) goes through starlette's routing.
-    posts = {
-        "/v1/chat/completions": chat_completions,
-        "/v1/responses": responses,
-        "/v1/messages": messages_endpoint,
-        "/v1/messages/count_tokens": count_tokens,
-    }
-    served = {path: _served(endpoint) for path, endpoint in posts.items()}
-
-    def bodied(scope: Scope) -> BodyApp | None:
-        if scope["method"] != "POST" or scope.get("root_path"):
-            return None
-        return served.get(scope["path"])
-
+    """The ASGI app of a gateway: the endpoints below, which find the gateway in `app.state`."""
     app = Starlette(
         routes=[
-            *(Route(path, _routed(endpoint), methods=["POST"]) for path, endpoint in posts.items()),
+            *(Route(path, _routed(endpoint), methods=["POST"]) for path, endpoint in _MODEL_CALLS.items()),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/models/{model:path}", model, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
+    app.state.gateway = gateway
+    # The model calls are answered straight from the guard, with the body it read; any other
+    # request (another method, path or root path) goes through starlette's routing.
+    served = {path: _served(app, endpoint) for path, endpoint in _MODEL_CALLS.items()}
     # Agents' keys are checked per route (each agent has its own); the guard caps bodies.
-    return Guard(app, max_body=gateway.settings.max_body, max_in_flight=4096, bodied=bodied)
+    return Guard(
+        app,
+        max_body=gateway.settings.max_body,
+        max_in_flight=4096,
+        bodied=functools.partial(_bodied, served),
+    )
 
 
-_Endpoint = Callable[[Scope, bytes], Awaitable[_Answer]]  # a model call's route: scope and body
+# --- the model calls -------------------------------------------------------------------------
+
+_Endpoint = Callable[[Request, bytes], Awaitable[_Answer]]  # a model call's route: request and body
+# A model call once its agent is known: the gateway, the agent, the request and its body.
+_AgentCall = Callable[[Gateway, AgentSession, Request, bytes], Awaitable[_Answer]]
 
 
-def _served(endpoint: _Endpoint) -> BodyApp:
+def _agent_call(error: _ErrorResponse) -> Callable[[_AgentCall], _Endpoint]:
+    """A model call's endpoint: its agent known by its key and held to its calls in flight, a
+    refusal answered as its dialect answers one (`error`)."""
+
+    def endpoint(call: _AgentCall) -> _Endpoint:
+        @functools.wraps(call)
+        async def answer(request: Request, raw: bytes) -> _Answer:
+            gateway: Gateway = request.app.state.gateway
+            try:
+                session = gateway.authenticate(presented_key(request.scope))
+                most = gateway.settings.max_calls_per_agent
+                if session.in_flight >= most:
+                    raise GatewayError("overloaded", f"at most {most} calls of one agent at a time")
+                session.in_flight += 1
+                try:
+                    return await call(gateway, session, request, raw)
+                finally:
+                    session.in_flight -= 1
+            except dialects.DialectError as exc:
+                return error("bad_request", str(exc), exc.param, exc.code)
+            except GatewayError as exc:
+                return error(exc.kind, str(exc), exc.param, exc.code)
+
+        return answer
+
+    return endpoint
+
+
+@_agent_call(_openai_error)
+async def chat_completions(gateway: Gateway, session: AgentSession, request: Request, raw: bytes) -> _Answer:
+    """POST /v1/chat/completions: OpenAI's Chat Completions, `n` choices, streamed or whole."""
+    body = await _json(raw)
+    messages, tools, params, n, stream = dialects.chat_request(body)
+    model = _model_of(gateway, body.get("model"), "chat")
+    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    _check_max_tokens(gateway, params.get("max_tokens"), limit, "chat", model)
+    kind = _kind(request.scope)
+    logprobs = bool(body.get("logprobs"))
+    options = body.get("stream_options")  # an object or null: `chat_request` checked it
+    include_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+    shape = functools.partial(_chat_completion, gateway, session, model, logprobs)
+    if stream and n == 1:
+        rid = new_id()
+        replies = _sample(gateway, session, messages, tools, params, kind)
+        format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
+        return await _streamed(replies, format, lambda c: shape([c], rid))
+    done: list[Completion] = []
+    for _ in range(n):
+        done.append(await _last(_sample(gateway, session, messages, tools, params, kind, stream=False)))
+    response = shape(done, done[0].call_id)
+    if stream:
+        return _sse(_whole(dialects.chat_stream(response, include_usage)))
+    return _JSON(response)
+
+
+def _chat_completion(
+    gateway: Gateway, session: AgentSession, model: str, logprobs: bool, done: list[Completion], rid: str
+) -> ChatCompletion:
+    """A chat completion of the choices `done` (with their tokens' logprobs, where asked)."""
+    choices = [
+        (c.message, c.finish_reason, _logprobs_of(gateway, session, c) if logprobs else None) for c in done
+    ]
+    usage = (done[0].prompt_tokens, sum(c.completion_tokens for c in done))
+    return dialects.chat_response(model, choices, usage, rid)
+
+
+@_agent_call(_openai_error)
+async def responses(gateway: Gateway, session: AgentSession, request: Request, raw: bytes) -> _Answer:
+    """POST /v1/responses: OpenAI's Responses, a stored response's conversation continued
+    (`previous_response_id`), streamed or whole."""
+    body = await _json(raw)
+    messages, tools, params, stream = dialects.responses_request(body)
+    model = _model_of(gateway, body.get("model"), "responses")
+    _check_max_tokens(gateway, params.get("max_tokens"), "max_output_tokens", "responses", model)
+    previous = body.get("previous_response_id")  # a string or null: `responses_request` checked it
+    instructions = 1 if body.get("instructions") else 0
+    if isinstance(previous, str) and previous:
+        kept = session.responses.get(previous)
+        if kept is None:
+            raise GatewayError(
+                "bad_request",
+                f"Previous response with id '{previous}' not found. (Responses are kept for "
+                "the episode's life when sent with store true, the default.)",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        # The earlier conversation, then this input; instructions are not carried over.
+        messages = [*messages[:instructions], *kept[0], *messages[instructions:]]
+    rid = new_id()
+    include = body.get("include")  # a list of strings or null: `responses_request` checked it
+    logprobs = isinstance(include, list) and dialects.RESPONSES_LOGPROBS in include
+
+    def finish(c: Completion) -> ResponsesReply:
+        usage = (c.prompt_tokens, c.completion_tokens)
+        lp = _logprobs_of(gateway, session, c) if logprobs else None
+        response = dialects.responses_response(model, c.message, c.finish_reason, usage, rid, lp)
+        if body.get("store", True) is not False:
+            session.responses[response["id"]] = ([*messages[instructions:], c.message], response)
+            while len(session.responses) > _KEPT_RESPONSES:
+                session.responses.popitem(last=False)
+        return response
+
+    replies = _sample(gateway, session, messages, tools, params, _kind(request.scope), stream=stream)
+    if stream:
+        format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
+        return await _streamed(replies, format, finish)
+    return _JSON(finish(await _last(replies)))
+
+
+@_agent_call(_anthropic_error)
+async def anthropic_messages(
+    gateway: Gateway, session: AgentSession, request: Request, raw: bytes
+) -> _Answer:
+    """POST /v1/messages: Anthropic's Messages, streamed or whole."""
+    # Read straight into its struct; a body that is not a valid one is parsed to say why.
+    read = bodies.decode(raw, bodies.MessagesRequest) or bodies.read(
+        await _json(raw), bodies.MessagesRequest, "Messages", dialects.MESSAGES_WHOLE
+    )
+    conversation, tools, params, stream = dialects.anthropic_call(read)
+    model = _model_of(gateway, read.model, "messages")
+    _check_max_tokens(gateway, params.get("max_tokens"), "max_tokens", "messages", model)
+    rid = new_id()
+
+    def finish(c: Completion) -> AnthropicReply:
+        usage = (c.prompt_tokens, c.completion_tokens)
+        return dialects.anthropic_response(model, c.message, c.finish_reason, usage, rid, c.stop_sequence)
+
+    replies = _sample(gateway, session, conversation, tools, params, _kind(request.scope), stream=stream)
+    if stream:
+        return await _streamed(replies, dialects.MessagesStream(f"msg_{rid}", model, 0), finish)
+    return _JSON(finish(await _last(replies)))
+
+
+@_agent_call(_anthropic_error)
+async def count_tokens(gateway: Gateway, session: AgentSession, request: Request, raw: bytes) -> _Answer:
+    """POST /v1/messages/count_tokens: the prompt's tokens, as the agent's own policy renders it."""
+    body = await _json(raw)
+    conversation, tools = dialects.count_tokens_request(body)
+    _model_of(gateway, body.get("model"), "messages")
+    try:
+        tokens = gateway.policies[session.policy].renderer.render(conversation, tools)
+    except ValueError as exc:
+        raise dialects.DialectError(str(exc), "messages") from None
+    return JSONResponse({"input_tokens": len(tokens)})
+
+
+_MODEL_CALLS: dict[str, _Endpoint] = {
+    "/v1/chat/completions": chat_completions,
+    "/v1/responses": responses,
+    "/v1/messages": anthropic_messages,
+    "/v1/messages/count_tokens": count_tokens,
+}
+
+
+def _sample(
+    gateway: Gateway,
+    session: AgentSession,
+    messages: Sequence[Message],
+    tools: Sequence[Tool] | None,
+    params: Params,
+    kind: CallKind,
+    *,
+    stream: bool = True,
+) -> AsyncGenerator[str | Completion, None]:
+    """One call over HTTP: refused at once when the gateway is full (a client retries), and
+    its messages recorded, since no `ChatRequested` holds them."""
+    return gateway.complete_stream(
+        session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
+    )
+
+
+def _logprobs_of(gateway: Gateway, session: AgentSession, c: Completion) -> dialects.Logprobs:
+    """A reply's logprobs with each token's text, as the agent's own policy's tokenizer reads it."""
+    decode = gateway.policies[session.policy].renderer.tokenizer.decode
+    top = None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
+    return dialects.Logprobs([decode([t]) for t in c.tokens], c.logprobs, top)
+
+
+def _model_of(gateway: Gateway, model: object, api: _Api) -> str:
+    """The model a body asks for: one the gateway serves, or a 404; none is a 400, as each API
+    answers it."""
+    if model is None or model == "":
+        raise _no_model(api)
+    if not isinstance(model, str) or model not in gateway.model_names:
+        raise GatewayError(
+            "not_found",
+            f"the model {model!r} does not exist here; this gateway serves {sorted(gateway.model_names)} "
+            "(more names: gateway.model_aliases)",
+            param="model",
+        )
+    return model
+
+
+def _check_max_tokens(gateway: Gateway, value: object, name: str, api: _Api, model: str) -> None:
+    """Refuse a max_tokens beyond the context window as each API refuses one beyond the
+    model's output limit. One that fits the window but not beside the prompt is clamped to
+    the room left (agents ask for their model's usual limit whatever the prompt)."""
+    window = gateway.context_window
+    if window is None or not isinstance(value, int) or value <= window:
+        return
+    if api == "messages":
+        message = f"max_tokens: {value} > {window}, which is the maximum allowed number of output tokens for {model}"
+    else:
+        message = (
+            f"{name} is too large: {value}. This model supports at most {window} completion tokens, "
+            f"whereas you provided {value}."
+        )
+    raise GatewayError("bad_request", message, param=name)
+
+
+# --- the other routes ------------------------------------------------------------------------
+
+
+async def models(request: Request) -> Response:
+    """GET /v1/models: the names the gateway serves (to an agent's key)."""
+    gateway: Gateway = request.app.state.gateway
+    try:
+        gateway.authenticate(presented_key(request.scope))
+    except GatewayError as exc:
+        return _openai_error(exc.kind, str(exc))
+    return JSONResponse({"object": "list", "data": [_model_object(n) for n in sorted(gateway.model_names)]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{model}: one name the gateway serves (to an agent's key)."""
+    gateway: Gateway = request.app.state.gateway
+    try:
+        gateway.authenticate(presented_key(request.scope))
+        name = _model_of(gateway, request.path_params["model"], "chat")
+    except GatewayError as exc:
+        return _openai_error(exc.kind, str(exc), exc.param)
+    return JSONResponse(_model_object(name))
+
+
+def _model_object(name: str) -> JsonObject:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "platoon"}
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    message = f"no route {request.method} {request.url.path}"
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": "not_found"}
+    }
+    return JSONResponse(body, status_code=404)
+
+
+async def method_not_allowed(request: Request, exc: Exception) -> Response:
+    body = {
+        "error": {
+            "message": f"{request.method} is not allowed on {request.url.path}",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    return JSONResponse(body, status_code=405)
+
+
+# --- serving -----------------------------------------------------------------------------------
+
+
+def _bodied(served: Mapping[str, BodyApp], scope: Scope) -> BodyApp | None:
+    """The model call the guard answers with the body it read (a POST without a root path)."""
+    if scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    return served.get(scope["path"])
+
+
+def _served(app: Starlette, endpoint: _Endpoint) -> BodyApp:
     """`endpoint` as the guard calls it: an unexpected error is answered as starlette answers
     one (500, "Internal Server Error") and raised on to the server, which logs it."""
 
     async def serve(scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        scope["app"] = app  # as starlette sets it: the endpoint finds the gateway in `app.state`
         try:
-            response = await endpoint(scope, body)
+            response = await endpoint(Request(scope, receive, send), body)
         except Exception:
             await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise
@@ -596,7 +621,7 @@ def _routed(endpoint: _Endpoint) -> Callable[[Request], Awaitable[_Answer]]:
     """`endpoint` as a starlette route."""
 
     async def route(request: Request) -> _Answer:
-        return await endpoint(request.scope, await request.body())
+        return await endpoint(request, await request.body())
 
     return route
 
