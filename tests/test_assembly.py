@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from platoon.assembly import Part, assemble, import_packages, resolve
+from platoon.assembly import Part, RunOptions, assemble, import_packages, resolve
 from platoon.bus import EventLog
 from platoon.config import AssemblyError, validate_config
 from platoon.envs.service import EnvService
@@ -126,7 +126,7 @@ def test_the_config_is_resolved_once_into_each_components_settings(site):
     assert settings.eval.max_tasks == 7
     assert [e.name for e in settings.runner.entries] == ["numbers"]
     # An evaluation of the same config evaluates every task it finds, into eval.json.
-    evaluation = resolve(config, "eval", run_dir=site / "e", split="test")
+    evaluation = resolve(config, "eval", RunOptions(split="test"), run_dir=site / "e")
     assert evaluation.eval.splits == {"numbers": "test"}
     assert evaluation.eval.report == "eval.json" and not evaluation.eval.optional
     assert evaluation.policy.trainer is None and evaluation.credit is None
@@ -185,7 +185,9 @@ async def test_an_evaluation_builds_exactly_its_parts(tmp_path, monkeypatch):
         }
     )
     import_packages(config, QUICKSTART)
-    run = assemble(config, "eval", run_dir=tmp_path / "run", policy="scripted:scripted:binary_search")
+    run = assemble(
+        config, "eval", RunOptions(policy="scripted:scripted:binary_search"), run_dir=tmp_path / "run"
+    )
     async with run.running():
         built = run.components
         assert [type(c) for c in built] == [p.kind for p in run.parts]
@@ -225,7 +227,10 @@ def test_every_part_of_every_purpose_declares_what_it_takes_and_publishes(site, 
 
 
 def test_a_harbor_entry_keeps_its_artifacts_in_the_run_folder(site):
-    from platoon.assembly.builders import env_services
+    from platoon.assembly.builders import env_service
+
+    def env_services(config, run_dir=None):
+        return [env_service(e) for e in resolve(config, "rollout", run_dir=run_dir).envs]
 
     task = site / "tasks" / "t"
     (task / "tests").mkdir(parents=True)

@@ -15,7 +15,7 @@ import anyio
 import msgspec
 import structlog
 
-from platoon.assembly import SftSources, assemble, import_packages
+from platoon.assembly import RunOptions, SftSources, assemble, import_packages
 from platoon.bus.events import EvalRequested
 from platoon.config import Config, load_config, load_site, run_dir
 from platoon.policy.base import SamplerFactory
@@ -67,15 +67,8 @@ async def train(
     (`platoon worker`) do, see `platoon.train.distributed`."""
     if config.train is None:
         raise ValueError("the config has no train: section")
-    run = assemble(
-        config,
-        "train",
-        run_dir=run_dir,
-        resume=resume,
-        console=console,
-        live=progress,
-        sampler_factory=sampler_factory,
-    )
+    asked = RunOptions(resume=resume, console=console, live=progress)
+    run = assemble(config, "train", asked, run_dir=run_dir, sampler_factory=sampler_factory)
     async with run.running():
         scheduler = run.component(Scheduler)
         await scheduler.done.wait()
@@ -99,7 +92,7 @@ async def sft(
     if config.train is None:
         raise ValueError("the config has no train: section (it names the policy that trains)")
     asked = SftSources(tuple(str(s) for s in sources), tuple(where), agent)
-    run = assemble(config, "sft", run_dir=run_dir, resume=resume, console=console, sft=asked)
+    run = assemble(config, "sft", RunOptions(resume=resume, console=console, sft=asked), run_dir=run_dir)
     async with run.running():
         feeder = run.component(SftFeeder)
         await feeder.done.wait()
@@ -123,7 +116,8 @@ async def evaluate(
     if log.exists():
         structlog.get_logger("platoon").info("replacing the evaluation before this one", run_dir=str(run_dir))
         log.unlink()
-    run = assemble(config, "eval", run_dir=Path(run_dir), policy=policy, split=split, progress=progress)
+    asked = RunOptions(policy=policy, split=split, progress=progress)
+    run = assemble(config, "eval", asked, run_dir=Path(run_dir))
     async with run.running() as bus:
         done = await bus.request(EvalRequested(step=0), timeout=None)
     assert done.report_path is not None

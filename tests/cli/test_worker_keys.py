@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("tinker")
 
-from platoon.assembly.nats import _bridge
+from platoon.assembly.nats import bridge, nats_settings
 from platoon.config import validate_config
 from platoon.train.distributed import DistributedError
 from platoon.train.worker import TinkerPolicies
@@ -88,9 +88,9 @@ def test_the_key_goes_to_the_workers_own_url_or_an_authenticated_announcement(re
 def test_nats_beyond_loopback_needs_credentials():
     config = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222"}})
     with pytest.raises(DistributedError, match="platoon nats init"):
-        _bridge(config, None, open_server="refuse", mirror=[])
+        bridge(nats_settings(config), open_server="refuse", mirror=[])
     insecure = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222", "insecure": True}})
-    assert _bridge(insecure, None, open_server="refuse", mirror=[]) is not None  # made, not connected
+    assert bridge(nats_settings(insecure), open_server="refuse", mirror=[]) is not None  # made, not connected
 
 
 def test_announcements_count_as_authenticated_only_where_the_server_was_checked(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from platoon.assembly.nats import lease_timeout, run_name, trainer_components
+from platoon.assembly.nats import lease_timeout, nats_settings, run_name, trainer_bridge
 from platoon.bus import Bus
 from platoon.bus.events import (
     AgentFinished,
@@ -411,15 +411,13 @@ def test_settings_from_the_nats_section():
     assert lease_timeout(config()) == 120.0
     assert lease_timeout(config(lease_timeout=5)) == 5.0
     with pytest.raises(DistributedError, match="subject_prefix"):
-        trainer_components(config(subject_prefix="other"), PolicyUpdated(version=0, sampler_path=""))
+        trainer_bridge(nats_settings(config(subject_prefix="other")))
     with pytest.raises(DistributedError, match=r"nats.subjects.0: no event type 'Nope'"):
-        trainer_components(config(subjects=["Nope"]), PolicyUpdated(version=0, sampler_path=""))
+        trainer_bridge(nats_settings(config(subjects=["Nope"])))
     with pytest.raises(DistributedError, match=r"run name 'a\.b'"):
-        trainer_components(config(run="a.b"), PolicyUpdated(version=0, sampler_path=""))
+        trainer_bridge(nats_settings(config(run="a.b")))
     with pytest.raises(DistributedError, match=r"nats\.tls"):
-        trainer_components(
-            config(tls={"ca_file": "/nonexistent/ca.pem"}), PolicyUpdated(version=0, sampler_path="")
-        )
+        trainer_bridge(nats_settings(config(tls={"ca_file": "/nonexistent/ca.pem"})))
 
 
 def _with(data: dict, dotted: str, value) -> dict:
@@ -491,7 +489,7 @@ REPLIES = ["done"]  # a scripted policy for the worker below
 def test_a_worker_states_the_tool_call_parser_it_chose_as_the_trainer_does(tmp_path, tiny_model):
     """`tool_call_parser: auto` is resolved by a probe of the tokenizer on each machine; the
     worker's identity states each policy's choice, which is the trainer's own."""
-    from platoon.assembly import assemble, load_policy, resolve
+    from platoon.assembly import RunOptions, assemble, load_policy, resolve
     from platoon.models.loading import load_tokenizer, make_renderer
 
     raw = {
@@ -508,10 +506,12 @@ def test_a_worker_states_the_tool_call_parser_it_chose_as_the_trainer_does(tmp_p
         "nats": {"url": "nats://127.0.0.1:1"},
     }
     cfg = validate_config(raw)
-    worker = assemble(cfg, "worker", policy="scripted:test_distributed_parts:REPLIES").worker()
+    worker = assemble(cfg, "worker", RunOptions(policy="scripted:test_distributed_parts:REPLIES")).worker()
     trainer_side = {
         name: load_policy(p).tool_call_parser
-        for name, p in resolve(cfg, "train", run_dir=tmp_path, policy="scripted:x:y").policies.items()
+        for name, p in resolve(
+            cfg, "train", RunOptions(policy="scripted:x:y"), run_dir=tmp_path
+        ).policies.items()
     }
     assert worker.identity["tool_call_parsers"] == f"a={trainer_side['a']}, b={trainer_side['b']}"
     chosen = {

@@ -48,12 +48,12 @@ async def _sample_through_gateway(
 ) -> tuple[list[int], list[int], list[float]]:
     """(prompt, completion, logprobs) of one call at temperature 0 to the run's last checkpoint,
     served by the gateway on the embedded backend."""
-    from platoon.assembly import assemble
+    from platoon.assembly import RunOptions, assemble
     from platoon.bus.events import AgentOpened, AgentOpenRequested, ModelCallFinished, new_id
     from platoon.config import load_config
 
     config = load_config(run_dir / "config.yaml", [f"eval.model_path={run_dir}"])
-    run = assemble(config, "gateway", gateway={"host": "127.0.0.1", "port": 0})
+    run = assemble(config, "gateway", RunOptions(gateway={"host": "127.0.0.1", "port": 0}))
     calls: list[ModelCallFinished] = []
     async with run.running() as bus:
         seen = anyio.Event()

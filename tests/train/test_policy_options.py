@@ -113,11 +113,11 @@ def first_run(server, tiny_model, home):
 
 def trained_weights(config, run_dir: Path, *, resume: bool = False) -> dict[str, list[float]]:
     """What each trained policy's training client gives SEQUENCE once the run is opened."""
-    from platoon.assembly import assemble
+    from platoon.assembly import RunOptions, assemble
     from platoon.train.trainer import Trainer
 
     async def opened() -> dict[str, list[float]]:
-        run = assemble(config, "train", run_dir=run_dir, resume=resume)
+        run = assemble(config, "train", RunOptions(resume=resume), run_dir=run_dir)
         async with run._opened() as components:
             return {
                 c.policy: scored(c.client.save_weights_and_get_sampling_client().result())

@@ -142,7 +142,7 @@ def test_sft_on_kept_episodes_lowers_the_loss_and_raises_their_likelihood(site, 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_a_stopped_sft_run_resumed_trains_the_weights_of_one_that_never_stopped(site, tiny_model):
-    from platoon.assembly import SftSources, assemble
+    from platoon.assembly import RunOptions, SftSources, assemble
     from platoon.bus.events import CheckpointSaved
     from platoon.train.sft import SftFeeder
 
@@ -157,7 +157,9 @@ def test_a_stopped_sft_run_resumed_trains_the_weights_of_one_that_never_stopped(
     async def stop_after_step_two() -> None:
         """Leave the run with an error as its third checkpoint is saved: everything is cancelled
         there and then, as a crash would stop it."""
-        run = assemble(config, "sft", run_dir=stopped, console=False, sft=SftSources((str(expert),)))
+        run = assemble(
+            config, "sft", RunOptions(console=False, sft=SftSources((str(expert),))), run_dir=stopped
+        )
         async with run.running() as bus:
             with bus.stream(CheckpointSaved) as saved:
                 async for event in saved:

@@ -1,8 +1,8 @@
 """Assembling a run: the one place where a config becomes components.
 
-    run = assemble(config, "train", run_dir=...)   # the config resolved once; nothing starts
-    run.parts                                       # what will run: each component's name and class
-    async with run.running() as bus:                # services opened, components built and started
+    run = assemble(config, "train", RunOptions(...), run_dir=...)  # resolved once; nothing starts
+    run.parts                          # what will run: each component's name, class and build
+    async with run.running() as bus:   # services opened, each part built over them and started
         ...
 
 What each purpose runs (`platoon graph CONFIG --purpose P` lists it from `run.parts`):
@@ -25,15 +25,16 @@ renderer, training service, training client and sampler factory) is opened by `o
 once per run; the training services are opened there and only there.
 
 The rooms: `settings` (the config, resolved), `parts` (what each purpose runs, and `assemble`),
-`policies` (opening a policy), `builders` (making the components), `run` (the run's
-lifecycle and resumption), `nats` and `worker` (a distributed run's trainer and worker sides),
-`sft` (an SFT run's recorded episodes, read and checked).
+`part` (a part, and what it is built over), `policies` (opening a policy), `builders` (each
+part's build), `run` (the run's lifecycle and resumption), `nats` and `worker` (a distributed
+run's trainer and worker sides), `sft` (an SFT run's recorded episodes, read and checked).
 """
 
 from __future__ import annotations
 
-from platoon.assembly.nats import trainer_components
-from platoon.assembly.parts import Part, assemble
+from platoon.assembly.nats import nats_settings
+from platoon.assembly.part import Opened, Part
+from platoon.assembly.parts import assemble
 from platoon.assembly.policies import OpenPolicy, load_policy, open_policies
 from platoon.assembly.run import Run
 from platoon.assembly.settings import (
@@ -44,6 +45,8 @@ from platoon.assembly.settings import (
     PolicySettings,
     Purpose,
     RunnerSettings,
+    RunOptions,
+    ServedGateway,
     Settings,
     SftSettings,
     SftSources,
@@ -66,12 +69,15 @@ __all__ = [
     "MetricsSettings",
     "NatsSettings",
     "OpenPolicy",
+    "Opened",
     "Part",
     "PolicySettings",
     "Purpose",
     "Run",
+    "RunOptions",
     "RunnerSettings",
     "SchedulerSettings",
+    "ServedGateway",
     "Settings",
     "SftSettings",
     "SftSources",
@@ -82,7 +88,7 @@ __all__ = [
     "entry_settings",
     "import_packages",
     "load_policy",
+    "nats_settings",
     "open_policies",
     "resolve",
-    "trainer_components",
 ]

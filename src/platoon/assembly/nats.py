@@ -9,7 +9,6 @@ import hashlib
 import json
 import re
 import ssl
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
@@ -23,7 +22,6 @@ from platoon.bus.events import (
     EpisodeRequested,
     Event,
     PolicyAnnounced,
-    PolicyUpdated,
     RunFinished,
     WorkerStatus,
     event_types,
@@ -38,9 +36,6 @@ from platoon.train.distributed import (
     RESULT_TYPES,
     TRAINER_DURABLE,
     DistributedError,
-    LeaseKeeper,
-    PolicyAnnouncer,
-    WorkerRegistry,
 )
 
 if TYPE_CHECKING:
@@ -51,12 +46,40 @@ log = structlog.get_logger("platoon.assembly")
 
 @dataclass(frozen=True)
 class NatsSettings:
-    """The trainer's side of a distributed run (the bridges are made from the config's `nats:`)."""
+    """A distributed run's, resolved from the config's `nats:` (and `--nats URL`): the bridges'
+    server and run, the trainer's lease and announcements, a worker's name and timeouts, and the
+    identity a worker must share with its trainer."""
 
+    nats: NatsConfig  # the config's `nats:`, its url the one the run connects to
+    run: str  # the run's subject token (`run_name`)
     lease: float
     max_attempts: int
     announce_every: float
     identity: dict[str, str]
+    extra: tuple[type[Event], ...] = ()  # `nats.subjects`: more event types the bridges mirror
+    authenticated: bool = False  # steering events come from the trainer alone (`authenticated`)
+    worker: str | None = None  # a worker's name (None: host:pid)
+    drain_timeout: float | None = None  # a worker's, over `nats.drain_timeout`
+
+
+def nats_settings(
+    config: Config, url: str | None = None, *, worker: str | None = None, drain_timeout: float | None = None
+) -> NatsSettings:
+    """A distributed run's settings from `config` and the server `url` asked for (over
+    `nats.url`). Raises where there is no server, or the section asks what is not supported."""
+    nats = _nats(config, url)
+    return NatsSettings(
+        nats=msgspec.structs.replace(nats, url=url) if url else nats,
+        run=run_name(config),
+        lease=lease_timeout(config),
+        max_attempts=nats.max_attempts,
+        announce_every=nats.announce_every,
+        identity=worker_identity(config),
+        extra=tuple(_extra_types(nats)),
+        authenticated=authenticated(config),
+        worker=worker,
+        drain_timeout=drain_timeout,
+    )
 
 
 def run_name(config: Config) -> str:
@@ -121,13 +144,11 @@ def _tls(nats: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-def _bridge(
-    config: Config, url: str | None, *, open_server: Literal["warn", "refuse"], **options: Any
-) -> NatsBridge:
-    """A bridge from the config's `nats:`. `open_server`: what it does on a server that lets
+def bridge(settings: NatsSettings, *, open_server: Literal["warn", "refuse"], **options: Any) -> NatsBridge:
+    """A bridge to the run's NATS server. `open_server`: what it does on a server that lets
     anyone in, unless `nats.insecure` allows that (a worker refuses: it obeys what it hears)."""
-    nats = _nats(config, url)
-    _check_authenticated(nats, url or nats.url)
+    nats = settings.nats
+    _check_authenticated(nats, nats.url)
     from platoon.bus.nats import (  # the nats extra: imported only by a distributed run
         NatsBridge,
         NatsBridgeError,
@@ -135,8 +156,8 @@ def _bridge(
 
     try:
         return NatsBridge(
-            url or nats.url,
-            run=run_name(config),
+            nats.url,
+            run=settings.run,
             credentials=nats.credentials_file,
             tls=_tls(nats),
             offer_timeout=nats.offer_timeout,
@@ -204,29 +225,12 @@ def authenticated(config: Config) -> bool:
     return config.nats is not None and bool(config.nats.credentials_file) and not config.nats.insecure
 
 
-def trainer_components(
-    config: Config,
-    policy: PolicyUpdated | Sequence[PolicyUpdated],
-    *,
-    url: str | None = None,
-    settings: NatsSettings | None = None,
-) -> list[object]:
-    """What the trainer runs instead of a gateway, runner and grader when `nats:` is set:
-    the bridge, the lease keeper, the policy announcer (`policy`: the one it starts with, or
-    each of several) and the worker registry."""
-
-    nats = _nats(config, url)
-    if settings is None:
-        settings = NatsSettings(
-            lease=lease_timeout(config),
-            max_attempts=nats.max_attempts,
-            announce_every=nats.announce_every,
-            identity=worker_identity(config),
-        )
-    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
-    bridge = _bridge(
-        config,
-        url,
+def trainer_bridge(settings: NatsSettings) -> NatsBridge:
+    """The trainer's bridge: work offered to the workers' queue group, their results taken
+    durably (and counted only from the worker given the episode), the run's facts kept."""
+    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *settings.extra]
+    return bridge(
+        settings,
         open_server="warn",
         mirror=mirrored,
         work=[EpisodeRequested],
@@ -238,9 +242,3 @@ def trainer_components(
         write_state=True,
         withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
     )
-    return [
-        bridge,
-        LeaseKeeper(lease=settings.lease, max_attempts=settings.max_attempts),
-        PolicyAnnouncer(policy, every=settings.announce_every, identity=settings.identity),
-        WorkerRegistry(every=settings.announce_every),
-    ]

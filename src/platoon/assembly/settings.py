@@ -6,18 +6,19 @@ they import (so their harnesses register).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 import msgspec
 import structlog
 
-from platoon.assembly.nats import NatsSettings, lease_timeout, worker_identity
+from platoon.assembly.nats import NatsSettings, nats_settings
 from platoon.config import AssemblyError, Config, entry_names, load_site
 from platoon.config.policies import DEFAULT_POLICY, resolve_policies
 from platoon.config.schema import (
+    EnvironmentConfig,
     PolicyChoice,
     SftConfig,
     TrainConfig,
@@ -131,6 +132,66 @@ class SftSettings:
 
 
 @dataclass(frozen=True)
+class EnvServiceSettings:
+    """One environment entry's env service: its name, the service and env it names, and the
+    options its backend gets (a Harbor entry's `artifacts_dir` in the run's folder)."""
+
+    name: str
+    service: str | None
+    env: str | None
+    options: dict[str, object]
+
+
+@dataclass(frozen=True)
+class GraderSettings:
+    """The grader's: each entry's reward processor, and what its reward rules and judges are
+    made of (the entries' `reward:` and `judge:`, and the run's service, model and renderer,
+    which a `tinker` judge that names none uses)."""
+
+    entries: dict[str, EnvironmentConfig]
+    reward_processors: dict[str, str]
+    tinker_base_url: str | None = None
+    model_name: str | None = None
+    renderer_name: str | None = None
+
+
+class ServedGateway(TypedDict, total=False):
+    """What `platoon gateway serve` sets on a served gateway (the rest is the config's)."""
+
+    host: str
+    port: int
+    model_name: str
+    renderer_name: str
+
+
+@dataclass(frozen=True)
+class SftSources:
+    """What `platoon sft` was asked to learn from: its `--from`, `--where` and `--agent`."""
+
+    sources: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a command asks of a run besides its config: its command line's choices."""
+
+    policy: str | None = None  # scripted:MODULE:ATTR plays instead of the model
+    split: str | None = None  # an evaluation's split
+    progress: Callable[[int, int], None] | None = None  # an evaluation's progress
+    resume: bool = False  # a training run continues the one in its folder
+    console: bool = True  # a training run's step lines
+    live: bool = False  # a training run's live display
+    nats_url: str | None = None  # a distributed run's NATS server, over `nats.url`
+    worker_name: str | None = None  # a worker's name (None: host:pid)
+    drain_timeout: float | None = None  # a worker's, over `nats.drain_timeout`
+    gateway: ServedGateway | None = None  # a served gateway's host, port and names
+    events_dir: str | Path | None = None  # where a served gateway writes its event log
+    sft: SftSources | None = None  # an SFT run's recorded episodes, filters and agent
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a run's components need, resolved from one config."""
 
@@ -141,7 +202,10 @@ class Settings:
     ]  # every policy of the run by name, never none; the first is the run's own
     gateway: GatewaySettings
     runner: RunnerSettings | None
-    reward_processors: dict[str, str]
+    record: Config  # the resolved config, as the run writes it into its folder (no part reads it)
+    envs: tuple[EnvServiceSettings, ...] = ()
+    grader: GraderSettings | None = None
+    identity: dict[str, object] | None = None  # what a resumed run must share with the one it resumes
     credit: CreditSettings | None = None
     scheduler: SchedulerSettings | None = None
     eval: EvalSettings | None = None
@@ -278,17 +342,20 @@ def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]
     return settings
 
 
-def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict[str, PolicySettings]:
+def _policy_settings(
+    config: Config, purpose: str, scripted: str | None, models: _BuiltinModels
+) -> dict[str, PolicySettings]:
     """Each policy of the run by name: `train:`'s one, or each of `policies:` (RFC 0001) with its
     own keys laid over `train:`. Without `train:` (an evaluation) the one policy is `eval:`'s."""
     train, ev = config.train, config.eval
     runs = _run_roots(config)
     if train is None:
         name = ev.model_name if ev else None
+        directory, builtin = models(name)
         return {
             DEFAULT_POLICY: PolicySettings(
-                model_name=loading.builtin_model_dir(name) or name,
-                builtin=loading.builtin_model_name(name),
+                model_name=directory or name,
+                builtin=builtin,
                 runs=runs,
                 renderer_name=(ev.renderer_name if ev else None) or "qwen3_instruct",
                 base_url=config.tinker_base_url,
@@ -300,8 +367,8 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
     for name, spec in resolve_policies(config).items():
         train = spec.train
         # A built-in model (the tiny one, a catalogue model) is named by its cache directory.
-        builtin = loading.builtin_model_dir(train.model_name)
-        model = builtin or train.model_name
+        directory, builtin = models(train.model_name)
+        model = directory or train.model_name
         trains = purpose in TRAINING and not spec.frozen
         rl = trains and purpose == "train"  # a KL penalty is RL's; SFT has no advantages to fold it in
         if train.reproducible and train.backend != "local":
@@ -344,7 +411,7 @@ def _policy_settings(config: Config, purpose: str, scripted: str | None) -> dict
                 if trains
                 else None
             ),
-            builtin=loading.builtin_model_name(train.model_name),
+            builtin=builtin,
             frozen=spec.frozen,
             runs=runs,
             prefix=f"{name}/" if config.policies else "",
@@ -378,23 +445,51 @@ def _eval_settings(
 
 
 def resolve(
-    config: Config,
-    purpose: str,
-    *,
-    run_dir: Path | None = None,
-    policy: str | None = None,
-    split: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    resume: bool = False,
-    console: bool = True,
-    live: bool = False,
-    sources: SftSources | None = None,
+    config: Config, purpose: str, options: RunOptions | None = None, *, run_dir: Path | None = None
 ) -> Settings:
-    """Each component's settings, read from `config` once. Raises on what cannot be assembled."""
+    """Each component's settings, read from `config` once (with what the command asked for,
+    `options`). Raises on what cannot be assembled."""
+    options = options or RunOptions()
+    _check_purpose(config, purpose)
+    models = _BuiltinModels()
+    config = _models_by_directory(config, purpose, models)
+    policies = _policy_settings(config, purpose, options.policy, models)
+    settings = Settings(
+        purpose=purpose,
+        run_dir=run_dir,
+        policies=policies,
+        gateway=_gateway_settings(config, purpose, policies),
+        runner=_runner_settings(config, purpose),
+        record=config,
+        resume=options.resume,
+    )
+    if purpose == "gateway":
+        return _served(settings, options.gateway or ServedGateway(), options.events_dir)
+    if purpose != "sft":
+        settings = replace(
+            settings, envs=_env_settings(config, run_dir), grader=_grader_settings(config, policies)
+        )
+    if purpose == "eval":
+        return replace(settings, eval=_eval_settings(config, purpose, options.split, options.progress))
+    if purpose == "worker":
+        return replace(settings, nats=_nats_settings(config, options))
+    if purpose == "sft":
+        return replace(
+            settings,
+            sft=_sft_settings(config, options.sft or SftSources()),
+            metrics=_metrics_settings(config, run_dir, console=options.console, live=False),
+            identity=run_identity(config),
+        )
+    if purpose != "train":
+        return settings
+    return _training(settings, config, options)
+
+
+def _check_purpose(config: Config, purpose: str) -> None:
+    """Raise at once where `config` cannot make a run of `purpose`."""
     if purpose not in PURPOSES:
         raise AssemblyError(f"no such purpose {purpose!r}: one of {', '.join(PURPOSES)}")
-    train = config.train
-    if purpose in ("train", "worker", "sft") and train is None:
+    if purpose in ("train", "worker", "sft") and config.train is None:
         raise AssemblyError(
             "a worker needs the trainer's config, with its train: section"
             if purpose == "worker"
@@ -404,61 +499,121 @@ def resolve(
         raise AssemblyError(
             "the config has no environments (one with sft: and none is for platoon sft alone)"
         )
-    policies = _policy_settings(config, purpose, policy)
-    pol = next(iter(policies.values()))
-    gateway = GatewaySettings(
+
+
+def _models_by_directory(config: Config, purpose: str, models: _BuiltinModels) -> Config:
+    """`config`, where a trainer (and its workers) name a built-in model by its directory, which
+    is built (or pulled) when the run opens: what the run records and its identity name."""
+    if purpose not in ("train", "worker", "sft") or config.train is None:
+        return config
+    directory, _ = models(config.train.model_name)
+    if directory is None:
+        return config
+    return msgspec.structs.replace(config, train=msgspec.structs.replace(config.train, model_name=directory))
+
+
+class _BuiltinModels:
+    """A run's built-in model names, each worked out once (`loading.builtin_model`): the cache
+    directory a name (or that directory) stands for, and the built-in model's name."""
+
+    def __init__(self) -> None:
+        self.known: dict[str | None, tuple[str | None, str | None]] = {}
+
+    def __call__(self, name: str | None) -> tuple[str | None, str | None]:
+        if name not in self.known:
+            directory, builtin = self.known[name] = loading.builtin_model(name)
+            if directory is not None:
+                self.known[directory] = (directory, builtin)
+        return self.known[name]
+
+
+def _gateway_settings(config: Config, purpose: str, policies: dict[str, PolicySettings]) -> GatewaySettings:
+    train, policy = config.train, next(iter(policies.values()))
+    return GatewaySettings(
         context_window=train.context_window_length if train else None,
         max_concurrent_samples=config.gateway.max_concurrent_samples,
         host=config.gateway.host,
         port=config.gateway.port,
-        model_name=pol.model_name if purpose in ("train", "worker") and pol.model_name else "platoon-policy",
+        model_name=policy.model_name
+        if purpose in ("train", "worker") and policy.model_name
+        else "platoon-policy",
         model_aliases=tuple(config.gateway.model_aliases),
         constraint_tries=config.gateway.constraint_tries,
     )
-    names = entry_names(config)
-    runner = None
-    if purpose not in ("gateway", "sft"):
-        evaluating = purpose == "eval"
-        runner = RunnerSettings(
-            entries=entry_settings(config, eval=evaluating),
-            max_concurrent=config.eval.concurrency if (evaluating and config.eval) else 256,
-            seed=train.seed if train else 0,
-        )
-    settings = Settings(
-        purpose=purpose,
-        run_dir=run_dir,
-        policies=policies,
-        gateway=gateway,
-        runner=runner,
+
+
+def _served(settings: Settings, served: ServedGateway, events_dir: str | Path | None) -> Settings:
+    """A served gateway's settings (`platoon gateway serve`): its host, port and names as asked,
+    and an event log where asked for."""
+    g, renderer = settings.gateway, served.get("renderer_name")
+    return replace(
+        settings,
+        gateway=msgspec.structs.replace(
+            g,
+            host=served.get("host", g.host),
+            port=served.get("port", g.port),
+            model_name=served.get("model_name", g.model_name),
+        ),
+        policies={
+            name: replace(p, renderer_name=renderer) if renderer and i == 0 else p
+            for i, (name, p) in enumerate(settings.policies.items())
+        },
+        event_log=events_dir is not None,
+        run_dir=Path(events_dir) if events_dir is not None else None,
+    )
+
+
+def _runner_settings(config: Config, purpose: str) -> RunnerSettings | None:
+    if purpose in ("gateway", "sft"):
+        return None
+    evaluating = purpose == "eval"
+    return RunnerSettings(
+        entries=entry_settings(config, eval=evaluating),
+        max_concurrent=config.eval.concurrency if (evaluating and config.eval) else 256,
+        seed=config.train.seed if config.train else 0,
+    )
+
+
+def _env_settings(config: Config, run_dir: Path | None) -> tuple[EnvServiceSettings, ...]:
+    """One env service per environment entry. A Harbor entry's artifacts go to the run's folder
+    (`<run dir>/artifacts/<entry>`) unless it names its own `artifacts_dir`."""
+    services = []
+    for name, entry in zip(entry_names(config), config.environments, strict=True):
+        options = dict(entry.service_kwargs)
+        if entry.service == "harbor" and run_dir is not None:
+            options.setdefault("artifacts_dir", str(run_dir / "artifacts" / name))
+        services.append(EnvServiceSettings(name, entry.service, entry.env, options))
+    return tuple(services)
+
+
+def _grader_settings(config: Config, policies: dict[str, PolicySettings]) -> GraderSettings:
+    train, names = config.train, entry_names(config)
+    return GraderSettings(
+        entries=dict(zip(names, config.environments, strict=True)),
         reward_processors={
             n: e.reward_processor
             for n, e in zip(names, config.environments, strict=True)
             if e.reward_processor
         },
-        resume=resume,
+        tinker_base_url=config.tinker_base_url,
+        model_name=next(iter(policies.values())).model_name or (train.model_name if train else None),
+        renderer_name=train.renderer_name if train else None,
     )
-    if purpose == "eval":
-        settings = replace(settings, eval=_eval_settings(config, purpose, split, progress))
-    if purpose == "sft":
-        assert train is not None
-        return replace(
-            settings,
-            sft=_sft_settings(config, sources or SftSources()),
-            metrics=_metrics_settings(config, run_dir, console=console, live=False),
-        )
-    if purpose != "train":
-        return settings
+
+
+def _nats_settings(config: Config, options: RunOptions) -> NatsSettings:
+    return nats_settings(
+        config, options.nats_url, worker=options.worker_name, drain_timeout=options.drain_timeout
+    )
+
+
+def _training(settings: Settings, config: Config, options: RunOptions) -> Settings:
+    """A training run's settings: the credit assigner's, the scheduler's, the evaluator's, the
+    metrics', the NATS bridges' (with `nats:`) and its identity."""
+    train, ev, run_dir = config.train, config.eval, settings.run_dir
     assert train is not None
     workflow = train.workflow_config
-    ev = config.eval
-    nats = None
-    if config.nats is not None:
-        nats = NatsSettings(
-            lease=lease_timeout(config),
-            max_attempts=config.nats.max_attempts,
-            announce_every=config.nats.announce_every,
-            identity=worker_identity(config),
-        )
+    names = entry_names(config)
     return replace(
         settings,
         credit=CreditSettings(
@@ -484,10 +639,35 @@ def resolve(
             wait_for_workers=config.nats is not None,
             policies=tuple(settings.trained()),
         ),
-        eval=_eval_settings(config, purpose, None, None) if ev else None,
-        metrics=_metrics_settings(config, run_dir, console=console, live=live),
-        nats=nats,
+        eval=_eval_settings(config, "train", None, None) if ev else None,
+        metrics=_metrics_settings(config, run_dir, console=options.console, live=options.live),
+        nats=_nats_settings(config, options) if config.nats is not None else None,
+        identity=run_identity(config),
     )
+
+
+def run_identity(config: Config) -> dict[str, object]:
+    """What a resumed run must share with the run it resumes (checked against identity.json)."""
+    train = config.train
+    assert train is not None
+    identity: dict[str, object] = {
+        "model_name": train.model_name,
+        "renderer_name": train.renderer_name,
+        "lora_rank": train.lora_rank,
+        "eval_splits": [e.splits.eval for e in config.environments],
+        "holdout": None,  # never set; kept so that identity.json files written before compare equal
+    }
+    if config.policies:  # several policies: what each of them is, too
+        identity["policies"] = {
+            name: {
+                "model_name": spec.train.model_name,
+                "renderer_name": spec.train.renderer_name,
+                "lora_rank": spec.train.lora_rank,
+                "frozen": spec.frozen,
+            }
+            for name, spec in resolve_policies(config).items()
+        }
+    return identity
 
 
 def _metrics_settings(config: Config, run_dir: Path | None, *, console: bool, live: bool) -> MetricsSettings:
@@ -500,15 +680,6 @@ def _metrics_settings(config: Config, run_dir: Path | None, *, console: bool, li
         total_steps=config.train.max_training_steps if config.train else None,
         limits=HealthLimits(config.stats.warn_mismatch_kl, config.stats.warn_clipped_fraction),
     )
-
-
-@dataclass(frozen=True)
-class SftSources:
-    """What `platoon sft` was asked to learn from: its `--from`, `--where` and `--agent`."""
-
-    sources: tuple[str, ...] = ()
-    where: tuple[str, ...] = ()
-    agent: str | None = None
 
 
 def _sft_settings(config: Config, asked: SftSources) -> SftSettings:
@@ -531,12 +702,21 @@ def _sft_settings(config: Config, asked: SftSources) -> SftSettings:
     )
 
 
+def check_services(policies: Iterable[PolicySettings]) -> None:
+    """Raise at once, before any model or tokenizer loads, when a policy needs a Tinker service
+    and none is named (the embedded backend needs none)."""
+    for policy in policies:  # `policies:` may put each on a service of its own
+        if policy.backend != "local":
+            tinker_endpoint(policy.base_url)
+
+
 def check_training_service(config: Config) -> None:
     """Raise at once, before any model or tokenizer loads, when a Tinker service is needed and
     none is named (the embedded backend needs none)."""
     if config.train is None:
         tinker_endpoint(config.tinker_base_url)
         return
-    for spec in resolve_policies(config).values():  # `policies:` may put each on a service of its own
-        if spec.train.backend != "local":
-            tinker_endpoint(spec.tinker_base_url)
+    check_services(
+        PolicySettings(backend=spec.train.backend, base_url=spec.tinker_base_url)
+        for spec in resolve_policies(config).values()
+    )

@@ -1,17 +1,17 @@
-"""A rollout worker, built in stages: its components, its two NATS bridges (results and facts
-out, work in), and the samplers it makes for each policy the trainer announces."""
+"""A rollout worker, built in stages: what it opens before its parts (its policies' tokenizers,
+the follower that makes their samplers as the trainer announces them, the leases its bridges
+share), its parts (components, the results bridge and the work bridge), then the `Worker`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from platoon.assembly.builders import env_services, gateway, grader, parsers_identity_of
-from platoon.assembly.nats import _bridge, _extra_types, _nats, authenticated, worker_identity
+from platoon.assembly.builders import parsers_identity_of
+from platoon.assembly.nats import bridge
+from platoon.assembly.part import Opened
 from platoon.assembly.policies import OpenPolicy, load_policy
 from platoon.assembly.settings import Settings
 from platoon.bus.events import EpisodeRequested, PolicyAnnounced, PolicyUpdated, RunFinished, WorkerStatus
-from platoon.config import Config
-from platoon.config.policies import resolve_policies
 from platoon.policy.base import Sampler
 from platoon.policy.scripted import policy_from_ref
 from platoon.train.distributed import FACTS, RESULT_TYPES, worker_name
@@ -25,69 +25,94 @@ from platoon.train.worker import (
 )
 
 
-def build_worker(
-    config: Config,
-    settings: Settings,
-    plugins: Sequence[object],
-    *,
-    nats_url: str | None,
-    name: str | None = None,
-    drain_timeout: float | None,
-    policy_wait: float,
-) -> Worker:
-    """The worker of a `worker` run: its components built, nothing connected yet."""
-    s = settings
-    nats = _nats(config, nats_url)
-    name = name or worker_name()
-    loaded = {n: load_policy(p) for n, p in s.policies.items()}
-    follower = PolicyFollower(_sampler_for(config, s, loaded))
-    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *_extra_types(nats)]
+def opened_worker(s: Settings, *, policy_wait: float) -> Opened:
+    """What a worker opens before its parts are built: its policies' tokenizers and renderers
+    (no training service), its policy follower and the leases its two bridges share."""
     from platoon.bus.nats import Leases  # the nats extra: imported only by a distributed run
 
-    leases = Leases()  # the work bridge learns each episode's token, the results bridge sends it
-    results = _bridge(
-        config,
-        nats_url,
+    loaded = {n: load_policy(p) for n, p in s.policies.items()}
+    follower = PolicyFollower(_sampler_for(s, loaded))
+    # The work bridge learns each episode's token, the results bridge sends it.
+    return Opened(loaded, follower=follower, leases=Leases(), policy_wait=policy_wait)
+
+
+def worker_of(s: Settings, built: Sequence[object], opened: Opened) -> Worker:
+    """The worker of its built parts (the two bridges last), nothing connected yet."""
+    nats = s.nats
+    assert nats is not None and opened.follower is not None
+    *components, results, work = built
+    [seal] = [c for c in components if isinstance(c, ResultSeal)]
+    every = nats.announce_every
+    return Worker(
+        components,
+        results=results,  # type: ignore[arg-type]  # the parts say what they are
+        work=work,  # type: ignore[arg-type]
+        follower=opened.follower,
+        seal=seal,
+        name=_name(s),
+        drain_timeout=nats.nats.drain_timeout if nats.drain_timeout is None else nats.drain_timeout,
+        every=every,
+        trainer_timeout=nats.nats.trainer_timeout or max(30.0, 10 * every),
+        identity=nats.identity | parsers_identity_of(opened.policies),
+    )
+
+
+# --- its parts ----------------------------------------------------------------------------------
+
+
+def following_runner(s: Settings, opened: Opened) -> FollowingRunner:
+    assert s.runner is not None and opened.follower is not None
+    return FollowingRunner(
+        s.runner.entries,
+        follower=opened.follower,
+        policy_wait=opened.policy_wait,
+        worker=_name(s),
+        seed=s.runner.seed,
+    )
+
+
+def result_seal(s: Settings, opened: Opened) -> ResultSeal:
+    assert s.runner is not None
+    return ResultSeal(worker=_name(s), envs={e.name for e in s.runner.entries})
+
+
+def policy_follower(s: Settings, opened: Opened) -> PolicyFollower:
+    assert opened.follower is not None
+    return opened.follower
+
+
+def results_bridge(s: Settings, opened: Opened) -> object:
+    """The bridge that carries results (durably) and facts out, and the trainer's
+    announcements and the run's end in."""
+    assert s.nats is not None
+    return bridge(
+        s.nats,
         open_server="refuse",
-        mirror=mirrored,
+        mirror=[PolicyAnnounced, RunFinished, WorkerStatus, *s.nats.extra],
         durable=RESULT_TYPES,
-        leases=leases,
+        leases=opened.leases,
         state=FACTS,
         read_state=True,
     )
-    work = _bridge(
-        config, nats_url, open_server="refuse", work=[EpisodeRequested], consume_work=True, leases=leases
-    )
-    assert s.runner is not None
-    seal = ResultSeal(worker=name, envs={e.name for e in s.runner.entries})
-    components = [
-        *env_services(config),
-        gateway(s.gateway, loaded, {n: follower.factory(n) for n in loaded}),
-        FollowingRunner(
-            s.runner.entries, follower=follower, policy_wait=policy_wait, worker=name, seed=s.runner.seed
-        ),
-        grader(config, s),
-        seal,
-        follower,
-        *plugins,
-    ]
-    return Worker(
-        components,
-        results=results,
-        work=work,
-        follower=follower,
-        seal=seal,
-        name=name,
-        drain_timeout=nats.drain_timeout if drain_timeout is None else drain_timeout,
-        every=nats.announce_every,
-        trainer_timeout=nats.trainer_timeout or max(30.0, 10 * nats.announce_every),
-        identity=worker_identity(config) | parsers_identity_of(loaded),
+
+
+def work_bridge(s: Settings, opened: Opened) -> object:
+    """The bridge that takes work from the workers' queue group."""
+    assert s.nats is not None
+    return bridge(
+        s.nats, open_server="refuse", work=[EpisodeRequested], consume_work=True, leases=opened.leases
     )
 
 
-def _sampler_for(config: Config, settings: Settings, loaded: dict[str, OpenPolicy]) -> SamplerFor:
+def _name(s: Settings) -> str:
+    """The worker's name: the one asked for, else `host:pid`."""
+    assert s.nats is not None
+    return s.nats.worker or worker_name()
+
+
+def _sampler_for(s: Settings, loaded: dict[str, OpenPolicy]) -> SamplerFor:
     """How a worker makes the sampler of each policy the trainer announces."""
-    if settings.policy.scripted:
+    if s.policy.scripted:
         factories = {
             name: policy_from_ref(p.settings.scripted or "", p.tokenizer) for name, p in loaded.items()
         }
@@ -96,12 +121,11 @@ def _sampler_for(config: Config, settings: Settings, loaded: dict[str, OpenPolic
             return await factories[announced.policy].updated(announced)
 
         return scripted
-    assert config.train is not None
-    specs = resolve_policies(config) if config.policies else {}
+    assert s.nats is not None
     return TinkerPolicies(
-        base_url=config.tinker_base_url,
-        model_name=config.train.model_name,
-        base_urls={name: spec.tinker_base_url for name, spec in specs.items()},
-        model_names={name: spec.train.model_name for name, spec in specs.items()},
-        trust_announced=authenticated(config),
+        base_url=s.policy.base_url,
+        model_name=s.policy.model_name or "",
+        base_urls={name: p.base_url for name, p in s.policies.items()},
+        model_names={name: p.model_name or "" for name, p in s.policies.items()},
+        trust_announced=s.nats.authenticated,
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from platoon.assembly import assemble, import_packages
+from platoon.assembly import RunOptions, ServedGateway, assemble, import_packages
 from platoon.bus.events import AgentOpenRequested, ModelCallFinished, new_id
 from platoon.cli import CommandError
 from platoon.cli.signals import run_async
@@ -48,18 +48,14 @@ def serve(args: Any) -> int:
 
 async def _serve(args: Any, config: Any) -> None:
 
-    run = assemble(
-        config or Config(),
-        "gateway",
-        policy=args.policy,
-        gateway={
-            "host": args.host,
-            "port": args.port,
-            "model_name": args.model_name,
-            "renderer_name": args.renderer,
-        },
-        events_dir=args.events_dir,
-    )
+    served: ServedGateway = {
+        "host": args.host,
+        "port": args.port,
+        "model_name": args.model_name,
+        "renderer_name": args.renderer,
+    }
+    asked = RunOptions(policy=args.policy, gateway=served, events_dir=args.events_dir)
+    run = assemble(config or Config(), "gateway", asked)
     renderer_name = run.settings.policy.renderer_name
 
     def report(call: ModelCallFinished) -> None:

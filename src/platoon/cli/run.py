@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from platoon import api
-from platoon.assembly import assemble, import_packages
+from platoon.assembly import RunOptions, assemble, import_packages
 from platoon.bus import Bus
 from platoon.bus.events import EpisodeGraded, EpisodeRequested, Event, TaskRef, new_id
 from platoon.cli import CommandError
@@ -87,7 +87,8 @@ def rollout(args: Any) -> int:
 
     async def main() -> list[Event]:
 
-        run = assemble(setup.config, "rollout", run_dir=setup.run_dir, policy=getattr(args, "policy", None))
+        asked = RunOptions(policy=getattr(args, "policy", None))
+        run = assemble(setup.config, "rollout", asked, run_dir=setup.run_dir)
         async with run.running() as bus:
             task = await _find_task(bus, wanted)
             episode_id = new_id()

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import structlog
 
-from platoon.assembly import assemble, import_packages
+from platoon.assembly import RunOptions, assemble, import_packages
 from platoon.cli import CommandError
 from platoon.config import AssemblyError, load_config
 from platoon.errors import first_error
@@ -58,14 +58,13 @@ def worker(args: Any) -> int:
     if config.nats is None and not args.nats:
         raise CommandError("no NATS server: add a nats: section to the config or pass --nats URL")
     try:
-        node = assemble(
-            config,
-            "worker",
+        asked = RunOptions(
             policy=getattr(args, "policy", None),
             nats_url=args.nats,
             worker_name=getattr(args, "name", None),
             drain_timeout=getattr(args, "drain", None),
-        ).worker()
+        )
+        node = assemble(config, "worker", asked).worker()
     except DistributedError as exc:
         raise CommandError(str(exc)) from None
     except AssemblyError as exc:

@@ -25,6 +25,7 @@ __all__ = [
     "TINY_MODEL_SEED",
     "TOY_TOKENIZER",
     "TokenizerMissing",
+    "builtin_model",
     "builtin_model_dir",
     "builtin_model_name",
     "load_tokenizer",
@@ -90,12 +91,16 @@ def builtin_model_name(name: str | None) -> str | None:
 def builtin_model_dir(name: str | None) -> str | None:
     """The cache directory a built-in model name (or that directory itself) stands for,
     whether or not it is there yet; None for any other name."""
+    return builtin_model(name)[0]
+
+
+def builtin_model(name: str | None) -> tuple[str | None, str | None]:
+    """The cache directory a built-in model name (or that directory itself) stands for, and the
+    built-in model's name; (None, None) for any other name."""
     builtin = builtin_model_name(name)
     if builtin is None:
-        return None
-    if builtin == TINY_MODEL:
-        return tiny_model_path()
-    return str(models.model_dir(builtin))
+        return None, None
+    return (tiny_model_path() if builtin == TINY_MODEL else str(models.model_dir(builtin))), builtin
 
 
 def _tiny_model() -> str:
