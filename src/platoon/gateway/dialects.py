@@ -639,19 +639,6 @@ def anthropic_call(request: bodies.MessagesRequest) -> Call:
             messages.append(entry)
         elif texts:
             messages.append({"role": "user", "content": "\n".join(texts)})
-    tools: list[Tool] | None = None
-    if request.tools:
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.input_schema or {"type": "object", "properties": {}},
-                },
-            }
-            for tool in request.tools
-        ]
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -671,7 +658,24 @@ def anthropic_call(request: bodies.MessagesRequest) -> Call:
             strict=True,
         ),
     }
-    return Call(messages, tools, params, bool(request.stream))
+    return Call(messages, _anthropic_tools(request.tools), params, bool(request.stream))
+
+
+def _anthropic_tools(tools: Sequence[bodies.AnthropicTool] | None) -> list[Tool] | None:
+    """Messages tools as OpenAI function tools."""
+    if not tools:
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.input_schema or {"type": "object", "properties": {}},
+            },
+        }
+        for tool in tools
+    ]
 
 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

@@ -386,19 +386,10 @@ class CreditAssigner(ComponentBase):
         if errors:
             stats["credit/groups_failed"] = float(len(errors))
             rewards = [r.reward for g in rollouts if g[0].group_id not in errors for r in g]
-        n = len(rewards)
-        if n:  # no reward at all is "not graded", never a reward of 0
-            mean = sum(rewards) / n
-            stats |= {
-                "reward/mean": mean,
-                "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
-                "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n,
-            }
-            # each named part of the reward (the environment's, each rule's), so a user sees which moved
-            stats |= {f"reward/{name}/mean": sum(values) / len(values) for name, values in parts.items()}
+        stats |= _reward_stats(rewards, parts)
         stats |= {
             "episodes/total": float(episodes),
-            "episodes/graded": float(n),
+            "episodes/graded": float(len(rewards)),
             "train/datums": float(len(result.datums)),
             "train/trained_tokens": float(sum(d.num_trained_tokens for d in result.datums)),
             "time/credit": time.perf_counter() - started,
@@ -533,3 +524,18 @@ class CreditAssigner(ComponentBase):
 def _finite(graded: EpisodeGraded) -> bool:
     values = [graded.reward, *graded.agent_rewards.values()]
     return all(v is not None and math.isfinite(v) for v in values)
+
+
+def _reward_stats(rewards: list[float], parts: dict[str, list[float]]) -> dict[str, float]:
+    """A step's reward statistics; none for a step without a reward ("not graded", never 0)."""
+    n = len(rewards)
+    if not n:
+        return {}
+    mean = sum(rewards) / n
+    return {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / n),
+        "reward/pass_rate": sum(1 for r in rewards if r >= 1.0) / n,
+        # each named part of the reward (the environment's, each rule's), so a user sees which moved
+        **{f"reward/{name}/mean": sum(values) / len(values) for name, values in parts.items()},
+    }

@@ -12,8 +12,8 @@ import math
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -122,6 +122,49 @@ async def list_tasks(bus: Bus, env: str, split: str, *, timeout: float | None = 
     return list(reply.tasks)
 
 
+@dataclass
+class _Tally:
+    """What an evaluation counts of its own episodes, as their events come: their tokens and
+    agents, then their grades (each frees a place for the next request)."""
+
+    total: int
+    limiter: anyio.Semaphore
+    progress: Callable[[int, int], None] | None
+    graded: dict[str, EpisodeGraded] = field(default_factory=dict)
+    mine: dict[str, TaskRef] = field(default_factory=dict)
+    tokens: Counter[str] = field(default_factory=Counter)
+    agents: _AgentStats = field(default_factory=lambda: _AgentStats())
+    all_done: anyio.Event = field(default_factory=anyio.Event)
+
+    async def collect(self, events: AsyncIterator[Event]) -> None:
+        mine, agents = self.mine, self.agents
+        async for event in events:
+            match event:
+                case ModelCallFinished() if event.episode_id in mine:
+                    self.tokens["prompt"] += len(event.prompt_tokens)
+                    self.tokens["completion"] += len(event.completion_tokens)
+                    self.tokens["calls"] += 1
+                    agents.calls[event.agent_id] += 1
+                case AgentSpawned() if event.episode_id in mine:
+                    agents.depth[event.agent_id] = (event.episode_id, event.depth)
+                    agents.policy[event.agent_id] = event.policy
+                case AgentFinished(reward=float(reward)) if event.episode_id in mine:
+                    agents.reward[event.agent_id] = reward
+                case EpisodeAbandoned(replaced_by=str(replaced_by)) if event.episode_id in mine:
+                    # Re-requested under a new id (its worker went silent): wait for that
+                    # one, and count nothing more of the old attempt, should it come back.
+                    mine[replaced_by] = mine.pop(event.episode_id)
+                    agents.forget(event.episode_id)
+                case EpisodeGraded() if event.episode_id in mine and event.episode_id not in self.graded:
+                    self.graded[event.episode_id] = event
+                    self.limiter.release()
+                    if self.progress:
+                        self.progress(len(self.graded), self.total)
+                    if len(self.graded) == self.total:
+                        self.all_done.set()
+                        return
+
+
 async def evaluate(
     bus: Bus,
     tasks: Sequence[TaskRef],
@@ -139,69 +182,33 @@ async def evaluate(
 
     With a `seed`, each episode samples with seeds derived from it, the step, the task's place
     and the attempt: the same policy evaluates to the same report."""
-    total = len(tasks) * group_size
-    limiter = anyio.Semaphore(concurrency)
-    graded: dict[str, EpisodeGraded] = {}
-    mine: dict[str, TaskRef] = {}
-    tokens: Counter[str] = Counter()
-    agents = _AgentStats()
-    all_done = anyio.Event()
+    t = _Tally(total=len(tasks) * group_size, limiter=anyio.Semaphore(concurrency), progress=progress)
     started = time.monotonic()
-
     # One subscription for everything, so an episode's calls and agents are counted before
     # its grade arrives (events reach one subscriber in publish order).
-    async with bus.stream(Event, name="eval") as events:
-
-        async def collect() -> None:
-            async for event in events:
-                match event:
-                    case ModelCallFinished() if event.episode_id in mine:
-                        tokens["prompt"] += len(event.prompt_tokens)
-                        tokens["completion"] += len(event.completion_tokens)
-                        tokens["calls"] += 1
-                        agents.calls[event.agent_id] += 1
-                    case AgentSpawned() if event.episode_id in mine:
-                        agents.depth[event.agent_id] = (event.episode_id, event.depth)
-                        agents.policy[event.agent_id] = event.policy
-                    case AgentFinished(reward=float(reward)) if event.episode_id in mine:
-                        agents.reward[event.agent_id] = reward
-                    case EpisodeAbandoned(replaced_by=str(replaced_by)) if event.episode_id in mine:
-                        # Re-requested under a new id (its worker went silent): wait for that
-                        # one, and count nothing more of the old attempt, should it come back.
-                        mine[replaced_by] = mine.pop(event.episode_id)
-                        agents.forget(event.episode_id)
-                    case EpisodeGraded() if event.episode_id in mine and event.episode_id not in graded:
-                        graded[event.episode_id] = event
-                        limiter.release()
-                        if progress:
-                            progress(len(graded), total)
-                        if len(graded) == total:
-                            all_done.set()
-                            return
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(collect)
-            for index, task in enumerate(tasks):
-                group_id = new_id()
-                for attempt in range(group_size):
-                    await limiter.acquire()
-                    episode_id = new_id()
-                    mine[episode_id] = task
-                    await bus.publish(
-                        EpisodeRequested(
-                            episode_id=episode_id,
-                            group_id=group_id,
-                            task=task,
-                            purpose="eval",
-                            step=step,
-                            policy_version=policy_version,
-                            seed=None if seed is None else derive_seed(seed, "eval", step, index, attempt),
-                        )
+    async with bus.stream(Event, name="eval") as events, anyio.create_task_group() as tg:
+        tg.start_soon(t.collect, events)
+        for index, task in enumerate(tasks):
+            group_id = new_id()
+            for attempt in range(group_size):
+                await t.limiter.acquire()
+                episode_id = new_id()
+                t.mine[episode_id] = task
+                await bus.publish(
+                    EpisodeRequested(
+                        episode_id=episode_id,
+                        group_id=group_id,
+                        task=task,
+                        purpose="eval",
+                        step=step,
+                        policy_version=policy_version,
+                        seed=None if seed is None else derive_seed(seed, "eval", step, index, attempt),
                     )
-            if total:
-                await all_done.wait()
-            tg.cancel_scope.cancel()
-
+                )
+        if t.total:
+            await t.all_done.wait()
+        tg.cancel_scope.cancel()
+    graded, mine, tokens, agents = t.graded, t.mine, t.tokens, t.agents
     report = _report(
         tasks, graded, mine, group_size, step, success_threshold, tokens, time.monotonic() - started
     )
