@@ -16,6 +16,8 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+import structlog
+import structlog.testing
 from test_conformance import MODEL, USER, clients, tiny_model  # noqa: F401
 from test_gateway import GUESS_TOOLS, running_gateway
 
@@ -126,6 +128,48 @@ async def test_a_random_model_calls_a_declared_tool_whenever_it_must(toy_tokeniz
         assert [t.logprob for t in content] == record.logprobs
         assert "".join(t.token for t in content) == toy_tokenizer.decode(record.completion_tokens)
         assert reply.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+async def test_a_tool_no_forced_call_can_reach_within_max_tokens_is_said_once(toy_tokenizer, tiny_model):
+    """The sampler starts a call only where it can end within max_tokens, counting a character a
+    token: with room for `guess` and not for a long-named tool, it draws `guess` every time, and
+    the run hears once why the other is never drawn (the model's preference is not the cause)."""
+    far = {
+        "type": "function",
+        "function": {
+            "name": "delegate_this_whole_question_to_a_subagent",
+            "parameters": {
+                "type": "object",
+                "properties": {"instruction": {"type": "string"}},
+                "required": ["instruction"],
+            },
+        },
+    }
+    with structlog.testing.capture_logs() as logs:
+        async with embedded_gateway(tiny_model, toy_tokenizer) as gw:
+            names = []
+            for seed in range(3):
+                async with clients(await gw.open(f"ep{seed}", seed=seed)) as (chat, _):
+                    reply = await chat.chat.completions.create(
+                        model=MODEL,
+                        messages=USER,
+                        tools=[*GUESS_TOOLS, far],
+                        tool_choice="required",
+                        max_tokens=64,
+                    )
+                names += [call.function.name for call in reply.choices[0].message.tool_calls]
+    assert names == ["guess"] * 3
+    [said] = [entry["event"] for entry in logs if "never calls" in entry["event"]]
+    head, _, rest = said.partition(" characters, ")
+    shortest = len('{"name": "delegate_this_whole_question_to_a_subagent", "arguments": {"instruction": ""}}')
+    assert head.startswith(
+        "a forced tool call of at most 64 tokens never calls delegate_this_whole_question_to_a_subagent: "
+        "its shortest call takes "
+    )
+    assert shortest <= int(head.rsplit(" ", 1)[1]) <= shortest + len("\n</tool_call>")
+    assert rest.startswith("and the sampler starts a call only where the call can end")
 
 
 @pytest.mark.torch

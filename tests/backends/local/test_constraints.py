@@ -9,7 +9,13 @@ import random
 
 import pytest
 
-from platoon.backends.local.constraints import ConstraintError, Guide, Vocabulary, compile_constraint
+from platoon.backends.local.constraints import (
+    ConstraintError,
+    Guide,
+    Vocabulary,
+    compile_constraint,
+    out_of_reach,
+)
 from platoon.policy.constraints import DecodingConstraint, ToolSpec, schema_error
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
@@ -66,3 +72,37 @@ def test_a_written_opening_is_continued_and_a_wrong_one_refused(toy_tokenizer):
     assert stopped and isinstance(json.loads(text.removesuffix("}\n</tool_call>"))["number"], int), text
     with pytest.raises(ConstraintError):
         compile_constraint(DecodingConstraint(tools=CALLS, written='{"name": "shout"'))
+
+
+def test_a_tool_whose_shortest_call_cannot_end_within_the_room_is_out_of_reach():
+    """The guide starts a call only where it can end, counting a character a token: a tool with
+    a long name and a required string is never drawn when max_tokens is small, whatever the
+    model prefers. `out_of_reach` names it (the sampler warns), with the characters it takes."""
+    tools = [
+        ToolSpec(
+            "answer", {"type": "object", "properties": {"room": {"type": "integer"}}, "required": ["room"]}
+        ),
+        ToolSpec(
+            "spawn_subagent",
+            {
+                "type": "object",
+                "properties": {"instruction": {"type": "string"}},
+                "required": ["instruction"],
+            },
+        ),
+    ]
+    constraint = DecodingConstraint(tools=tools, after="\n</tool_call>")
+    # the characters of each tool's shortest call, its closing markup included
+    shortest = {
+        "answer": len('{"name": "answer", "arguments": {"room": 0}}\n</tool_call>'),
+        "spawn_subagent": len('{"name": "spawn_subagent", "arguments": {"instruction": ""}}\n</tool_call>'),
+    }
+    assert shortest == {"answer": 57, "spawn_subagent": 73}
+    assert out_of_reach(constraint, 200) == []
+    assert [name for name, _ in out_of_reach(constraint, 60)] == ["spawn_subagent"]
+    found = dict(out_of_reach(constraint, 20))
+    assert found.keys() == shortest.keys()
+    assert all(shortest[name] - 1 <= chars <= shortest[name] for name, chars in found.items())
+    assert (
+        out_of_reach(DecodingConstraint(tools=tools[1:], after="\n</tool_call>"), 10) == []
+    )  # the only tool

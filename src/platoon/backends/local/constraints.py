@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 import torch
 
@@ -553,6 +554,25 @@ def compile_constraint(constraint: DecodingConstraint) -> Grammar:
         raise ConstraintError(f"the constraint's written opening {constraint.written!r} does not fit it")
     grammar.start = started
     return grammar
+
+
+def out_of_reach(constraint: DecodingConstraint, room: int) -> list[tuple[str, int]]:
+    """The tools of `constraint` whose shortest call cannot be closed within `room` tokens, each
+    with the characters that call takes. A guide counts a character a token (the most any text
+    can take), so it never starts such a tool: sampling never draws it, whatever the model
+    prefers, and its caller should hear that (more room, or a shorter name)."""
+    if not constraint.tools or len(constraint.tools) < 2:
+        return []  # one tool, or none: nothing else could be drawn in its place
+    out = []
+    for tool in constraint.tools:
+        try:
+            one = compile_constraint(msgspec.structs.replace(constraint, tools=[tool]))
+        except ConstraintError:
+            continue  # its opening is another tool's (a named tool_choice): not this one
+        need = one.closing(one.start)
+        if need > room:
+            out.append((tool.name, need))
+    return out
 
 
 def _arguments(parameters: object) -> Node:

@@ -27,7 +27,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from platoon.backends.local.bodies import Asample
-from platoon.backends.local.constraints import ConstraintError, compile_constraint
+from platoon.backends.local.constraints import ConstraintError, compile_constraint, out_of_reach
 from platoon.backends.local.sampler import Sampler, SampleRequest
 from platoon.backends.local.specs import EngineError
 from platoon.policy.constraints import DecodingConstraint
@@ -75,10 +75,29 @@ def sample_stream(
                 request.grammar = compile_constraint(req.constraint)
             except ConstraintError as exc:
                 raise EngineError(str(exc)) from None
-        sampler.check(request)
+        limit = sampler.check(request)
+        if req.constraint is not None:
+            _say_out_of_reach(req.constraint, limit)
         return _Lines(_lines(sampler, request))
 
     return handler
+
+
+_said: set[tuple[str, int]] = set()
+
+
+def _say_out_of_reach(constraint: DecodingConstraint, limit: int) -> None:
+    """Warn, once per tool and limit, of a tool a forced call cannot draw within `limit` tokens
+    (`out_of_reach`): the model's choice would be taken from it without a word."""
+    for name, chars in out_of_reach(constraint, limit - 1):
+        if (name, limit) not in _said:
+            _said.add((name, limit))
+            log.warning(
+                f"a forced tool call of at most {limit} tokens never calls {name}: its shortest call "
+                f"takes {chars} characters, and the sampler starts a call only where the call can "
+                "end, counting a character a token. Raise max_tokens (the call's, or "
+                "inference_params.max_completion_tokens) past it",
+            )
 
 
 async def _lines(sampler: Sampler, request: SampleRequest) -> AsyncGenerator[bytes]:
