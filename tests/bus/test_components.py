@@ -69,6 +69,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     """One instance of every component class, built as cheaply as it allows."""
     from platoon.bus import EventLog
     from platoon.bus.nats import NatsBridge
+    from platoon.config.schema import TrainConfig
     from platoon.credit import CreditConfig
     from platoon.envs import build_env_service
     from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
@@ -105,7 +106,11 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         FollowingRunner([], follower=follower),
         Grader(),
         CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig()),
-        Trainer(None, TrainerSettings(base_model="m"), CheckpointStore(tmp_path)),
+        Trainer(
+            None,
+            TrainerSettings(train=TrainConfig(model_name="m", renderer_name="qwen3")),
+            CheckpointStore(tmp_path),
+        ),
         StepJoin(["planner", "executor"]),
         TrainProgress(3, console=Console(file=io.StringIO())),
         MetricsSink(tmp_path, console=False),

@@ -269,42 +269,27 @@ def _distills(config: Config) -> bool:
 def _trainer_settings(
     train: TrainConfig, keep: int | None, *, sft: SftConfig | None = None
 ) -> TrainerSettings:
-    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
-    `keep`: `checkpoint.keep`. `sft`: an SFT run's, whose trainer trains recorded datums with
-    the cross-entropy loss and no rollouts (its schedule is set once the datums are read)."""
-    o = train.optimizer
-    if sft is not None:
-        return TrainerSettings(
-            base_model=train.model_name,
-            loss_fn="cross_entropy",
-            learning_rate=sft.learning_rate or o.learning_rate,
-            beta1=o.beta1,
-            beta2=o.beta2,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            grad_clip_norm=o.grad_clip_norm,
-            keep=keep,
-            rollouts=False,
-        )
-    return TrainerSettings(
-        base_model=train.model_name,
-        loss_fn=train.loss_fn,
-        loss_fn_config=dict(train.loss_fn_config),
-        learning_rate=o.learning_rate,
-        beta1=o.beta1,
-        beta2=o.beta2,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        grad_clip_norm=o.grad_clip_norm,
-        max_staleness=train.max_staleness,
-        save_every=train.save_every,
-        total_steps=train.max_training_steps,
-        kl_coefficient=train.kl.coefficient if train.kl else 0.0,
-        distill_weight=train.distill.weight if train.distill else 1.0,
-        normalization=train.loss_normalization,
-        keep=keep,
-        correction=train.correction,
+    """The trainer's: the policy's `train:` whole. `keep`: `checkpoint.keep`. `sft`: an SFT
+    run's, whose trainer trains recorded datums with the cross-entropy loss at its own learning
+    rate, with no rollouts, no KL, teacher or correction (its schedule is set once the datums
+    are read)."""
+    if sft is None:
+        return TrainerSettings(train=train, keep=keep)
+    optimizer = msgspec.structs.replace(
+        train.optimizer, learning_rate=sft.learning_rate or train.optimizer.learning_rate
     )
+    recorded = msgspec.structs.replace(
+        train,
+        loss_fn="cross_entropy",
+        loss_fn_config={},
+        optimizer=optimizer,
+        max_staleness=0,
+        max_training_steps=None,
+        correction=None,
+        kl=None,
+        distill=None,
+    )
+    return TrainerSettings(train=recorded, keep=keep, rollouts=False)
 
 
 def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]:
