@@ -76,10 +76,10 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     from platoon.gateway.renderers import get_renderer
     from platoon.plugins import EventHandlerPlugin
     from platoon.programs import EpisodeRunner, Grader
-    from platoon.stats.metrics import MetricsSink
+    from platoon.stats.metrics import MetricsSettings, MetricsSink
     from platoon.stats.progress import TrainProgress
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.batcher import CreditAssigner
+    from platoon.train.batcher import CreditAssigner, CreditSettings
     from platoon.train.checkpoints import CheckpointStore
     from platoon.train.distributed import LeaseKeeper, PolicyAnnouncer, WorkerRegistry
     from platoon.train.evaluate import Evaluator
@@ -105,7 +105,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         EpisodeRunner([]),
         FollowingRunner([], follower=follower),
         Grader(),
-        CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig()),
+        CreditAssigner(CreditSettings(group_size=2, batch_size=1, credit=CreditConfig())),
         Trainer(
             None,
             TrainerSettings(train=TrainConfig(model_name="m", renderer_name="qwen3")),
@@ -113,7 +113,7 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         ),
         StepJoin(["planner", "executor"]),
         TrainProgress(3, console=Console(file=io.StringIO())),
-        MetricsSink(tmp_path, console=False),
+        MetricsSink(tmp_path, MetricsSettings(console=False)),
         WorkerRegistry(),
         PolicyAnnouncer(PolicyUpdated(version=0, sampler_path="", base_model="m")),
         LeaseKeeper(lease=5.0),

@@ -22,7 +22,6 @@ from platoon.config.schema import (
     PolicyChoice,
     SftConfig,
     TrainConfig,
-    WandbConfig,
     policy_names,
     workflow_for,
 )
@@ -31,7 +30,8 @@ from platoon.gateway import GatewaySettings
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
 from platoon.programs import EntrySettings
-from platoon.stats.metrics import HealthLimits
+from platoon.stats.metrics import HealthLimits, MetricsSettings
+from platoon.train.batcher import CreditSettings
 from platoon.train.evaluate import EvalSettings
 from platoon.train.loop import SchedulerSettings
 from platoon.train.trainer import TrainerSettings
@@ -85,33 +85,6 @@ class RunnerSettings:
     entries: list[EntrySettings]
     max_concurrent: int = 256
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class CreditSettings:
-    """The credit assigner's: how advantages are computed, and what makes a step's batch."""
-
-    credit: CreditConfig
-    group_size: int
-    batch_size: int
-    straggler_timeout: float | None = None
-    straggler_quorum: float = 1.0
-    min_group_share: float = 0.5  # a group with fewer graded rollouts is dropped
-    sealed: bool = False  # results come from workers, each episode sealed
-    policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
-
-
-@dataclass(frozen=True)
-class MetricsSettings:
-    wandb: WandbConfig | None = None
-    experiment: str = "platoon"
-    trial: str = ""
-    console: bool = True
-    progress: bool = False  # the live display (it prints the step lines then)
-    total_steps: int | None = None
-    limits: HealthLimits = field(
-        default_factory=HealthLimits
-    )  # where a step's line warns of the learning signal's health
 
 
 @dataclass(frozen=True)
