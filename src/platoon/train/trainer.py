@@ -154,8 +154,8 @@ class Trainer(ComponentBase):
     async def step(self, bus: Bus, batch: BatchReady) -> None:
         import tinker
 
-        started = time.monotonic()
-        staleness = self.settings.train.max_staleness if self.settings.rollouts else None
+        started, train = time.monotonic(), self.settings.train  # the policy's `train:`
+        staleness = train.max_staleness if self.settings.rollouts else None
         kept, dropped = filter_stale(batch.datums, self.version, staleness)
         metrics: dict[str, float] = {}
         if self.settings.rollouts:
@@ -174,7 +174,7 @@ class Trainer(ComponentBase):
             kept, distill_stats = distill_advantages(
                 kept,
                 rows,
-                (self.settings.train.distill.weight if self.settings.train.distill else 1.0),
+                train.distill.weight if train.distill else 1.0,
                 scale=self._scale(kept),
             )
             metrics |= distill_stats
@@ -182,16 +182,12 @@ class Trainer(ComponentBase):
         train_started = time.monotonic()
         if kept:
             sent = kept
-            if self.settings.train.correction is not None:
+            if train.correction is not None:
                 sent, corrected = await self._correct(kept)
                 metrics |= corrected
-            data = [to_tinker(d, self.settings.train.loss_fn) for d in sent]
-            fwd_bwd = self.client.forward_backward(
-                data, self.settings.train.loss_fn, self.settings.train.loss_fn_config or None
-            )
-            optim = self.client.optim_step(
-                tinker.AdamParams(**msgspec.structs.asdict(self.settings.train.optimizer))
-            )
+            data = [to_tinker(d, train.loss_fn) for d in sent]
+            fwd_bwd = self.client.forward_backward(data, train.loss_fn, train.loss_fn_config or None)
+            optim = self.client.optim_step(tinker.AdamParams(**msgspec.structs.asdict(train.optimizer)))
             result = await wait_future(fwd_bwd)
             optimized = await wait_future(optim)
             metrics |= _loss_metrics(result)
@@ -202,14 +198,14 @@ class Trainer(ComponentBase):
                 # recorded episodes (`platoon sft`) were sampled by another policy: no mismatch to measure
                 scored if self.settings.rollouts else None,
                 version=self.version,
-                loss_fn=self.settings.train.loss_fn,
-                loss_fn_config=self.settings.train.loss_fn_config,
+                loss_fn=train.loss_fn,
+                loss_fn_config=train.loss_fn_config,
                 sent=sent,
             )
             if scored is not None and self.settings.rollouts:
                 await bus.publish(_scored_event(batch, kept, scored, self.policy))
             trained = sum(d.num_trained_tokens for d in kept)
-            if self.settings.train.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
+            if train.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
                 metrics["train/loss_per_token"] = metrics["train/loss"] / trained  # the mean NLL
             metrics["time/train"] = time.monotonic() - train_started
             if self.settings.rollouts:
@@ -220,11 +216,8 @@ class Trainer(ComponentBase):
             metrics["train/skipped"] = 1.0
             log.info("no datums to train on this step", step=step_number(batch.step), policy=self.policy)
         metrics["policy/version"] = float(self.version)
-        last = (
-            self.settings.train.max_training_steps is not None
-            and batch.step + 1 >= self.settings.train.max_training_steps
-        )
-        every = self.settings.train.save_every
+        last = train.max_training_steps is not None and batch.step + 1 >= train.max_training_steps
+        every = train.save_every
         if (every and (batch.step + 1) % every == 0) or last:
             await self.save(bus, batch.step)
         metrics["time/step"] = time.monotonic() - started + batch.stats.get("time/rollout", 0.0)
