@@ -54,7 +54,7 @@ from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing import tokenizers
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.evaluate import evaluate, list_tasks
+from platoon.train.evaluate import EvalSettings, evaluate, list_tasks
 
 ENV = "platoon-number-search@1"
 LO, HI = 0, 1023  # the environment's default range: at most 10 guesses
@@ -261,12 +261,12 @@ async def measure(mode: str, concurrency: int, episodes: int, tokenizer_name: st
             async with Bus() as bus, running(bus, components):
                 tasks = await list_tasks(bus, "ns", "train")
                 warm = min(concurrency, 16)
-                await evaluate(bus, tasks[:warm], concurrency=concurrency, publish=False)
+                await evaluate(bus, tasks[:warm], EvalSettings(concurrency=concurrency), publish=False)
                 tools_before, errors_before = tools.count, tools.errors
                 floor_before = FLOOR_CALLS[0]
                 started, cpu_started = time.perf_counter(), time.process_time()
                 report = await evaluate(
-                    bus, tasks[warm : warm + episodes], concurrency=concurrency, publish=False
+                    bus, tasks[warm : warm + episodes], EvalSettings(concurrency=concurrency), publish=False
                 )
                 seconds = time.perf_counter() - started
                 cpu = time.process_time() - cpu_started

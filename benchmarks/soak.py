@@ -40,7 +40,7 @@ from platoon.gateway.renderers import get_renderer
 from platoon.models.loading import load_tokenizer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.evaluate import evaluate, list_tasks
+from platoon.train.evaluate import EvalSettings, evaluate, list_tasks
 
 
 def rss_mb() -> float:
@@ -100,7 +100,7 @@ async def soak(minutes: float, every: float, concurrency: int, trace: bool, fram
                             first = tracemalloc.take_snapshot()
                         next_report += every
                     report = await evaluate(
-                        bus, tasks[: concurrency * 4], concurrency=concurrency, publish=False
+                        bus, tasks[: concurrency * 4], EvalSettings(concurrency=concurrency), publish=False
                     )
                     episodes += report.episodes
                 sample(time.perf_counter() - started)

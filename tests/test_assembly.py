@@ -117,7 +117,8 @@ def test_the_config_is_resolved_once_into_each_components_settings(site):
     settings = resolve(config, "train", run_dir=site / "run")
     trainer = settings.policy.trainer
     assert trainer is not None
-    assert (trainer.adam["learning_rate"], trainer.adam["beta1"], trainer.max_staleness) == (0.5, 0.8, 1)
+    optimizer = trainer.train.optimizer
+    assert (optimizer.learning_rate, optimizer.beta1, trainer.train.max_staleness) == (0.5, 0.8, 1)
     assert (settings.credit.group_size, settings.credit.batch_size, settings.credit.sealed) == (4, 3, False)
     scheduler = settings.scheduler
     assert (scheduler.splits, scheduler.total_steps, scheduler.max_staleness) == ({"numbers": "train"}, 5, 1)
@@ -136,7 +137,7 @@ def test_a_trainer_names_the_built_in_model_by_its_directory(site):
     run = assemble(validate_config(RAW), "train", run_dir=site / "run")
     model = str(site / "cache" / "models" / "platoon-tiny-qwen3")
     assert run.settings.policy.model_name == model and run.settings.policy.builtin == "platoon-tiny-qwen3"
-    assert run.settings.policy.trainer.base_model == model
+    assert run.settings.policy.trainer.train.model_name == model
     assert run.settings.gateway.model_name == model
 
 

@@ -69,16 +69,17 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     """One instance of every component class, built as cheaply as it allows."""
     from platoon.bus import EventLog
     from platoon.bus.nats import NatsBridge
+    from platoon.config.schema import TrainConfig
     from platoon.credit import CreditConfig
     from platoon.envs import build_env_service
     from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
     from platoon.gateway.renderers import get_renderer
     from platoon.plugins import EventHandlerPlugin
     from platoon.programs import EpisodeRunner, Grader
-    from platoon.stats.metrics import MetricsSink
+    from platoon.stats.metrics import MetricsSettings, MetricsSink
     from platoon.stats.progress import TrainProgress
     from platoon.testing.policies import ScriptedSamplerFactory
-    from platoon.train.batcher import CreditAssigner
+    from platoon.train.batcher import CreditAssigner, CreditSettings
     from platoon.train.checkpoints import CheckpointStore
     from platoon.train.distributed import LeaseKeeper, PolicyAnnouncer, WorkerRegistry
     from platoon.train.evaluate import Evaluator
@@ -104,11 +105,15 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         EpisodeRunner([]),
         FollowingRunner([], follower=follower),
         Grader(),
-        CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig()),
-        Trainer(None, TrainerSettings(base_model="m"), CheckpointStore(tmp_path)),
+        CreditAssigner(CreditSettings(group_size=2, batch_size=1, credit=CreditConfig())),
+        Trainer(
+            None,
+            TrainerSettings(train=TrainConfig(model_name="m", renderer_name="qwen3")),
+            CheckpointStore(tmp_path),
+        ),
         StepJoin(["planner", "executor"]),
         TrainProgress(3, console=Console(file=io.StringIO())),
-        MetricsSink(tmp_path, console=False),
+        MetricsSink(tmp_path, MetricsSettings(console=False)),
         WorkerRegistry(),
         PolicyAnnouncer(PolicyUpdated(version=0, sampler_path="", base_model="m")),
         LeaseKeeper(lease=5.0),

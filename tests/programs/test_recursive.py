@@ -516,13 +516,13 @@ async def test_a_spawn_tool_call_without_an_instruction_is_an_error_the_agent_re
 
 async def test_the_eval_report_breaks_results_down_by_depth(toy_tokenizer):
     from platoon.bus.events import TaskRef
-    from platoon.train.evaluate import evaluate
+    from platoon.train.evaluate import EvalSettings, evaluate
 
     policy = Delegating(levels=2, wrong={"b"})
     agents = {"max_depth": 2, "child_reward": "own"}
     async with tree_system(toy_tokenizer, policy, agents=agents) as system:
         task = TaskRef(env="notes", split="train", task_id="ab")
-        report = await evaluate(system.bus, [task], group_size=2, concurrency=2)
+        report = await evaluate(system.bus, [task], EvalSettings(group_size=2, concurrency=2))
 
     # Per episode: the root (3 calls), two depth-1 agents (2 calls each: spawn, answer) and two
     # depth-2 agents (2 calls each: write, answer); the one writing x for b fails its own goal.

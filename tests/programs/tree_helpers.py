@@ -24,7 +24,7 @@ from platoon.gateway import Gateway, GatewayPolicy, GatewaySettings
 from platoon.gateway.renderers import get_renderer
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 
 TASKS = [
     {"id": "ab", "goal": ["a", "b"]},
@@ -222,7 +222,7 @@ async def tree_system(
         Grader(),
     ]
     if credit is not None:
-        components.append(CreditAssigner(group_size=group_size, batch_size=1, credit=credit))
+        components.append(CreditAssigner(CreditSettings(group_size=group_size, batch_size=1, credit=credit)))
     async with Bus() as bus, running(bus, components):
         tree = Tree(bus)
         bus.subscribe(BatchReady, tree.batches.append)

@@ -9,12 +9,12 @@ import anyio
 
 from platoon.bus import Bus
 from platoon.bus.events import EvalFinished, TrainStepFinished
-from platoon.stats.metrics import MetricsSink
+from platoon.stats.metrics import MetricsSettings, MetricsSink
 from platoon.stats.summary import train_summary
 
 
 async def _sink(run_dir, events) -> None:
-    sink = MetricsSink(run_dir, total_steps=3)
+    sink = MetricsSink(run_dir, MetricsSettings(total_steps=3))
     async with Bus() as bus:
         sink.attach(bus)
         bus.start_soon(sink.run, bus)

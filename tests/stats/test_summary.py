@@ -8,7 +8,7 @@ import json
 import pytest
 
 from platoon.bus.events import TrainStepFinished
-from platoon.stats.metrics import HealthLimits, MetricsSink, step_line
+from platoon.stats.metrics import HealthLimits, MetricsSettings, MetricsSink, step_line
 from platoon.stats.summary import sparkline, train_summary
 from platoon.train.loop import NothingGraded, _check_graded
 
@@ -69,7 +69,7 @@ def test_with_several_policies_the_summary_has_a_line_per_policy(tmp_path):
 
 def test_reward_zero_and_not_graded_read_differently(capsys):
     sink = MetricsSink.__new__(MetricsSink)
-    sink.console, sink.total_steps, sink.limits = True, 3, HealthLimits()
+    sink.settings = MetricsSettings(console=True, total_steps=3, limits=HealthLimits())
     zero = {"reward/mean": 0.0, "episodes/total": 8.0, "episodes/graded": 8.0}
     some = {"reward/mean": 0.5, "episodes/total": 8.0, "episodes/graded": 6.0}
     none = {"episodes/total": 8.0, "episodes/graded": 0.0}

@@ -26,7 +26,7 @@ from platoon.bus.events import (
     new_id,
 )
 from platoon.credit import CreditConfig, CreditError, register_credit_rule
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -123,7 +123,7 @@ class Feed:
 @asynccontextmanager
 async def assigner(**options: Any) -> AsyncIterator[Feed]:
     options = {"group_size": 2, "batch_size": 1, "credit": CreditConfig(), **options}
-    credit = CreditAssigner(**options)
+    credit = CreditAssigner(CreditSettings(**options))
     async with Bus() as bus:
         harness = Feed(bus, credit)
         bus.subscribe(BatchReady, harness.batches.append)
@@ -269,7 +269,9 @@ async def test_a_group_whose_credit_fails_is_dropped_and_counted_not_the_run():
 
 
 async def test_credit_that_fails_for_every_group_step_after_step_ends_the_run_saying_why():
-    credit = CreditAssigner(group_size=2, batch_size=1, credit=CreditConfig(baseline="test-fails-on-half"))
+    credit = CreditAssigner(
+        CreditSettings(group_size=2, batch_size=1, credit=CreditConfig(baseline="test-fails-on-half"))
+    )
     batches: list[BatchReady] = []
     with pytest.raises(BaseExceptionGroup) as raised:  # the assigner's own failure, in its task group
         async with Bus() as bus:

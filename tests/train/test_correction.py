@@ -17,7 +17,7 @@ import pytest
 
 from platoon.bus import Bus
 from platoon.bus.events import BatchReady, Datum, DatumsScored, TrainStepFinished
-from platoon.config.schema import CorrectionConfig
+from platoon.config.schema import AdamParams, CorrectionConfig, TrainConfig
 from platoon.train.checkpoints import CheckpointStore
 from platoon.train.trainer import Trainer, TrainerSettings
 
@@ -97,9 +97,16 @@ def reference_grad_norm(service, tiny_model, token_weights: list[float]) -> floa
 async def trained_step(service, tiny_model, tmp_path, correction, loss_fn="importance_sampling"):
     client = fresh(service, tiny_model)
     datum = sampled_datum(trainer_logprobs(client))
-    settings = TrainerSettings(
-        base_model=tiny_model, loss_fn=loss_fn, save_every=0, learning_rate=1e-3, correction=correction
+    train = TrainConfig(
+        model_name=tiny_model,
+        renderer_name="qwen3",
+        loss_fn=loss_fn,
+        save_every=0,
+        optimizer=AdamParams(learning_rate=1e-3),
+        correction=correction,
+        loss_normalization="sum",
     )
+    settings = TrainerSettings(train=train)
     trainer = Trainer(client, settings, CheckpointStore(tmp_path))
     async with Bus() as bus:
         scored: list[DatumsScored] = []

@@ -24,7 +24,7 @@ from platoon.bus.events import (
 )
 from platoon.config import validate_config
 from platoon.credit import CreditConfig
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 from platoon.train.distributed import (
     DistributedError,
     EpisodeAbandoned,
@@ -84,10 +84,12 @@ async def settle(bus: Bus) -> None:
 async def run_assigner(events, *, group_size=2, sealed=True):
     """Publish `events` to a credit assigner (batch_size 1) and return its batches and groups."""
     assigner = CreditAssigner(
-        group_size=group_size,
-        batch_size=1,
-        credit=CreditConfig(remove_constant_groups=False),
-        sealed=sealed,
+        CreditSettings(
+            group_size=group_size,
+            batch_size=1,
+            credit=CreditConfig(remove_constant_groups=False),
+            sealed=sealed,
+        )
     )
     batches: list[BatchReady] = []
     groups: list[GroupCompleted] = []

@@ -19,7 +19,7 @@ from platoon.bus.events import (
     ModelCallFinished,
     TaskRef,
 )
-from platoon.train.evaluate import as_json, evaluate, pass_at_k
+from platoon.train.evaluate import EvalSettings, as_json, evaluate, pass_at_k
 
 # Rewards each task's attempts get, in order; None is an episode that failed.
 RESULTS = {
@@ -116,7 +116,7 @@ async def test_the_report_adds_up(tmp_path):
         bus.start_soon(player.run, bus)
         await anyio.sleep(0.01)
         async with bus.stream(EvalFinished) as finished:
-            report = await evaluate(bus, TASKS, group_size=4, concurrency=3, step=7)
+            report = await evaluate(bus, TASKS, EvalSettings(group_size=4, concurrency=3), step=7)
             published = await finished.receive()
 
     assert player.peak <= 3  # `concurrency` episodes at a time
@@ -154,7 +154,9 @@ async def test_a_success_threshold_below_one_counts_partial_rewards(tmp_path):
     async with Bus() as bus:
         bus.start_soon(player.run, bus)
         await anyio.sleep(0.01)
-        report = await evaluate(bus, TASKS[2:], group_size=4, success_threshold=0.5, publish=False)
+        report = await evaluate(
+            bus, TASKS[2:], EvalSettings(group_size=4, success_threshold=0.5), publish=False
+        )
     assert report.pass_at_k == {"1": pytest.approx(1 / 4), "4": 1.0}  # c: one of four reaches 0.5
 
 
@@ -200,7 +202,7 @@ async def test_an_episode_re_requested_under_a_new_id_counts_once():
 @pytest.mark.anyio
 async def test_no_tasks_is_an_empty_report():
     async with Bus() as bus:
-        report = await evaluate(bus, [], group_size=2, publish=False)
+        report = await evaluate(bus, [], EvalSettings(group_size=2), publish=False)
     assert (report.episodes, report.graded, report.reward_mean, report.pass_at_k) == (0, 0, None, {})
 
 
@@ -258,7 +260,7 @@ async def test_the_report_splits_per_policy_when_several_played():
     async with Bus() as bus:
         bus.start_soon(TwoPolicyPlayer().run, bus)
         await anyio.sleep(0.01)
-        report = await evaluate(bus, TASKS, group_size=2, publish=False)
+        report = await evaluate(bus, TASKS, EvalSettings(group_size=2), publish=False)
     assert report.by_policy == {
         "executor": {
             "agents": 6.0,

@@ -28,7 +28,7 @@ from platoon.harness import ChatError
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.stats.failures import failure_kind
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
 from programs_helpers import ToyBackend
@@ -96,7 +96,9 @@ async def system(toy_tokenizer: Any, backend: ToyBackend, script: Any, group_siz
         ),
         Grader(),
         CreditAssigner(
-            group_size=group_size, batch_size=1, credit=CreditConfig(remove_constant_groups=False)
+            CreditSettings(
+                group_size=group_size, batch_size=1, credit=CreditConfig(remove_constant_groups=False)
+            )
         ),
     ]
     async with Bus() as bus, running(bus, components):

@@ -26,6 +26,7 @@ from platoon.bus.events import (
     PolicyUpdated,
     TrainStepFinished,
 )
+from platoon.config.schema import AdamParams, TrainConfig
 from platoon.train.checkpoints import CheckpointStore
 from platoon.train.trainer import Trainer, TrainerSettings
 
@@ -91,6 +92,27 @@ def datum(version: int) -> Datum:
     )
 
 
+def trainer_settings(
+    *,
+    base_model: str,
+    learning_rate: float | None = None,
+    total_steps: int | None = None,
+    rollouts: bool = True,
+    base_url: str | None = None,
+    **train: Any,
+) -> TrainerSettings:
+    """A trainer's settings from the knobs a test turns (the rest: `train:`'s defaults, the loss summed)."""
+    optimizer = AdamParams() if learning_rate is None else AdamParams(learning_rate=learning_rate)
+    config = TrainConfig(
+        model_name=base_model,
+        renderer_name="qwen3",
+        optimizer=optimizer,
+        max_training_steps=total_steps,
+        **{"loss_normalization": "sum", **train},
+    )
+    return TrainerSettings(train=config, rollouts=rollouts, base_url=base_url)
+
+
 @asynccontextmanager
 async def trainer_bus(
     tmp_path, *, version: int = 0, delete: Any = None, **settings: Any
@@ -98,7 +120,7 @@ async def trainer_bus(
     client = FakeTrainingClient()
     options = {"base_model": "tiny", "max_staleness": 0, "save_every": 0, **settings}
     trainer = Trainer(
-        client, TrainerSettings(**options), CheckpointStore(tmp_path), version=version, delete=delete
+        client, trainer_settings(**options), CheckpointStore(tmp_path), version=version, delete=delete
     )
     seen: list[Event] = []
     async with Bus() as bus:
@@ -181,7 +203,7 @@ async def test_a_step_reports_the_samplers_mismatch_with_the_trainer_and_scores_
     client = ScoringClient()
     trainer = Trainer(
         client,
-        TrainerSettings(base_model="tiny", max_staleness=0, save_every=0),
+        trainer_settings(base_model="tiny", max_staleness=0, save_every=0),
         CheckpointStore(tmp_path),
         version=1,
     )

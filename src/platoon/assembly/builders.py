@@ -6,6 +6,7 @@ Each builder is a part's `build` (`parts.py` lists them for each purpose).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import msgspec
 import structlog
@@ -110,16 +111,7 @@ def evaluator(s: Settings, opened: Opened) -> Evaluator:
 def credit_assigner(s: Settings, opened: Opened) -> CreditAssigner:
     c = s.credit
     assert c is not None
-    return CreditAssigner(
-        group_size=c.group_size,
-        batch_size=c.batch_size,
-        credit=c.credit,
-        straggler_timeout=c.straggler_timeout,
-        straggler_quorum=c.straggler_quorum,
-        min_group_share=c.min_group_share,
-        sealed=c.sealed,
-        policies=c.policies,
-    )
+    return CreditAssigner(c)
 
 
 def trainer(name: str, opened: Opened) -> Trainer:
@@ -150,15 +142,8 @@ def metrics(s: Settings, opened: Opened) -> MetricsSink:
     """The metrics sink, of as many steps as the run trains (an SFT run's, as its plan has)."""
     m = s.metrics
     assert s.run_dir is not None and m is not None
-    return MetricsSink(
-        s.run_dir,
-        wandb=m.wandb,
-        experiment=m.experiment,
-        trial=m.trial,
-        console=m.console,
-        total_steps=opened.plan.total_steps if opened.plan is not None else m.total_steps,
-        limits=m.limits,
-    )
+    total_steps = opened.plan.total_steps if opened.plan is not None else m.total_steps
+    return MetricsSink(s.run_dir, replace(m, total_steps=total_steps))
 
 
 def sft_feeder(s: Settings, opened: Opened) -> SftFeeder:

@@ -6,7 +6,6 @@ service, training client (resumed from a checkpoint), trainer and sampler factor
 from __future__ import annotations
 
 import contextlib
-import copy
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -14,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import structlog
 
 from platoon.assembly.settings import (
@@ -424,10 +424,7 @@ def _deleter(base_url: str | None, run_key: str | None, *, local: bool) -> Calla
 
 
 def _with_base_url(settings: TrainerSettings, base_url: str | None) -> TrainerSettings:
-
-    out = copy.copy(settings)
-    out.base_url = base_url
-    return out
+    return msgspec.structs.replace(settings, base_url=base_url)
 
 
 async def _resumed_client(

@@ -22,7 +22,6 @@ from platoon.config.schema import (
     PolicyChoice,
     SftConfig,
     TrainConfig,
-    WandbConfig,
     policy_names,
     workflow_for,
 )
@@ -31,7 +30,8 @@ from platoon.gateway import GatewaySettings
 from platoon.models import loading
 from platoon.policy.tinker import tinker_endpoint
 from platoon.programs import EntrySettings
-from platoon.stats.metrics import HealthLimits
+from platoon.stats.metrics import HealthLimits, MetricsSettings
+from platoon.train.batcher import CreditSettings
 from platoon.train.evaluate import EvalSettings
 from platoon.train.loop import SchedulerSettings
 from platoon.train.trainer import TrainerSettings
@@ -85,33 +85,6 @@ class RunnerSettings:
     entries: list[EntrySettings]
     max_concurrent: int = 256
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class CreditSettings:
-    """The credit assigner's: how advantages are computed, and what makes a step's batch."""
-
-    credit: CreditConfig
-    group_size: int
-    batch_size: int
-    straggler_timeout: float | None = None
-    straggler_quorum: float = 1.0
-    min_group_share: float = 0.5  # a group with fewer graded rollouts is dropped
-    sealed: bool = False  # results come from workers, each episode sealed
-    policies: tuple[str, ...] = ("default",)  # the trained policies: one batch each per step
-
-
-@dataclass(frozen=True)
-class MetricsSettings:
-    wandb: WandbConfig | None = None
-    experiment: str = "platoon"
-    trial: str = ""
-    console: bool = True
-    progress: bool = False  # the live display (it prints the step lines then)
-    total_steps: int | None = None
-    limits: HealthLimits = field(
-        default_factory=HealthLimits
-    )  # where a step's line warns of the learning signal's health
 
 
 @dataclass(frozen=True)
@@ -269,42 +242,27 @@ def _distills(config: Config) -> bool:
 def _trainer_settings(
     train: TrainConfig, keep: int | None, *, sft: SftConfig | None = None
 ) -> TrainerSettings:
-    """The trainer's; the optimizer's settings are read here once (`train:`, or one policy's).
-    `keep`: `checkpoint.keep`. `sft`: an SFT run's, whose trainer trains recorded datums with
-    the cross-entropy loss and no rollouts (its schedule is set once the datums are read)."""
-    o = train.optimizer
-    if sft is not None:
-        return TrainerSettings(
-            base_model=train.model_name,
-            loss_fn="cross_entropy",
-            learning_rate=sft.learning_rate or o.learning_rate,
-            beta1=o.beta1,
-            beta2=o.beta2,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            grad_clip_norm=o.grad_clip_norm,
-            keep=keep,
-            rollouts=False,
-        )
-    return TrainerSettings(
-        base_model=train.model_name,
-        loss_fn=train.loss_fn,
-        loss_fn_config=dict(train.loss_fn_config),
-        learning_rate=o.learning_rate,
-        beta1=o.beta1,
-        beta2=o.beta2,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        grad_clip_norm=o.grad_clip_norm,
-        max_staleness=train.max_staleness,
-        save_every=train.save_every,
-        total_steps=train.max_training_steps,
-        kl_coefficient=train.kl.coefficient if train.kl else 0.0,
-        distill_weight=train.distill.weight if train.distill else 1.0,
-        normalization=train.loss_normalization,
-        keep=keep,
-        correction=train.correction,
+    """The trainer's: the policy's `train:` whole. `keep`: `checkpoint.keep`. `sft`: an SFT
+    run's, whose trainer trains recorded datums with the cross-entropy loss at its own learning
+    rate, with no rollouts, no KL, teacher or correction (its schedule is set once the datums
+    are read)."""
+    if sft is None:
+        return TrainerSettings(train=train, keep=keep)
+    optimizer = msgspec.structs.replace(
+        train.optimizer, learning_rate=sft.learning_rate or train.optimizer.learning_rate
     )
+    recorded = msgspec.structs.replace(
+        train,
+        loss_fn="cross_entropy",
+        loss_fn_config={},
+        optimizer=optimizer,
+        max_staleness=0,
+        max_training_steps=None,
+        correction=None,
+        kl=None,
+        distill=None,
+    )
+    return TrainerSettings(train=recorded, keep=keep, rollouts=False)
 
 
 def entry_settings(config: Config, *, eval: bool = False) -> list[EntrySettings]:

@@ -6,10 +6,10 @@ datums, and the trainers' schedule set to the plan's steps.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import msgspec
 import structlog
 
 from platoon.assembly.builders import tokenizer_lock
@@ -144,10 +144,12 @@ def with_schedule(policy: PolicySettings, plan: SftPlan, save_every: int) -> Pol
     """The policy's settings with its trainer's schedule: the plan's steps, and a checkpoint
     every `save_every` steps (0: at the end of each epoch) and after the last."""
     assert policy.trainer is not None
-    trainer = copy.copy(policy.trainer)
-    trainer.total_steps = plan.total_steps
-    trainer.save_every = save_every or plan.steps_per_epoch
-    return replace(policy, trainer=trainer)
+    train = msgspec.structs.replace(
+        policy.trainer.train,
+        max_training_steps=plan.total_steps,
+        save_every=save_every or plan.steps_per_epoch,
+    )
+    return replace(policy, trainer=msgspec.structs.replace(policy.trainer, train=train))
 
 
 def sft_identity(plan: SftPlan) -> dict[str, object]:

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from platoon.bus.events import (
     step_number,
 )
 from platoon.config.rundir import make_private_dir, open_private
+from platoon.config.schema import WandbConfig
 
 __all__ = [
     "EVAL_TABLE_COLUMNS",
@@ -110,6 +111,21 @@ class HealthLimits:
         return out
 
 
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The metrics sink's: where metrics go besides `metrics.jsonl`, and how a step's line reads."""
+
+    wandb: WandbConfig | None = None
+    experiment: str = "platoon"  # the W&B project where `wandb.project` names none
+    trial: str = ""  # the W&B run's name
+    console: bool = True  # a line per step on stderr
+    progress: bool = False  # the live display (it prints the step lines then)
+    total_steps: int | None = None
+    limits: HealthLimits = field(
+        default_factory=HealthLimits
+    )  # where a step's line warns of the learning signal's health
+
+
 class MetricsSink(ComponentBase):
     """A component that writes every `TrainStepFinished` and `EvalFinished`."""
 
@@ -127,22 +143,13 @@ class MetricsSink(ComponentBase):
     def __init__(
         self,
         run_dir: str | Path,
+        settings: MetricsSettings | None = None,
         *,
-        wandb: Any = None,
-        experiment: str = "platoon",
-        trial: str = "",
         config: dict[str, Any] | None = None,
-        console: bool = True,
-        total_steps: int | None = None,
-        limits: HealthLimits | None = None,
     ) -> None:
+        """`config`: what the W&B run records as its config."""
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.console = console
-        self.total_steps = total_steps
-        self.limits = limits or HealthLimits()
-        self._wandb_cfg = wandb
-        self._experiment = experiment
-        self._trial = trial
+        self.settings = settings or MetricsSettings()
         self._config = config or {}
         self._run: Any = None
         self._events: Stream[Event] | None = None
@@ -152,7 +159,7 @@ class MetricsSink(ComponentBase):
         self._events = bus.stream(self.subscribes, name=self.name).open()
 
     def _start_wandb(self) -> None:
-        cfg = self._wandb_cfg
+        cfg = self.settings.wandb
         if cfg is None or cfg.mode == "disabled":
             return
         try:
@@ -162,9 +169,9 @@ class MetricsSink(ComponentBase):
                 "stats.wandb.mode is set but wandb is not installed: pip install wandb"
             ) from None
         self._run = wandb.init(
-            project=cfg.project or self._experiment,
+            project=cfg.project or self.settings.experiment,
             entity=cfg.entity,
-            name=self._trial,
+            name=self.settings.trial,
             mode=cfg.mode,
             tags=list(cfg.tags),
             config=self._config,
@@ -194,7 +201,7 @@ class MetricsSink(ComponentBase):
                             "time": time.time(),
                             **event.metrics,
                         }
-                        if self.console:
+                        if self.settings.console:
                             shown = {
                                 k: round(v, 4)
                                 for k, v in event.metrics.items()
@@ -262,8 +269,8 @@ class MetricsSink(ComponentBase):
         )
 
     def _console_line(self, event: TrainStepFinished) -> None:
-        if self.console:
-            line = step_line(event.step, self.total_steps, event.metrics, self.limits)
+        if self.settings.console:
+            line = step_line(event.step, self.settings.total_steps, event.metrics, self.settings.limits)
             print(line, file=sys.stderr, flush=True)
 
 

@@ -144,6 +144,22 @@ class _Group:
     first_at: float | None = None
 
 
+@dataclass(frozen=True)
+class CreditSettings:
+    """The credit assigner's: how advantages are computed, and what makes a step's batch."""
+
+    credit: CreditConfig
+    group_size: int
+    batch_size: int
+    straggler_timeout: float | None = None  # s after a group's first grade before it may close
+    straggler_quorum: float = 1.0  # the share of a group graded by then that closes it
+    # a group trains only when this share of its rollouts were graded: one that the system
+    # failed more (a dead sandbox host, a flaky sampler) would train on a baseline of a few
+    min_group_share: float = 0.5
+    sealed: bool = False  # results come from workers, each episode sealed
+    policies: tuple[str, ...] = ("default",)  # the trained policies: one BatchReady each per step
+
+
 class CreditAssigner(ComponentBase):
     """The credit-assigner component (see the module docstring)."""
 
@@ -161,28 +177,8 @@ class CreditAssigner(ComponentBase):
     )
     publishes = (GroupCompleted, BatchReady)
 
-    def __init__(
-        self,
-        *,
-        group_size: int,
-        batch_size: int,
-        credit: CreditConfig,
-        straggler_timeout: float | None = None,
-        straggler_quorum: float = 0.5,
-        sealed: bool = False,
-        policies: tuple[str, ...] = ("default",),
-        min_group_share: float = 0.5,
-    ) -> None:
-        self.group_size = group_size
-        # a group trains only when this share of its rollouts were graded: one that the system
-        # failed more (a dead sandbox host, a flaky sampler) would train on a baseline of a few
-        self.min_group_share = min_group_share
-        self.batch_size = batch_size
-        self.credit = credit
-        self.straggler_timeout = straggler_timeout
-        self.straggler_quorum = straggler_quorum
-        self.sealed = sealed
-        self.policies = tuple(policies)  # the trained policies: one BatchReady each per step
+    def __init__(self, settings: CreditSettings) -> None:
+        self.settings = settings
         self.records: dict[str, EpisodeRecord] = {}
         self.groups: dict[str, _Group] = {}
         self.steps: dict[int, list[_Group]] = {}
@@ -244,7 +240,7 @@ class CreditAssigner(ComponentBase):
                             held = self.records.get(event.episode_id)
                             if held is None or held.graded or held.held is not None:
                                 self.dropped["duplicate"] += 1
-                            elif self.sealed:
+                            elif self.settings.sealed:
                                 held.held = event
                                 await self._release(bus, tg, event.episode_id)
                             else:
@@ -296,14 +292,14 @@ class CreditAssigner(ComponentBase):
         group.graded.append(event)
         if group.first_at is None:
             group.first_at = time.monotonic()
-            if self.straggler_timeout is not None and self.group_size > 1:
+            if self.settings.straggler_timeout is not None and self.settings.group_size > 1:
                 tg.start_soon(self._straggler_deadline, bus, event.group_id)
-        if len(group.graded) >= self.group_size or (group.overdue and self._quorate(group)):
+        if len(group.graded) >= self.settings.group_size or (group.overdue and self._quorate(group)):
             await self._close(bus, event.group_id)
 
     async def _straggler_deadline(self, bus: Bus, group_id: str) -> None:
-        assert self.straggler_timeout is not None
-        await anyio.sleep(self.straggler_timeout)
+        assert self.settings.straggler_timeout is not None
+        await anyio.sleep(self.settings.straggler_timeout)
         group = self.groups.get(group_id)
         if group is not None and not group.closed:
             group.overdue = True
@@ -311,7 +307,7 @@ class CreditAssigner(ComponentBase):
                 await self._close(bus, group_id)
 
     def _quorate(self, group: _Group) -> bool:
-        return len(group.graded) >= math.ceil(self.straggler_quorum * self.group_size)
+        return len(group.graded) >= math.ceil(self.settings.straggler_quorum * self.settings.group_size)
 
     async def _close(self, bus: Bus, group_id: str) -> None:
         group = self.groups.pop(group_id)
@@ -332,14 +328,14 @@ class CreditAssigner(ComponentBase):
         )
         done = self.steps.setdefault(group.step, [])
         done.append(group)
-        if len(done) == self.batch_size:
+        if len(done) == self.settings.batch_size:
             done.sort(key=lambda g: g.order)
             for batch in self.batches(group.step):
                 await bus.publish(batch)
 
     def batches(self, step: int) -> list[BatchReady]:
         """The step's batch, or one per trained policy when the run has several."""
-        if self.policies == ("default",):
+        if self.settings.policies == ("default",):
             return [self.batch(step)]
         return self._policy_batches(step)
 
@@ -439,7 +435,7 @@ class CreditAssigner(ComponentBase):
             k: v for k, v in shared.stats.items() if not k.startswith(("credit/", "train/", "time/credit"))
         }
         out = []
-        for policy in self.policies:
+        for policy in self.settings.policies:
             started = time.perf_counter()
             result, errors = self._assign(step, rollouts, policy, count=False)
             kept = [g for g in rollouts if g[0].group_id not in errors]
@@ -473,7 +469,7 @@ class CreditAssigner(ComponentBase):
 
     def _thin(self, graded: list[Rollout]) -> bool:
         """Whether too few of a group's rollouts were graded for it to train (`min_group_share`)."""
-        return len(graded) < math.ceil(self.min_group_share * self.group_size - 1e-9)
+        return len(graded) < math.ceil(self.settings.min_group_share * self.settings.group_size - 1e-9)
 
     def _assign(
         self, step: int, groups: list[list[Rollout]], policy: str | None = None, *, count: bool = True
@@ -482,7 +478,7 @@ class CreditAssigner(ComponentBase):
         `count`: whether this batch counts towards ending a run whose credit always fails."""
         credit = functools.partial(assign_credit, policy=policy) if policy is not None else assign_credit
         try:
-            result = credit(groups, self.credit)
+            result = credit(groups, self.settings.credit)
         except Exception:
             result = None  # find the group(s) at fault, and assign the others
         errors: dict[str, str] = {}
@@ -490,7 +486,7 @@ class CreditAssigner(ComponentBase):
             kept = []
             for group in groups:
                 try:
-                    credit([group], self.credit)
+                    credit([group], self.settings.credit)
                 except Exception as exc:
                     errors[group[0].group_id] = f"{type(exc).__name__}: {exc}"
                     log.warning(
@@ -502,11 +498,11 @@ class CreditAssigner(ComponentBase):
                 else:
                     kept.append(group)
             try:
-                result = credit(kept, self.credit)
+                result = credit(kept, self.settings.credit)
             except Exception as exc:  # groups fine alone, not together: none of them trains
                 errors |= {group[0].group_id: f"{type(exc).__name__}: {exc}" for group in kept}
                 log.warning("credit assignment failed: batch dropped", step=step_number(step), error=str(exc))
-                result = credit([], self.credit)
+                result = credit([], self.settings.credit)
         if not count:
             pass
         elif errors and len(errors) == len(groups):

@@ -165,24 +165,39 @@ class _Tally:
                         return
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """The evaluator's: which tasks, how often each, how many at once, where the report goes and
+    what counts as solved (`evaluate` takes it whole)."""
+
+    splits: dict[str, str] = field(default_factory=dict)  # entry name -> its eval split
+    max_tasks: int | None = None
+    group_size: int = 1  # episodes per task
+    concurrency: int = 16  # episodes in flight at once
+    report: str = "eval.json"  # the report's path in the run directory; {step} is the step
+    optional: bool = False  # no tasks found is a warning, not an error (evals during training)
+    progress: Callable[[int, int], None] | None = None  # (episodes done, episodes in all)
+    seed: int | None = None  # the sampling seeds derive from it (None: unseeded)
+    success_threshold: float = 1.0  # an episode whose reward reaches it solved its task
+
+
 async def evaluate(
     bus: Bus,
     tasks: Sequence[TaskRef],
+    settings: EvalSettings | None = None,
     *,
-    group_size: int = 1,
-    concurrency: int = 16,
     step: int = 0,
     policy_version: int = 0,
-    success_threshold: float = 1.0,
-    progress: Callable[[int, int], None] | None = None,
     publish: bool = True,
-    seed: int | None = None,
 ) -> EvalReport:
-    """Run every task `group_size` times and summarise; publishes `EvalFinished`.
+    """Run every task `settings.group_size` times and summarise; publishes `EvalFinished` unless
+    `publish` is False. `settings`: the evaluator's (None: its defaults).
 
     With a `seed`, each episode samples with seeds derived from it, the step, the task's place
     and the attempt: the same policy evaluates to the same report."""
-    t = _Tally(total=len(tasks) * group_size, limiter=anyio.Semaphore(concurrency), progress=progress)
+    s = settings or EvalSettings()
+    group_size, seed = s.group_size, s.seed
+    t = _Tally(total=len(tasks) * group_size, limiter=anyio.Semaphore(s.concurrency), progress=s.progress)
     started = time.monotonic()
     # One subscription for everything, so an episode's calls and agents are counted before
     # its grade arrives (events reach one subscriber in publish order).
@@ -210,7 +225,7 @@ async def evaluate(
         tg.cancel_scope.cancel()
     graded, mine, tokens, agents = t.graded, t.mine, t.tokens, t.agents
     report = _report(
-        tasks, graded, mine, group_size, step, success_threshold, tokens, time.monotonic() - started
+        tasks, graded, mine, group_size, step, s.success_threshold, tokens, time.monotonic() - started
     )
     report.by_depth = agents.by_depth(graded)
     if len(set(agents.policy.values())) > 1:  # one policy: nothing to split
@@ -380,20 +395,6 @@ def as_json(report: Any) -> bytes:
     return msgspec.json.format(msgspec.json.encode(report), indent=2)
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """The evaluator's: which tasks, how often each, and where the report goes."""
-
-    splits: dict[str, str]  # entry name -> its eval split
-    max_tasks: int | None
-    group_size: int
-    concurrency: int
-    report: str  # the report's path in the run directory; {step} is the step
-    optional: bool = False  # no tasks found is a warning, not an error (evals during training)
-    progress: Callable[[int, int], None] | None = None
-    seed: int | None = None  # the sampling seeds derive from it (None: unseeded)
-
-
 class Evaluator(ComponentBase):
     """The evaluator component: answers each `EvalRequested` with an evaluation of its tasks at
     that step (`evaluate`), writes the report into the run directory and replies `Evaluated`.
@@ -460,16 +461,7 @@ class Evaluator(ComponentBase):
         tasks = await self.tasks(bus)
         path = None
         if tasks or not s.optional:
-            report = await evaluate(
-                bus,
-                tasks,
-                group_size=s.group_size,
-                concurrency=s.concurrency,
-                step=request.step,
-                policy_version=request.policy_version,
-                progress=s.progress,
-                seed=s.seed,
-            )
+            report = await evaluate(bus, tasks, s, step=request.step, policy_version=request.policy_version)
             path = self.run_dir / s.report.format(step=request.step)
             make_private_dir(path.parent)
             write_private(path, as_json(report))

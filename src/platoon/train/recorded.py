@@ -25,17 +25,9 @@ from pathlib import Path
 import structlog
 
 from platoon.bus import LogDamage, read_events
+from platoon.bus.episodes import EpisodeLog, fold_events
 from platoon.bus.eventlog import EVENT_LOG_NAME
-from platoon.bus.events import (
-    AgentOpenRequested,
-    AgentSpawned,
-    Datum,
-    EpisodeAbandoned,
-    EpisodeFinished,
-    EpisodeGraded,
-    EpisodeRequested,
-    ModelCallFinished,
-)
+from platoon.bus.events import Datum
 from platoon.config import AssemblyError
 from platoon.credit import Call, merge_calls
 from platoon.train.batcher import recorded_call
@@ -119,50 +111,45 @@ def read_run(run_dir: str | Path) -> RecordedRun:
     path = Path(run_dir)
     if not path.exists():
         raise RecordedError(f"--from {run_dir}: no such run directory (or conversations file)")
-    episodes: dict[str, RecordedEpisode] = {}
-    abandoned: set[str] = set()
     if path.is_dir() and not (path / EVENT_LOG_NAME).is_file():
         raise RecordedError(f"--from {run_dir}: no event log ({EVENT_LOG_NAME}) there")
     damage = LogDamage(path="")
-
-    def episode(episode_id: str) -> RecordedEpisode:
-        return episodes.setdefault(episode_id, RecordedEpisode(episode_id, str(path)))
-
-    for event in read_events(path, damage):
-        match event:
-            case EpisodeRequested():
-                e = episode(event.episode_id)
-                e.purpose, e.env, e.split, e.task_id = (
-                    event.purpose,
-                    event.task.env,
-                    event.task.split,
-                    event.task.task_id,
-                )
-            case AgentSpawned():
-                a = episode(event.episode_id).agent(event.agent_id)
-                a.parent_id, a.depth, a.harness, a.policy = (
-                    event.parent_id,
-                    event.depth,
-                    event.harness,
-                    event.policy,
-                )
-            case AgentOpenRequested():
-                episode(event.episode_id).agent(event.agent_id).role = event.role
-            case ModelCallFinished():
-                episode(event.episode_id).agent(event.agent_id).calls.append(recorded_call(event))
-            case EpisodeFinished():
-                episode(event.episode_id).status = event.status
-            case EpisodeGraded():
-                e = episode(event.episode_id)
-                if e.reward is None:
-                    e.reward = event.reward
-                    e.purpose = e.purpose or event.purpose
-            case EpisodeAbandoned():
-                abandoned.add(event.episode_id)
-    kept = [e for e in episodes.values() if e.episode_id not in abandoned and e.calls]
+    folded = fold_events(read_events(path, damage)).values()
+    kept = [_recorded(log, str(path)) for log in folded if not log.abandoned]
     return RecordedRun(
-        str(path), kept, recorded_tokenizers(path), damage.describe() if damage.found else None
+        str(path),
+        [e for e in kept if e.calls],
+        recorded_tokenizers(path),
+        damage.describe() if damage.found else None,
     )
+
+
+def _recorded(log: EpisodeLog, source: str) -> RecordedEpisode:
+    """An episode of the log as SFT reads it: its task, how it ended, its first reward and each
+    agent's place in the tree, role and calls."""
+    episode = RecordedEpisode(log.episode_id, source)
+    if log.requested is not None:
+        asked = log.requested.event
+        episode.purpose, episode.env, episode.split = asked.purpose, asked.task.env, asked.task.split
+        episode.task_id = asked.task.task_id
+    if log.finished is not None:
+        episode.status = log.finished.event.status
+    graded = next((g.event for g in log.grades if g.event.reward is not None), None)
+    if graded is not None:
+        episode.reward, episode.purpose = graded.reward, episode.purpose or graded.purpose
+    for agent in log.agents.values():
+        calls = agent.calls()
+        if agent.spawned is None and not calls and agent.agent_id not in log.roles:
+            continue  # an agent the log knows only by its sessions and tools: not recorded
+        recorded = episode.agent(agent.agent_id)
+        recorded.calls = [recorded_call(call) for call in calls]
+        if agent.spawned is not None:
+            spawned = agent.spawned.event
+            recorded.parent_id, recorded.depth = spawned.parent_id, spawned.depth
+            recorded.harness, recorded.policy = spawned.harness, spawned.policy
+    for agent_id, role in log.roles.items():
+        episode.agent(agent_id).role = role
+    return episode
 
 
 def recorded_tokenizers(path: Path) -> dict[str, dict[str, str]]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -44,7 +44,7 @@ from platoon.bus.events import (
     step_number,
 )
 from platoon.config.rundir import make_private_dir, write_private
-from platoon.config.schema import CorrectionConfig, LossFn
+from platoon.config.schema import TrainConfig
 from platoon.credit import distill_advantages, filter_stale, kl_penalty, reference_targets, to_tinker
 from platoon.credit.importance import CORRECTED_LOSSES, correct
 from platoon.policy.tinker import wait_future
@@ -62,61 +62,25 @@ __all__ = ["Trainer", "TrainerSettings"]
 log = structlog.get_logger("platoon.trainer")
 
 
-class TrainerSettings:
-    """The knobs of a training step, taken from `train:` in the config."""
+class TrainerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What a training step needs: the policy's `train:` whole, as the config has it (its base
+    model, loss, optimizer, schedule, importance correction, KL and distillation), and what the
+    run adds to it."""
 
-    def __init__(
-        self,
-        *,
-        base_model: str,
-        loss_fn: LossFn = "importance_sampling",
-        loss_fn_config: dict[str, Any] | None = None,
-        learning_rate: float = 4e-5,
-        beta1: float = 0.9,
-        beta2: float = 0.95,
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        grad_clip_norm: float = 0.0,
-        max_staleness: int = 0,
-        save_every: int = 10,
-        total_steps: int | None = None,
-        base_url: str | None = None,
-        kl_coefficient: float = 0.0,
-        distill_weight: float = 1.0,
-        normalization: str = "sum",
-        keep: int | None = None,
-        rollouts: bool = True,
-        correction: CorrectionConfig | None = None,
-    ) -> None:
-        self.base_model = base_model
-        self.loss_fn = loss_fn
-        self.loss_fn_config = dict(loss_fn_config or {})
-        self.adam = {
-            "learning_rate": learning_rate,
-            "beta1": beta1,
-            "beta2": beta2,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "grad_clip_norm": grad_clip_norm,
-        }
-        self.max_staleness = max_staleness
-        self.save_every = save_every
-        self.total_steps = total_steps
-        self.base_url = base_url
-        self.kl_coefficient = kl_coefficient
-        self.distill_weight = distill_weight  # the teacher's share of the advantage (`distill.weight`)
-        self.normalization = normalization
-        self.keep = keep  # checkpoints kept (`checkpoint.keep`); None: all
-        # whether rollouts sample the policy as it trains (RL): each step's sampler weights are
-        # saved and announced, and datums more than `max_staleness` versions old are dropped. A
-        # run without (`platoon sft`) trains every datum and saves samplers with checkpoints only.
-        self.rollouts = rollouts
-        if correction is not None and loss_fn not in CORRECTED_LOSSES:
+    train: TrainConfig  # the policy's `train:`; `model_name` is the base model the service trains
+    keep: int | None = None  # checkpoints kept (`checkpoint.keep`); None: all
+    # whether rollouts sample the policy as it trains (RL): each step's sampler weights are
+    # saved and announced, and datums more than `max_staleness` versions old are dropped. A
+    # run without (`platoon sft`) trains every datum and saves samplers with checkpoints only.
+    rollouts: bool = True
+    base_url: str | None = None  # the training service's, recorded with each checkpoint
+
+    def __post_init__(self) -> None:
+        if self.train.correction is not None and self.train.loss_fn not in CORRECTED_LOSSES:
             raise ValueError(
                 f"train.correction weighs the sampler's logprobs in a ratio loss "
-                f"({', '.join(CORRECTED_LOSSES)}), and loss_fn is {loss_fn!r}"
+                f"({', '.join(CORRECTED_LOSSES)}), and loss_fn is {self.train.loss_fn!r}"
             )
-        self.correction = correction  # truncated or masked importance sampling against the sampler
 
 
 class Trainer(ComponentBase):
@@ -156,7 +120,7 @@ class Trainer(ComponentBase):
         self.busy_seconds = 0.0
         self.waited_seconds = 0.0  # how long the trainer waited for the batch it is on
         self._batches: Stream[BatchReady] | None = None
-        self.step_weights = StepWeights(settings.max_staleness)
+        self.step_weights = StepWeights(settings.train.max_staleness)
 
     def on_attach(self, bus: Bus) -> None:
         self._batches = bus.stream(BatchReady, name=self.name).open()
@@ -190,8 +154,8 @@ class Trainer(ComponentBase):
     async def step(self, bus: Bus, batch: BatchReady) -> None:
         import tinker
 
-        started = time.monotonic()
-        staleness = self.settings.max_staleness if self.settings.rollouts else None
+        started, train = time.monotonic(), self.settings.train  # the policy's `train:`
+        staleness = train.max_staleness if self.settings.rollouts else None
         kept, dropped = filter_stale(batch.datums, self.version, staleness)
         metrics: dict[str, float] = {}
         if self.settings.rollouts:
@@ -208,21 +172,22 @@ class Trainer(ComponentBase):
             teacher_started = time.monotonic()
             rows = await self._score(self.teacher, kept)
             kept, distill_stats = distill_advantages(
-                kept, rows, self.settings.distill_weight, scale=self._scale(kept)
+                kept,
+                rows,
+                train.distill.weight if train.distill else 1.0,
+                scale=self._scale(kept),
             )
             metrics |= distill_stats
             metrics["time/teacher"] = time.monotonic() - teacher_started
         train_started = time.monotonic()
         if kept:
             sent = kept
-            if self.settings.correction is not None:
+            if train.correction is not None:
                 sent, corrected = await self._correct(kept)
                 metrics |= corrected
-            data = [to_tinker(d, self.settings.loss_fn) for d in sent]
-            fwd_bwd = self.client.forward_backward(
-                data, self.settings.loss_fn, self.settings.loss_fn_config or None
-            )
-            optim = self.client.optim_step(tinker.AdamParams(**self.settings.adam))
+            data = [to_tinker(d, train.loss_fn) for d in sent]
+            fwd_bwd = self.client.forward_backward(data, train.loss_fn, train.loss_fn_config or None)
+            optim = self.client.optim_step(tinker.AdamParams(**msgspec.structs.asdict(train.optimizer)))
             result = await wait_future(fwd_bwd)
             optimized = await wait_future(optim)
             metrics |= _loss_metrics(result)
@@ -233,14 +198,14 @@ class Trainer(ComponentBase):
                 # recorded episodes (`platoon sft`) were sampled by another policy: no mismatch to measure
                 scored if self.settings.rollouts else None,
                 version=self.version,
-                loss_fn=self.settings.loss_fn,
-                loss_fn_config=self.settings.loss_fn_config,
+                loss_fn=train.loss_fn,
+                loss_fn_config=train.loss_fn_config,
                 sent=sent,
             )
             if scored is not None and self.settings.rollouts:
                 await bus.publish(_scored_event(batch, kept, scored, self.policy))
             trained = sum(d.num_trained_tokens for d in kept)
-            if self.settings.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
+            if train.loss_fn == "cross_entropy" and "train/loss" in metrics and trained:
                 metrics["train/loss_per_token"] = metrics["train/loss"] / trained  # the mean NLL
             metrics["time/train"] = time.monotonic() - train_started
             if self.settings.rollouts:
@@ -251,8 +216,8 @@ class Trainer(ComponentBase):
             metrics["train/skipped"] = 1.0
             log.info("no datums to train on this step", step=step_number(batch.step), policy=self.policy)
         metrics["policy/version"] = float(self.version)
-        last = self.settings.total_steps is not None and batch.step + 1 >= self.settings.total_steps
-        every = self.settings.save_every
+        last = train.max_training_steps is not None and batch.step + 1 >= train.max_training_steps
+        every = train.save_every
         if (every and (batch.step + 1) % every == 0) or last:
             await self.save(bus, batch.step)
         metrics["time/step"] = time.monotonic() - started + batch.stats.get("time/rollout", 0.0)
@@ -276,7 +241,7 @@ class Trainer(ComponentBase):
             PolicyUpdated(
                 version=self.version,
                 sampler_path=saved.path,
-                base_model=self.settings.base_model,
+                base_model=self.settings.train.model_name,
                 base_url=self.settings.base_url,
                 policy=self.policy,
             )
@@ -290,11 +255,11 @@ class Trainer(ComponentBase):
     async def _correct(self, datums: list[Datum]) -> tuple[list[Datum], dict[str, float]]:
         """The datums with the importance correction (`train.correction`) in their advantages,
         from a forward pass of the trainer as it stands (`platoon.credit.importance`)."""
-        assert self.settings.correction is not None
+        assert self.settings.train.correction is not None
         started = time.monotonic()
-        data = [to_tinker(d, self.settings.loss_fn) for d in datums]
+        data = [to_tinker(d, self.settings.train.loss_fn) for d in datums]
         result = await wait_future(
-            self.client.forward(data, self.settings.loss_fn, self.settings.loss_fn_config or None)
+            self.client.forward(data, self.settings.train.loss_fn, self.settings.train.loss_fn_config or None)
         )
         rows = _trainer_logprobs(result, len(datums))
         if rows is None:
@@ -302,7 +267,7 @@ class Trainer(ComponentBase):
                 "train.correction needs the trainer's logprobs of each datum, and the training "
                 "service's forward returned none (loss_fn_outputs[i]['logprobs'])"
             )
-        out, stats = correct(datums, rows, self.settings.correction)
+        out, stats = correct(datums, rows, self.settings.train.correction)
         stats["time/correction"] = time.monotonic() - started
         return out, stats
 
@@ -310,7 +275,12 @@ class Trainer(ComponentBase):
         """The datums with the KL penalty folded in, and the KL metrics."""
         assert self.reference is not None, "a KL penalty needs its reference"
         rows = await self._score(self.reference, datums)
-        return kl_penalty(datums, rows, self.settings.kl_coefficient, scale=self._scale(datums))
+        return kl_penalty(
+            datums,
+            rows,
+            (self.settings.train.kl.coefficient if self.settings.train.kl else 0.0),
+            scale=self._scale(datums),
+        )
 
     async def _score(self, client: tinker.SamplingClient, datums: list[Datum]) -> list[list[float | None]]:
         """Another policy's logprob of each target of each datum: its `compute_logprobs` of the
@@ -334,7 +304,7 @@ class Trainer(ComponentBase):
     def _scale(self, datums: list[Datum]) -> float:
         """The normalisation the datums' advantages carry: 1 / trained tokens under `token_mean`."""
         trained = sum(d.num_trained_tokens for d in datums)
-        return 1.0 / trained if self.settings.normalization == "token_mean" and trained else 1.0
+        return 1.0 / trained if self.settings.train.loss_normalization == "token_mean" and trained else 1.0
 
     async def save(self, bus: Bus, step: int) -> Checkpoint:
         """Save the full training state (weights and optimizer) and record the checkpoint."""

@@ -11,29 +11,18 @@ from typing import NotRequired, Protocol, TypedDict
 
 import msgspec
 
-from platoon.bus.eventlog import Record
-from platoon.bus.events import (
-    AgentFinished,
-    AgentProcessExited,
-    AgentProcessRequested,
-    AgentSpawned,
-    ChatReplied,
-    ChatRequested,
-    Datum,
-    EpisodeAbandoned,
-    EpisodeFinished,
-    EpisodeGraded,
-    EpisodeRequested,
-    EpisodeStarted,
-    Event,
-    Graded,
-    GradeRequested,
-    ModelCallFinished,
-    SessionOpened,
-    SessionOpenRequested,
-    ToolCalled,
-    ToolReturned,
+from platoon.bus.episodes import (
+    AgentLog,
+    EpisodeLog,
+    GradeTurn,
+    ModelTurn,
+    ProcessTurn,
+    SessionTurn,
+    Stamped,
+    ToolTurn,
 )
+from platoon.bus.eventlog import Record
+from platoon.bus.events import ChatReplied, Datum, Event, ModelCallFinished
 from platoon.visualization.index import EpisodeRow, StoredDatum
 
 __all__ = ["AgentView", "Decoder", "EpisodeView", "call_tokens", "episode_view", "locate_in_datum"]
@@ -92,206 +81,184 @@ class EpisodeView(TypedDict):
     roots: list[str]
 
 
-def _plain(event: Event) -> dict[str, object]:
-    plain: dict[str, object] = msgspec.to_builtins(event)
-    return plain
+def _plain(stamped: Stamped[Event] | None) -> dict[str, object] | None:
+    if stamped is None:
+        return None
+    plain: dict[str, object] = msgspec.to_builtins(stamped.event)
+    return plain | {"time": stamped.time}
 
 
 def episode_view(row: EpisodeRow | None, records: Sequence[Record]) -> EpisodeView:
     """The episode page's data: its row, the agent tree with each agent's turns in order."""
-    agents: dict[str, AgentView] = {}
-    order: list[str] = []
-    chats: dict[str, dict[str, object]] = {}  # request_id -> model call item
-    by_call: dict[str, dict[str, object]] = {}  # call_id -> model call item
-    tools: dict[str, dict[str, object]] = {}
-    sessions: dict[str, dict[str, object]] = {}
-    processes: dict[str, dict[str, object]] = {}
-    grades: dict[str, dict[str, object]] = {}
-    item: dict[str, object] | None
-    previous_tokens: dict[str, list[int]] = {}  # per agent: the last prompt + completion
-    out: EpisodeView = {
-        "episode": row,
-        "requested": None,
-        "started": None,
-        "finished": None,
-        "graded": None,
-        "abandoned": [],
-        "agents": [],
-        "roots": [],
-    }
-    graded: EpisodeGraded | None = None
-
-    def agent(agent_id: str) -> AgentView:
-        if agent_id not in agents:
-            agents[agent_id] = {
-                "agent_id": agent_id,
-                "parent_id": None,
-                "depth": 0,
-                "harness": None,
-                "policy": None,
-                "instruction": None,
-                "status": None,
-                "reason": None,
-                "final_message": None,
-                "reward": None,
-                "fork": None,
-                "items": [],
-                "children": [],
-            }
-            order.append(agent_id)
-        return agents[agent_id]
-
+    log = EpisodeLog(row["episode_id"] if row else "")
     for record in records:
-        event, at = record.event, record.time
-        if isinstance(event, EpisodeRequested):
-            out["requested"] = _plain(event) | {"time": at}
-        elif isinstance(event, EpisodeStarted):
-            out["started"] = _plain(event) | {"time": at}
-        elif isinstance(event, AgentSpawned):
-            a = agent(event.agent_id)
-            a.update({"parent_id": event.parent_id, "depth": event.depth, "harness": event.harness})
-            a.update({"policy": event.policy, "instruction": _cut(event.instruction), "started": at})
-        elif isinstance(event, AgentFinished):
-            a = agent(event.agent_id)
-            a.update(
-                {"status": event.status, "reason": event.reason, "final_message": _cut(event.final_message)}
-            )
-            a.update({"reward": event.reward, "finished": at})
-        elif isinstance(event, SessionOpenRequested):
-            item = {"kind": "session", "time": at, "fork_of": event.fork_of, "fork": event.fork}
-            agent(event.agent_id)["items"].append(item)
-            if event.fork_of:
-                agent(event.agent_id)["fork"] = {"of": event.fork_of, "mode": event.fork}
-            sessions[event.request_id] = item
-        elif isinstance(event, SessionOpened):
-            item = sessions.get(event.reply_to)
-            if item is not None:
-                item.update(instruction=_cut(event.instruction), error=event.error)
-                item["tools"] = [{"name": t.name, "description": t.description} for t in event.tools]
-        elif isinstance(event, ChatRequested):
-            item = {
-                "kind": "model_call",
-                "time": at,
-                "messages": [_message(m) for m in event.messages],
-                "tools": [t.get("function", t).get("name") for t in event.tools or [] if isinstance(t, dict)],
-                "call_kind": event.kind,
-                "call_id": None,
-            }
-            agent(event.agent_id)["items"].append(item)
-            chats[event.request_id] = item
-        elif isinstance(event, ModelCallFinished):
-            item = _pending_chat(agents.get(event.agent_id))
-            if item is None:  # a call over HTTP: its messages, if any, came with it
-                messages = [_message(m) for m in event.messages] if event.messages is not None else None
-                item = {"kind": "model_call", "time": at, "messages": messages, "call_kind": event.kind}
-                agent(event.agent_id)["items"].append(item)
-            prompt, completion = event.prompt_tokens, event.completion_tokens
-            before = previous_tokens.get(event.agent_id)
-            item.update(
-                call_id=event.call_id,
-                prompt_tokens=len(prompt),
-                completion_tokens=len(completion),
-                completion_text=_cut(event.completion_text),
-                stop_reason=event.stop_reason,
-                policy_version=event.policy_version,
-                duration_s=event.duration_s,
-                parse_errors=list(event.parse_errors),
-                logprob_mean=(sum(event.logprobs) / len(event.logprobs)) if event.logprobs else None,
-                # The prompt does not extend the last call's tokens: a new datum (compaction,
-                # truncation, a re-rendered history).
-                context_reset=before is not None and prompt[: len(before)] != before,
-            )
-            previous_tokens[event.agent_id] = [*prompt, *completion]
-            by_call[event.call_id] = item
-        elif isinstance(event, ChatReplied):
-            item = chats.get(event.reply_to)
-            if item is None:
-                continue
-            item.update(reply=_message(event.message), finish_reason=event.finish_reason)
-            item.update(parse_errors=list(event.parse_errors), error=event.error, error_kind=event.error_kind)
-            if event.call_id and item.get("call_id") is None:
-                item["call_id"] = event.call_id
-        elif isinstance(event, ToolCalled):
-            item = {
-                "kind": "tool",
-                "time": at,
-                "name": event.name,
-                "arguments": event.arguments,
-                "env": event.env,
-            }
-            agent(event.agent_id)["items"].append(item)
-            tools[event.request_id] = item
-        elif isinstance(event, ToolReturned):
-            item = tools.get(event.reply_to)
-            if item is None:
-                item = {"kind": "tool", "time": at, "name": event.name, "arguments": None}
-                agent(event.agent_id)["items"].append(item)
-            item.update(
-                output=_cut(event.output),
-                reward=event.reward,
-                finished=event.finished,
-                env_fault=event.env_fault,
-                error=event.error,
-                duration_s=event.duration_s,
-            )
-        elif isinstance(event, AgentProcessRequested):
-            item = {"kind": "process", "time": at, "env": event.env, "timeout": event.timeout}
-            agent(event.agent_id)["items"].append(item)
-            processes[event.request_id] = item
-        elif isinstance(event, AgentProcessExited):
-            item = processes.get(event.reply_to)
-            if item is not None:
-                item.update(
-                    return_code=event.return_code,
-                    stdout=_cut(event.stdout),
-                    stderr=_cut(event.stderr),
-                    stdout_bytes=event.stdout_bytes,
-                    stderr_bytes=event.stderr_bytes,
-                    timed_out=event.timed_out,
-                    unsupported=event.unsupported,
-                    error=event.error,
-                    duration_s=event.duration_s,
-                )
-        elif isinstance(event, GradeRequested):
-            item = {"kind": "grade", "time": at, "env": event.env}
-            agent(event.agent_id)["items"].append(item)
-            grades[event.request_id] = item
-        elif isinstance(event, Graded):
-            item = grades.get(event.reply_to)
-            if item is not None:
-                item.update(
-                    reward=event.reward, rewards=event.rewards, reason=event.reason, error=event.error
-                )
-        elif isinstance(event, EpisodeFinished):
-            out["finished"] = _plain(event) | {"time": at}
-        elif isinstance(event, EpisodeGraded):
-            out["graded"] = _plain(event) | {"time": at}
-            graded = event
-        elif isinstance(event, EpisodeAbandoned):
-            out["abandoned"].append(_plain(event) | {"time": at})
-    for a in agents.values():
-        a["items"] = [{k: v for k, v in item.items() if not k.startswith("_")} for item in a["items"]]
-        parent = agents.get(a["parent_id"]) if a["parent_id"] else None
-        if parent is not None:
-            parent["children"].append(a["agent_id"])
-    for agent_id, reward in (graded.agent_rewards if graded is not None else {}).items():
-        if agent_id in agents and agents[agent_id]["reward"] is None:
-            agents[agent_id]["reward"] = reward
-    roots = [a for a in order if not agents[a]["parent_id"] or agents[a]["parent_id"] not in agents]
-    out["agents"] = [agents[a] for a in order]
-    out["roots"] = roots
-    return out
+        log.add(record.event, record.time)
+    graded = log.grades[-1] if log.grades else None
+    agents = [_agent_view(log, agent) for agent in log.agents.values()]
+    for agent_id, reward in (graded.event.agent_rewards if graded is not None else {}).items():
+        for view in agents:
+            if view["agent_id"] == agent_id and view["reward"] is None:
+                view["reward"] = reward
+    return {
+        "episode": row,
+        "requested": _plain(log.requested),
+        "started": _plain(log.started),
+        "finished": _plain(log.finished),
+        "graded": _plain(graded),
+        "abandoned": [p for p in map(_plain, log.abandoned) if p is not None],
+        "agents": agents,
+        "roots": [
+            a.agent_id for a in log.agents.values() if not a.parent_id or a.parent_id not in log.agents
+        ],
+    }
 
 
-def _pending_chat(agent: AgentView | None) -> dict[str, object] | None:
-    """The agent's model call asked over the bus (`ChatRequested`) whose tokens have not come:
-    the `ModelCallFinished` that follows is its record."""
-    if agent is None:
-        return None
-    for item in reversed(agent["items"]):
-        if item["kind"] == "model_call" and "prompt_tokens" not in item and item.get("messages") is not None:
-            return item
-    return None
+def _agent_view(log: EpisodeLog, agent: AgentLog) -> AgentView:
+    spawned = agent.spawned.event if agent.spawned is not None else None
+    end = agent.finished.event if agent.finished is not None else None
+    forks = [t.request for t in agent.turns if isinstance(t, SessionTurn) and t.request.fork_of]
+    view: AgentView = {
+        "agent_id": agent.agent_id,
+        "parent_id": spawned.parent_id if spawned else None,
+        "depth": spawned.depth if spawned else 0,
+        "harness": spawned.harness if spawned else None,
+        "policy": spawned.policy if spawned else None,
+        "instruction": _cut(spawned.instruction) if spawned else None,
+        "status": end.status if end else None,
+        "reason": end.reason if end else None,
+        "final_message": _cut(end.final_message) if end else None,
+        "reward": end.reward if end else None,
+        "fork": {"of": forks[-1].fork_of or "", "mode": forks[-1].fork} if forks else None,
+        "items": _items(agent),
+        "children": log.children_of(agent.agent_id),
+    }
+    if agent.spawned is not None:
+        view["started"] = agent.spawned.time
+    if agent.finished is not None:
+        view["finished"] = agent.finished.time
+    return view
+
+
+def _items(agent: AgentLog) -> list[dict[str, object]]:
+    """The agent's turns as the page lists them; a model call's `context_reset` says its prompt
+    does not extend the agent's last call's tokens (a new datum: compaction, truncation, a
+    re-rendered history)."""
+    items: list[dict[str, object]] = []
+    before: list[int] | None = None
+    resets: dict[int, bool] = {}
+    for call in agent.calls():
+        resets[id(call)] = before is not None and call.prompt_tokens[: len(before)] != before
+        before = [*call.prompt_tokens, *call.completion_tokens]
+    for turn in agent.turns:
+        match turn:
+            case SessionTurn():
+                items.append(_session_item(turn))
+            case ModelTurn():
+                items.append(_model_item(turn, resets))
+            case ToolTurn():
+                items.append(_tool_item(turn))
+            case ProcessTurn():
+                items.append(_process_item(turn))
+            case GradeTurn():
+                item: dict[str, object] = {"kind": "grade", "time": turn.time, "env": turn.request.env}
+                if (graded := turn.reply) is not None:
+                    item.update(reward=graded.reward, rewards=graded.rewards, reason=graded.reason)
+                    item["error"] = graded.error
+                items.append(item)
+    return items
+
+
+def _session_item(turn: SessionTurn) -> dict[str, object]:
+    asked, opened = turn.request, turn.reply
+    item: dict[str, object] = {
+        "kind": "session",
+        "time": turn.time,
+        "fork_of": asked.fork_of,
+        "fork": asked.fork,
+    }
+    if opened is not None:
+        item.update(instruction=_cut(opened.instruction), error=opened.error)
+        item["tools"] = [{"name": t.name, "description": t.description} for t in opened.tools]
+    return item
+
+
+def _model_item(turn: ModelTurn, resets: dict[int, bool]) -> dict[str, object]:
+    """A model call asked over the bus (its messages and tools as asked, then its record and its
+    reply in the order they came) or over HTTP (its messages, if any, came with its record)."""
+    item: dict[str, object] = {"kind": "model_call", "time": turn.time}
+    if (asked := turn.request) is not None:
+        item["messages"] = [_message(m) for m in asked.messages]
+        item["tools"] = [t.get("function", t).get("name") for t in asked.tools or [] if isinstance(t, dict)]
+        item.update(call_kind=asked.kind, call_id=None)
+    elif turn.call is not None:
+        messages = turn.call.messages
+        item["messages"] = [_message(m) for m in messages] if messages is not None else None
+        item["call_kind"] = turn.call.kind
+    updates = [
+        (turn.recorded_at, _call_fields(turn.call, resets)),
+        (turn.replied_at, _reply_fields(turn.reply)),
+    ]
+    for _, fields in sorted((u for u in updates if u[0] is not None), key=lambda u: u[0] or 0):
+        call_id = fields.pop("reply_call_id", None)
+        item.update(fields)
+        if call_id and item.get("call_id") is None:
+            item["call_id"] = call_id
+    return item
+
+
+def _call_fields(call: ModelCallFinished | None, resets: dict[int, bool]) -> dict[str, object]:
+    if call is None:
+        return {}
+    logprobs = call.logprobs
+    return {
+        "call_id": call.call_id,
+        "prompt_tokens": len(call.prompt_tokens),
+        "completion_tokens": len(call.completion_tokens),
+        "completion_text": _cut(call.completion_text),
+        "stop_reason": call.stop_reason,
+        "policy_version": call.policy_version,
+        "duration_s": call.duration_s,
+        "parse_errors": list(call.parse_errors),
+        "logprob_mean": (sum(logprobs) / len(logprobs)) if logprobs else None,
+        "context_reset": resets[id(call)],
+    }
+
+
+def _reply_fields(reply: ChatReplied | None) -> dict[str, object]:
+    if reply is None:
+        return {}
+    fields: dict[str, object] = {"reply": _message(reply.message), "finish_reason": reply.finish_reason}
+    fields.update(parse_errors=list(reply.parse_errors), error=reply.error, error_kind=reply.error_kind)
+    return fields | {"reply_call_id": reply.call_id}
+
+
+def _tool_item(turn: ToolTurn) -> dict[str, object]:
+    asked, returned = turn.request, turn.reply
+    item: dict[str, object] = {"kind": "tool", "time": turn.time}
+    if asked is not None:
+        item.update(name=asked.name, arguments=asked.arguments, env=asked.env)
+    elif returned is not None:
+        item.update(name=returned.name, arguments=None)
+    if returned is not None:
+        item.update(output=_cut(returned.output), reward=returned.reward, finished=returned.finished)
+        item.update(env_fault=returned.env_fault, error=returned.error, duration_s=returned.duration_s)
+    return item
+
+
+def _process_item(turn: ProcessTurn) -> dict[str, object]:
+    asked, exited = turn.request, turn.reply
+    item: dict[str, object] = {
+        "kind": "process",
+        "time": turn.time,
+        "env": asked.env,
+        "timeout": asked.timeout,
+    }
+    if exited is not None:
+        item.update(return_code=exited.return_code, stdout=_cut(exited.stdout), stderr=_cut(exited.stderr))
+        item.update(stdout_bytes=exited.stdout_bytes, stderr_bytes=exited.stderr_bytes)
+        item.update(timed_out=exited.timed_out, unsupported=exited.unsupported, error=exited.error)
+        item["duration_s"] = exited.duration_s
+    return item
 
 
 def _message(message: Mapping[str, object]) -> dict[str, object]:

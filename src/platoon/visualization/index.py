@@ -32,6 +32,7 @@ from typing import NamedTuple, TypeAlias, TypedDict, cast
 
 import msgspec
 
+from platoon.bus.episodes import Router
 from platoon.bus.eventlog import EVENT_LOG_NAME, LogDamage, Record, RecordReader, scan
 from platoon.bus.events import (
     AgentSpawned,
@@ -47,8 +48,6 @@ from platoon.bus.events import (
     EvalFinished,
     Event,
     ModelCallFinished,
-    Reply,
-    Request,
     RunFinished,
     TaskRef,
     ToolCalled,
@@ -497,7 +496,8 @@ class _Writer:
         self.last_time: float | None = None
         self.finished: str | None = None
         self.records: list[tuple[int, str, str]] = []
-        self.requests: dict[str, str] = {}
+        # A reply names no episode: the request it answers did, in this refresh or an earlier one.
+        self.router = Router(earlier=self._episode_of_reply)
 
     def add(self, record: Record) -> None:
         self.count += 1
@@ -505,12 +505,8 @@ class _Writer:
         if record.time:
             self.first_time = self.first_time if self.first_time is not None else record.time
             self.last_time = record.time
-        episode_id = getattr(event, "episode_id", None)
-        if episode_id is None and isinstance(event, Reply):
-            episode_id = self._episode_of_reply(event.reply_to)
-        if isinstance(event, Request) and isinstance(episode_id, str) and not isinstance(event, ToolCalled):
-            self.requests[event.request_id] = episode_id  # its reply does not say the episode
-        if isinstance(episode_id, str):
+        episode_id = self.router.episode_of(event)
+        if episode_id is not None:
             self.records.append((record.offset, episode_id, type(event).__name__))
             self._episode(event, record)
         elif isinstance(event, BatchReady):
@@ -542,15 +538,14 @@ class _Writer:
             self.flush()
 
     def _episode_of_reply(self, request_id: str) -> str | None:
-        found = self.requests.pop(request_id, None)
-        if found is None:  # asked before an earlier refresh ended
-            row = self.db.execute(
-                "SELECT episode_id FROM requests WHERE request_id = ?", (request_id,)
-            ).fetchone()
-            if row:
-                self.db.execute("DELETE FROM requests WHERE request_id = ?", (request_id,))
-                found = row[0]
-        return found
+        """The episode of a request asked before an earlier refresh ended."""
+        row = self.db.execute(
+            "SELECT episode_id FROM requests WHERE request_id = ?", (request_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        self.db.execute("DELETE FROM requests WHERE request_id = ?", (request_id,))
+        return str(row[0])
 
     def _upsert(self, episode_id: str, **values: SqlValue) -> None:
         self.db.execute("INSERT OR IGNORE INTO episodes (episode_id) VALUES (?)", (episode_id,))
@@ -655,9 +650,11 @@ class _Writer:
         if self.records:
             self.db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?)", self.records)
             self.records = []
-        if self.requests:
-            self.db.executemany("INSERT OR REPLACE INTO requests VALUES (?, ?)", list(self.requests.items()))
-            self.requests = {}
+        if self.router.pending:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO requests VALUES (?, ?)", list(self.router.pending.items())
+            )
+            self.router.pending.clear()
 
 
 def _depth_weight(batch: BatchReady, depth: int) -> float:

@@ -60,7 +60,7 @@ from platoon.policy.base import SamplerFactory
 from platoon.policy.tinker import TinkerSamplerFactory, closing
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 
 pytestmark = [
     pytest.mark.anyio,
@@ -152,7 +152,9 @@ async def play(
         EpisodeRunner([entry], request_timeout=60),
         Grader(),
         # A group of one keeps its datums (its advantage is 0): the datums are what is checked.
-        CreditAssigner(group_size=1, batch_size=1, credit=CreditConfig(remove_constant_groups=False)),
+        CreditAssigner(
+            CreditSettings(group_size=1, batch_size=1, credit=CreditConfig(remove_constant_groups=False))
+        ),
     ]
     episode_id = new_id()
     events: list[Event] = []

@@ -35,7 +35,7 @@ from platoon.gateway.renderers import get_renderer
 from platoon.harness.toolchain import find_python
 from platoon.programs import EntrySettings, EpisodeRunner, Grader
 from platoon.testing.policies import ScriptedSamplerFactory
-from platoon.train.batcher import CreditAssigner
+from platoon.train.batcher import CreditAssigner, CreditSettings
 
 ENV_PACKAGE = Path(__file__).resolve().parents[1] / "verifiers_env"
 NO_PYTHON = None if find_python("3.12") else "no Python 3.12 here (verifiers needs Python >= 3.12)"
@@ -100,7 +100,9 @@ async def play(tokenizer: Any, env: EnvService, task_id: str, policy: Any = solv
         ),
         EpisodeRunner([entry], request_timeout=120),
         Grader(),
-        CreditAssigner(group_size=1, batch_size=1, credit=CreditConfig(remove_constant_groups=False)),
+        CreditAssigner(
+            CreditSettings(group_size=1, batch_size=1, credit=CreditConfig(remove_constant_groups=False))
+        ),
     ]
     episode_id, events = new_id(), []
     async with Bus() as bus, running(bus, components):
