@@ -8,7 +8,7 @@ import torch
 
 from platoon.backends.local.specs import EngineError, ModelNotFound
 
-__all__ = ["pick_attention", "pick_device", "pick_dtype", "resolve_model_dir"]
+__all__ = ["pick_attention", "pick_device", "pick_dtype", "release_freed_memory", "resolve_model_dir"]
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -58,3 +58,21 @@ def pick_attention(device: torch.device) -> str:
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
+
+
+def release_freed_memory(device: torch.device) -> None:
+    """Hand back to the system the memory a CPU step freed and glibc's allocator kept.
+
+    A training step's activations are gigabytes on a CPU (SmolLM2-135M, 13 sequences of 410
+    tokens: about 10 GB); freed, they stay in the process (glibc keeps freed chunks for reuse),
+    so the sampler's caches of the evaluation that follows stack on top of them. Measured: an RL
+    run of the real-agent example was killed for memory at 17.6 GB in such an evaluation; one
+    step's 2.3 GB kept fell to 0.5 GB after a trim. A no-op off Linux's glibc and on a GPU."""
+    if device.type != "cpu":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim this way
+        pass

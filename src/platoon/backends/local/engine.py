@@ -30,7 +30,13 @@ from platoon.backends.local.checkpoints import (
     private_dir,
     read_spec,
 )
-from platoon.backends.local.devices import pick_attention, pick_device, pick_dtype, resolve_model_dir
+from platoon.backends.local.devices import (
+    pick_attention,
+    pick_device,
+    pick_dtype,
+    release_freed_memory,
+    resolve_model_dir,
+)
 from platoon.backends.local.invariant import left_padded, per_row_attention
 from platoon.backends.local.proto import Datum
 from platoon.backends.local.specs import AdamParams, EngineError, LoraSpec, ModelNotFound, WeightsRef
@@ -361,6 +367,8 @@ class Engine:
                 total += loss
                 for i, values in logprobs.items():
                     outputs[i] = values
+        if not forward_only:
+            release_freed_memory(self.device)  # the step's activations, before the sampler's caches
         return outputs, {"loss:sum": total}
 
     def _batch_loss(
