@@ -118,7 +118,8 @@ def trained_weights(config, run_dir: Path, *, resume: bool = False) -> dict[str,
 
     async def opened() -> dict[str, list[float]]:
         run = assemble(config, "train", RunOptions(resume=resume), run_dir=run_dir)
-        async with run._opened() as components:
+        async with run._opened() as opened:
+            components = [part.build(opened) for part in run.parts]
             return {
                 c.policy: scored(c.client.save_weights_and_get_sampling_client().result())
                 for c in components
@@ -225,7 +226,8 @@ def test_a_frozen_policy_is_the_kl_reference_of_the_trained_policy_that_names_it
 
     async def references() -> dict[str, list[float]]:
         run = assemble(config, "train", run_dir=home / "kl-opened")
-        async with run._opened() as components:
+        async with run._opened() as opened:
+            components = [part.build(opened) for part in run.parts]
             return {c.policy: scored(c.reference) for c in components if isinstance(c, Trainer)}
 
     reference = anyio.run(references)
