@@ -23,8 +23,7 @@ from pydantic import BaseModel
 
 import platoon as pt
 
-# 120 first names, one to three tokens each for SmolLM2's tokenizer, dealt once into three pools
-# of 40: the expert's demonstrations, the tasks RL trains on, and the held-out test. A name is
+# 116 first names, one to three tokens each for SmolLM2's tokenizer, dealt once into three pools: the expert's demonstrations, the tasks RL trains on, and the held-out test. A name is
 # in one split only, so neither SFT nor RL can pass the test by remembering a record.
 NAMES = (
     "Alice Bob Carol David Emma Frank Grace Henry Irene Jack Karen Leo Mia Nora Oscar Paul Quinn "
@@ -36,7 +35,7 @@ NAMES = (
     "Una Vito Wes Yvette Zeke Arlo Bianca Cedric Dora Emil Freya Gus Hilda"
 ).split()
 _DEALT = random.Random(3).sample(NAMES, len(NAMES))
-POOLS = {"demos": _DEALT[:40], "train": _DEALT[40:80], "test": _DEALT[80:]}
+POOLS = {"demos": _DEALT[:40], "train": _DEALT[40:80], "test": _DEALT[80:]}  # 40, 40, 36
 
 
 def _tasks(split: str, count: int, seed: int) -> list[dict[str, Any]]:
@@ -173,13 +172,16 @@ def expert(messages: list[dict]) -> str:
 
 
 def team_expert(messages: list[dict]) -> str:
-    """The expert of the recursive run (`--policy scripted:directory:team_expert`): asked a
-    question, it delegates it to a subagent for half of the people (by name) and looks the rest
-    up itself; a subagent (its instruction phrased apart) plays as `expert` does. So the policy
-    that SFT teaches delegates about half the time, and RL decides from there."""
+    """The expert of the recursive run (`--policy scripted:directory:team_expert`): asked about
+    someone with a long name (five letters or more: about half of the people), it delegates the
+    question to a subagent; the others it looks up itself. A subagent (its instruction phrased
+    apart) plays as `expert` does. So the policy SFT teaches delegates about half the time, by a
+    rule it can carry to people it never saw, and RL decides from there whether delegating pays.
+    (A rule a model cannot see, the parity of the name's letters, it learned per name and did
+    not carry: on new people it delegated 0 times in 40.)"""
     question = next(m["content"] for m in messages if m["role"] == "user")
     if question.startswith(ASKED[0]) and not any(m["role"] == "tool" for m in messages):
         person = question.removeprefix(ASKED[0]).split(ASKED[1])[0]
-        if sum(map(ord, person)) % 2:
+        if len(person) >= 5:
             return _call("spawn_subagent", {"instruction": f"{DELEGATED[0]}{person}{DELEGATED[1]}"})
     return expert(messages)
