@@ -72,6 +72,8 @@ class _Snapshot(msgspec.Struct):
     path: Path | None = None
 
 
+CPU_BATCH_TOKENS = 1024  # a training batch's tokens on a CPU (see Engine.forward_backward)
+
 _ATTN = re.compile(r"(attn|attention)", re.I)
 _MLP = re.compile(r"(mlp|ffn|feed_forward|feedforward)", re.I)
 
@@ -356,6 +358,11 @@ class Engine:
         resolved = self.check_batch(data, loss_fn, config)
         self._use(model.adapter)
         budget = max(1, min(max_batch_tokens, (1 << 28) // max(1, self.vocab_size)))
+        if self.device.type == "cpu":
+            # A CPU gains nothing from wide batches and pays in memory: 16 datums of ~430 tokens
+            # on SmolLM2, two threads, took 59 s at 16.2 GB in batches of 5,461 tokens and
+            # 41 s at 3.8 GB in batches of 1,024 (benchmarks/bench_forward_backward.py).
+            budget = min(budget, CPU_BATCH_TOKENS)
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
         lengths = [d.tokens.size for d in data]
