@@ -74,7 +74,7 @@ def test_a_written_opening_is_continued_and_a_wrong_one_refused(toy_tokenizer):
         compile_constraint(DecodingConstraint(tools=CALLS, written='{"name": "shout"'))
 
 
-def test_a_tool_whose_shortest_call_cannot_end_within_the_room_is_out_of_reach():
+def test_a_tool_whose_shortest_call_cannot_end_within_the_room_is_out_of_reach(toy_tokenizer):
     """The guide starts a call only where it can end, counting a character a token: a tool with
     a long name and a required string is never drawn when max_tokens is small, whatever the
     model prefers. `out_of_reach` names it (the sampler warns), with the characters it takes."""
@@ -98,11 +98,17 @@ def test_a_tool_whose_shortest_call_cannot_end_within_the_room_is_out_of_reach()
         "spawn_subagent": len('{"name": "spawn_subagent", "arguments": {"instruction": ""}}\n</tool_call>'),
     }
     assert shortest == {"answer": 57, "spawn_subagent": 73}
-    assert out_of_reach(constraint, 200) == []
-    assert [name for name, _ in out_of_reach(constraint, 60)] == ["spawn_subagent"]
-    found = dict(out_of_reach(constraint, 20))
-    assert found.keys() == shortest.keys()
-    assert all(shortest[name] - 1 <= chars <= shortest[name] for name, chars in found.items())
-    assert (
-        out_of_reach(DecodingConstraint(tools=tools[1:], after="\n</tool_call>"), 10) == []
-    )  # the only tool
+    vocab = Vocabulary(toy_tokenizer, len(toy_tokenizer))
+    assert out_of_reach(constraint, 200, vocab) == []
+    [(name, chars)] = out_of_reach(constraint, 60, vocab)
+    assert name == "spawn_subagent" and shortest[name] - 1 <= chars <= shortest[name]
+    # Short of room for any call, the guide takes the shortest (to be cut at max_tokens): the
+    # longer one is still never started.
+    assert out_of_reach(constraint, 20, vocab) == [(name, chars)]
+    assert out_of_reach(DecodingConstraint(tools=tools[1:], after="\n</tool_call>"), 10, vocab) == []
+    # What the guide itself does, token by token, at each room: it starts the tool, or it never does.
+    for room in (20, 60, 75, 200):
+        reached = {name for name, _ in out_of_reach(constraint, room, vocab)} ^ shortest.keys()
+        drawn = {decode_at_random(toy_tokenizer, constraint, room + 1, seed)[0] for seed in range(12)}
+        started = {name for name in shortest if any(f'"name": "{name}"' in text for text in drawn)}
+        assert started <= reached, room

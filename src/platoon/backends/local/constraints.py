@@ -556,23 +556,65 @@ def compile_constraint(constraint: DecodingConstraint) -> Grammar:
     return grammar
 
 
-def out_of_reach(constraint: DecodingConstraint, room: int) -> list[tuple[str, int]]:
-    """The tools of `constraint` whose shortest call cannot be closed within `room` tokens, each
-    with the characters that call takes. A guide counts a character a token (the most any text
-    can take), so it never starts such a tool: sampling never draws it, whatever the model
-    prefers, and its caller should hear that (more room, or a shorter name)."""
+def out_of_reach(constraint: DecodingConstraint, room: int, vocab: Vocabulary) -> list[tuple[str, int]]:
+    """The tools of `constraint` that a forced call never starts with `room` tokens left after
+    its first, each with the characters its shortest call takes. The guide lets a token through
+    only where the call can still end in time, counting a character a token, and past the room
+    only one that brings the end nearer: at the fork between tools, one whose shortest call is
+    longer than the others' by more than its first token covers is never drawn, whatever the
+    model prefers, and the caller should hear that (more room, or a shorter name)."""
     if not constraint.tools or len(constraint.tools) < 2:
         return []  # one tool, or none: nothing else could be drawn in its place
+    full = compile_constraint(constraint)
     out = []
     for tool in constraint.tools:
         try:
             one = compile_constraint(msgspec.structs.replace(constraint, tools=[tool]))
         except ConstraintError:
             continue  # its opening is another tool's (a named tool_choice): not this one
-        need = one.closing(one.start)
-        if need > room:
-            out.append((tool.name, need))
+        text = _shortest_text(one)
+        if not _reaches(full, text, vocab, room):
+            out.append((tool.name, len(text)))
     return out
+
+
+def _shortest_text(grammar: Grammar) -> str:
+    """The shortest text that `grammar` takes whole."""
+    state, chars = grammar.start, []
+    for _ in range(grammar.closing(grammar.start)):
+        if not state:
+            break
+        options = grammar.chars(state)
+        best = None
+        for c in sorted(options) if options is not None else ['"']:
+            after = grammar.step(state, c)
+            if after is not None and (best is None or grammar.closing(after) < grammar.closing(best[1])):
+                best = (c, after)
+        if best is None:
+            break
+        chars.append(best[0])
+        state = best[1]
+    return "".join(chars)
+
+
+def _reaches(grammar: Grammar, text: str, vocab: Vocabulary, room: int) -> bool:
+    """Whether the guide over `grammar` lets `text` be written, each token the longest of the
+    vocabulary that `text` goes on with (the one that brings the end nearest), one fewer token
+    of room after each: the rule of `allowed`."""
+    state: State | None = grammar.start
+    i = 0
+    while i < len(text) and state:
+        bound = max(room, grammar.closing(state))
+        for k in range(min(vocab.longest, len(text) - i), 0, -1):
+            piece = text[i : i + k]
+            if piece in vocab.by_text:
+                after = grammar.walk(state, piece)
+                if after is not None and grammar.closing(after) + 1 <= bound:
+                    break
+        else:
+            return False
+        state, i, room = after, i + k, room - 1
+    return True
 
 
 def _arguments(parameters: object) -> Node:
@@ -609,6 +651,9 @@ class Vocabulary:
             for j, (k, t) in enumerate(zip(first_special, self.sorted, strict=True))
             if k < len(t) and t[k] in '"\\'
         ]
+        # For `out_of_reach`: each text a token writes, added tokens' too.
+        self.by_text = {texts[i]: i for i in kept} | {text: i for i, text in self.added}
+        self.longest = max(map(len, self.by_text), default=1)
 
 
 def allowed(

@@ -616,6 +616,13 @@ class Sampler:
         tokens = (*row.job.request.prompt, *row.tokens[:-1])
         self.prefixes.put(batch.space, tokens, Prefix(layers=layers, logits=None, tokens=n))
 
+    def vocabulary(self, size: int | None = None) -> Vocabulary:
+        """The token texts the constraints decode with (read once, when first needed); `size`:
+        the logits' width, where known."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.engine.tokenizer, size or self.engine.vocab_size)
+        return self._vocabulary
+
     def _constrained(self, batch: _Batch) -> torch.Tensor:
         """The logits to draw from: a constrained row's with what its constraint does not allow
         next at -inf (a vocabulary-sized mask for those rows only)."""
@@ -625,10 +632,8 @@ class Sampler:
             grammar = row.job.request.grammar
             if grammar is not None:
                 if row.guide is None:
-                    if self._vocabulary is None:
-                        self._vocabulary = Vocabulary(self.engine.tokenizer, batch.logits.shape[-1])
                     stops = sorted(row.job.request.params.stop_tokens)
-                    row.guide = Guide(grammar, self._vocabulary, stops)
+                    row.guide = Guide(grammar, self.vocabulary(batch.logits.shape[-1]), stops)
                 guides[i] = row.guide
         if not guides:
             return batch.logits

@@ -77,19 +77,24 @@ def sample_stream(
                 raise EngineError(str(exc)) from None
         limit = sampler.check(request)
         if req.constraint is not None:
-            _say_out_of_reach(req.constraint, limit)
+            _say_out_of_reach(req.constraint, limit, sampler)
         return _Lines(_lines(sampler, request))
 
     return handler
 
 
 _said: set[tuple[str, int]] = set()
+_seen: set[tuple[bytes, int]] = set()  # the constraints and limits already looked at
 
 
-def _say_out_of_reach(constraint: DecodingConstraint, limit: int) -> None:
+def _say_out_of_reach(constraint: DecodingConstraint, limit: int, sampler: Sampler) -> None:
     """Warn, once per tool and limit, of a tool a forced call cannot draw within `limit` tokens
     (`out_of_reach`): the model's choice would be taken from it without a word."""
-    for name, chars in out_of_reach(constraint, limit - 1):
+    key = (msgspec.json.encode(constraint), limit)
+    if key in _seen or len(_seen) > 10_000:
+        return
+    _seen.add(key)
+    for name, chars in out_of_reach(constraint, limit - 1, sampler.vocabulary()):
         if (name, limit) not in _said:
             _said.add((name, limit))
             log.warning(
