@@ -176,9 +176,7 @@ def team_expert(messages: list[dict]) -> str:
     someone with a long name (five letters or more: about half of the people), it delegates the
     question to a subagent; the others it looks up itself. A subagent (its instruction phrased
     apart) plays as `expert` does. So the policy SFT teaches delegates about half the time, by a
-    rule it can carry to people it never saw, and RL decides from there whether delegating pays.
-    (A rule a model cannot see, the parity of the name's letters, it learned per name and did
-    not carry: on new people it delegated 0 times in 40.)"""
+    rule it can carry to people it never saw, and RL decides from there whether delegating pays."""
     question = next(m["content"] for m in messages if m["role"] == "user")
     if question.startswith(ASKED[0]) and not any(m["role"] == "tool" for m in messages):
         person = question.removeprefix(ASKED[0]).split(ASKED[1])[0]
