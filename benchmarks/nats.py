@@ -50,7 +50,7 @@ from platoon.bus.events import (  # noqa: E402
     TrainStepFinished,
     new_id,
 )
-from platoon.bus.nats import NatsBridge  # noqa: E402
+from platoon.bus.nats import NatsBridge, Routes  # noqa: E402
 from platoon.bus.nats_server import NatsServer  # noqa: E402
 
 
@@ -94,9 +94,11 @@ async def in_process(events: list[Event]) -> float:
 async def bridged(url: str, events: list[Event], kind: str, run: str) -> tuple[float, int]:
     """Events/s, and the offers they took (work: one per event or per batch)."""
     event_type = type(events[0])
-    sender = NatsBridge(url, run=run, **{kind: [event_type]})
+    sender = NatsBridge(url, run=run, routes=Routes(**{kind: [event_type]}))
     receiver = NatsBridge(
-        url, run=run, **{kind: [event_type]}, consume_work=kind == "work", consume_durable=kind == "durable"
+        url,
+        run=run,
+        routes=Routes(**{kind: [event_type]}, consume_work=kind == "work", consume_durable=kind == "durable"),
     )
     done = anyio.Event()
     count = 0

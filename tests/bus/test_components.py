@@ -68,7 +68,7 @@ def all_component_classes() -> set[type]:
 def components(tmp_path: Path, toy_tokenizer) -> list[object]:
     """One instance of every component class, built as cheaply as it allows."""
     from platoon.bus import EventLog
-    from platoon.bus.nats import NatsBridge
+    from platoon.bus.nats import NatsBridge, Routes
     from platoon.config.schema import TrainConfig
     from platoon.credit import CreditConfig
     from platoon.envs import build_env_service
@@ -128,10 +128,12 @@ def components(tmp_path: Path, toy_tokenizer) -> list[object]:
         NatsBridge(
             "nats://127.0.0.1:4222",
             run="r",
-            mirror=[PolicyAnnounced, WorkerStatus],
-            work=[EpisodeRequested],
-            withdraw=[EpisodeAbandoned],
-            consume_work=True,
+            routes=Routes(
+                mirror=[PolicyAnnounced, WorkerStatus],
+                work=[EpisodeRequested],
+                withdraw=[EpisodeAbandoned],
+                consume_work=True,
+            ),
         ),
     ]
 

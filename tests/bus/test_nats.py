@@ -28,7 +28,15 @@ from platoon.bus.events import (
     TrainStepFinished,
     WorkClaimed,
 )
-from platoon.bus.nats import NatsBridge, NatsBridgeError, event_id, subject_for
+from platoon.bus.nats import (
+    ConnectionSettings,
+    Limits,
+    NatsBridge,
+    NatsBridgeError,
+    Routes,
+    event_id,
+    subject_for,
+)
 from platoon.bus.nats.connection import synced
 from platoon.bus.nats.wire import BATCH_HEADER, unpack_batch
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server, free_port
@@ -60,11 +68,21 @@ def js_server(tmp_path):
         yield srv
 
 
+def bridge_with(url: str, *, run: str = "test", leases=None, issue_leases=False, **options) -> NatsBridge:
+    """A bridge whose tests name an option or two: each goes into the settings struct that has it."""
+    settings = {}
+    for key, struct in (("routes", Routes), ("connection", ConnectionSettings), ("limits", Limits)):
+        settings[key] = struct(
+            **{name: options.pop(name) for name in struct.__struct_fields__ if name in options}
+        )
+    assert not options, f"no such setting: {sorted(options)}"
+    return NatsBridge(url, run=run, leases=leases, issue_leases=issue_leases, **settings)
+
+
 @asynccontextmanager
 async def bridged(bus: Bus, url: str, **options) -> AsyncIterator[NatsBridge]:
     """A bridge on `bus`, live on entry (subscriptions in place), stopped on exit."""
-    options.setdefault("run", "test")
-    bridge = NatsBridge(url, **options)
+    bridge = bridge_with(url, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(bridge.run, bus)
         yield bridge
@@ -141,7 +159,7 @@ async def test_events_published_before_the_bridge_is_up_are_sent(server):
         seen_b = []
         b.subscribe(TrainStepFinished, seen_b.append)
         async with bridged(b, server.url, mirror=[TrainStepFinished]):
-            bridge = NatsBridge(server.url, run="test", mirror=[TrainStepFinished])
+            bridge = NatsBridge(server.url, run="test", routes=Routes(mirror=[TrainStepFinished]))
             bridge.attach(a)  # as run_components does before any component runs
             for i in range(10):
                 await a.publish(step(i))
@@ -385,7 +403,12 @@ async def test_bad_url_is_a_clear_error():
     with pytest.raises(NatsBridgeError, match="bad NATS URL"):
         NatsBridge("nats://host:port", run="r")
     port = free_port()
-    bridge = NatsBridge(f"nats://127.0.0.1:{port}", run="r", mirror=[TrainStepFinished], connect_timeout=0.5)
+    bridge = NatsBridge(
+        f"nats://127.0.0.1:{port}",
+        run="r",
+        routes=Routes(mirror=[TrainStepFinished]),
+        connection=ConnectionSettings(connect_timeout=0.5),
+    )
     async with Bus() as bus:
         with pytest.raises(
             NatsBridgeError, match=rf"could not connect to NATS at nats://127.0.0.1:{port} within 0.5 s"
@@ -396,7 +419,13 @@ async def test_bad_url_is_a_clear_error():
 async def test_durable_without_jetstream_is_a_clear_error(server):
     async with Bus() as bus:
         with pytest.raises(NatsBridgeError, match="no JetStream"):
-            await NatsBridge(server.url, run="r", durable=[EpisodeGraded], connect_timeout=2).run(bus)
+            bridge = NatsBridge(
+                server.url,
+                run="r",
+                routes=Routes(durable=[EpisodeGraded]),
+                connection=ConnectionSettings(connect_timeout=2),
+            )
+            await bridge.run(bus)
 
 
 async def test_a_server_that_lets_anyone_in_is_refused_or_warned_of_as_asked(server, tmp_path):
@@ -406,9 +435,12 @@ async def test_a_server_that_lets_anyone_in_is_refused_or_warned_of_as_asked(ser
 
     async with Bus() as bus:
         with pytest.raises(NatsBridgeError, match=rf"NATS at {server.url} lets anyone in.*platoon nats init"):
-            await NatsBridge(server.url, run="r", mirror=[TrainStepFinished], unauthenticated="refuse").run(
-                bus
-            )
+            await NatsBridge(
+                server.url,
+                run="r",
+                routes=Routes(mirror=[TrainStepFinished]),
+                connection=ConnectionSettings(unauthenticated="refuse"),
+            ).run(bus)
         with capture_logs() as logs:
             async with bridged(bus, server.url, mirror=[TrainStepFinished], unauthenticated="warn"):
                 pass
@@ -431,7 +463,9 @@ async def test_a_server_that_lets_anyone_in_is_refused_or_warned_of_as_asked(ser
 def test_trio_is_refused():
     async def main():
         # refused before it touches the bus or the network
-        await NatsBridge("nats://127.0.0.1:4222", run="r", mirror=[TrainStepFinished]).run(Bus())
+        await NatsBridge("nats://127.0.0.1:4222", run="r", routes=Routes(mirror=[TrainStepFinished])).run(
+            Bus()
+        )
 
     with pytest.raises(NatsBridgeError, match="asyncio backend"):
         anyio.run(main, backend="trio")
@@ -442,13 +476,13 @@ def test_bad_options_are_clear_errors(tmp_path):
     with pytest.raises(NatsBridgeError, match="run name"):
         NatsBridge(url, run="a.b")
     with pytest.raises(NatsBridgeError, match="both mirror and durable"):
-        NatsBridge(url, run="r", mirror=[EpisodeGraded], durable=[EpisodeGraded])
+        NatsBridge(url, run="r", routes=Routes(mirror=[EpisodeGraded], durable=[EpisodeGraded]))
     with pytest.raises(NatsBridgeError, match="not an Event type"):
-        NatsBridge(url, run="r", mirror=[int])
+        NatsBridge(url, run="r", routes=Routes(mirror=[int]))
     with pytest.raises(NatsBridgeError, match="does not exist"):
-        NatsBridge(url, run="r", credentials=tmp_path / "missing.creds")
+        NatsBridge(url, run="r", connection=ConnectionSettings(credentials=tmp_path / "missing.creds"))
     with pytest.raises(NatsBridgeError, match="buffer_limit"):
-        NatsBridge(url, run="r", buffer_limit=0)
+        NatsBridge(url, run="r", limits=Limits(buffer_limit=0))
 
 
 def test_subjects_and_ids():
@@ -536,7 +570,12 @@ async def test_tls(tmp_path):
                 await until(lambda: len(seen_b) == 1)
             # without the certificate the handshake fails, and says so
             with pytest.raises(NatsBridgeError, match=r"could not connect.*CERTIFICATE_VERIFY_FAILED"):
-                await NatsBridge(url, run="test", mirror=[TrainStepFinished], connect_timeout=0.5).run(a)
+                await NatsBridge(
+                    url,
+                    run="test",
+                    routes=Routes(mirror=[TrainStepFinished]),
+                    connection=ConnectionSettings(connect_timeout=0.5),
+                ).run(a)
 
 
 async def test_a_bridge_that_comes_later_still_learns_the_facts(js_server):

@@ -11,7 +11,7 @@ pytest.importorskip("nats")
 
 from platoon.bus import Bus
 from platoon.bus.events import RunFinished
-from platoon.bus.nats import NatsBridge
+from platoon.bus.nats import ConnectionSettings, NatsBridge, Routes
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server
 from platoon.cli.worker import main
 from platoon.train.distributed import FACTS
@@ -42,7 +42,10 @@ def finish_run(url: str, credentials: str | None = None) -> None:
 
     async def say() -> None:
         bridge = NatsBridge(
-            url, run=RUN, mirror=list(FACTS), state=FACTS, write_state=True, credentials=credentials
+            url,
+            run=RUN,
+            routes=Routes(mirror=list(FACTS), state=FACTS, write_state=True),
+            connection=ConnectionSettings(credentials=credentials),
         )
         async with Bus() as bus, anyio.create_task_group() as tg:
             await tg.start(bridge.run, bus)

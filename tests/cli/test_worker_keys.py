@@ -86,11 +86,15 @@ def test_the_key_goes_to_the_workers_own_url_or_an_authenticated_announcement(re
 
 
 def test_nats_beyond_loopback_needs_credentials():
+    from platoon.bus.nats import Routes
+
     config = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222"}})
     with pytest.raises(DistributedError, match="platoon nats init"):
-        bridge(nats_settings(config), open_server="refuse", mirror=[])
+        bridge(nats_settings(config), open_server="refuse", routes=Routes())
     insecure = validate_config({**CONFIG, "nats": {"url": "nats://10.20.30.40:4222", "insecure": True}})
-    assert bridge(nats_settings(insecure), open_server="refuse", mirror=[]) is not None  # made, not connected
+    assert (
+        bridge(nats_settings(insecure), open_server="refuse", routes=Routes()) is not None
+    )  # made, not connected
 
 
 def test_announcements_count_as_authenticated_only_where_the_server_was_checked(tmp_path):

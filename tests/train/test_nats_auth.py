@@ -27,7 +27,7 @@ from platoon.bus.events import (
     TaskRef,
     WorkerStatus,
 )
-from platoon.bus.nats import Leases, NatsBridge, subject_for
+from platoon.bus.nats import ConnectionSettings, Leases, NatsBridge, Routes, subject_for
 from platoon.bus.nats.connection import synced
 from platoon.bus.nats_server import NatsServer, NatsServerError, find_nats_server
 from platoon.train.nats_auth import WORK_QUEUE, write_nats_setup
@@ -146,29 +146,29 @@ async def test_results_count_only_from_the_worker_given_the_episode(secured):
     server, setup = secured
     got: list[EpisodeGraded] = []
     real_in = anyio.Event()
+    as_trainer = ConnectionSettings(credentials=setup.trainer_credentials)
+    as_worker = ConnectionSettings(credentials=setup.worker_credentials)
     trainer_bridge = NatsBridge(
         server.url,
         run=RUN,
-        work=[EpisodeRequested],
-        durable=[EpisodeGraded],
-        consume_durable=True,
-        durable_name="trainer",
+        routes=Routes(
+            work=[EpisodeRequested], durable=[EpisodeGraded], consume_durable=True, durable_name="trainer"
+        ),
+        connection=as_trainer,
         issue_leases=True,
-        credentials=setup.trainer_credentials,
     )
     leases = Leases()
     work = NatsBridge(
         server.url,
         run=RUN,
-        work=[EpisodeRequested],
-        consume_work=True,
+        routes=Routes(work=[EpisodeRequested], consume_work=True),
+        connection=as_worker,
         leases=leases,
-        credentials=setup.worker_credentials,
     )
     results = NatsBridge(
-        server.url, run=RUN, durable=[EpisodeGraded], leases=leases, credentials=setup.worker_credentials
+        server.url, run=RUN, routes=Routes(durable=[EpisodeGraded]), connection=as_worker, leases=leases
     )
-    forger = NatsBridge(server.url, run=RUN, durable=[EpisodeGraded], credentials=setup.worker_credentials)
+    forger = NatsBridge(server.url, run=RUN, routes=Routes(durable=[EpisodeGraded]), connection=as_worker)
 
     def on_grade(event: EpisodeGraded) -> None:
         got.append(event)
@@ -229,11 +229,18 @@ async def test_with_tls_events_travel_encrypted_and_plain_clients_are_refused(tm
             )
         context = ssl.create_default_context(cafile=cert)
         heard = anyio.Event()
+        routes = Routes(mirror=[WorkerStatus])
         trainer = NatsBridge(
-            server.url, run=RUN, mirror=[WorkerStatus], tls=context, credentials=setup.trainer_credentials
+            server.url,
+            run=RUN,
+            routes=routes,
+            connection=ConnectionSettings(tls=context, credentials=setup.trainer_credentials),
         )
         worker = NatsBridge(
-            server.url, run=RUN, mirror=[WorkerStatus], tls=context, credentials=setup.worker_credentials
+            server.url,
+            run=RUN,
+            routes=routes,
+            connection=ConnectionSettings(tls=context, credentials=setup.worker_credentials),
         )
         async with Bus() as trainer_bus, Bus() as worker_bus, anyio.create_task_group() as tg:
             trainer_bus.subscribe(WorkerStatus, lambda _: heard.set())

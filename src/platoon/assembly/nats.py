@@ -9,8 +9,10 @@ import hashlib
 import json
 import re
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -39,7 +41,7 @@ from platoon.train.distributed import (
 )
 
 if TYPE_CHECKING:
-    from platoon.bus.nats import NatsBridge
+    from platoon.bus.nats import ConnectionSettings, Leases, NatsBridge, Routes
 
 log = structlog.get_logger("platoon.assembly")
 
@@ -144,29 +146,56 @@ def _tls(nats: NatsConfig) -> ssl.SSLContext | None:
     return context
 
 
-def bridge(settings: NatsSettings, *, open_server: Literal["warn", "refuse"], **options: Any) -> NatsBridge:
-    """A bridge to the run's NATS server. `open_server`: what it does on a server that lets
-    anyone in, unless `nats.insecure` allows that (a worker refuses: it obeys what it hears)."""
+def bridge(
+    settings: NatsSettings,
+    *,
+    open_server: Literal["warn", "refuse"],
+    routes: Routes,
+    leases: Leases | None = None,
+    issue_leases: bool = False,
+) -> NatsBridge:
+    """A bridge to the run's NATS server that carries `routes`. `open_server`: what it does on a
+    server that lets anyone in, unless `nats.insecure` allows that (a worker refuses: it obeys
+    what it hears)."""
     nats = settings.nats
     _check_authenticated(nats, nats.url)
-    from platoon.bus.nats import (  # the nats extra: imported only by a distributed run
-        NatsBridge,
-        NatsBridgeError,
-    )
+    from platoon.bus.nats import Limits, NatsBridge  # the nats extra: imported only by a distributed run
 
-    try:
+    with bridge_refusals():
         return NatsBridge(
             nats.url,
             run=settings.run,
-            credentials=nats.credentials_file,
-            tls=_tls(nats),
-            offer_timeout=nats.offer_timeout,
-            connect_timeout=nats.connect_timeout,
-            unauthenticated="allow" if nats.insecure else open_server,
-            **options,
+            routes=routes,
+            connection=connection_settings(nats, open_server=open_server),
+            limits=Limits(offer_timeout=nats.offer_timeout),
+            leases=leases,
+            issue_leases=issue_leases,
         )
+
+
+@contextmanager
+def bridge_refusals() -> Iterator[None]:
+    """A bridge's refusal of its settings (`NatsBridgeError`: a bad run name, an event type that
+    cannot travel) said as the run's: `DistributedError`."""
+    from platoon.bus.nats import NatsBridgeError  # the nats extra: imported only by a distributed run
+
+    try:
+        yield
     except NatsBridgeError as exc:
         raise DistributedError(str(exc)) from None
+
+
+def connection_settings(nats: NatsConfig, *, open_server: Literal["warn", "refuse"]) -> ConnectionSettings:
+    """How a bridge reaches the server of the config's `nats:`: its credentials, TLS and first
+    connection's timeout, and whether it lets an open server be (`nats.insecure`)."""
+    from platoon.bus.nats import ConnectionSettings  # the nats extra: imported only by a distributed run
+
+    return ConnectionSettings(
+        credentials=nats.credentials_file,
+        tls=_tls(nats),
+        connect_timeout=nats.connect_timeout,
+        unauthenticated="allow" if nats.insecure else open_server,
+    )
 
 
 def _check_authenticated(nats: NatsConfig, url: str) -> None:
@@ -228,17 +257,18 @@ def authenticated(config: Config) -> bool:
 def trainer_bridge(settings: NatsSettings) -> NatsBridge:
     """The trainer's bridge: work offered to the workers' queue group, their results taken
     durably (and counted only from the worker given the episode), the run's facts kept."""
-    mirrored = [PolicyAnnounced, RunFinished, WorkerStatus, *settings.extra]
-    return bridge(
-        settings,
-        open_server="warn",
-        mirror=mirrored,
-        work=[EpisodeRequested],
-        durable=RESULT_TYPES,
-        consume_durable=True,
-        durable_name=TRAINER_DURABLE,
-        issue_leases=True,  # results count only from the worker that was given the episode
-        state=FACTS,
-        write_state=True,
-        withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
-    )
+    from platoon.bus.nats import Routes  # the nats extra: imported only by a distributed run
+
+    with bridge_refusals():
+        routes = Routes(
+            mirror=[PolicyAnnounced, RunFinished, WorkerStatus, *settings.extra],
+            work=[EpisodeRequested],
+            durable=RESULT_TYPES,
+            consume_durable=True,
+            durable_name=TRAINER_DURABLE,
+            state=FACTS,
+            write_state=True,
+            withdraw=[EpisodeAbandoned],  # a request the lease keeper gave up is offered no more
+        )
+    # results count only from the worker that was given the episode
+    return bridge(settings, open_server="warn", routes=routes, issue_leases=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from platoon.assembly.builders import parsers_identity_of
-from platoon.assembly.nats import bridge
+from platoon.assembly.nats import bridge, bridge_refusals
 from platoon.assembly.part import Opened
 from platoon.assembly.policies import OpenPolicy, load_policy
 from platoon.assembly.settings import Settings
@@ -85,23 +85,25 @@ def results_bridge(s: Settings, opened: Opened) -> object:
     """The bridge that carries results (durably) and facts out, and the trainer's
     announcements and the run's end in."""
     assert s.nats is not None
-    return bridge(
-        s.nats,
-        open_server="refuse",
-        mirror=[PolicyAnnounced, RunFinished, WorkerStatus, *s.nats.extra],
-        durable=RESULT_TYPES,
-        leases=opened.leases,
-        state=FACTS,
-        read_state=True,
-    )
+    from platoon.bus.nats import Routes  # the nats extra: imported only by a distributed run
+
+    with bridge_refusals():
+        routes = Routes(
+            mirror=[PolicyAnnounced, RunFinished, WorkerStatus, *s.nats.extra],
+            durable=RESULT_TYPES,
+            state=FACTS,
+            read_state=True,
+        )
+    return bridge(s.nats, open_server="refuse", routes=routes, leases=opened.leases)
 
 
 def work_bridge(s: Settings, opened: Opened) -> object:
     """The bridge that takes work from the workers' queue group."""
     assert s.nats is not None
-    return bridge(
-        s.nats, open_server="refuse", work=[EpisodeRequested], consume_work=True, leases=opened.leases
-    )
+    from platoon.bus.nats import Routes  # the nats extra: imported only by a distributed run
+
+    routes = Routes(work=[EpisodeRequested], consume_work=True)
+    return bridge(s.nats, open_server="refuse", routes=routes, leases=opened.leases)
 
 
 def _name(s: Settings) -> str:

@@ -1,7 +1,7 @@
 """A local `nats-server` for tests, benchmarks and development.
 
     with NatsServer(jetstream=True, store_dir=tmp_path) as server:
-        bridge = NatsBridge(server.url, run="demo", mirror=[...])
+        bridge = NatsBridge(server.url, run="demo", routes=Routes(mirror=[...]))
         ...
         server.restart()  # same port, same JetStream store
 

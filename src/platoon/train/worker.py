@@ -349,7 +349,7 @@ class Worker:
                     )
                     with anyio.move_on_after(self.drain_timeout):
                         await self.seal.idle()
-                    with anyio.move_on_after(self.results.close_timeout):
+                    with anyio.move_on_after(self.results.connection.settings.close_timeout):
                         await self.results.flush()
                     bridge.cancel_scope.cancel()
                 components.cancel_scope.cancel()

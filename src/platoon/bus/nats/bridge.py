@@ -9,10 +9,7 @@ types before the connection exists, so nothing published early is missed.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Literal
 
 import anyio
 import msgspec
@@ -34,16 +31,15 @@ from platoon.bus.nats.connection import Connection, check_url, require_asyncio, 
 from platoon.bus.nats.durable import Durable, Pending
 from platoon.bus.nats.facts import Facts
 from platoon.bus.nats.leases import LeaseGate, Leases
+from platoon.bus.nats.settings import ConnectionSettings, Limits, Routes
 from platoon.bus.nats.stats import BridgeStats
 from platoon.bus.nats.wire import (
     BATCH_HEADER,
     LEASE_HEADER,
-    LOCAL_ONLY,
     NAME,
     ORIGIN_HEADER,
     Carried,
     NatsBridgeError,
-    check_types,
     subject_for,
     unpack_batch,
 )
@@ -61,19 +57,13 @@ class _Out(msgspec.Struct):
 class NatsBridge(ComponentBase):
     """A component that carries chosen event types between the local bus and NATS.
 
-    `url` is one server or a list (a cluster); `credentials` a `.creds` file (needs `nkeys`);
-    `tls` an `ssl.SSLContext`. `connect_timeout` bounds the first connection only: after
-    that the bridge reconnects forever. Durable knobs: `ack_timeout` (how long a sender waits
-    for the stream before publishing again), `ack_wait` (how long JetStream waits for our
-    ack before redelivering: keep it above the longest stall of the local bus),
-    `duplicate_window` and `max_age` (the stream's), `seen_limit` (ids remembered here).
-    Work knobs: `offer_timeout` (how long a producer waits for a claim), `take_at_once` (the
-    offers a consumer takes per membership; a batch of work is one offer), `withdraw` (see
-    `platoon.bus.nats.work`).
+    `url` is one server or a list (a cluster); `run` the run's subject token. What it carries
+    is `routes`, how it connects `connection`, its bounds `limits` (see `settings.py`):
 
-    `unauthenticated`: what to do on a server that lets anyone in (no `auth_required` in its
-    INFO), where anyone who reaches it may publish what steers a run: `allow` it, `warn`, or
-    `refuse` (`run` fails with `NatsBridgeError` before it subscribes to anything).
+        NatsBridge(url, run="exp1", routes=Routes(mirror=[PolicyUpdated]))
+
+    `leases`: who was given an episode may report on it (see `leases.py`); a bridge that
+    offers work with `issue_leases` makes its own when none is given.
     """
 
     name = "nats-bridge"
@@ -86,33 +76,11 @@ class NatsBridge(ComponentBase):
         url: str | Sequence[str],
         *,
         run: str,
-        mirror: Sequence[type[Event]] = (),
-        work: Sequence[type[Event]] = (),
-        durable: Sequence[type[Event]] = (),
-        consume_work: bool = False,
-        consume_durable: bool = False,
-        durable_name: str = "platoon",
-        credentials: str | Path | None = None,
-        tls: ssl.SSLContext | None = None,
-        buffer_limit: int = 1024,
-        connect_timeout: float = 10.0,
-        reconnect_wait: float = 0.1,
-        reconnect_max_wait: float = 5.0,
-        ack_timeout: float = 5.0,
-        ack_wait: float = 60.0,
-        duplicate_window: float = 120.0,
-        max_age: float = 7 * 24 * 3600.0,
-        seen_limit: int = 100_000,
-        close_timeout: float = 5.0,
+        routes: Routes = Routes(),
+        connection: ConnectionSettings = ConnectionSettings(),
+        limits: Limits = Limits(),
         leases: Leases | None = None,
         issue_leases: bool = False,
-        state: Sequence[type[Event]] = (),
-        write_state: bool = False,
-        read_state: bool = False,
-        offer_timeout: float = 5.0,
-        take_at_once: int = 4,
-        withdraw: Sequence[type[Event]] = (),
-        unauthenticated: Literal["allow", "warn", "refuse"] = "allow",
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url)
         for one in self.urls:
@@ -121,106 +89,72 @@ class NatsBridge(ComponentBase):
             raise NatsBridgeError(
                 f"run name {run!r} must be letters, digits, '-' or '_' (it is a subject token)"
             )
-        if not NAME.match(durable_name):
-            raise NatsBridgeError(f"durable_name {durable_name!r} must be letters, digits, '-' or '_'")
-        if buffer_limit < 1:
-            raise NatsBridgeError("buffer_limit must be at least 1")
-        if offer_timeout <= 0 or take_at_once < 1:
-            raise NatsBridgeError("offer_timeout must be positive and take_at_once at least 1")
         self.run_name = run
-        self.mirror = check_types("mirror", mirror)
-        self.work = check_types("work", work)
-        self.durable = check_types("durable", durable)
-        seen: dict[type[Event], str] = {}
-        for kind, types in (("mirror", self.mirror), ("work", self.work), ("durable", self.durable)):
-            for event_type in types:
-                if event_type in seen:
-                    raise NatsBridgeError(
-                        f"{event_type.__name__} is both {seen[event_type]} and {kind}: pick one"
-                    )
-                seen[event_type] = kind
-        for event_type in LOCAL_ONLY:
-            if event_type in seen:
-                raise NatsBridgeError(
-                    f"{event_type.__name__} is this bridge's own fact, never carried over NATS"
-                )
-        if issue_leases and leases is None:
-            leases = Leases(seen_limit)
-        self.leases = leases
-        self.issue_leases = issue_leases
-        self.state = check_types("state", state)
-        self.write_state = write_state
-        self.read_state = read_state
-        self.offer_timeout = offer_timeout
-        self.take_at_once = take_at_once
-        self.withdraw = check_types("withdraw", withdraw)
-        self.unauthenticated = unauthenticated
-        self.consume_work = consume_work
-        self.consume_durable = consume_durable
-        self.durable_name = durable_name
-        self.credentials = credentials
-        self.tls = tls
-        self.buffer_limit = buffer_limit
-        self.connect_timeout = connect_timeout
-        self.reconnect_wait = reconnect_wait
-        self.reconnect_max_wait = reconnect_max_wait
-        self.ack_timeout = ack_timeout
-        self.ack_wait = ack_wait
-        self.duplicate_window = duplicate_window
-        self.max_age = max_age
-        self.seen_limit = seen_limit
-        self.close_timeout = close_timeout
+        self.routes = routes
+        self.limits = limits
         self.origin = new_id()
         self.stats = BridgeStats()
-        # The parts, each with its own concern (see their modules).
+        self._compose(connection, leases, issue_leases)
+        self._forget_run()
+        # It takes what it sends out and publishes what it brings in, and its notices.
+        self.subscribes = (*routes.mirror, *routes.work, *routes.durable, *routes.withdraw)
+        notices = (BridgeDisconnected, BridgeReconnected, *((WorkClaimed,) if routes.work else ()))
+        self.publishes = (*routes.carried_in(), *notices)
+
+    def _compose(self, settings: ConnectionSettings, leases: Leases | None, issue_leases: bool) -> None:
+        """Make the parts, each with its own concern (see their modules)."""
+        routes, limits, run = self.routes, self.limits, self.run_name
         self.connection = Connection(
             self.urls,
+            settings,
             name=f"platoon:{run}:{self.origin[:8]}",
             stats=self.stats,
-            credentials=credentials,
-            tls=tls,
-            connect_timeout=connect_timeout,
-            reconnect_wait=reconnect_wait,
-            reconnect_max_wait=reconnect_max_wait,
             closing=lambda: self._closing,
             disconnected=self._on_disconnected,
             reconnected=self._on_reconnected,
         )
+        if issue_leases and leases is None:
+            leases = Leases(limits.seen_limit)
+        self.leases = leases
         self.gate = LeaseGate(
-            leases, issue=issue_leases, work=self.work, consume_work=consume_work, stats=self.stats
+            leases, issue=issue_leases, work=routes.work, consume_work=routes.consume_work, stats=self.stats
         )
         self.offers = Offers(
             connection=self.connection,
             gate=self.gate,
             stats=self.stats,
             origin=self.origin,
-            offer_timeout=offer_timeout,
-            withdrawn_limit=seen_limit,
+            offer_timeout=limits.offer_timeout,
+            withdrawn_limit=limits.seen_limit,
             claimed=self._say,
         )
-        self.taker = Taker(take_at_once=take_at_once, offer_timeout=offer_timeout, stats=self.stats)
+        self.taker = Taker(
+            take_at_once=limits.take_at_once, offer_timeout=limits.offer_timeout, stats=self.stats
+        )
         self.store = Durable(
             run,
-            self.durable,
+            routes.durable,
             connection=self.connection,
             stats=self.stats,
             origin=self.origin,
-            durable_name=durable_name,
-            ack_timeout=ack_timeout,
-            ack_wait=ack_wait,
-            duplicate_window=duplicate_window,
-            max_age=max_age,
-            buffer_limit=buffer_limit,
-            seen_limit=seen_limit,
+            durable_name=routes.durable_name,
+            limits=limits,
         )
         self.facts = Facts(
-            run, self.state, write=write_state, read=read_state, timeout=ack_timeout, max_age=max_age
+            run,
+            routes.state,
+            write=routes.write_state,
+            read=routes.read_state,
+            timeout=limits.ack_timeout,
+            max_age=limits.max_age,
         )
         self.stream_name = self.store.stream
         self.state_stream = self.facts.stream
+
+    def _forget_run(self) -> None:
+        """What one run holds: what came in from NATS (by identity, until our own forwarder
+        sees it), the local subscriptions and the outbox they fill, and our NATS subscriptions."""
         self._js: JetStreamContext | None = None
-        # Per run: what came in from NATS (by identity, until our own forwarder sees it), the
-        # local subscriptions and the outbox they fill, and our NATS subscriptions.
         self._from_nats: dict[int, Event] = {}
         self._attached = False
         self._bus: Bus | None = None
@@ -233,16 +167,6 @@ class NatsBridge(ComponentBase):
         self._outage_peak: int | None = None  # the most events held at once while disconnected
         self._idle: anyio.Event | None = None
         self._closing = False
-        # It takes what it sends out and publishes what it brings in, and its notices.
-        self.subscribes = (*self.mirror, *self.work, *self.durable, *self.withdraw)
-        brought = [
-            *self.mirror,
-            *(self.work if consume_work else ()),
-            *(self.durable if consume_durable else ()),
-        ]
-        brought += [t for t in (self.state if read_state else ()) if t not in brought]
-        notices = (BridgeDisconnected, BridgeReconnected, *((WorkClaimed,) if self.work else ()))
-        self.publishes = (*brought, *notices)
 
     @property
     def server(self) -> str:
@@ -257,17 +181,18 @@ class NatsBridge(ComponentBase):
         self._closing = False
         self._bus, self._from_nats, self._unsent, self._idle = bus, {}, 0, anyio.Event()
         self._outbox = self._outbox_out = None  # opened by the first event out, or by `run`
-        for durable, types in ((False, self.mirror + self.work), (True, self.durable)):
+        routes = self.routes
+        for durable, types in ((False, (*routes.mirror, *routes.work)), (True, routes.durable)):
             for event_type in types:
                 self._outgoing.append(
                     bus.subscribe(
                         event_type,
                         self._forwarder(subject_for(self.run_name, event_type), durable),
                         name=f"{self.name}:{event_type.__name__}",
-                        buffer=min(self.buffer_limit, 64),
+                        buffer=min(self.limits.buffer_limit, 64),
                     )
                 )
-        for event_type in self.withdraw:
+        for event_type in routes.withdraw:
             self._outgoing.append(
                 bus.subscribe(
                     event_type, self.offers.withdraw, name=f"{self.name}:withdraw:{event_type.__name__}"
@@ -278,7 +203,7 @@ class NatsBridge(ComponentBase):
         """The buffer between the bus and the NATS sender, opened when first needed, so that a
         bridge attached to a bus and never run holds no stream to close."""
         if self._outbox is None:
-            self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.buffer_limit)
+            self._outbox, self._outbox_out = anyio.create_memory_object_stream[_Out](self.limits.buffer_limit)
         return self._outbox
 
     def _detach(self) -> None:
@@ -302,7 +227,10 @@ class NatsBridge(ComponentBase):
                 await self._bridge(bus, nc, task_status)
             finally:
                 self._closing = True
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
+                with (
+                    anyio.CancelScope(shield=True),
+                    anyio.move_on_after(self.connection.settings.close_timeout),
+                ):
                     await self.connection.leave(nc, [*self._subs, *self.taker.subscriptions()])
         finally:
             self._closing = True
@@ -318,9 +246,10 @@ class NatsBridge(ComponentBase):
                 self._idle.set()  # wake `flush` callers: nothing more will go out
 
     def _check_authentication(self) -> None:
-        if self.connection.auth_required or self.unauthenticated == "allow":
+        unauthenticated = self.connection.settings.unauthenticated
+        if self.connection.auth_required or unauthenticated == "allow":
             return
-        if self.unauthenticated == "refuse":
+        if unauthenticated == "refuse":
             raise NatsBridgeError(
                 f"NATS at {self.server} lets anyone in, so anyone who reaches it could steer this run "
                 "(announce a policy, end it): start nats-server with the config `platoon nats init` "
@@ -334,15 +263,16 @@ class NatsBridge(ComponentBase):
 
     async def _bridge(self, bus: Bus, nc: NatsClient, task_status: TaskStatus[None]) -> None:
         assert self._outbox_out is not None
-        js = nc.jetstream() if self.durable or self.state else None
+        routes, buffer_limit = self.routes, self.limits.buffer_limit
+        js = nc.jetstream() if routes.durable or routes.state else None
         self._js = js
-        if js is not None and self.durable:
+        if js is not None and routes.durable:
             await self.connection.jetstream_call(self.store.ensure(js))
-        if js is not None and self.write_state:
+        if js is not None and routes.write_state:
             await self.connection.jetstream_call(self.facts.ensure(js))
         notices_send, notices = anyio.create_memory_object_stream[Event](64)
-        inflight_send, inflight = anyio.create_memory_object_stream[Pending](self.buffer_limit)
-        inbound_send, inbound = anyio.create_memory_object_stream[Msg](self.buffer_limit)
+        inflight_send, inflight = anyio.create_memory_object_stream[Pending](buffer_limit)
+        inbound_send, inbound = anyio.create_memory_object_stream[Msg](buffer_limit)
         self._notices = notices_send
         # The senders are shielded from cancellation so that, at shutdown, they can empty the
         # buffers; closing the outbox ends them, and `close_timeout` bounds how long they try.
@@ -363,7 +293,7 @@ class NatsBridge(ComponentBase):
                 finally:
                     # Let our forwarders move what the bus still holds for us into the outbox, stop
                     # taking more, and give the senders until the deadline to empty it.
-                    deadline = anyio.current_time() + self.close_timeout
+                    deadline = anyio.current_time() + self.connection.settings.close_timeout
                     with anyio.CancelScope(shield=True, deadline=deadline):
                         await bus.drained()
                     self._detach()
@@ -463,7 +393,7 @@ class NatsBridge(ComponentBase):
                 # Taking what is buffered without yielding lets nats-py write a batch per syscall.
                 while (out := await receive(outbox)) is not None:
                     data = encode(out.event)
-                    if type(out.event) in self.work:
+                    if type(out.event) in self.routes.work:
                         self.offers.submit(offers, nc, out.subject, out.event, data, self._sent)
                         continue
                     lease = self.gate.token_out(out.event)
@@ -487,7 +417,9 @@ class NatsBridge(ComponentBase):
                 await nc.publish(subject, data, headers=headers)
                 return
             except nats.errors.OutboundBufferLimitError:
-                await anyio.sleep(self.reconnect_wait)  # disconnected between the check and now
+                await anyio.sleep(
+                    self.connection.settings.reconnect_wait
+                )  # disconnected between the check and now
 
     # --- NATS -> local bus -----------------------------------------------------------------
 
@@ -513,15 +445,16 @@ class NatsBridge(ComponentBase):
             for event in self._decode_work(msg):
                 await self._deliver(bus, event)
 
-        for event_type in self.mirror:
+        routes = self.routes
+        for event_type in routes.mirror:
             self._subs.append(await nc.subscribe(subject_for(self.run_name, event_type), cb=take))
         tg.start_soon(self._receive_core, bus, inbound)
-        if self.consume_work and self.work:
+        if routes.consume_work and routes.work:
             await self.taker.listen(nc)
-        for event_type in self.work if self.consume_work else ():
+        for event_type in routes.work if routes.consume_work else ():
             subject = subject_for(self.run_name, event_type)
             tg.start_soon(self.taker.take, tg, nc, subject, await self.taker.join(nc, subject), play)
-        if self.consume_durable and js is not None:
+        if routes.consume_durable and js is not None:
             pull = await self.connection.jetstream_call(self.store.consumer(js))
             self._subs.append(pull)
             tg.start_soon(self.store.receive_loop, bus, nc, pull, self._decode, self._deliver)

@@ -29,6 +29,7 @@ from nats.aio.client import Server
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import JetStreamContext
 
+from platoon.bus.nats.settings import ConnectionSettings
 from platoon.bus.nats.stats import BridgeStats
 from platoon.bus.nats.wire import NatsBridgeError
 
@@ -54,14 +55,10 @@ class Connection:
     def __init__(
         self,
         urls: list[str],
+        settings: ConnectionSettings,
         *,
         name: str,
         stats: BridgeStats,
-        credentials: str | Path | None = None,
-        tls: ssl.SSLContext | None = None,
-        connect_timeout: float = 10.0,
-        reconnect_wait: float = 0.1,
-        reconnect_max_wait: float = 5.0,
         closing: Callable[[], bool] = lambda: False,
         disconnected: Callable[[], None] = lambda: None,
         reconnected: Callable[[], None] = lambda: None,
@@ -69,12 +66,10 @@ class Connection:
         for one in urls:
             check_url(one)
         self.urls = urls
+        self.settings = settings
         self.name = name
         self.stats = stats
-        self.tls = tls
-        self.connect_timeout = connect_timeout
-        self.reconnect_wait = reconnect_wait
-        self.reconnect_max_wait = reconnect_max_wait
+        credentials = settings.credentials
         self.login = read_credentials(Path(credentials)) if credentials is not None else Login()
         self.server = public_url(urls[0])
         self.last_error = ""
@@ -87,7 +82,7 @@ class Connection:
     async def connect(self) -> NatsClient:
         nc = NatsClient()
         try:
-            with anyio.fail_after(self.connect_timeout):
+            with anyio.fail_after(self.settings.connect_timeout):
                 await nc.connect(
                     servers=self.urls,
                     name=self.name,
@@ -95,19 +90,19 @@ class Connection:
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
                     # nats-py annotates these two as int; it takes seconds, fractions too.
-                    reconnect_time_wait=self.reconnect_wait,  # type: ignore[arg-type]
-                    connect_timeout=min(self.connect_timeout, 2.0),  # type: ignore[arg-type]
+                    reconnect_time_wait=self.settings.reconnect_wait,  # type: ignore[arg-type]
+                    connect_timeout=min(self.settings.connect_timeout, 2.0),  # type: ignore[arg-type]
                     reconnect_to_server_handler=self._next_server,
                     error_cb=self._on_error,
                     disconnected_cb=self._on_disconnected,
                     reconnected_cb=self._on_reconnected,
-                    tls=self.tls,
+                    tls=self.settings.tls,
                     **self.login,
                 )
         except TimeoutError:
             await close_quietly(nc)
             raise NatsBridgeError(
-                f"could not connect to NATS at {self.server} within {self.connect_timeout} s"
+                f"could not connect to NATS at {self.server} within {self.settings.connect_timeout} s"
                 + (f": {self.last_error}" if self.last_error else "")
             ) from None
         except (OSError, nats.errors.Error, ssl.SSLError) as exc:
@@ -161,7 +156,10 @@ class Connection:
         server = min(servers, key=lambda s: s.reconnects)
         if server.reconnects == 0:
             return server, 0.0
-        delay = min(self.reconnect_wait * 2 ** min(server.reconnects - 1, 30), self.reconnect_max_wait)
+        delay = min(
+            self.settings.reconnect_wait * 2 ** min(server.reconnects - 1, 30),
+            self.settings.reconnect_max_wait,
+        )
         return server, delay * random.uniform(0.75, 1.25)
 
     def _remember_server(self, nc: NatsClient) -> None:

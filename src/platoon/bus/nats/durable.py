@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import msgspec
@@ -29,6 +29,7 @@ from platoon.bus.core import Bus
 from platoon.bus.events import Event
 from platoon.bus.nats.buffers import receive, send
 from platoon.bus.nats.connection import Connection
+from platoon.bus.nats.settings import Limits
 from platoon.bus.nats.stats import BridgeStats
 from platoon.bus.nats.wire import LEASE_HEADER, MSG_ID_HEADER, ORIGIN_HEADER, event_id, subject_for
 
@@ -53,18 +54,13 @@ class Durable:
     def __init__(
         self,
         run: str,
-        types: tuple[type[Event], ...],
+        types: Sequence[type[Event]],
         *,
         connection: Connection,
         stats: BridgeStats,
         origin: str,
         durable_name: str,
-        ack_timeout: float,
-        ack_wait: float,
-        duplicate_window: float,
-        max_age: float,
-        buffer_limit: int,
-        seen_limit: int,
+        limits: Limits,
     ) -> None:
         self.run = run
         self.types = types
@@ -72,12 +68,7 @@ class Durable:
         self.stats = stats
         self.origin = origin
         self.durable_name = durable_name
-        self.ack_timeout = ack_timeout
-        self.ack_wait = ack_wait
-        self.duplicate_window = duplicate_window
-        self.max_age = max_age
-        self.buffer_limit = buffer_limit
-        self.seen_limit = seen_limit
+        self.limits = limits
         self.stream = f"platoon-{run}"
         self._seen: OrderedDict[str, None] = OrderedDict()
 
@@ -108,7 +99,7 @@ class Durable:
         except nats.errors.Error as exc:
             log.debug("durable publish failed, will retry", subject=subject, error=str(exc))
             ack = None  # the ack loop publishes it again
-        deadline = anyio.current_time() + self.ack_timeout
+        deadline = anyio.current_time() + self.limits.ack_timeout
         await send(inflight, Pending(subject, data, headers, ack, deadline, self.stats.disconnects))
 
     async def ack_loop(
@@ -148,17 +139,20 @@ class Durable:
             await self.connection.connected(nc)
             try:
                 await js.publish(
-                    pending.subject, pending.data, headers=dict(pending.headers), timeout=self.ack_timeout
+                    pending.subject,
+                    pending.data,
+                    headers=dict(pending.headers),
+                    timeout=self.limits.ack_timeout,
                 )
                 self.stats.republished += 1
                 return
             except nats.js.errors.NoStreamResponseError:
-                with anyio.move_on_after(self.ack_timeout):
+                with anyio.move_on_after(self.limits.ack_timeout):
                     await self.ensure(js)  # a server that came back without its store
             except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("durable publish retry", subject=pending.subject, error=str(exc))
             attempt += 1
-            wait, most = self.connection.reconnect_wait, self.connection.reconnect_max_wait
+            wait, most = self.connection.settings.reconnect_wait, self.connection.settings.reconnect_max_wait
             await anyio.sleep(min(wait * 2 ** min(attempt, 30), most))
 
     # --- receiving -------------------------------------------------------------------------
@@ -171,7 +165,7 @@ class Durable:
         decode: Callable[[Msg], Event | None],
         deliver: Callable[[Bus, Event], Awaitable[None]],
     ) -> None:
-        batch = min(self.buffer_limit, 256)
+        batch = min(self.limits.buffer_limit, 256)
         while True:
             try:
                 msgs = await pull.fetch(batch, timeout=1.0)
@@ -194,7 +188,7 @@ class Durable:
 
     def _remember(self, key: str) -> None:
         self._seen[key] = None
-        if len(self._seen) > self.seen_limit:
+        if len(self._seen) > self.limits.seen_limit:
             self._seen.popitem(last=False)
 
     # --- set-up ----------------------------------------------------------------------------
@@ -212,8 +206,8 @@ class Durable:
                 await js.add_stream(
                     name=self.stream,
                     subjects=subjects,
-                    duplicate_window=self.duplicate_window,
-                    max_age=self.max_age,
+                    duplicate_window=self.limits.duplicate_window,
+                    max_age=self.limits.max_age,
                     storage=api.StorageType.FILE,
                 )
                 return
@@ -229,8 +223,8 @@ class Durable:
         config = api.ConsumerConfig(
             durable_name=self.durable_name,
             ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait,
-            max_ack_pending=max(self.buffer_limit, 256),
+            ack_wait=self.limits.ack_wait,
+            max_ack_pending=max(self.limits.buffer_limit, 256),
             **({"filter_subject": subjects[0]} if len(subjects) == 1 else {"filter_subjects": subjects}),
         )
         await js.add_consumer(self.stream, config=config)

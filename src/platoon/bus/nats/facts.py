@@ -11,6 +11,8 @@ read that end and stop: start the trainer first, or use a new run).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 import nats.errors
 import nats.js.errors
@@ -29,7 +31,7 @@ class Facts:
     def __init__(
         self,
         run: str,
-        types: tuple[type[Event], ...],
+        types: Sequence[type[Event]],
         *,
         write: bool,
         read: bool,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import structlog
 
@@ -69,7 +70,7 @@ class LeaseGate:
         leases: Leases | None,
         *,
         issue: bool,
-        work: tuple[type[Event], ...],
+        work: Sequence[type[Event]],
         consume_work: bool,
         stats: BridgeStats,
     ) -> None:

@@ -254,7 +254,7 @@ class Offers:
         """After "no member": workers that just took work join again within a round trip, so
         try again soon while work is being claimed, and back off while it is not."""
         busy = anyio.current_time() - self._last_claim < 1.0
-        cap = 0.05 if busy else self.connection.reconnect_max_wait
+        cap = 0.05 if busy else self.connection.settings.reconnect_max_wait
         return min(0.005 * 2 ** min(tries, 30), cap) * random.uniform(0.5, 1.0)
 
     def _no_takers(self, episode: str) -> None:
