@@ -53,7 +53,7 @@ MAX_LINES = 800
 
 # Annotations that mention `Any` (parameters, returns, annotated names) in src/platoon.
 # The ratchet only goes down: lower it when a change removes some.
-ANY_BUDGET = 279
+ANY_BUDGET = 275
 
 
 @cache

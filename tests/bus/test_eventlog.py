@@ -6,6 +6,7 @@ import anyio.lowlevel
 import pytest
 
 from platoon.bus import Bus, EventLog, LogDamage, read_events, read_records, run_components
+from platoon.bus.chat import ChatMessage
 from platoon.bus.eventlog import SYNC
 from platoon.bus.events import ComponentFailed, RunFinished, TrainStepFinished
 
@@ -243,18 +244,18 @@ def _conversation(agents: int, turns: int, *, compact_at: int | None = None):
 
     rng = random.Random(0)
     prompts = {f"a{i}": [rng.randrange(150_000) for _ in range(300)] for i in range(agents)}
-    messages = {agent: [{"role": "user", "content": "go"}] for agent in prompts}
+    messages = {agent: [ChatMessage("user", "go")] for agent in prompts}
     events = []
     for turn in range(turns):
         for agent in prompts:
             if turn == compact_at and agent == "a0":
                 prompts[agent] = [7] * 100
-                messages[agent] = [{"role": "user", "content": "summary"}]
+                messages[agent] = [ChatMessage("user", "summary")]
             events.append(ChatRequested(episode_id="e", agent_id=agent, messages=list(messages[agent])))
             completion = [rng.randrange(150_000) for _ in range(40)]
             events.append(_call(agent, list(prompts[agent]), completion))
             prompts[agent] = prompts[agent] + completion + [rng.randrange(150_000) for _ in range(20)]
-            messages[agent] = [*messages[agent], {"role": "assistant", "content": f"t{turn}"}]
+            messages[agent] = [*messages[agent], ChatMessage("assistant", f"t{turn}")]
     return events
 
 

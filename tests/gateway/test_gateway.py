@@ -610,6 +610,22 @@ async def test_concurrent_episodes_keep_their_own_records(toy_tokenizer):
 
 
 @pytest.mark.anyio
+async def test_a_chat_published_in_process_is_read_as_ctx_chat_reads_it(toy_tokenizer):
+    """A `ChatRequested` made in process with dicts (a struct checks its fields only when
+    decoded) is sampled if its messages fit, and refused naming the field if not."""
+    async with running_gateway(toy_tokenizer, ["fine"]) as gw:
+        await gw.open("A")
+        asked = [{"role": "user", "content": "hi"}], [{"role": "user", "content": 5}]
+        ok, bad = [
+            await gw.bus.request(ChatRequested(episode_id="A", agent_id="A/root", messages=m))  # type: ignore[arg-type]
+            for m in asked
+        ]
+    assert isinstance(ok, ChatReplied) and ok.error is None and ok.message.content == "fine"
+    assert isinstance(bad, ChatReplied) and bad.error_kind == "bad_request"
+    assert bad.error is not None and bad.error.startswith("messages.0.content: Expected `str | array | null`")
+
+
+@pytest.mark.anyio
 async def test_an_agent_cannot_call_into_another_episode(toy_tokenizer):
     async with running_gateway(toy_tokenizer, ["x"] * 3) as gw:
         await gw.open("A")

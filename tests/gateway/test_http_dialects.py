@@ -12,6 +12,7 @@ import openai
 import pytest
 from test_gateway import GUESS_TOOLS, extends, running_gateway, sampled_tokens, tool_call_text
 
+from platoon.bus.chat import ChatMessage
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
@@ -222,9 +223,9 @@ async def test_a_call_over_http_records_its_messages_for_the_viewer(toy_tokenize
         records = await gw.settled()
 
     assert [r.messages for r in records] == [
-        [{"role": "user", "content": "chat"}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "responses"}],
-        [{"role": "user", "content": "messages"}],
+        [ChatMessage("user", "chat")],
+        [ChatMessage("system", "Be brief."), ChatMessage("user", "responses")],
+        [ChatMessage("user", "messages")],
         None,
     ]
 
@@ -269,6 +270,6 @@ async def test_what_agents_add_to_a_request_is_taken(toy_tokenizer, anyio_backen
 
     assert response.output_text == "One." and message.content[0].text == "Two."
     assert [r.messages for r in records] == [
-        [{"role": "system", "content": "Go."}],
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}],
+        [ChatMessage("system", "Go.")],
+        [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi.")],
     ]

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 
 from platoon.bus import Bus, RequestTimeout
+from platoon.bus.chat import ChatMessage, ChatToolCall
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -126,6 +128,36 @@ def test_an_unlimited_budget_and_a_deadline():
     assert budget.remaining() == 2**31 and budget.seconds_left() is None
     budget = Budget(5, deadline=time.monotonic() - 1)
     assert budget.remaining() == 0 and budget.seconds_left() == 0.0
+
+
+async def test_chat_reads_plain_dicts_as_messages_and_names_one_that_does_not_fit(toy_tokenizer):
+    """`ctx.chat` takes OpenAI-style dicts and puts `ChatMessage`s on the bus: keys that are no
+    field of a message are dropped, the reply comes back as the dict it was, and a message that
+    does not fit is a `ChatError` naming its field."""
+    asked: list[ChatRequested] = []
+    async with gateway_bus(toy_tokenizer, ["Fifty?\n" + CALL, "Done."]) as bus:
+        bus.subscribe(ChatRequested, asked.append)
+        ctx = await opened_context(bus)
+        first = await ctx.chat([{**USER[0], "cache_control": {"type": "ephemeral"}}], ctx.openai_tools())
+        [call] = first.tool_calls
+        result = {"role": "tool", "tool_call_id": call["id"], "content": "higher"}
+        await ctx.chat([*USER, first.message, result], ctx.openai_tools())
+        with pytest.raises(
+            ChatError, match=r"messages\.1\.content: Expected `str \| array \| null`, got `int`"
+        ):
+            await ctx.chat([*USER, {"role": "user", "content": 5}])
+        with pytest.raises(ChatError, match=r"messages\.0: Object missing required field `role`"):
+            await ctx.chat([{"content": "hi"}])
+        await bus.drained()
+
+    assert first.message == {"role": "assistant", "content": "Fifty?", "tool_calls": [call]}
+    assert set(call) == {"id", "type", "function"}
+    assert asked[0].messages == [ChatMessage("user", "Guess.")]  # no cache_control
+    assert asked[1].messages[1:] == [
+        ChatMessage("assistant", "Fifty?", tool_calls=[msgspec.convert(call, ChatToolCall)]),
+        ChatMessage("tool", "higher", tool_call_id=call["id"]),
+    ]
+    assert len(asked) == 2  # a message that does not fit never reaches the bus
 
 
 async def test_chat_errors_name_the_problem(toy_tokenizer):

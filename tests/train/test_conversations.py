@@ -10,6 +10,7 @@ import pytest
 from recordings import record
 
 from platoon.bus import read_events
+from platoon.bus.chat import message_dict
 from platoon.bus.events import ChatReplied, ChatRequested, ModelCallFinished
 from platoon.gateway.renderers import get_renderer
 from platoon.train.conversations import is_conversations, read_conversations, rendered_calls
@@ -59,7 +60,7 @@ def test_a_runs_episode_rendered_from_its_messages_gives_back_its_recorded_token
             recorded.setdefault(e.episode_id, []).append(e)
     assert len(last) == 6
     for episode_id, request in last.items():
-        messages = [*request.messages, replies[request.request_id]]
+        messages = [message_dict(m) for m in (*request.messages, replies[request.request_id])]
         calls = rendered_calls(messages, request.tools, renderer)
         assert [c.prompt_tokens for c in calls] == [c.prompt_tokens for c in recorded[episode_id]]
         assert [c.completion_tokens for c in calls] == [c.completion_tokens for c in recorded[episode_id]]

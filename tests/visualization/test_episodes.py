@@ -2,6 +2,7 @@
 
 import msgspec
 
+from platoon.bus.chat import ChatMessage
 from platoon.bus.eventlog import Record
 from platoon.bus.events import (
     AgentFinished,
@@ -118,9 +119,7 @@ def test_a_calls_tokens_carry_the_datum_values_at_their_positions():
 
 
 def test_a_call_over_http_shows_the_messages_it_carried():
-    call = msgspec.structs.replace(
-        _call("root", [1, 2], [3], "c1"), messages=[{"role": "user", "content": "hi"}]
-    )
+    call = msgspec.structs.replace(_call("root", [1, 2], [3], "c1"), messages=[ChatMessage("user", "hi")])
     events = [
         AgentSpawned(
             episode_id="ep", agent_id="root", parent_id=None, depth=0, harness="codex", instruction="go"

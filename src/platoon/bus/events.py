@@ -17,6 +17,8 @@ from typing import Any, ClassVar, ForwardRef, Generic, Literal, TypeVar, get_arg
 
 import msgspec
 
+from platoon.bus.chat import ChatMessage, SampledMessage
+
 __all__ = [
     "AgentFinished",
     "AgentOpenRequested",
@@ -256,7 +258,7 @@ class ModelCallFinished(Event, frozen=True, kw_only=True):
     duration_s: float = 0.0  # seconds the sampler took
     # The messages of a call that came over HTTP (a command-line agent), for people reading the
     # log; an in-process call's are in its `ChatRequested`.
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage] | None = None
     policy: str = "default"  # the policy that sampled it (see `policies:`)
     # What is wrong with the reply's tool calls, one line each (a call kept as text, a call to a
     # tool not declared, arguments that do not fit): an HTTP agent's reply carries no such field.
@@ -462,8 +464,8 @@ class ChatRequested(Request["ChatReplied"], frozen=True, kw_only=True):
 
     episode_id: str
     agent_id: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None  # the JSON the harness sent: see `platoon.bus.chat`
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     kind: CallKind = "policy"
 
@@ -472,7 +474,7 @@ class ChatRequested(Request["ChatReplied"], frozen=True, kw_only=True):
 class ChatReplied(Reply, frozen=True, kw_only=True):
     """The parsed assistant message and the id of the `ModelCallFinished` that recorded it."""
 
-    message: dict[str, Any] = msgspec.field(default_factory=dict)
+    message: SampledMessage = msgspec.field(default_factory=SampledMessage)
     call_id: str = ""
     finish_reason: str = "stop"
     prompt_tokens: int = 0

@@ -24,6 +24,7 @@ import msgspec
 from msgspec import Meta, Struct
 from msgspec import inspect as mi
 
+from platoon.bus.chat import ChatMessage
 from platoon.policy.constraints import unsupported
 
 __all__ = [
@@ -156,38 +157,6 @@ NEUTRAL = _names(_Common) - _names(_Hints) | {"top_logprobs", "response_format",
 
 
 # --- OpenAI Chat Completions ---------------------------------------------------------------
-
-
-class ChatPart(Struct):
-    """A content part. Only text is read; the renderer names and refuses another `type`."""
-
-    type: str = "text"
-    text: str | None = None
-
-
-class ChatFunctionCall(Struct):
-    name: str
-    arguments: str | dict[str, object] | None = None  # a JSON string; some harnesses echo the object
-
-
-class ChatToolCall(Struct):
-    function: ChatFunctionCall
-    id: str | None = None
-    type: str | None = None
-
-
-class ChatMessage(Struct):
-    """A message of any role: the renderer names a role it does not know (developer is read as
-    system). Its own fields reach the renderer as the client sent them."""
-
-    role: str
-    content: str | list[str | ChatPart] | None = None
-    tool_calls: list[ChatToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-    reasoning_content: str | None = None  # a reasoning model's turn, echoed back
-    reasoning: str | None = None
-    thinking: str | None = None
 
 
 class ChatFunction(Struct):

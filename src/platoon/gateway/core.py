@@ -28,9 +28,11 @@ from typing import ClassVar, Literal, Protocol
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
+from platoon.bus.chat import ChatMessage, SampledMessage, message_dict, messages_of
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -268,7 +270,8 @@ class Gateway(ComponentBase):
         try:
             if session is None or session.closed or session.episode_id != request.episode_id:
                 raise GatewayError("auth", f"agent {request.agent_id} is not open at the gateway")
-            done = await self.complete(session, request.messages, request.tools, request.params, request.kind)
+            messages = _as_dicts(request.messages)
+            done = await self.complete(session, messages, request.tools, request.params, request.kind)
         except GatewayError as exc:
             remaining = session.budget.remaining() if session else None
             await bus.publish(
@@ -283,7 +286,7 @@ class Gateway(ComponentBase):
         await bus.publish(
             ChatReplied(
                 reply_to=request.request_id,
-                message=dict(done.message),
+                message=msgspec.convert(done.message, SampledMessage),
                 call_id=done.call_id,
                 finish_reason=done.finish_reason,
                 prompt_tokens=done.prompt_tokens,
@@ -638,7 +641,7 @@ class Gateway(ComponentBase):
                     completion_text=parsed.content,
                     started_at=slot.started,
                     duration_s=slot.duration,
-                    messages=call.messages if record_messages else None,  # read, never written: not copied
+                    messages=messages_of(call.messages) if record_messages else None,
                     policy=session.policy,
                     parse_errors=list(parsed.errors),
                 )
@@ -702,3 +705,13 @@ _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thre
 def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request", "auth", "sampler"]:
     # "not_found" is the HTTP front's alone (a route, a stored response): never raised here.
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
+
+
+def _as_dicts(messages: Sequence[ChatMessage]) -> list[Message]:
+    """A `ChatRequested`'s messages as the dicts renderers read. One published in process
+    may hold what was never checked (a struct's fields are checked when decoded, not when
+    made): read it as `ctx.chat` does, and refuse what does not fit."""
+    try:
+        return [message_dict(m) for m in messages_of(messages)]
+    except ValueError as exc:
+        raise GatewayError("bad_request", str(exc)) from None

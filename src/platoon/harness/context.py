@@ -17,6 +17,7 @@ import anyio.lowlevel
 import msgspec
 
 from platoon.bus import Bus
+from platoon.bus.chat import message_dict, messages_of
 from platoon.bus.events import (
     ChatRequested,
     StepRequested,
@@ -244,14 +245,20 @@ class AgentContext:
     ) -> ChatReply:
         """Sample the policy on OpenAI-style messages; the call is recorded for training.
 
-        Raises `BudgetExhausted` when the episode has no model calls (or context) left and
-        `ChatError` when the gateway cannot answer.
+        Each message is read as a `platoon.bus.chat.ChatMessage`: keys other than its fields
+        are dropped (they never reached the prompt). Raises `BudgetExhausted` when the episode
+        has no model calls (or context) left and `ChatError` when the gateway cannot answer or
+        a message does not fit (naming it and its field).
         """
+        try:
+            typed = messages_of(messages)
+        except ValueError as exc:
+            raise ChatError(str(exc)) from None
         reply = await self.bus.request(
             ChatRequested(
                 episode_id=self.episode_id,
                 agent_id=self.agent_id,
-                messages=messages,
+                messages=typed,
                 tools=tools,
                 params={**self.params, **params},
                 kind=kind,
@@ -266,7 +273,7 @@ class AgentContext:
         if kind == "policy":
             self.budget._record(reply.budget_remaining)
         return ChatReply(
-            message=reply.message,
+            message=message_dict(reply.message),
             call_id=reply.call_id,
             finish_reason=reply.finish_reason,
             prompt_tokens=reply.prompt_tokens,

@@ -11,6 +11,7 @@ from typing import NotRequired, Protocol, TypedDict
 
 import msgspec
 
+from platoon.bus.chat import message_dict
 from platoon.bus.episodes import (
     AgentLog,
     EpisodeLog,
@@ -187,12 +188,12 @@ def _model_item(turn: ModelTurn, resets: dict[int, bool]) -> dict[str, object]:
     reply in the order they came) or over HTTP (its messages, if any, came with its record)."""
     item: dict[str, object] = {"kind": "model_call", "time": turn.time}
     if (asked := turn.request) is not None:
-        item["messages"] = [_message(m) for m in asked.messages]
+        item["messages"] = [_message(message_dict(m)) for m in asked.messages]
         item["tools"] = [t.get("function", t).get("name") for t in asked.tools or [] if isinstance(t, dict)]
         item.update(call_kind=asked.kind, call_id=None)
     elif turn.call is not None:
         messages = turn.call.messages
-        item["messages"] = [_message(m) for m in messages] if messages is not None else None
+        item["messages"] = [_message(message_dict(m)) for m in messages] if messages is not None else None
         item["call_kind"] = turn.call.kind
     updates = [
         (turn.recorded_at, _call_fields(turn.call, resets)),
@@ -227,7 +228,8 @@ def _call_fields(call: ModelCallFinished | None, resets: dict[int, bool]) -> dic
 def _reply_fields(reply: ChatReplied | None) -> dict[str, object]:
     if reply is None:
         return {}
-    fields: dict[str, object] = {"reply": _message(reply.message), "finish_reason": reply.finish_reason}
+    reply_message = _message(message_dict(reply.message)) if reply.error is None else {}
+    fields: dict[str, object] = {"reply": reply_message, "finish_reason": reply.finish_reason}
     fields.update(parse_errors=list(reply.parse_errors), error=reply.error, error_kind=reply.error_kind)
     return fields | {"reply_call_id": reply.call_id}
 

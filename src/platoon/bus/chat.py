@@ -1,0 +1,96 @@
+"""The chat messages the bus carries (`ChatRequested`, `ChatReplied`, `ModelCallFinished`):
+OpenAI-style messages as structs, the schema both the harness's `ctx.chat` and the gateway's
+HTTP dialects read them by (`platoon.gateway.bodies` takes them from here).
+
+A message keeps the fields a renderer reads: role, content (text, or text parts), tool calls,
+the tool call a result answers (`tool_call_id`), `name` and a reasoning model's reasoning.
+Other keys a harness puts in a message (cache hints, ids, statuses) are dropped when it is
+read: they never reached the prompt, and now they do not reach the log either. Unset fields
+stay unset (`omit_defaults`), so a message turned back into a dict (`message_dict`) renders as
+the one that was sent: a call without arguments is rendered `{}`, as before, not `null`.
+
+Tools stay the JSON their harness sent: a renderer writes each tool into the prompt as that
+JSON, its keys in the harness's order, flat `{"name", "parameters"}` tools included, so a struct
+(which orders and drops keys) would change the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+from msgspec import Struct
+
+__all__ = [
+    "ChatFunctionCall",
+    "ChatMessage",
+    "ChatPart",
+    "ChatToolCall",
+    "SampledMessage",
+    "message_dict",
+    "messages_of",
+]
+
+
+class ChatPart(Struct):
+    """A content part. Only text is read; the renderer names and refuses another `type`."""
+
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatFunctionCall(Struct, omit_defaults=True):
+    name: str
+    arguments: str | dict[str, Any] | None = None  # a JSON string; some harnesses echo the object
+
+
+class ChatToolCall(Struct, kw_only=True, omit_defaults=True):
+    id: str | None = None
+    type: str | None = None
+    function: ChatFunctionCall
+
+
+class ChatMessage(Struct, omit_defaults=True):
+    """A message of any role: the renderer names a role it does not know (developer is read as
+    system). Its own fields reach the renderer as the client sent them."""
+
+    role: str
+    content: str | list[str | ChatPart] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None  # a reasoning model's turn, echoed back
+    reasoning: str | None = None
+    thinking: str | None = None
+
+
+class SampledMessage(ChatMessage, omit_defaults=True):
+    """The assistant message the gateway sampled; a reply that failed carries an empty one."""
+
+    role: str = "assistant"
+
+
+_FORM = "a message is OpenAI's chat form: role, content, tool calls, tool_call_id, name"
+
+
+def messages_of(messages: Iterable[object], where: str = "messages") -> list[ChatMessage]:
+    """Messages as structs, from dicts (or structs); one that does not fit is a `ValueError`
+    that names it and its field (`messages.0.content: Expected ...`)."""
+    try:
+        return msgspec.convert(list(messages), list[ChatMessage], from_attributes=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        problem, _, path = text.rpartition(" - at `$")
+        if not problem:
+            raise ValueError(f"{where}: {text} ({_FORM})") from None
+        place = where + "".join(f".{p}" for p in path.rstrip("`").replace("]", "").split("[") if p)
+        raise ValueError(f"{place}: {problem} ({_FORM})") from None
+
+
+def message_dict(message: ChatMessage) -> dict[str, Any]:
+    """The message as the OpenAI-style dict renderers and harnesses read: `role` and `content`
+    always (content None when there is none), the other fields where they are set."""
+    fields = msgspec.to_builtins(message)
+    fields.pop("role", None)
+    return {"role": message.role, "content": fields.pop("content", None), **fields}
