@@ -129,13 +129,13 @@ EXAMPLE = _here.parent / "examples" / "number-search"
 
 async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> float:
     """Episodes/s through `workers` worker processes (start-up not counted)."""
-    from platoon.assembly.builders import _parsers_identity
-    from platoon.assembly.nats import NatsSettings, lease_timeout, trainer_components, worker_identity
+    from platoon.assembly.builders import parsers_identity_of
+    from platoon.assembly.nats import nats_settings, trainer_bridge
     from platoon.assembly.policies import load_policy
     from platoon.assembly.settings import resolve
     from platoon.bus import attach
     from platoon.config import validate_config
-    from platoon.train.distributed import EpisodeSealed, WorkerRegistry
+    from platoon.train.distributed import EpisodeSealed, LeaseKeeper, PolicyAnnouncer, WorkerRegistry
 
     run = f"bench-{workers}w"
     raw = {
@@ -154,17 +154,21 @@ async def episodes_per_s(url: str, workers: int, episodes: int, tmp: Path) -> fl
     path = tmp / f"{run}.yaml"
     path.write_text(__import__("json").dumps(raw))
     config = validate_config(raw)
-    # The identity the trainer announces, made as the trainer makes it: with each policy's tool-call
-    # parser resolved from its tokenizer, which the workers compare with their own resolution.
-    settings = resolve(config, "train", console=False)
-    loaded = {name: load_policy(policy) for name, policy in settings.all_policies().items()}
-    nats = NatsSettings(
-        lease=lease_timeout(config),
-        max_attempts=config.nats.max_attempts,
-        announce_every=config.nats.announce_every,
-        identity=worker_identity(config) | _parsers_identity(loaded),
-    )
-    components = trainer_components(config, PolicyUpdated(version=0, sampler_path=""), settings=nats)
+    # The trainer's side of a distributed run, as its parts build it (assembly/parts.py), with
+    # the identity the workers compare with theirs: each policy's tool-call parser included.
+    settings = resolve(config, "train")
+    policies = {name: load_policy(policy) for name, policy in settings.policies.items()}
+    nats = nats_settings(config)
+    components = [
+        trainer_bridge(nats),
+        LeaseKeeper(lease=nats.lease, max_attempts=nats.max_attempts),
+        PolicyAnnouncer(
+            [PolicyUpdated(version=0, sampler_path="", policy=name) for name in policies],
+            every=nats.announce_every,
+            identity=nats.identity | parsers_identity_of(policies),
+        ),
+        WorkerRegistry(every=nats.announce_every),
+    ]
     registry = next(c for c in components if isinstance(c, WorkerRegistry))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}
     command = [
