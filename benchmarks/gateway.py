@@ -204,7 +204,7 @@ def row(name: str, samples: list[float], floor: list[float] | None = None) -> No
 async def latency(calls: int, turns: int) -> None:
     """Sequential calls, in process and over HTTP, against their floors."""
     gateway = bench_gateway()
-    renderer = gateway.renderer
+    renderer = gateway.policies[gateway.default_policy].renderer
     messages = conversation(turns)
     print(f"conversation: {len(messages)} messages, {len(renderer.render(messages, TOOLS))} prompt tokens")
 
