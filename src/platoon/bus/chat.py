@@ -16,7 +16,7 @@ JSON, its keys in the harness's order, flat `{"name", "parameters"}` tools inclu
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -29,6 +29,7 @@ __all__ = [
     "ChatToolCall",
     "SampledMessage",
     "message_dict",
+    "message_dicts",
     "messages_of",
 ]
 
@@ -91,6 +92,15 @@ def messages_of(messages: Iterable[object], where: str = "messages") -> list[Cha
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """The message as the OpenAI-style dict renderers and harnesses read: `role` and `content`
     always (content None when there is none), the other fields where they are set."""
-    fields = msgspec.to_builtins(message)
-    fields.pop("role", None)
-    return {"role": message.role, "content": fields.pop("content", None), **fields}
+    [found] = message_dicts([message])
+    return found
+
+
+def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """`message_dict` of each, in one pass: the gateway reads a conversation's every call."""
+    found: list[dict[str, Any]] = msgspec.to_builtins(messages)
+    for message, fields in zip(messages, found, strict=True):
+        if "role" not in fields:  # a SampledMessage's, its default
+            fields["role"] = message.role
+        fields.setdefault("content", None)
+    return found

@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
-from platoon.bus.chat import ChatMessage, SampledMessage, message_dict, messages_of
+from platoon.bus.chat import ChatMessage, SampledMessage, message_dicts, messages_of
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -711,7 +711,9 @@ def _as_dicts(messages: Sequence[ChatMessage]) -> list[Message]:
     """A `ChatRequested`'s messages as the dicts renderers read. One published in process
     may hold what was never checked (a struct's fields are checked when decoded, not when
     made): read it as `ctx.chat` does, and refuse what does not fit."""
-    try:
-        return [message_dict(m) for m in messages_of(messages)]
-    except ValueError as exc:
-        raise GatewayError("bad_request", str(exc)) from None
+    if not all(type(m) is ChatMessage for m in messages):  # `ctx.chat`'s were read already
+        try:
+            messages = messages_of(messages)
+        except ValueError as exc:
+            raise GatewayError("bad_request", str(exc)) from None
+    return message_dicts(messages)
