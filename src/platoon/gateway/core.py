@@ -707,7 +707,7 @@ def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
 
 
-def _as_dicts(messages: Sequence[ChatMessage]) -> list[Message]:
+def _as_dicts(messages: Sequence[ChatMessage]) -> Sequence[Message]:
     """A `ChatRequested`'s messages as the dicts renderers read. One published in process
     may hold what was never checked (a struct's fields are checked when decoded, not when
     made): read it as `ctx.chat` does, and refuse what does not fit."""
