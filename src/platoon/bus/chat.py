@@ -96,9 +96,9 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
     return found
 
 
-def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, object]]:
     """`message_dict` of each, in one pass: the gateway reads a conversation's every call."""
-    found: list[dict[str, Any]] = msgspec.to_builtins(messages)
+    found: list[dict[str, object]] = msgspec.to_builtins(messages)
     for message, fields in zip(messages, found, strict=True):
         if "role" not in fields:  # a SampledMessage's, its default
             fields["role"] = message.role
