@@ -74,6 +74,18 @@ def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLim
             if series:  # the last step's
                 parts.append(shape.format(series[-1]))
         lines.append(f"policy  {policy}: {', '.join(parts)}")
+    lines += _eval_lines(run_dir)
+    lines.append(f"run     {run_dir}")
+    if importlib.util.find_spec("platoon.visualization") is not None:
+        lines.append(f"view    platoon view {run_dir}")
+    else:
+        lines.append(f"events  platoon events {run_dir}")
+    return "\n".join(lines)
+
+
+def _eval_lines(run_dir: Path) -> list[str]:
+    """The held-out curve over the run's evaluations, and the first and last one in full."""
+    lines: list[str] = []
     evals = sorted((run_dir / "evals").glob("step-*.json")) if (run_dir / "evals").is_dir() else []
     reports = {path: _report(path) for path in evals}
     curve = [
@@ -106,12 +118,7 @@ def train_summary(run_dir: Path, seconds: float | None = None, limits: HealthLim
             shown += "; own reward " + ", ".join(own_rewards)
         shown += _eval_tree(report)
         lines.append(f"eval    step {_step(path)}: {shown}")
-    lines.append(f"run     {run_dir}")
-    if importlib.util.find_spec("platoon.visualization") is not None:
-        lines.append(f"view    platoon view {run_dir}")
-    else:
-        lines.append(f"events  platoon events {run_dir}")
-    return "\n".join(lines)
+    return lines
 
 
 def _tree_lines(steps: list[dict]) -> list[str]:
