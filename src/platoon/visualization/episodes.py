@@ -323,33 +323,9 @@ def call_tokens(
     agent_datums = [stored for stored in datums if stored.datum.agent_id == call.agent_id]
     found = locate_in_datum(call.prompt_tokens, call.completion_tokens, [s.datum for s in agent_datums])
     stored = agent_datums[found[0]] if found else None
-    datum = stored.datum if stored is not None else None
     scale = _advantage_scale(stored, normalization) if stored is not None else 1.0
-    tokens = []
-    for j, token in enumerate(call.completion_tokens):
-        entry: dict[str, object] = {
-            "id": token,
-            "logprob": call.logprobs[j] if j < len(call.logprobs) else None,
-        }
-        if datum is not None and found is not None:
-            position = found[1] + j
-            if position >= 0:
-                entry.update(
-                    position=position,
-                    weight=datum.weights[position],
-                    advantage=datum.advantages[position] / scale,
-                    trained_advantage=datum.advantages[position],
-                    datum_logprob=datum.logprobs[position],
-                )
-                scored = stored.scored if stored is not None else None
-                if scored is not None and position < len(scored) and datum.weights[position]:
-                    # the trainer's logprob of the token, before the step's update
-                    entry["trainer_logprob"] = scored[position]
-            else:  # the first token of a sequence is never a target
-                entry.update(
-                    position=None, weight=0.0, advantage=0.0, trained_advantage=0.0, datum_logprob=None
-                )
-        tokens.append(entry)
+    offset = found[1] if found is not None else None
+    tokens = [_token_entry(call, j, stored, offset, scale) for j in range(len(call.completion_tokens))]
     texts = _decode_each(tokenizer, call.completion_tokens)
     for entry, text in zip(tokens, texts, strict=False):
         entry["text"] = text
@@ -393,6 +369,35 @@ def call_tokens(
             else "a judge call: never trained on"
         )
     return out
+
+
+def _token_entry(
+    call: ModelCallFinished, j: int, stored: StoredDatum | None, offset: int | None, scale: float
+) -> dict[str, object]:
+    """The call's `j`th sampled token, and where it trained (`offset`: the call's position in
+    `stored`'s datum), the datum's logprob, weight and advantages there and the trainer's logprob."""
+    entry: dict[str, object] = {
+        "id": call.completion_tokens[j],
+        "logprob": call.logprobs[j] if j < len(call.logprobs) else None,
+    }
+    if stored is None or offset is None:
+        return entry
+    datum = stored.datum
+    position = offset + j
+    if position < 0:  # the first token of a sequence is never a target
+        entry.update(position=None, weight=0.0, advantage=0.0, trained_advantage=0.0, datum_logprob=None)
+        return entry
+    entry.update(
+        position=position,
+        weight=datum.weights[position],
+        advantage=datum.advantages[position] / scale,
+        trained_advantage=datum.advantages[position],
+        datum_logprob=datum.logprobs[position],
+    )
+    scored = stored.scored
+    if scored is not None and position < len(scored) and datum.weights[position]:
+        entry["trainer_logprob"] = scored[position]  # the trainer's, before the step's update
+    return entry
 
 
 def _advantage_scale(stored: StoredDatum, normalization: str | None) -> float:
