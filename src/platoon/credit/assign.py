@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from platoon.credit.baselines import get_credit_rule
+from platoon.credit.baselines import CreditRule, get_credit_rule
 from platoon.credit.datums import Datum, merge_calls, scaled, with_advantage
 from platoon.credit.exceptions import CreditError
 from platoon.credit.traces import AgentTrace, Rollout
@@ -100,9 +100,6 @@ def assign_credit(
     several-policy run. Without it, every agent's (one policy: today's batch exactly).
     """
 
-    def mine(agent: AgentTrace) -> bool:
-        return policy is None or agent.policy == policy
-
     cfg = cfg or CreditConfig()
     rule = get_credit_rule(cfg.baseline)
     _check_batch(groups)
@@ -114,46 +111,9 @@ def assign_credit(
         if not group:
             removed["empty"] += 1
             continue
-        per_turn: list[list[float]] | None = None
-        constant = is_constant_group(group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha, policy=policy)
-        if cfg.credit == "per_turn":
-            per_turn, varied = turn_advantages(
-                group, rule, discount=cfg.turn_discount, std_scaling=cfg.std_scaling, eps=cfg.std_eps
-            )
-            roots_mine = any(mine(a) for r in group for a in r.agents if a.parent_id is None)
-            constant = constant and not (varied and roots_mine)
-        if cfg.remove_constant_groups and constant:
-            removed["constant"] += 1
-            continue
-        advantages = tree_advantages(
-            group,
-            rule,
-            mode=cfg.subagent_reward,
-            alpha=cfg.mix_alpha,
-            std_scaling=cfg.std_scaling,
-            eps=cfg.std_eps,
-            policy=policy,
-        )
-        group_datums: list[tuple[Datum, float | None]] = []
-        group_calls = 0
-        for index, (rollout, by_agent) in enumerate(zip(group, advantages, strict=True)):
-            for agent in rollout.agents:
-                if not mine(agent):
-                    continue
-                group_calls += sum(call.kind != "judge" for call in agent.calls)
-                turns = per_turn[index] if per_turn is not None and agent.parent_id is None else None
-                datums = merge_calls(
-                    agent.calls,
-                    episode_id=rollout.episode_id,
-                    group_id=rollout.group_id,
-                    agent_id=agent.agent_id,
-                    depth=agent.depth,
-                    call_advantages=turns,
-                )
-                advantage = None if turns is not None else by_agent[agent.agent_id]
-                group_datums += [(datum, advantage) for datum in datums]
-        if not group_datums:
-            removed["no_datums"] += 1
+        reason, group_datums, group_calls = _group_datums(group, cfg, rule, policy)
+        if reason is not None:
+            removed[reason] += 1
             continue
         pending += group_datums
         calls += group_calls
@@ -200,7 +160,7 @@ def assign_credit(
     own_rewards: dict[int, list[float]] = defaultdict(list)
     for rollout in (rollout for group in groups for rollout in group):
         for agent in rollout.agents:
-            if mine(agent):
+            if _mine(agent, policy):
                 own_rewards[agent.depth].append(own_reward(rollout, agent))
     for depth, rewards_at_depth in sorted(own_rewards.items()):
         # A subagent's own grade where it has one: how each depth does at its own job.
@@ -210,6 +170,60 @@ def assign_credit(
         stats[f"depth/{depth}/trained_tokens"] = tokens_by_depth[depth]
         stats[f"depth/{depth}/weight"] = weight
     return CreditResult(datums=datums, stats={key: float(value) for key, value in stats.items()})
+
+
+def _mine(agent: AgentTrace, policy: str | None) -> bool:
+    """Whether `agent`'s datums are the batch's: every agent's, or those of `policy`'s."""
+    return policy is None or agent.policy == policy
+
+
+def _group_datums(
+    group: Sequence[Rollout], cfg: CreditConfig, rule: CreditRule, policy: str | None
+) -> tuple[str | None, list[tuple[Datum, float | None]], int]:
+    """One task group's datums, each with its advantage (None: the datum carries per-turn
+    ones), and the model calls they hold; or why the group is left out (`constant`,
+    `no_datums`)."""
+
+    per_turn: list[list[float]] | None = None
+    constant = is_constant_group(group, mode=cfg.subagent_reward, alpha=cfg.mix_alpha, policy=policy)
+    if cfg.credit == "per_turn":
+        per_turn, varied = turn_advantages(
+            group, rule, discount=cfg.turn_discount, std_scaling=cfg.std_scaling, eps=cfg.std_eps
+        )
+        roots_mine = any(_mine(a, policy) for r in group for a in r.agents if a.parent_id is None)
+        constant = constant and not (varied and roots_mine)
+    if cfg.remove_constant_groups and constant:
+        return "constant", [], 0
+    advantages = tree_advantages(
+        group,
+        rule,
+        mode=cfg.subagent_reward,
+        alpha=cfg.mix_alpha,
+        std_scaling=cfg.std_scaling,
+        eps=cfg.std_eps,
+        policy=policy,
+    )
+    group_datums: list[tuple[Datum, float | None]] = []
+    group_calls = 0
+    for index, (rollout, by_agent) in enumerate(zip(group, advantages, strict=True)):
+        for agent in rollout.agents:
+            if not _mine(agent, policy):
+                continue
+            group_calls += sum(call.kind != "judge" for call in agent.calls)
+            turns = per_turn[index] if per_turn is not None and agent.parent_id is None else None
+            datums = merge_calls(
+                agent.calls,
+                episode_id=rollout.episode_id,
+                group_id=rollout.group_id,
+                agent_id=agent.agent_id,
+                depth=agent.depth,
+                call_advantages=turns,
+            )
+            advantage = None if turns is not None else by_agent[agent.agent_id]
+            group_datums += [(datum, advantage) for datum in datums]
+    if not group_datums:
+        return "no_datums", [], 0
+    return None, group_datums, group_calls
 
 
 def _check_batch(groups: Sequence[Sequence[Rollout]]) -> None:
