@@ -157,19 +157,32 @@ def assign_credit(
         "policy_version_min": min((d.policy_version for d in datums), default=0),
         "max_depth": max(weights, default=0),
     }
+    stats |= _depth_stats(groups, policy, weights, agents_by_depth, tokens_by_depth)
+    return CreditResult(datums=datums, stats={key: float(value) for key, value in stats.items()})
+
+
+def _depth_stats(
+    groups: Sequence[Sequence[Rollout]],
+    policy: str | None,
+    weights: dict[int, float],
+    agents_by_depth: Counter[int],
+    tokens_by_depth: Counter[int],
+) -> dict[str, float]:
+    """Per depth: its agents' own reward (a subagent's own grade where it has one: how each
+    depth does at its own job), agents, trained tokens and weight."""
+    stats: dict[str, float] = {}
     own_rewards: dict[int, list[float]] = defaultdict(list)
     for rollout in (rollout for group in groups for rollout in group):
         for agent in rollout.agents:
             if _mine(agent, policy):
                 own_rewards[agent.depth].append(own_reward(rollout, agent))
     for depth, rewards_at_depth in sorted(own_rewards.items()):
-        # A subagent's own grade where it has one: how each depth does at its own job.
         stats[f"depth/{depth}/reward_mean"] = _mean(rewards_at_depth)
     for depth, weight in weights.items():
         stats[f"depth/{depth}/agents"] = agents_by_depth[depth]
         stats[f"depth/{depth}/trained_tokens"] = tokens_by_depth[depth]
         stats[f"depth/{depth}/weight"] = weight
-    return CreditResult(datums=datums, stats={key: float(value) for key, value in stats.items()})
+    return stats
 
 
 def _mine(agent: AgentTrace, policy: str | None) -> bool:
