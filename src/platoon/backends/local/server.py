@@ -120,6 +120,31 @@ def _route(
     return endpoint
 
 
+def _path_routes(service: TinkerService) -> list[Route]:
+    """The routes that read their path (a session's finish, a sampler) or no body at all."""
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def capabilities(request: Request) -> Response:
+        return JSONResponse(service.capabilities())
+
+    async def get_sampler(request: Request) -> Response:
+        result = await service.get_sampler(request.path_params["sampler_id"])
+        return result if isinstance(result, Response) else JSONResponse(result)
+
+    async def finish(request: Request) -> Response:
+        result = await service.finish_session(request.path_params["session_id"], await request.body())
+        return result if isinstance(result, Response) else JSONResponse(result)
+
+    return [
+        Route("/api/v1/sessions/{session_id}/finish", finish, methods=["POST"]),
+        Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),
+        Route("/api/v1/healthz", healthz, methods=["GET"]),
+        Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
+    ]
+
+
 def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     """The app serving `service` under /api/v1, behind the key and body-size guard.
 
@@ -144,20 +169,6 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
     async def ok(body: bytes) -> Answer:
         return {"status": "accepted"}
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def capabilities(request: Request) -> Response:
-        return JSONResponse(service.capabilities())
-
-    async def get_sampler(request: Request) -> Response:
-        result = await service.get_sampler(request.path_params["sampler_id"])
-        return result if isinstance(result, Response) else JSONResponse(result)
-
-    async def finish(request: Request) -> Response:
-        result = await service.finish_session(request.path_params["session_id"], await request.body())
-        return result if isinstance(result, Response) else JSONResponse(result)
-
     routes = [
         post("/client/config", service.client_config),
         post("/client/dynamic_config", service.dynamic_config),
@@ -180,10 +191,7 @@ def create_app(service: TinkerService, *, max_body: int = MAX_BODY) -> Guard:
         post("/retrieve_futures", service.retrieve_futures),
         post("/cancel_future", service.cancel_future),
         post("/join_sampling_session", service.join_sampling_session),
-        Route("/api/v1/sessions/{session_id}/finish", finish, methods=["POST"]),
-        Route("/api/v1/samplers/{sampler_id:path}", get_sampler, methods=["GET"]),
-        Route("/api/v1/healthz", healthz, methods=["GET"]),
-        Route("/api/v1/get_server_capabilities", capabilities, methods=["GET"]),
+        *_path_routes(service),
         Route(
             SAMPLE_STREAM,
             _route(
