@@ -119,11 +119,37 @@ def _matches(search: _Search, session: Session) -> bool:
 
 def rest_routes(service: TinkerService) -> list[Route]:
     """The routes, under /api/v1, that answer the SDK's RestClient."""
-    engine = service.engine
+    rest = _Rest(service)
+    v1 = "/api/v1"
+    return [
+        Route(f"{v1}/training_runs", _endpoint(rest.list_runs), methods=["GET"]),
+        Route(f"{v1}/training_runs/{{run_id}}", _endpoint(rest.get_run), methods=["GET"]),
+        Route(
+            f"{v1}/training_runs/{{run_id}}/checkpoints", _endpoint(rest.list_checkpoints), methods=["GET"]
+        ),
+        Route(
+            f"{v1}/training_runs/{{run_id}}/checkpoints/{{rest:path}}",
+            _endpoint(rest.checkpoint),
+            methods=["GET", "DELETE", "POST", "PUT"],
+        ),
+        Route(f"{v1}/checkpoints", _endpoint(rest.user_checkpoints), methods=["GET"]),
+        Route(f"{v1}/sessions", _endpoint(rest.list_sessions), methods=["GET"]),
+        Route(f"{v1}/sessions/search", _endpoint(rest.search_sessions), methods=["POST"]),
+        Route(f"{v1}/sessions/{{session_id}}", _endpoint(rest.get_session), methods=["GET"]),
+        Route(f"{v1}/weights_info", _endpoint(rest.weights_info), methods=["POST"]),
+    ]
 
-    def training_run(run_id: str) -> dict[str, object] | None:
-        model = service.models.get(run_id)
-        checkpoints = engine.checkpoints(run_id)
+
+class _Rest:
+    """The RestClient's endpoints over one service: its training runs, checkpoints, sessions."""
+
+    def __init__(self, service: TinkerService) -> None:
+        self.service = service
+        self.engine = service.engine
+
+    def training_run(self, run_id: str) -> dict[str, object] | None:
+        model = self.service.models.get(run_id)
+        checkpoints = self.engine.checkpoints(run_id)
         if model is None and not checkpoints:
             return None
         training = [c for c in checkpoints if c.kind == "weights"]
@@ -131,11 +157,11 @@ def rest_routes(service: TinkerService) -> list[Route]:
         if model is not None:
             rank, metadata, last = model.rank, model.user_metadata, model.last_request
         else:
-            spec: LoraSpec = engine.weights_info(checkpoints[-1].tinker_path)
+            spec: LoraSpec = self.engine.weights_info(checkpoints[-1].tinker_path)
             rank, metadata, last = spec.rank, None, checkpoints[-1].time
         return {
             "training_run_id": run_id,
-            "base_model": service.model_name,
+            "base_model": self.service.model_name,
             "model_owner": OWNER,
             "is_lora": True,
             "corrupted": False,
@@ -146,62 +172,70 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "user_metadata": metadata,
         }
 
-    def run_ids() -> list[str]:
-        live = sorted(service.models, key=lambda m: service.models[m].last_request, reverse=True)
-        return live + [r for r in engine.runs_on_disk() if r not in service.models]
+    def run_ids(self) -> list[str]:
+        live = sorted(self.service.models, key=lambda m: self.service.models[m].last_request, reverse=True)
+        return live + [r for r in self.engine.runs_on_disk() if r not in self.service.models]
 
-    async def list_runs(request: Request) -> Answer:
-        ids = run_ids()
+    async def list_runs(self, request: Request) -> Answer:
+        ids = self.run_ids()
         limit, offset = _page(request)
         runs = [
             r
-            for r in (await service.run_sync(lambda: [training_run(i) for i in ids[offset : offset + limit]]))
+            for r in (
+                await self.service.run_sync(
+                    lambda: [self.training_run(i) for i in ids[offset : offset + limit]]
+                )
+            )
             if r
         ]
         return {"training_runs": runs, "cursor": {"offset": offset, "limit": limit, "total_count": len(ids)}}
 
-    async def get_run(request: Request) -> Answer:
+    async def get_run(self, request: Request) -> Answer:
         run_id = request.path_params["run_id"]
-        run = await service.run_sync(lambda: training_run(run_id))
+        run = await self.service.run_sync(lambda: self.training_run(run_id))
         return run if run is not None else _error(f"unknown training run {run_id!r}", 404)
 
-    async def list_checkpoints(request: Request) -> Answer:
+    async def list_checkpoints(self, request: Request) -> Answer:
         run_id = request.path_params["run_id"]
-        checkpoints = await service.run_sync(lambda: engine.checkpoints(run_id))
-        if not checkpoints and run_id not in service.models:
+        checkpoints = await self.service.run_sync(lambda: self.engine.checkpoints(run_id))
+        if not checkpoints and run_id not in self.service.models:
             return _error(f"unknown training run {run_id!r}", 404)
         return {"checkpoints": [_checkpoint(c) for c in checkpoints], "cursor": None}
 
-    async def user_checkpoints(request: Request) -> Answer:
+    async def user_checkpoints(self, request: Request) -> Answer:
         def every() -> list[CheckpointInfo]:
-            found = [c for run in engine.runs_on_disk() for c in engine.checkpoints(run)]
+            found = [c for run in self.engine.runs_on_disk() for c in self.engine.checkpoints(run)]
             return sorted(found, key=lambda c: c.time, reverse=True)
 
-        checkpoints = await service.run_sync(every)
+        checkpoints = await self.service.run_sync(every)
         limit, offset = _page(request)
         return {
             "checkpoints": [_checkpoint(c) for c in checkpoints[offset : offset + limit]],
             "cursor": {"offset": offset, "limit": limit, "total_count": len(checkpoints)},
         }
 
-    async def checkpoint(request: Request) -> Answer:
+    async def checkpoint(self, request: Request) -> Answer:
         """DELETE a checkpoint; POST/DELETE `.../publish`; PUT `.../ttl`."""
         run_id, rest = request.path_params["run_id"], request.path_params["rest"]
         checkpoint_id, _, action = rest.rpartition("/") if rest.count("/") >= 2 else (rest, "", "")
         method = request.method
         if action == "" and method == "DELETE":
-            await service.run_sync(lambda: engine.delete_checkpoint(run_id, checkpoint_id))
+            await self.service.run_sync(lambda: self.engine.delete_checkpoint(run_id, checkpoint_id))
         elif action == "publish" and method in {"POST", "DELETE"}:
             public = method == "POST"
-            await service.run_sync(lambda: engine.mark_checkpoint(run_id, checkpoint_id, public=public))
+            await self.service.run_sync(
+                lambda: self.engine.mark_checkpoint(run_id, checkpoint_id, public=public)
+            )
         elif action == "ttl" and method == "PUT":
             ttl = msgspec.json.decode(await request.body() or b"{}", type=_Ttl).ttl_seconds
             expires = time.time() + ttl if ttl else None
-            await service.run_sync(lambda: engine.mark_checkpoint(run_id, checkpoint_id, expires_at=expires))
+            await self.service.run_sync(
+                lambda: self.engine.mark_checkpoint(run_id, checkpoint_id, expires_at=expires)
+            )
         elif action == "" and method == "GET":
             found = [
                 c
-                for c in await service.run_sync(lambda: engine.checkpoints(run_id))
+                for c in await self.service.run_sync(lambda: self.engine.checkpoints(run_id))
                 if c.checkpoint_id == checkpoint_id
             ]
             return _checkpoint(found[0]) if found else _error(f"no checkpoint {checkpoint_id!r}", 404)
@@ -209,13 +243,13 @@ def rest_routes(service: TinkerService) -> list[Route]:
             return _error(f"{method} {request.url.path} is not supported by this server", 404)
         return Response(status_code=204)
 
-    async def list_sessions(request: Request) -> Answer:
-        ids = list(reversed(service.sessions))
+    async def list_sessions(self, request: Request) -> Answer:
+        ids = list(reversed(self.service.sessions))
         limit, offset = _page(request)
         return {"sessions": ids[offset : offset + limit]}
 
-    async def get_session(request: Request) -> Answer:
-        session = service.sessions.get(request.path_params["session_id"])
+    async def get_session(self, request: Request) -> Answer:
+        session = self.service.sessions.get(request.path_params["session_id"])
         if session is None:
             return _error(f"unknown session {request.path_params['session_id']!r}", 404)
         return {
@@ -225,7 +259,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "display_name": session.display_name,
         }
 
-    async def search_sessions(request: Request) -> Answer:
+    async def search_sessions(self, request: Request) -> Answer:
         search = msgspec.json.decode(await request.body() or b"{}", type=_Search)
         if search.project_ids is not None:
             return refusal("projects", "this server has one owner and no projects; leave project_ids out")
@@ -235,14 +269,16 @@ def rest_routes(service: TinkerService) -> list[Route]:
         def key(session: Session) -> tuple[datetime.datetime, str]:
             return datetime.datetime.fromtimestamp(session.created_at, datetime.UTC), session.id
 
-        found = sorted((s for s in service.sessions.values() if _matches(search, s)), key=key, reverse=True)
+        found = sorted(
+            (s for s in self.service.sessions.values() if _matches(search, s)), key=key, reverse=True
+        )
         if search.cursor is not None:
             after = (search.cursor.last_created_at, search.cursor.last_session_id)
             found = [s for s in found if key(s) < after]
         page = found[: search.limit]
 
         def summary(session: Session) -> dict[str, object]:
-            saved = [c for run in session.models for c in engine.checkpoints(run)]
+            saved = [c for run in session.models for c in self.engine.checkpoints(run)]
             return {
                 "session_id": session.id,
                 "created_at": _when(session.created_at),
@@ -255,7 +291,7 @@ def rest_routes(service: TinkerService) -> list[Route]:
                 "checkpoint_storage_bytes": sum(c.size_bytes for c in saved),
             }
 
-        sessions = await service.run_sync(lambda: [summary(s) for s in page])
+        sessions = await self.service.run_sync(lambda: [summary(s) for s in page])
         more = len(found) > len(page)
         last = page[-1] if page else None
         cursor = (
@@ -263,11 +299,11 @@ def rest_routes(service: TinkerService) -> list[Route]:
         )
         return {"sessions": sessions, "next_cursor": cursor}
 
-    async def weights_info(request: Request) -> Answer:
+    async def weights_info(self, request: Request) -> Answer:
         path = msgspec.json.decode(await request.body(), type=_WeightsInfo).tinker_path
-        spec = await service.run_sync(lambda: engine.weights_info(path))
+        spec = await self.service.run_sync(lambda: self.engine.weights_info(path))
         return {
-            "base_model": service.model_name,
+            "base_model": self.service.model_name,
             "optimizer_config": {"type": "adamw"},
             "is_lora": True,
             "lora_rank": spec.rank,
@@ -276,30 +312,14 @@ def rest_routes(service: TinkerService) -> list[Route]:
             "train_attn": spec.train_attn,
         }
 
-    def endpoint(handler: Callable[[Request], Awaitable[Answer]]) -> Callable[[Request], Awaitable[Response]]:
-        async def answer(request: Request) -> Response:
-            try:
-                result = await handler(request)
-            except (EngineError, msgspec.DecodeError) as exc:
-                missing = "unknown" in str(exc) or "no checkpoint" in str(exc)
-                return _error(str(exc), 404 if missing else 400)
-            return result if isinstance(result, Response) else JSONResponse(result)
 
-        return answer
+def _endpoint(handler: Callable[[Request], Awaitable[Answer]]) -> Callable[[Request], Awaitable[Response]]:
+    async def answer(request: Request) -> Response:
+        try:
+            result = await handler(request)
+        except (EngineError, msgspec.DecodeError) as exc:
+            missing = "unknown" in str(exc) or "no checkpoint" in str(exc)
+            return _error(str(exc), 404 if missing else 400)
+        return result if isinstance(result, Response) else JSONResponse(result)
 
-    v1 = "/api/v1"
-    return [
-        Route(f"{v1}/training_runs", endpoint(list_runs), methods=["GET"]),
-        Route(f"{v1}/training_runs/{{run_id}}", endpoint(get_run), methods=["GET"]),
-        Route(f"{v1}/training_runs/{{run_id}}/checkpoints", endpoint(list_checkpoints), methods=["GET"]),
-        Route(
-            f"{v1}/training_runs/{{run_id}}/checkpoints/{{rest:path}}",
-            endpoint(checkpoint),
-            methods=["GET", "DELETE", "POST", "PUT"],
-        ),
-        Route(f"{v1}/checkpoints", endpoint(user_checkpoints), methods=["GET"]),
-        Route(f"{v1}/sessions", endpoint(list_sessions), methods=["GET"]),
-        Route(f"{v1}/sessions/search", endpoint(search_sessions), methods=["POST"]),
-        Route(f"{v1}/sessions/{{session_id}}", endpoint(get_session), methods=["GET"]),
-        Route(f"{v1}/weights_info", endpoint(weights_info), methods=["POST"]),
-    ]
+    return answer
