@@ -50,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_run_commands(sub)
+    _add_tool_commands(sub)
+    _add_run_tools(sub)
+    _add_service_commands(sub)
+    return parser
+
+
+def _add_run_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that run a config or make one: run, train, sft, eval, rollout, prepare, init."""
     p = sub.add_parser("run", help="run what a config describes: train with its evals, or eval alone")
     _config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
@@ -123,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--directory", help="where to make it (default: ./NAME)")
     p.set_defaults(handler="platoon.cli.init:init")
 
+
+def _add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The tools around runs' models and agents: models, export, worker, harness."""
     p = sub.add_parser("models", help="real models by name: list the catalogue, pull one into the cache")
     ms = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     q = ms.add_parser("list", help="the catalogue's models, and which are pulled")
@@ -166,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("names", nargs="+", metavar="NAME", help="harness names (codex, pi, ...) or spec files")
     q.set_defaults(handler="platoon.cli.harness:install_harnesses")
 
+
+def _add_run_tools(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The tools that look into runs: nats, graph, events, view."""
     p = sub.add_parser("nats", help="NATS for distributed runs")
     ns = p.add_subparsers(dest="nats_command", metavar="ACTION", required=True)
     q = ns.add_parser("init", help="write a nats-server config and per-role credentials")
@@ -215,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", metavar="DIR", help="write a static copy that opens from disk, then exit")
     p.set_defaults(handler="platoon.cli.view:view")
 
+
+def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The servers a person starts by hand (serve, gateway, env), and version."""
     p = sub.add_parser("serve", help="serve a platoon service")
     ss = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     q = ss.add_parser("tinker", help="the embedded Tinker-API training service (torch + transformers)")
@@ -261,7 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("version", help="print platoon's version and its dependencies'")
     p.set_defaults(handler="platoon.cli.version:version")
-    return parser
 
 
 def _version() -> str:
