@@ -76,8 +76,10 @@ def sample_stream(
             except ConstraintError as exc:
                 raise EngineError(str(exc)) from None
         limit = sampler.check(request)
-        if req.constraint is not None:
-            _say_out_of_reach(req.constraint, limit, sampler)
+        if req.constraint is not None and _first_look(req.constraint, limit):
+            # off the event loop: the first reads the vocabulary's texts (a second or so); with a
+            # grammar of its own, since the sampler's thread walks the request's meanwhile
+            await anyio.to_thread.run_sync(_say_out_of_reach, req.constraint, limit, sampler)
         return _Lines(_lines(sampler, request))
 
     return handler
@@ -87,13 +89,18 @@ _said: set[tuple[str, int]] = set()
 _seen: set[tuple[bytes, int]] = set()  # the constraints and limits already looked at
 
 
+def _first_look(constraint: DecodingConstraint, limit: int) -> bool:
+    """Whether this constraint and limit are new here (each is looked at once)."""
+    key = (msgspec.json.encode(constraint), limit)
+    if key in _seen or len(_seen) >= 10_000:
+        return False
+    _seen.add(key)
+    return True
+
+
 def _say_out_of_reach(constraint: DecodingConstraint, limit: int, sampler: Sampler) -> None:
     """Warn, once per tool and limit, of a tool a forced call cannot draw within `limit` tokens
     (`out_of_reach`): the model's choice would be taken from it without a word."""
-    key = (msgspec.json.encode(constraint), limit)
-    if key in _seen or len(_seen) > 10_000:
-        return
-    _seen.add(key)
     for name, chars in out_of_reach(constraint, limit - 1, sampler.vocabulary()):
         if (name, limit) not in _said:
             _said.add((name, limit))
