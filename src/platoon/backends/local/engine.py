@@ -361,7 +361,7 @@ class Engine:
         if self.device.type == "cpu":
             # A CPU gains nothing from wide batches and pays in memory: 16 datums of ~430 tokens
             # on SmolLM2, two threads, took 59 s at 16.2 GB in batches of 5,461 tokens and
-            # 41 s at 3.8 GB in batches of 1,024 (benchmarks/bench_forward_backward.py).
+            # 41 s at 3.8 GB in batches of 1,024 (benchmarks/forward_backward.py).
             budget = min(budget, CPU_BATCH_TOKENS)
         outputs: list[np.ndarray] = [np.zeros(0, np.float32)] * len(data)
         total = 0.0
