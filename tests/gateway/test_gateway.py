@@ -787,3 +787,17 @@ async def test_a_seeded_agent_samples_each_call_with_its_own_derived_seed(toy_to
         None,
     ]
     assert len(set(sampler.seeds[:4])) == 4 and all(0 <= s < 2**63 for s in sampler.seeds[:4])
+
+
+def test_a_call_whose_messages_do_not_fit_the_record_is_recorded_without_them():
+    """What an HTTP agent sent is put in its call's record as typed messages; one that does not
+    fit them (a dialect's oddity) costs the record its messages, said once, never the call."""
+    from platoon.bus.chat import ChatMessage
+    from platoon.gateway.core import _logged
+
+    fits = [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]
+    assert _logged(fits) == [ChatMessage(role="user", content="hi")]
+    with structlog.testing.capture_logs() as logs:
+        assert _logged([{"role": "user", "content": 5}]) is None
+    [said] = [entry for entry in logs if entry["event"] == "a call's messages are not recorded"]
+    assert said["error"].startswith("messages.0.content: ")

@@ -641,7 +641,7 @@ class Gateway(ComponentBase):
                     completion_text=parsed.content,
                     started_at=slot.started,
                     duration_s=slot.duration,
-                    messages=messages_of(call.messages) if record_messages else None,
+                    messages=_logged(call.messages) if record_messages else None,
                     policy=session.policy,
                     parse_errors=list(parsed.errors),
                 )
@@ -705,6 +705,16 @@ _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thre
 def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request", "auth", "sampler"]:
     # "not_found" is the HTTP front's alone (a route, a stored response): never raised here.
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
+
+
+def _logged(messages: Sequence[Message]) -> list[ChatMessage] | None:
+    """An HTTP call's messages as its record carries them; None, said once a call, where one
+    does not fit the record's type: the call is recorded and trains all the same."""
+    try:
+        return messages_of(messages)
+    except ValueError as exc:
+        log.warning("a call's messages are not recorded", error=str(exc))
+        return None
 
 
 def _as_dicts(messages: Sequence[ChatMessage]) -> Sequence[Message]:
