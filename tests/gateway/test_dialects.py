@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from platoon.bus.chat import ChatMessage
 from platoon.gateway import dialects
 from platoon.gateway.dialects import DialectError
 
@@ -33,7 +34,9 @@ def test_chat_request_reads_messages_tools_and_params():
         "stream": True,
     }
     messages, tools, params, n, stream = dialects.chat_request(body)
-    assert messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert messages.dicts == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    # As its record carries them: the same, read from the body once.
+    assert messages.typed == [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")]
     assert tools == [TOOL]
     assert params == {
         "temperature": 0.5,
@@ -798,7 +801,7 @@ def test_chat_messages_and_tools_reach_the_gateway_as_the_client_sent_them():
     message = {"content": None, "role": "assistant", "refusal": None, "tool_calls": [CALL], "audio": None}
     messages, tools, _, _, _ = dialects.chat_request({"messages": [*USER, message], "tools": [tool]})
     assert tools == [tool] and list(tools[0]["function"]) == ["parameters", "name", "strict"]
-    assert messages[1] == message and list(messages[1]) == list(message)
+    assert messages.dicts[1] == message and list(messages.dicts[1]) == list(message)
 
 
 def test_count_tokens_takes_a_messages_body_without_max_tokens():

@@ -12,7 +12,7 @@ import openai
 import pytest
 from test_gateway import GUESS_TOOLS, extends, running_gateway, sampled_tokens, tool_call_text
 
-from platoon.bus.chat import ChatMessage
+from platoon.bus.chat import ChatFunctionCall, ChatMessage, ChatPart, ChatToolCall
 from tokenizer_fixtures import toy_tokenizer  # noqa: F401
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
@@ -273,3 +273,30 @@ async def test_what_agents_add_to_a_request_is_taken(toy_tokenizer, anyio_backen
         [ChatMessage("system", "Go.")],
         [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi.")],
     ]
+
+
+async def test_a_chat_completion_records_the_messages_it_was_sent_read_once(toy_tokenizer, anyio_backend):
+    """Chat completions' record carries the body's messages as they were checked, not read
+    again: a developer message as the system one it renders as, keys outside a message's fields
+    dropped, each of `n` choices with the same messages."""
+    call = {"id": "c1", "type": "function", "function": {"name": "guess", "arguments": '{"number": 5}'}}
+    sent = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Guess."}], "cache_control": {"type": "x"}},
+        {"role": "assistant", "content": None, "tool_calls": [call], "refusal": None},
+        {"role": "tool", "tool_call_id": "c1", "content": "higher"},
+    ]
+    async with running_gateway(toy_tokenizer, ["One.", "Two."], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.key, max_retries=0) as client:
+            await client.chat.completions.create(model="platoon-policy", messages=sent, n=2)
+        records = await gw.settled()
+
+    typed = ChatToolCall(id="c1", type="function", function=ChatFunctionCall("guess", '{"number": 5}'))
+    expected = [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", [ChatPart("text", "Guess.")]),
+        ChatMessage("assistant", None, [typed]),
+        ChatMessage("tool", "higher", tool_call_id="c1"),
+    ]
+    assert [r.messages for r in records] == [expected, expected]

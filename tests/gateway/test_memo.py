@@ -241,3 +241,73 @@ def test_a_renderer_that_says_only_what_it_keeps_writes_the_rest_from_its_whole_
         assert renderer.render(messages, tools, memo=memo) == full, seed
         texts = memo._written[4] if memo._written is not None else []
         assert texts == renderer._texts(messages, tools, True), seed
+
+
+# --- MessageMemo: an agent's messages over the bus, made into dicts once -------------------------
+
+
+def _typed(messages: list[dict]) -> list:
+    from platoon.bus.chat import messages_of
+
+    return messages_of(messages)
+
+
+def test_a_repeated_history_keeps_its_dicts_and_encodings_and_only_what_it_adds_is_made():
+    from platoon.gateway.memo import MessageMemo, encoded_each
+
+    memo = MessageMemo()
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = memo.read(_typed(history))
+    grown = [*history, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Again"}]
+    second = memo.read(_typed(grown))
+
+    assert second.dicts == grown and second.written == encoded_each(grown)
+    assert all(a is b for a, b in zip(first.dicts, second.dicts, strict=False))  # kept, not made again
+    assert all(a is b for a, b in zip(first.written or [], second.written or [], strict=False))
+    assert second.typed == _typed(grown)
+
+
+def test_a_message_that_changed_is_made_again_from_where_it_changed():
+    from platoon.gateway.memo import MessageMemo
+
+    memo = MessageMemo()
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A long answer."}]
+    first = memo.read(_typed(history))
+    cut = [history[0], {"role": "assistant", "content": "A long [cut]"}]  # a harness trims its history
+    second = memo.read(_typed(cut))
+
+    assert second.dicts == cut and second.dicts[0] is first.dicts[0] and second.dicts[1] is not first.dicts[1]
+
+
+def test_arguments_sent_as_an_object_are_never_taken_from_the_last_call():
+    """1 == 1.0 == True in Python, not in a prompt: a call whose arguments are an object is made
+    again every time, so the number it renders is the one sent."""
+    from platoon.gateway.memo import MessageMemo
+
+    def turn(n: object) -> list[dict]:
+        call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": {"n": n}}}
+        return [
+            {"role": "user", "content": "Go"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ]
+
+    memo = MessageMemo()
+    renderer = get_renderer("qwen3", tokenizers.toy_tokenizer())
+    for n in (1, 1.0, True, 1):
+        read = memo.read(_typed(turn(n)))
+        assert read.dicts == turn(n) and renderer.render(read.dicts) == renderer.render(turn(n))
+        assert type(read.dicts[1]["tool_calls"][0]["function"]["arguments"]["n"]) is type(n)
+
+
+def test_a_message_published_in_process_as_a_dict_is_read_as_ctx_chat_reads_one():
+    """A `ChatRequested` published by other code than `ctx.chat` may hold dicts: they are read
+    into messages, and one that does not fit is refused by its place."""
+    from platoon.bus.chat import ChatMessage
+    from platoon.gateway.memo import MessageMemo
+
+    memo = MessageMemo()
+    memo.read([ChatMessage("user", "Hi")])
+    read = memo.read([ChatMessage("user", "Hi"), {"role": "user", "content": "Again"}])  # type: ignore[list-item]
+    assert read.typed == [ChatMessage("user", "Hi"), ChatMessage("user", "Again")]
+    with pytest.raises(ValueError, match=r"messages\.1\.content: Expected"):
+        memo.read([ChatMessage("user", "Hi"), {"role": "user", "content": 5}])  # type: ignore[list-item]

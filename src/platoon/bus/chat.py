@@ -9,6 +9,9 @@ read: they never reached the prompt, and now they do not reach the log either. U
 stay unset (`omit_defaults`), so a message turned back into a dict (`message_dict`) renders as
 the one that was sent: a call without arguments is rendered `{}`, as before, not `null`.
 
+They are frozen, as the events that carry them are: the gateway keeps an agent's last messages
+to compare its next call's with (`platoon.gateway.memo.MessageMemo`).
+
 Tools stay the JSON their harness sent: a renderer writes each tool into the prompt as that
 JSON, its keys in the harness's order, flat `{"name", "parameters"}` tools included, so a struct
 (which orders and drops keys) would change the prompt.
@@ -34,25 +37,25 @@ __all__ = [
 ]
 
 
-class ChatPart(Struct):
+class ChatPart(Struct, frozen=True):
     """A content part. Only text is read; the renderer names and refuses another `type`."""
 
     type: str = "text"
     text: str | None = None
 
 
-class ChatFunctionCall(Struct, omit_defaults=True):
+class ChatFunctionCall(Struct, frozen=True, omit_defaults=True):
     name: str
     arguments: str | dict[str, Any] | None = None  # a JSON string; some harnesses echo the object
 
 
-class ChatToolCall(Struct, kw_only=True, omit_defaults=True):
+class ChatToolCall(Struct, frozen=True, kw_only=True, omit_defaults=True):
     id: str | None = None
     type: str | None = None
     function: ChatFunctionCall
 
 
-class ChatMessage(Struct, omit_defaults=True):
+class ChatMessage(Struct, frozen=True, omit_defaults=True):
     """A message of any role: the renderer names a role it does not know (developer is read as
     system). Its own fields reach the renderer as the client sent them."""
 
@@ -66,7 +69,7 @@ class ChatMessage(Struct, omit_defaults=True):
     thinking: str | None = None
 
 
-class SampledMessage(ChatMessage, omit_defaults=True):
+class SampledMessage(ChatMessage, frozen=True, omit_defaults=True):
     """The assistant message the gateway sampled; a reply that failed carries an empty one."""
 
     role: str = "assistant"
@@ -76,10 +79,16 @@ _FORM = "a message is OpenAI's chat form: role, content, tool calls, tool_call_i
 
 
 def messages_of(messages: Iterable[object], where: str = "messages") -> list[ChatMessage]:
-    """Messages as structs, from dicts (or structs); one that does not fit is a `ValueError`
-    that names it and its field (`messages.0.content: Expected ...`)."""
+    """Messages as structs, from dicts (or structs, or objects with their fields as attributes);
+    one that does not fit is a `ValueError` that names it and its field (`messages.0.content:
+    Expected ...`)."""
+    listed = messages if type(messages) is list else list(messages)
     try:
-        return msgspec.convert(list(messages), list[ChatMessage], from_attributes=True)
+        return msgspec.convert(listed, list[ChatMessage])
+    except msgspec.ValidationError:
+        pass  # objects read by their attributes: a seventh slower, so only where dicts do not fit
+    try:
+        return msgspec.convert(listed, list[ChatMessage], from_attributes=True)
     except msgspec.ValidationError as exc:
         text = str(exc)
         problem, _, path = text.rpartition(" - at `$")
@@ -92,15 +101,18 @@ def messages_of(messages: Iterable[object], where: str = "messages") -> list[Cha
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """The message as the OpenAI-style dict renderers and harnesses read: `role` and `content`
     always (content None when there is none), the other fields where they are set."""
-    [found] = message_dicts([message])
+    found: dict[str, Any] = msgspec.to_builtins(message)
+    if "role" not in found:  # a SampledMessage's, its default
+        found = {"role": message.role, **found}
+    found.setdefault("content", None)
     return found
 
 
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, object]]:
     """`message_dict` of each, in one pass: the gateway reads a conversation's every call."""
     found: list[dict[str, object]] = msgspec.to_builtins(messages)
-    for message, fields in zip(messages, found, strict=True):
+    for i, (message, fields) in enumerate(zip(messages, found, strict=True)):
         if "role" not in fields:  # a SampledMessage's, its default
-            fields["role"] = message.role
+            found[i] = fields = {"role": message.role, **fields}
         fields.setdefault("content", None)
     return found

@@ -19,7 +19,7 @@ from platoon.gateway.errors import GatewayError
 from platoon.gateway.renderers import ParsedMessage, Renderer
 from platoon.gateway.replies import Controls
 from platoon.gateway.sessions import AgentSession, Budget
-from platoon.gateway.shapes import Message, Tool
+from platoon.gateway.shapes import Message, Messages, Tool
 from platoon.policy.base import SampledCompletion, SampleParams, Sampler, StreamingSampler
 
 __all__ = [
@@ -47,7 +47,7 @@ class PreparedCall:
     params: SampleParams
     sampler: Sampler
     constrained: bool  # the sampler decodes the reply to `controls.constraint`
-    messages: list[dict[str, object]]  # the conversation as the client sent it (recorded)
+    messages: Messages  # the conversation as the client sent it (recorded)
     conversation: list[dict[str, object]]  # as the sampler gets it: the forced opening added
 
 

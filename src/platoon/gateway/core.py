@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
-from platoon.bus.chat import ChatMessage, SampledMessage, message_dicts, messages_of
+from platoon.bus.chat import ChatMessage, SampledMessage, messages_of
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -65,7 +65,7 @@ from platoon.gateway.renderers import Renderer, RendererError
 from platoon.gateway.replies import read_reply, take_controls, unmet
 from platoon.gateway.sessions import AgentSession, Budget, Completion, sampled_turns, turn_key
 from platoon.gateway.settings import GatewaySettings
-from platoon.gateway.shapes import Message, Params, Tool
+from platoon.gateway.shapes import Message, Messages, Params, Tool
 from platoon.gateway.streaming import TextStream
 from platoon.policy.base import (
     SampledCompletion,
@@ -270,7 +270,10 @@ class Gateway(ComponentBase):
         try:
             if session is None or session.closed or session.episode_id != request.episode_id:
                 raise GatewayError("auth", f"agent {request.agent_id} is not open at the gateway")
-            messages = _as_dicts(request.messages)
+            try:
+                messages = session.sent.read(request.messages)
+            except ValueError as exc:
+                raise GatewayError("bad_request", str(exc)) from None
             done = await self.complete(session, messages, request.tools, request.params, request.kind)
         except GatewayError as exc:
             remaining = session.budget.remaining() if session else None
@@ -346,7 +349,7 @@ class Gateway(ComponentBase):
     async def complete(
         self,
         session: AgentSession,
-        messages: Sequence[Message],
+        messages: Sequence[Message] | Messages,
         tools: Sequence[Tool] | None,
         params: Params,
         kind: CallKind = "policy",
@@ -355,16 +358,12 @@ class Gateway(ComponentBase):
     ) -> Completion:
         """Render, sample, parse and record one call of `session`'s agent."""
         replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
-        async with contextlib.aclosing(replies):
-            async for item in replies:
-                if isinstance(item, Completion):
-                    return item
-        raise AssertionError("complete_stream ended without a completion")
+        return await last_of(replies)
 
     async def complete_stream(
         self,
         session: AgentSession,
-        messages: Sequence[Message],
+        messages: Sequence[Message] | Messages,
         tools: Sequence[Tool] | None,
         params: Params,
         kind: CallKind = "policy",
@@ -379,6 +378,7 @@ class Gateway(ComponentBase):
         `params` may also hold `stop` (strings: the client's stop sequences, which end the reply
         where they appear), `tool_choice` ("auto", "none", "required" or {"name": ...}) and
         `parallel_tool_calls` (False: the reply ends after its first tool call).
+        `messages` are the client's dicts, or `Messages` where the caller has them in more forms.
         `record_messages` puts the messages in the call's `ModelCallFinished` (an HTTP call has
         no `ChatRequested` that holds them). `response_format` ({"schema": SCHEMA or None}) asks
         for a reply that is JSON (of the schema).
@@ -387,6 +387,8 @@ class Gateway(ComponentBase):
         sample (in a `Slot` of the limiter and the agent's budget, sampled again while the reply
         is not what it must be) and record (`_record`: `ModelCallFinished`, the turn kept).
         """
+        if not isinstance(messages, Messages):
+            messages = Messages(messages)
         call = await self._prepare(session, messages, tools, params, kind)
         reply: Reply | None = None
         text: TextStream | None = None
@@ -423,7 +425,7 @@ class Gateway(ComponentBase):
     async def _prepare(
         self,
         session: AgentSession,
-        messages: Sequence[Message],
+        messages: Messages,
         tools: Sequence[Tool] | None,
         params: Params,
         kind: CallKind,
@@ -436,7 +438,7 @@ class Gateway(ComponentBase):
         renderer = state.renderer
         if kind == "policy":
             session.budget.check()
-        if not messages:
+        if not messages.dicts:
             raise GatewayError("bad_request", "messages must not be empty", param="messages")
         params = dict(params)
         if state.stream_markers is None:  # fixed for a renderer: read once
@@ -453,7 +455,7 @@ class Gateway(ComponentBase):
             raise self._first_too_long(session, exc, f"{len(prompt):,}") from None
         sampler = await self._sampler_for(session)
         sample_params, constrained = steered(in_budget(sample_params, session, kind), sampler, controls)
-        dicts = as_dicts(messages)
+        dicts = as_dicts(messages.dicts)
         # The forced opening, for scripted policies (real ones see its tokens).
         conversation = (
             [*dicts, {"role": "assistant", "content": controls.prefill, "prefix": True}]
@@ -469,7 +471,7 @@ class Gateway(ComponentBase):
             sample_params,
             sampler,
             constrained,
-            dicts,
+            messages,
             conversation,
         )
 
@@ -477,26 +479,27 @@ class Gateway(ComponentBase):
         self,
         session: AgentSession,
         state: GatewayPolicy,
-        messages: Sequence[Message],
+        messages: Messages,
         tools: Sequence[Tool] | None,
     ) -> list[int]:
         """The prompt's tokens, reusing the agent's sampled turns; a prompt that cannot fit the
         context window is refused before it is tokenized."""
         # Each message as msgpack, once: for turns sampled before, the size bound, and the memo.
-        written = encoded_each(messages)
-        completions = sampled_turns(session, messages, written)
+        dicts = messages.dicts
+        written = messages.written if messages.written is not None else encoded_each(dicts)
+        completions = sampled_turns(session, dicts, written)
         # Their text, bounded from above (msgpack holds each string's UTF-8, and more).
         sizes = [len(w) for w in written if w is not None]
-        bound = sum(sizes) if len(sizes) == len(written) else size_bound(messages)
+        bound = sum(sizes) if len(sizes) == len(written) else size_bound(dicts)
         chars = bound + size_bound(tools or ())
         try:
-            self._check_size(chars, messages, tools, state)
+            self._check_size(chars, dicts, tools, state)
         except GatewayError as exc:
             raise self._first_too_long(
                 session, exc, f"more than {chars // (state.longest_token or 1):,}"
             ) from None
         render = functools.partial(
-            state.renderer.render, messages, tools or None, completions=completions, memo=session.prompt
+            state.renderer.render, dicts, tools or None, completions=completions, memo=session.prompt
         )
         try:
             # A long prompt is tokenized on a worker thread so other agents' calls go on meanwhile
@@ -699,6 +702,19 @@ class Gateway(ComponentBase):
             )
 
 
+async def last_of(replies: AsyncGenerator[str | Completion, None]) -> Completion:
+    """The `Completion` a call's replies end with. They are read to their end, not closed after
+    it: a generator that has returned is finished with at no cost."""
+    done: Completion | None = None
+    async with contextlib.aclosing(replies):  # closed early only where reading them failed
+        async for item in replies:
+            if isinstance(item, Completion):
+                done = item
+    if done is None:
+        raise AssertionError("complete_stream ended without a completion")
+    return done
+
+
 _INLINE_CHARS = 32_768  # prompts longer than this are rendered on a worker thread
 
 
@@ -707,23 +723,13 @@ def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
 
 
-def _logged(messages: Sequence[Message]) -> list[ChatMessage] | None:
+def _logged(messages: Messages) -> list[ChatMessage] | None:
     """An HTTP call's messages as its record carries them; None, said once a call, where one
     does not fit the record's type: the call is recorded and trains all the same."""
+    if messages.typed is not None:
+        return messages.typed
     try:
-        return messages_of(messages)
+        return messages_of(messages.dicts)
     except ValueError as exc:
         log.warning("a call's messages are not recorded", error=str(exc))
         return None
-
-
-def _as_dicts(messages: Sequence[ChatMessage]) -> Sequence[Message]:
-    """A `ChatRequested`'s messages as the dicts renderers read. One published in process
-    may hold what was never checked (a struct's fields are checked when decoded, not when
-    made): read it as `ctx.chat` does, and refuse what does not fit."""
-    if not all(type(m) is ChatMessage for m in messages):  # `ctx.chat`'s were read already
-        try:
-            messages = messages_of(messages)
-        except ValueError as exc:
-            raise GatewayError("bad_request", str(exc)) from None
-    return message_dicts(messages)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
+import msgspec
 from msgspec import Struct
 
 from platoon.gateway import bodies, jsontext
@@ -44,6 +45,7 @@ from platoon.gateway.shapes import (
     ChatCompletion,
     JsonObject,
     Message,
+    Messages,
     ResponsesItem,
     ResponsesReply,
     Tool,
@@ -86,7 +88,7 @@ class Call(NamedTuple):
 class ChatCall(NamedTuple):
     """What a chat completions request asks: `n` calls of `Gateway.complete`."""
 
-    messages: list[Message]
+    messages: Messages
     tools: list[Tool] | None
     params: dict[str, object]
     n: int
@@ -133,8 +135,11 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         "response_format": bodies.output_format(request.response_format, "response_format"),
     }
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
+    typed = [
+        msgspec.structs.replace(m, role="system") if m.role == "developer" else m for m in request.messages
+    ]
     tools = _objects(body.get("tools")) if request.tools is not None else None
-    return ChatCall(messages, tools, params, request.n or 1, bool(request.stream))
+    return ChatCall(Messages(messages, typed=typed), tools, params, request.n or 1, bool(request.stream))
 
 
 def _openai_ranges(temperature: float | None, top_p: float | None) -> None:

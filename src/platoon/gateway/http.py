@@ -9,7 +9,6 @@ against the budget, aux calls train for free, judge calls are recorded and never
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -38,14 +37,14 @@ from starlette.routing import Route
 
 from platoon.bus.events import CallKind, new_id
 from platoon.gateway import bodies, dialects
-from platoon.gateway.core import Gateway
+from platoon.gateway.core import Gateway, last_of
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession, Completion
 from platoon.gateway.shapes import (
     AnthropicReply,
     ChatCompletion,
     JsonObject,
-    Message,
+    Messages,
     Params,
     ResponsesReply,
     Tool,
@@ -287,14 +286,6 @@ def _whole(events: Iterable[Event]) -> AsyncIterator[Event]:
     return each()
 
 
-async def _last(replies: AsyncGenerator[str | Completion, None]) -> Completion:
-    async with contextlib.aclosing(replies):
-        async for item in replies:
-            if isinstance(item, Completion):
-                return item
-    raise AssertionError("a reply ended without its completion")
-
-
 _KEPT_RESPONSES = 64  # per agent, for previous_response_id
 
 
@@ -377,7 +368,7 @@ async def chat_completions(gateway: Gateway, session: AgentSession, request: Req
         return await _streamed(replies, format, lambda c: shape([c], rid))
     done: list[Completion] = []
     for _ in range(n):
-        done.append(await _last(_sample(gateway, session, messages, tools, params, kind, stream=False)))
+        done.append(await last_of(_sample(gateway, session, messages, tools, params, kind, stream=False)))
     response = shape(done, done[0].call_id)
     if stream:
         return _sse(_whole(dialects.chat_stream(response, include_usage)))
@@ -431,11 +422,13 @@ async def responses(gateway: Gateway, session: AgentSession, request: Request, r
                 session.responses.popitem(last=False)
         return response
 
-    replies = _sample(gateway, session, messages, tools, params, _kind(request.scope), stream=stream)
+    replies = _sample(
+        gateway, session, Messages(messages), tools, params, _kind(request.scope), stream=stream
+    )
     if stream:
         format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
         return await _streamed(replies, format, finish)
-    return _JSON(finish(await _last(replies)))
+    return _JSON(finish(await last_of(replies)))
 
 
 @_agent_call(_anthropic_error)
@@ -456,10 +449,12 @@ async def anthropic_messages(
         usage = (c.prompt_tokens, c.completion_tokens)
         return dialects.anthropic_response(model, c.message, c.finish_reason, usage, rid, c.stop_sequence)
 
-    replies = _sample(gateway, session, conversation, tools, params, _kind(request.scope), stream=stream)
+    replies = _sample(
+        gateway, session, Messages(conversation), tools, params, _kind(request.scope), stream=stream
+    )
     if stream:
         return await _streamed(replies, dialects.MessagesStream(f"msg_{rid}", model, 0), finish)
-    return _JSON(finish(await _last(replies)))
+    return _JSON(finish(await last_of(replies)))
 
 
 @_agent_call(_anthropic_error)
@@ -486,7 +481,7 @@ _MODEL_CALLS: dict[str, _Endpoint] = {
 def _sample(
     gateway: Gateway,
     session: AgentSession,
-    messages: Sequence[Message],
+    messages: Messages,
     tools: Sequence[Tool] | None,
     params: Params,
     kind: CallKind,

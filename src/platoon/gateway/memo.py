@@ -12,6 +12,10 @@ messages a call repeats taken from the last call, and writes only the rest (`_te
 A message is repeated when it is written the same (`encoded`: exact where Python's equality is
 not, 1, 1.0 and true apart; and a copy, whatever the caller changes in its messages since), and
 so are the tools.
+
+An agent's messages come over the bus as structs, and the renderer reads dicts: `MessageMemo`
+keeps the last call's, so that a call makes the dicts and encodings of the messages it adds,
+not of the whole history again.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Protocol
 
 import msgspec
 
-from platoon.gateway.shapes import Message, Tool
+from platoon.bus.chat import ChatMessage, message_dicts, messages_of
+from platoon.gateway.shapes import Message, Messages, Tool
 
-__all__ = ["Chunk", "RenderMemo", "Texts", "encoded", "encoded_each", "leading"]
+__all__ = ["Chunk", "MessageMemo", "RenderMemo", "Texts", "encoded", "encoded_each", "leading"]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
 Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
@@ -120,6 +125,52 @@ class RenderMemo:
             tokens += part
         self._last = (owner, chunks, parts)
         return tokens
+
+
+class MessageMemo:
+    """One agent's last call's messages as the bus carried them (checked structs), with the
+    dicts the renderer read and their encodings: the messages a call repeats keep theirs.
+
+    A message is repeated when it equals the last call's at its place and that one is exact:
+    Python's equality holds 1, 1.0 and true the same, which only tool call arguments sent as an
+    object can hold (`_exact`), so a message with those is never reused.
+    """
+
+    __slots__ = ("_dicts", "_typed", "_written")
+
+    def __init__(self) -> None:
+        self._typed: list[ChatMessage] = []  # the last call's exact leading messages
+        self._dicts: list[dict[str, object]] = []
+        self._written: list[bytes | None] = []
+
+    def read(self, typed: list[ChatMessage]) -> Messages:
+        """`typed` as a call reads it. A `ChatRequested` published by other code than `ctx.chat`
+        may hold dicts: its new messages are read as `ctx.chat` reads its own, and one that does
+        not fit is a `ValueError` that names it."""
+        last, n = self._typed, len(self._typed)
+        if n <= len(typed) and typed[:n] == last:  # an agent's history, usually, and more
+            same = n
+        else:
+            same = 0
+            while same < min(n, len(typed)) and typed[same] == last[same]:
+                same += 1
+        if not all(type(m) is ChatMessage for m in typed[same:]):  # `ctx.chat`'s are read already
+            typed = messages_of(typed)
+        added = message_dicts(typed[same:])
+        dicts = self._dicts[:same] + added
+        written = self._written[:same] + encoded_each(added)
+        exact = same + _exact(typed, same)
+        self._typed, self._dicts, self._written = typed[:exact], dicts[:exact], written[:exact]
+        return Messages(dicts, written, typed)
+
+
+def _exact(typed: Sequence[ChatMessage], start: int) -> int:
+    """How many of the messages from `start` on their equality tells apart from any other."""
+    for n, message in enumerate(typed[start:]):
+        for call in message.tool_calls or ():
+            if type(call.function.arguments) is dict:
+                return n
+    return len(typed) - start
 
 
 def leading(texts: Texts, start: int) -> int:

@@ -9,10 +9,12 @@ reply, to keep a response for `previous_response_id`), the `TypedDict` of their 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, NotRequired, Protocol, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Literal, NamedTuple, NotRequired, Protocol, TypedDict
 
 import msgspec
+
+from platoon.bus.chat import ChatMessage
 
 __all__ = [
     "AnthropicBlock",
@@ -23,6 +25,7 @@ __all__ = [
     "FunctionCall",
     "JsonObject",
     "Message",
+    "Messages",
     "Params",
     "ParsedMessage",
     "ResponsesItem",
@@ -36,6 +39,16 @@ Message = Mapping[str, object]  # a chat message as a client sent it
 Tool = Mapping[str, object]  # a tool as a client sent it: its JSON is part of the prompt
 Params = Mapping[str, object]  # a call's sampling parameters and reply controls, as requested
 JsonObject = dict[str, object]  # a response body on its way to the encoder
+
+
+class Messages(NamedTuple):
+    """A call's messages in each form the call reads them: as the renderer does (`dicts`), each
+    one as the memo knows it (`written`, `memo.encoded`; None: encoded where rendered) and as
+    its record carries them (`typed`; None: read from `dicts` where the call is recorded)."""
+
+    dicts: Sequence[Message]
+    written: list[bytes | None] | None = None
+    typed: list[ChatMessage] | None = None
 
 
 class FunctionCall(TypedDict):
