@@ -112,12 +112,15 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         raise
     _openai_ranges(request.temperature, request.top_p)
     top = bodies.top_logprobs(request.top_logprobs)
-    for i, message in enumerate(request.messages):
+    typed = request.messages  # as the call is recorded: developer read as system, as rendered
+    for i, message in enumerate(typed):
         if message.role == "tool" and not message.tool_call_id:
             raise DialectError(
                 "Missing parameter 'tool_call_id': messages with role 'tool' must have a 'tool_call_id'.",
                 f"messages.{i}.tool_call_id",
             )
+        if message.role == "developer":
+            typed[i] = msgspec.structs.replace(message, role="system")
     choice = request.tool_choice
     params: dict[str, object] = {
         "temperature": request.temperature,
@@ -135,9 +138,6 @@ def chat_request(body: Mapping[str, object]) -> ChatCall:
         "response_format": bodies.output_format(request.response_format, "response_format"),
     }
     messages: list[Message] = [_read_as_system(m) for m in _objects(body.get("messages"))]
-    typed = [
-        msgspec.structs.replace(m, role="system") if m.role == "developer" else m for m in request.messages
-    ]
     tools = _objects(body.get("tools")) if request.tools is not None else None
     return ChatCall(Messages(messages, typed=typed), tools, params, request.n or 1, bool(request.stream))
 
