@@ -101,7 +101,7 @@ def messages_of(messages: Iterable[object], where: str = "messages") -> list[Cha
 def message_dict(message: ChatMessage) -> dict[str, Any]:
     """The message as the OpenAI-style dict renderers and harnesses read: `role` and `content`
     always (content None when there is none), the other fields where they are set."""
-    found: dict[str, Any] = msgspec.to_builtins(message)
+    found: dict[str, object] = msgspec.to_builtins(message)
     if "role" not in found:  # a SampledMessage's, its default
         found = {"role": message.role, **found}
     found.setdefault("content", None)
