@@ -311,3 +311,33 @@ def test_a_message_published_in_process_as_a_dict_is_read_as_ctx_chat_reads_one(
     assert read.typed == [ChatMessage("user", "Hi"), ChatMessage("user", "Again")]
     with pytest.raises(ValueError, match=r"messages\.1\.content: Expected"):
         memo.read([ChatMessage("user", "Hi"), {"role": "user", "content": 5}])  # type: ignore[list-item]
+
+
+def test_messages_a_render_refused_are_checked_again_and_a_changed_one_is_checked(toy_tokenizer):
+    """The memo skips checking only the leading messages its last render took: a message a
+    render refused is refused again however often it comes, and one that changed is checked."""
+    renderer = get_renderer("qwen3_instruct", toy_tokenizer)
+    memo = RenderMemo()
+    good = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    bad = [*good, {"role": "robot", "content": "beep"}]
+    for _ in range(2):
+        with pytest.raises(renderers.RendererError, match=r"messages\.2\.role"):
+            renderer.render(bad, TOOLS, memo=memo)
+    assert renderer.render(good, TOOLS, memo=memo) == renderer.render(good, TOOLS)
+    with pytest.raises(renderers.RendererError, match=r"messages\.1\.role"):
+        renderer.render([good[0], {"role": "robot", "content": "Hi"}], TOOLS, memo=memo)
+    with pytest.raises(renderers.RendererError, match=r"messages\.1\.tool_calls"):
+        renderer.render([good[0], {**good[1], "tool_calls": [_call(0, "{}")]}], TOOLS, memo=memo)
+
+
+def test_a_prompt_the_caller_extends_leaves_the_next_one_as_a_full_render(toy_tokenizer):
+    """The prompt a render returns is the caller's own list (the gateway appends a forced
+    opening to it): what the memo keeps of it does not change with it."""
+    renderer = get_renderer("qwen3_instruct", toy_tokenizer)
+    memo = RenderMemo()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    prompt = renderer.render(messages, TOOLS, memo=memo)
+    prompt += [7, 7, 7]
+    prompt[0] = -1
+    messages.append({"role": "assistant", "content": "Hello."})
+    assert renderer.render(messages, TOOLS, memo=memo) == renderer.render(messages, TOOLS)

@@ -135,6 +135,6 @@ def _probe_completion(renderer: Renderer, renderer_name: str) -> tuple[Assistant
     if tokens[: len(opening)] == opening:
         return turn, tokens[len(opening) :]
     # The turn's header merged with its first tokens: cut it from the text instead.
-    text = renderer.tokenizer.decode(tokens, skip_special_tokens=False)
-    header = renderer.tokenizer.decode(opening, skip_special_tokens=False)
+    text = renderer.decode(tokens)
+    header = renderer.decode(opening)
     return turn, list(renderer.tokenizer.encode(text.removeprefix(header), add_special_tokens=False))

@@ -519,7 +519,7 @@ class Gateway(ComponentBase):
             return None
         controls, renderer = call.controls, call.renderer
         return TextStream(
-            renderer.tokenizer,
+            renderer.decode,
             markers=controls.markers,
             stops=controls.stops,
             after_first_call=controls.after_first_call,

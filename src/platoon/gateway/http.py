@@ -497,7 +497,7 @@ def _sample(
 
 def _logprobs_of(gateway: Gateway, session: AgentSession, c: Completion) -> dialects.Logprobs:
     """A reply's logprobs with each token's text, as the agent's own policy's tokenizer reads it."""
-    decode = gateway.policies[session.policy].renderer.tokenizer.decode
+    decode = gateway.policies[session.policy].renderer.decode
     top = None if c.top_logprobs is None else [[(decode([t]), lp) for t, lp in at] for at in c.top_logprobs]
     return dialects.Logprobs([decode([t]) for t in c.tokens], c.logprobs, top)
 

@@ -28,7 +28,16 @@ import msgspec
 from platoon.bus.chat import ChatMessage, message_dicts, messages_of
 from platoon.gateway.shapes import Message, Messages, Tool
 
-__all__ = ["Chunk", "MessageMemo", "RenderMemo", "Texts", "encoded", "encoded_each", "leading"]
+__all__ = [
+    "Chunk",
+    "MessageMemo",
+    "RenderMemo",
+    "Texts",
+    "encoded",
+    "encoded_each",
+    "leading",
+    "same_leading",
+]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
 Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
@@ -60,10 +69,16 @@ class RenderMemo:
     __slots__ = ("_last", "_written")
 
     def __init__(self) -> None:
-        # (the renderer, its chunks, each chunk's tokens)
-        self._last: tuple[object, list[Chunk], list[Sequence[int]]] | None = None
+        # (the renderer, its chunks, the prompt's tokens, where each chunk's tokens end in it)
+        self._last: tuple[object, list[Chunk], list[int], list[int]] | None = None
         # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
         self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
+
+    def repeated(self, owner: object, now: list[bytes | None]) -> int:
+        """How many of a call's leading messages (`now`: `encoded_each` of them) are the ones
+        `owner` last rendered for this agent, written the same: those were checked then."""
+        written = self._written
+        return same_leading(now, written[1]) if written is not None and written[0] is owner else 0
 
     def texts(
         self,
@@ -71,23 +86,19 @@ class RenderMemo:
         messages: list[Message],
         tools: list[Tool] | None,
         add_generation_prompt: bool,
-        now: list[bytes | None] | None = None,
+        now: list[bytes | None],
+        same: int,
     ) -> Texts:
         """`owner._texts(...)`, with the chunks of the leading messages the last call repeated
-        taken from it where `owner` can tell which those are; `now`: `encoded_each(messages)`."""
+        taken from it where `owner` can tell which those are; `now`: `encoded_each(messages)`,
+        `same`: `repeated(owner, now)`."""
         if not _reuses(owner):
             return owner._texts(messages, tools, add_generation_prompt)
         written = self._written
         key = encoded(tools)
-        if now is None or len(now) != len(messages):
-            now = encoded_each(messages)
         context = owner._context(messages)
         texts: Texts | None = None
         if written is not None and written[0] is owner and key is not None and written[2] == key:
-            before = written[1]
-            most, same = min(len(before), len(now)), 0
-            while same < most and now[same] == before[same] and now[same] is not None:
-                same += 1
             keep = owner._unchanged(written[3], context, same) if same > 1 else 0
             if keep > 0:
                 # The chunks of the messages before `keep`, and a preamble of none, as written.
@@ -108,23 +119,33 @@ class RenderMemo:
         segment: Callable[[Sequence[int]], Sequence[int]],
     ) -> list[int]:
         """The prompt of `chunks` as `owner` (a renderer) tokenizes them: `encode` for a text,
-        `segment` for sampled tokens; the leading chunks the last render shared are not redone."""
+        `segment` for sampled tokens; the leading chunks the last render shared are not redone.
+        The list is the caller's own."""
         last = self._last
-        parts: list[Sequence[int]] = []
-        if last is not None and last[0] is owner:
-            before, before_parts = last[1], last[2]
-            most = min(len(before), len(chunks))
-            while len(parts) < most and before[len(parts)] == chunks[len(parts)]:
-                parts.append(before_parts[len(parts)])
+        kept = same_leading(chunks, last[1]) if last is not None and last[0] is owner else 0
+        ends: list[int] = []
         tokens: list[int] = []
-        for part in parts:
-            tokens += part  # each chunk's own tokens, shared (a cached text's) where they can be
-        for text, sampled in chunks[len(parts) :]:
-            part = encode(text) if sampled is None else segment(sampled)
-            parts.append(part)
-            tokens += part
-        self._last = (owner, chunks, parts)
+        if last is not None and kept:
+            ends = last[3][:kept]
+            tokens = last[2][: ends[-1]]
+        for text, sampled in chunks[kept:]:
+            tokens.extend(encode(text) if sampled is None else segment(sampled))
+            ends.append(len(tokens))
+        self._last = (owner, chunks, tokens[:], ends)
         return tokens
+
+
+def same_leading(now: Sequence[object], before: Sequence[object]) -> int:
+    """How many leading items of `now` equal `before`'s, a None never equal to anything (an
+    encoding that could not be made). One comparison in C where `now` repeats all of `before`,
+    as an agent's next call usually does."""
+    n = len(before)
+    if n <= len(now) and now[:n] == before and None not in before:
+        return n
+    same, most = 0, min(n, len(now))
+    while same < most and now[same] == before[same] and now[same] is not None:
+        same += 1
+    return same
 
 
 class MessageMemo:

@@ -161,8 +161,7 @@ def read_reply(
     stop_ids = set(renderer.stop_token_ids)
     stop_at = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
     body = tokens if stop_at is None else tokens[:stop_at]
-    tokenizer = renderer.tokenizer
-    text = tokenizer.decode(body, skip_special_tokens=False)
+    text = renderer.decode(body)
     stop = (
         find_stop(text, controls.stops, controls.after_first_call)
         if controls.stops or controls.after_first_call
@@ -178,7 +177,7 @@ def read_reply(
         if sampled.stop_reason == "length":
             parsed.finish_reason = "length"
         return sampled, parsed, None
-    keep = tokens_through(tokenizer, body, stop.end)
+    keep = tokens_through(renderer.decode, body, stop.end)
     top = sampled.top_logprobs
     sampled = SampledCompletion(
         tokens=tokens[:keep],

@@ -9,7 +9,9 @@ reply, to keep a response for `previous_response_id`), the `TypedDict` of their 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, NamedTuple, NotRequired, Protocol, TypedDict
 
 import msgspec
@@ -33,6 +35,7 @@ __all__ = [
     "Tokenizer",
     "Tool",
     "ToolCall",
+    "decoder",
 ]
 
 Message = Mapping[str, object]  # a chat message as a client sent it
@@ -188,6 +191,25 @@ class Tokenizer(Protocol):
 
     @property
     def bos_token(self) -> str | None: ...
+
+
+def decoder(tokenizer: Tokenizer) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(tokens, skip_special_tokens=False)` as one function, made once per
+    tokenizer (every reply and every streamed chunk is decoded). A transformers fast tokenizer
+    that keeps its library's decoding and cleans up no spaces decodes in its Rust backend
+    directly: the same text, without the wrapper's checks of its argument on each call
+    (5.3 -> 1.9 us for a 20-token reply)."""
+    transformers = sys.modules.get("transformers")
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if transformers is not None and backend is not None:
+        fast, kind = transformers.PreTrainedTokenizerFast, type(tokenizer)
+        if (
+            kind.decode is fast.decode
+            and getattr(kind, "_decode", None) is fast._decode
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        ):
+            return functools.partial(backend.decode, skip_special_tokens=False)
+    return functools.partial(tokenizer.decode, skip_special_tokens=False)
 
 
 class ParsedMessage(msgspec.Struct):

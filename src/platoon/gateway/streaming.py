@@ -10,9 +10,7 @@ end. A stop sequence ends the completion where it appears: `find_stop` says wher
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from platoon.gateway.shapes import Tokenizer
+from collections.abc import Callable, Sequence
 
 __all__ = ["Stop", "TextStream", "find_stop", "tokens_through"]
 
@@ -50,12 +48,12 @@ def find_stop(text: str, stops: Sequence[str], after_first_call: str | None) -> 
     return best
 
 
-def tokens_through(tokenizer: Tokenizer, tokens: Sequence[int], chars: int) -> int:
-    """The fewest leading tokens whose text reaches `chars` characters (binary search)."""
+def tokens_through(decode: Callable[[list[int]], str], tokens: Sequence[int], chars: int) -> int:
+    """The fewest leading tokens whose text (`decode`) reaches `chars` characters (binary search)."""
     low, high = 0, len(tokens)
     while low < high:
         mid = (low + high) // 2
-        if len(tokenizer.decode(list(tokens[:mid]), skip_special_tokens=False)) >= chars:
+        if len(decode(list(tokens[:mid]))) >= chars:
             high = mid
         else:
             low = mid + 1
@@ -72,7 +70,7 @@ class TextStream:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        decode: Callable[[list[int]], str],
         *,
         markers: Sequence[str],
         stops: Sequence[str],
@@ -80,7 +78,7 @@ class TextStream:
         stop_token_ids: Sequence[int],
         plain: bool = True,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.decode = decode  # the renderer's: its tokenizer's decoding, special tokens kept
         self.markers = [m for m in markers if m]
         self.stops = list(stops)
         self.after_first_call = after_first_call
@@ -135,8 +133,8 @@ class TextStream:
 
     def _decode(self) -> None:
         # Decode from a little before the new tokens so multi-token characters come out whole.
-        before = self.tokenizer.decode(self.tokens[self._prefix : self._read], skip_special_tokens=False)
-        after = self.tokenizer.decode(self.tokens[self._prefix :], skip_special_tokens=False)
+        before = self.decode(self.tokens[self._prefix : self._read])
+        after = self.decode(self.tokens[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.text += after[len(before) :]
             self._prefix, self._read = self._read, len(self.tokens)

@@ -17,8 +17,8 @@ from typing import ClassVar, Literal
 import msgspec
 
 from platoon.gateway import jsontext
-from platoon.gateway.memo import RenderMemo, Texts, leading
-from platoon.gateway.shapes import Message, ParsedMessage, Tokenizer, Tool, ToolCall
+from platoon.gateway.memo import RenderMemo, Texts, encoded_each, leading
+from platoon.gateway.shapes import Message, ParsedMessage, Tokenizer, Tool, ToolCall, decoder
 from platoon.gateway.toolcalls import ToolCallParser, get_tool_call_parser
 from platoon.naming import unknown_name
 
@@ -134,8 +134,10 @@ def arguments_object(arguments: object, where: str) -> object:
     return arguments
 
 
-def check_messages(messages: Sequence[Message]) -> None:
-    for i, message in enumerate(messages):
+def check_messages(messages: Sequence[Message], start: int = 0) -> None:
+    """Refuse a message a renderer cannot read (naming it); those before `start` are known good."""
+    for i in range(start, len(messages)):
+        message = messages[i]
         if type(message) is not dict and not isinstance(message, Mapping):  # dict: 5x cheaper to check
             raise RendererError(f"messages.{i}: a message must be an object, not {type(message).__name__}")
         role = message.get("role")
@@ -181,6 +183,7 @@ class Renderer(ABC):
 
     def __init__(self, tokenizer: Tokenizer, *, tool_call_parser: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.decode = decoder(tokenizer)  # `tokenizer.decode(tokens)`, special tokens kept
         parser_name = tool_call_parser or self.default_tool_call_parser
         self.tool_call_parser: ToolCallParser | None = (
             get_tool_call_parser(parser_name) if parser_name else None
@@ -212,12 +215,16 @@ class Renderer(ABC):
         agent), the chunks the agent's last prompt began with are not written nor tokenized
         again; `encoded`, each message's `memo.encoded` as it is now, saves the memo that work."""
         # `render_segments` without its chunks: a long history's tokens are copied once, not thrice.
-        check_messages(messages)
         listed, tools = list(messages), list(tools) if tools else None
         if memo is None:
+            check_messages(listed)
             texts = self._texts(listed, tools, add_generation_prompt)
         else:
-            texts = memo.texts(self, listed, tools, add_generation_prompt, encoded)
+            if encoded is None or len(encoded) != len(listed):
+                encoded = encoded_each(listed)
+            same = memo.repeated(self, encoded)  # the agent's last render checked those
+            check_messages(listed, same)
+            texts = memo.texts(self, listed, tools, add_generation_prompt, encoded, same)
         completions = completions or {}
         for index in completions:
             if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
@@ -296,7 +303,7 @@ class Renderer(ABC):
         tokens = list(tokens)
         stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_token_ids), None)
         body = tokens if stop_at is None else tokens[:stop_at]
-        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        text = self.decode(body)
         return self.parse_text(text, tools, stopped=stop_at is not None, tool_calls=tool_calls)
 
     def parse_text(

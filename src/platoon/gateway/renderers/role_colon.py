@@ -40,7 +40,7 @@ class RoleColonRenderer(Renderer):
         body = list(completion)
         if body and body[-1] in self.stop_token_ids:
             body = body[:-1]
-        if not self.tokenizer.decode(body, skip_special_tokens=False).endswith("\n\n"):
+        if not self.decode(body).endswith("\n\n"):
             body += self._encode("\n\n")
         return self.generation_prompt() + body
 
