@@ -9,6 +9,7 @@ from platoon.bus.chat import (
     ChatFunctionCall,
     ChatMessage,
     ChatToolCall,
+    MessageReader,
     SampledMessage,
     message_dict,
     messages_of,
@@ -89,3 +90,57 @@ def test_logs_written_when_messages_were_dicts_still_read():
     ]
     assert read_replied.message == SampledMessage() and read_replied.error == "budget"
     assert isinstance(read_recorded, ModelCallFinished) and read_recorded.messages == messages_of([ANSWERED])
+
+
+# --- MessageReader: one agent's calls, which repeat its history --------------------------------
+
+
+def _call() -> dict:
+    return {"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}
+
+
+def test_a_history_read_again_keeps_its_structs_and_reads_only_what_it_adds():
+    reader = MessageReader()
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = reader.read(history)
+    history += [
+        {"role": "assistant", "content": None, "tool_calls": [_call()]},
+        {"role": "tool", "content": "x"},
+    ]
+    second = reader.read(history)
+    assert second[:2] == first and all(a is b for a, b in zip(first, second[:2], strict=False))
+    assert second == messages_of(history)
+
+
+def test_a_message_changed_in_place_or_with_keys_of_its_own_is_read_as_it_is_now():
+    reader = MessageReader()
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [_call()]},
+    ]
+    reader.read(history)
+    history[0]["content"] = "Hello"
+    history[1]["tool_calls"][0]["function"]["arguments"] = '{"cmd": "ls tests"}'
+    assert reader.read(history) == messages_of(history)
+    history[0]["cache_control"] = {"type": "ephemeral"}  # dropped when read: never the same dict
+    again = reader.read(history)
+    assert again == messages_of(history) and again[0].content == "Hello"
+
+
+def test_arguments_sent_as_an_object_are_read_each_time_as_they_are():
+    """1, 1.0 and true are equal to Python: a message that holds them is never stood in for."""
+    reader = MessageReader()
+    for value in (1, 1.0, True, 1):
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"n": value}}}
+        (message,) = reader.read([{"role": "assistant", "content": None, "tool_calls": [call]}])
+        read = message.tool_calls[0].function.arguments
+        assert type(read["n"]) is type(value)
+
+
+def test_a_message_that_does_not_fit_after_a_repeated_history_is_named_by_its_place():
+    reader = MessageReader()
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    reader.read(history)
+    with pytest.raises(ValueError, match=r"messages\.2\.content"):
+        reader.read([*history, {"role": "user", "content": 3}])
+    assert reader.read(history) == messages_of(history)

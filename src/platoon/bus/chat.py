@@ -30,10 +30,13 @@ __all__ = [
     "ChatMessage",
     "ChatPart",
     "ChatToolCall",
+    "MessageReader",
     "SampledMessage",
+    "exact_from",
     "message_dict",
     "message_dicts",
     "messages_of",
+    "same_leading",
 ]
 
 
@@ -116,3 +119,62 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, object]]:
             found[i] = fields = {"role": message.role, **fields}
         fields.setdefault("content", None)
     return found
+
+
+def same_leading(now: Sequence[object], before: Sequence[object]) -> int:
+    """How many leading items of `now` equal `before`'s, a None never equal to anything (a
+    memo's mark of what it could not write). One comparison in C where `now` repeats all of
+    `before`, as an agent's next call usually does."""
+    n = len(before)
+    if n <= len(now) and now[:n] == before and None not in before:
+        return n
+    same, most = 0, min(n, len(now))
+    while same < most and now[same] == before[same] and now[same] is not None:
+        same += 1
+    return same
+
+
+def exact_from(messages: Sequence[ChatMessage], start: int) -> int:
+    """How many of the messages from `start` on their equality tells apart from any other.
+
+    Python's equality holds 1, 1.0 and true the same; of a message's fields only tool call
+    arguments sent as an object can hold numbers, so a message with those ends the run: a memo
+    never stands one in for another that only equals it."""
+    for n in range(start, len(messages)):
+        for call in messages[n].tool_calls or ():
+            if type(call.function.arguments) is dict:
+                return n - start
+    return len(messages) - start
+
+
+class MessageReader:
+    """`messages_of` for one agent's calls (`ctx.chat`), which repeat its history: the leading
+    messages a call writes as the structs of the last call read back (`message_dicts`), key for
+    key, are those structs; only what a call adds is read anew.
+
+    A message is compared as it is now with the dict its struct reads back as, never with the
+    caller's own object, which the caller may have changed in place since. One with other keys
+    (dropped when read) is simply read again."""
+
+    __slots__ = ("_dicts", "_typed")
+
+    def __init__(self) -> None:
+        self._typed: list[ChatMessage] = []  # the last call's exact leading messages
+        self._dicts: list[dict[str, object]] = []  # and them read back
+
+    def read(self, messages: Iterable[object]) -> list[ChatMessage]:
+        """`messages_of(messages)`; a message that does not fit is a `ValueError` naming it."""
+        listed = messages if type(messages) is list else list(messages)
+        last = self._dicts
+        same = same_leading(listed, last)
+        if same == len(listed):  # nothing added (msgspec's every call costs a microsecond)
+            return self._typed[:same]
+        try:
+            added = messages_of(listed[same:])
+        except ValueError:
+            added = messages_of(listed)  # raises again, naming the message by its place
+        typed = self._typed[:same] + added
+        exact = same + exact_from(typed, same)
+        self._typed = typed[:exact]
+        self._dicts = last[:same] + message_dicts(added[: exact - same])
+        return typed

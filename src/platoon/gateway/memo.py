@@ -25,7 +25,7 @@ from typing import Protocol
 
 import msgspec
 
-from platoon.bus.chat import ChatMessage, message_dicts, messages_of
+from platoon.bus.chat import ChatMessage, exact_from, message_dicts, messages_of, same_leading
 from platoon.gateway.shapes import Message, Messages, Tool
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "encoded",
     "encoded_each",
     "leading",
-    "same_leading",
 ]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
@@ -135,26 +134,13 @@ class RenderMemo:
         return tokens
 
 
-def same_leading(now: Sequence[object], before: Sequence[object]) -> int:
-    """How many leading items of `now` equal `before`'s, a None never equal to anything (an
-    encoding that could not be made). One comparison in C where `now` repeats all of `before`,
-    as an agent's next call usually does."""
-    n = len(before)
-    if n <= len(now) and now[:n] == before and None not in before:
-        return n
-    same, most = 0, min(n, len(now))
-    while same < most and now[same] == before[same] and now[same] is not None:
-        same += 1
-    return same
-
-
 class MessageMemo:
     """One agent's last call's messages as the bus carried them (checked structs), with the
     dicts the renderer read and their encodings: the messages a call repeats keep theirs.
 
     A message is repeated when it equals the last call's at its place and that one is exact:
     Python's equality holds 1, 1.0 and true the same, which only tool call arguments sent as an
-    object can hold (`_exact`), so a message with those is never reused.
+    object can hold (`exact_from`), so a message with those is never reused.
     """
 
     __slots__ = ("_dicts", "_typed", "_written")
@@ -168,30 +154,17 @@ class MessageMemo:
         """`typed` as a call reads it. A `ChatRequested` published by other code than `ctx.chat`
         may hold dicts: its new messages are read as `ctx.chat` reads its own, and one that does
         not fit is a `ValueError` that names it."""
-        last, n = self._typed, len(self._typed)
-        if n <= len(typed) and typed[:n] == last:  # an agent's history, usually, and more
-            same = n
-        else:
-            same = 0
-            while same < min(n, len(typed)) and typed[same] == last[same]:
-                same += 1
+        same = same_leading(typed, self._typed)  # an agent's history, usually, and more
+        if same == len(typed):  # nothing added (msgspec's every call costs a microsecond)
+            return Messages(self._dicts[:same], self._written[:same], typed)
         if not all(type(m) is ChatMessage for m in typed[same:]):  # `ctx.chat`'s are read already
             typed = messages_of(typed)
         added = message_dicts(typed[same:])
         dicts = self._dicts[:same] + added
         written = self._written[:same] + encoded_each(added)
-        exact = same + _exact(typed, same)
+        exact = same + exact_from(typed, same)
         self._typed, self._dicts, self._written = typed[:exact], dicts[:exact], written[:exact]
         return Messages(dicts, written, typed)
-
-
-def _exact(typed: Sequence[ChatMessage], start: int) -> int:
-    """How many of the messages from `start` on their equality tells apart from any other."""
-    for n, message in enumerate(typed[start:]):
-        for call in message.tool_calls or ():
-            if type(call.function.arguments) is dict:
-                return n
-    return len(typed) - start
 
 
 def leading(texts: Texts, start: int) -> int:

@@ -17,7 +17,7 @@ import anyio.lowlevel
 import msgspec
 
 from platoon.bus import Bus
-from platoon.bus.chat import message_dict, messages_of
+from platoon.bus.chat import MessageReader, message_dict
 from platoon.bus.events import (
     ChatRequested,
     StepRequested,
@@ -165,6 +165,7 @@ class AgentContext:
         self.on_env_fault = on_env_fault
         self.steps = steps  # a multi-step task's steps, played in turn (see `next_step`)
         self._tools = list(tools)
+        self._sent = MessageReader()  # the messages of its last call, read
         self._spawner = spawner
         self._local: dict[str, Callable[[dict[str, Any]], Awaitable[ToolResult]]] = {}
 
@@ -251,7 +252,7 @@ class AgentContext:
         a message does not fit (naming it and its field).
         """
         try:
-            typed = messages_of(messages)
+            typed = self._sent.read(messages)
         except ValueError as exc:
             raise ChatError(str(exc)) from None
         reply = await self.bus.request(
