@@ -368,7 +368,7 @@ async def test_model_calls_answer_the_same_straight_from_the_guard_or_through_ro
         def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug")
 
-        gw.gateway.complete_stream = broken  # type: ignore[method-assign]
+        gw.gateway.complete = gw.gateway.complete_stream = broken  # type: ignore[method-assign]
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as client:
             failed = await client.post("/v1/chat/completions", json=body)

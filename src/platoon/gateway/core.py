@@ -355,10 +355,16 @@ class Gateway(ComponentBase):
         kind: CallKind = "policy",
         *,
         wait: bool = True,
+        record_messages: bool = False,
     ) -> Completion:
-        """Render, sample, parse and record one call of `session`'s agent."""
-        replies = self.complete_stream(session, messages, tools, params, kind, wait=wait, stream=False)
-        return await last_of(replies)
+        """Render, sample, parse and record one call of `session`'s agent (`complete_stream`,
+        the reply whole)."""
+        call = await self._prepare(session, messages, tools, params, kind)
+        if self._text_stream(call, stream=False) is not None:  # read as it is sampled: see there
+            return await last_of(self._replies(session, call, kind, wait, False, record_messages))
+        async with Slot(self.limiter, session.budget if kind == "policy" else None, wait) as slot:
+            reply = await self._sampled_whole(session, call)
+        return await self._record(session, call, reply, slot, kind, None, record_messages)
 
     async def complete_stream(
         self,
@@ -387,18 +393,33 @@ class Gateway(ComponentBase):
         sample (in a `Slot` of the limiter and the agent's budget, sampled again while the reply
         is not what it must be) and record (`_record`: `ModelCallFinished`, the turn kept).
         """
-        if not isinstance(messages, Messages):
-            messages = Messages(messages)
         call = await self._prepare(session, messages, tools, params, kind)
+        async with contextlib.aclosing(
+            self._replies(session, call, kind, wait, stream, record_messages)
+        ) as replies:
+            async for item in replies:
+                yield item
+
+    async def _replies(
+        self,
+        session: AgentSession,
+        call: PreparedCall,
+        kind: CallKind,
+        wait: bool,
+        stream: bool,
+        record_messages: bool,
+    ) -> AsyncGenerator[str | Completion, None]:
+        """The sample and record phases of a prepared call, as `complete_stream` yields them."""
         reply: Reply | None = None
         text: TextStream | None = None
         async with Slot(self.limiter, session.budget if kind == "policy" else None, wait) as slot:
-            for attempt in itertools.count():
-                text = self._text_stream(call, stream)
-                sampled: SampledCompletion | None = None
-                if text is None:
-                    sampled = await self._sample_whole(session, call, attempt)
-                else:
+            if self._text_stream(call, stream) is None:
+                reply = await self._sampled_whole(session, call)
+            else:  # a streaming sampler's tokens, read as they come
+                for attempt in itertools.count():
+                    text = self._text_stream(call, stream)
+                    assert text is not None
+                    sampled: SampledCompletion | None = None
                     streamed = self._sample_streamed(session, call, attempt, text, stream)
                     async with contextlib.aclosing(streamed):
                         async for item in streamed:
@@ -406,10 +427,10 @@ class Gateway(ComponentBase):
                                 yield item
                             else:
                                 sampled = item
-                assert sampled is not None
-                reply = self._read(session, call, sampled, attempt + 1, text if stream else None)
-                if reply is not None:
-                    break
+                    assert sampled is not None
+                    reply = self._read(session, call, sampled, attempt + 1, text if stream else None)
+                    if reply is not None:
+                        break
         assert reply is not None
         text = text if stream else None
         done = await self._record(session, call, reply, slot, kind, text, record_messages)
@@ -425,13 +446,15 @@ class Gateway(ComponentBase):
     async def _prepare(
         self,
         session: AgentSession,
-        messages: Messages,
+        messages: Sequence[Message] | Messages,
         tools: Sequence[Tool] | None,
         params: Params,
         kind: CallKind,
     ) -> PreparedCall:
         """A call checked and rendered, with the parameters and the sampler it is sampled with;
         nothing is reserved or sampled yet."""
+        if not isinstance(messages, Messages):
+            messages = Messages(messages)
         state = self.policies[session.policy]
         if state.sampler is None:
             raise await self._failed(session, GatewayError("sampler", "the gateway has no sampler yet"))
@@ -526,6 +549,15 @@ class Gateway(ComponentBase):
             stop_token_ids=renderer.stop_token_ids,
             plain=controls.plain,
         )
+
+    async def _sampled_whole(self, session: AgentSession, call: PreparedCall) -> Reply:
+        """The reply of a call sampled whole, sampled again while it is not what it must be."""
+        for attempt in itertools.count():
+            sampled = await self._sample_whole(session, call, attempt)
+            reply = self._read(session, call, sampled, attempt + 1, None)
+            if reply is not None:
+                return reply
+        raise AssertionError("unreachable: `_read` refuses the last try")
 
     async def _sample_whole(
         self, session: AgentSession, call: PreparedCall, attempt: int

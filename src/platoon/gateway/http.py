@@ -37,7 +37,7 @@ from starlette.routing import Route
 
 from platoon.bus.events import CallKind, new_id
 from platoon.gateway import bodies, dialects
-from platoon.gateway.core import Gateway, last_of
+from platoon.gateway.core import Gateway
 from platoon.gateway.errors import GatewayError
 from platoon.gateway.sessions import AgentSession, Completion
 from platoon.gateway.shapes import (
@@ -368,7 +368,7 @@ async def chat_completions(gateway: Gateway, session: AgentSession, request: Req
         return await _streamed(replies, format, lambda c: shape([c], rid))
     done: list[Completion] = []
     for _ in range(n):
-        done.append(await last_of(_sample(gateway, session, messages, tools, params, kind, stream=False)))
+        done.append(await _answered(gateway, session, messages, tools, params, kind))
     response = shape(done, done[0].call_id)
     if stream:
         return _sse(_whole(dialects.chat_stream(response, include_usage)))
@@ -422,13 +422,13 @@ async def responses(gateway: Gateway, session: AgentSession, request: Request, r
                 session.responses.popitem(last=False)
         return response
 
-    replies = _sample(
-        gateway, session, Messages(messages), tools, params, _kind(request.scope), stream=stream
-    )
+    kind = _kind(request.scope)
     if stream:
         format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
-        return await _streamed(replies, format, finish)
-    return _JSON(finish(await last_of(replies)))
+        return await _streamed(
+            _sample(gateway, session, Messages(messages), tools, params, kind), format, finish
+        )
+    return _JSON(finish(await _answered(gateway, session, Messages(messages), tools, params, kind)))
 
 
 @_agent_call(_anthropic_error)
@@ -449,12 +449,11 @@ async def anthropic_messages(
         usage = (c.prompt_tokens, c.completion_tokens)
         return dialects.anthropic_response(model, c.message, c.finish_reason, usage, rid, c.stop_sequence)
 
-    replies = _sample(
-        gateway, session, Messages(conversation), tools, params, _kind(request.scope), stream=stream
-    )
+    kind, asked = _kind(request.scope), Messages(conversation)
     if stream:
-        return await _streamed(replies, dialects.MessagesStream(f"msg_{rid}", model, 0), finish)
-    return _JSON(finish(await last_of(replies)))
+        format = dialects.MessagesStream(f"msg_{rid}", model, 0)
+        return await _streamed(_sample(gateway, session, asked, tools, params, kind), format, finish)
+    return _JSON(finish(await _answered(gateway, session, asked, tools, params, kind)))
 
 
 @_agent_call(_anthropic_error)
@@ -485,14 +484,22 @@ def _sample(
     tools: Sequence[Tool] | None,
     params: Params,
     kind: CallKind,
-    *,
-    stream: bool = True,
 ) -> AsyncGenerator[str | Completion, None]:
-    """One call over HTTP: refused at once when the gateway is full (a client retries), and
-    its messages recorded, since no `ChatRequested` holds them."""
-    return gateway.complete_stream(
-        session, messages, tools, params, kind, wait=False, stream=stream, record_messages=True
-    )
+    """One call over HTTP, streamed: refused at once when the gateway is full (a client
+    retries), and its messages recorded, since no `ChatRequested` holds them."""
+    return gateway.complete_stream(session, messages, tools, params, kind, wait=False, record_messages=True)
+
+
+async def _answered(
+    gateway: Gateway,
+    session: AgentSession,
+    messages: Messages,
+    tools: Sequence[Tool] | None,
+    params: Params,
+    kind: CallKind,
+) -> Completion:
+    """`_sample`, the reply whole."""
+    return await gateway.complete(session, messages, tools, params, kind, wait=False, record_messages=True)
 
 
 def _logprobs_of(gateway: Gateway, session: AgentSession, c: Completion) -> dialects.Logprobs:
