@@ -68,8 +68,8 @@ class RenderMemo:
     __slots__ = ("_last", "_written")
 
     def __init__(self) -> None:
-        # (the renderer, its chunks, the prompt's tokens, where each chunk's tokens end in it)
-        self._last: tuple[object, list[Chunk], list[int], list[int]] | None = None
+        # (the renderer, its chunks, each chunk's tokens)
+        self._last: tuple[object, list[Chunk], list[Sequence[int]]] | None = None
         # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
         self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
 
@@ -118,19 +118,17 @@ class RenderMemo:
         segment: Callable[[Sequence[int]], Sequence[int]],
     ) -> list[int]:
         """The prompt of `chunks` as `owner` (a renderer) tokenizes them: `encode` for a text,
-        `segment` for sampled tokens; the leading chunks the last render shared are not redone.
-        The list is the caller's own."""
+        `segment` for sampled tokens; the leading chunks the last render shared are not redone."""
         last = self._last
         kept = same_leading(chunks, last[1]) if last is not None and last[0] is owner else 0
-        ends: list[int] = []
+        # Each chunk's own tokens, kept as they came (a cached text's are shared, not copied: a
+        # copy of every agent's whole prompt, kept, is what the garbage collector walks).
+        parts = last[2][:kept] if last is not None else []
+        parts += [encode(text) if sampled is None else segment(sampled) for text, sampled in chunks[kept:]]
+        self._last = (owner, chunks, parts)
         tokens: list[int] = []
-        if last is not None and kept:
-            ends = last[3][:kept]
-            tokens = last[2][: ends[-1]]
-        for text, sampled in chunks[kept:]:
-            tokens.extend(encode(text) if sampled is None else segment(sampled))
-            ends.append(len(tokens))
-        self._last = (owner, chunks, tokens[:], ends)
+        for part in parts:
+            tokens += part
         return tokens
 
 
