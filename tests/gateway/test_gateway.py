@@ -794,11 +794,15 @@ def test_a_call_whose_messages_do_not_fit_the_record_is_recorded_without_them():
     fit them (a dialect's oddity) costs the record its messages, said once, never the call."""
     from platoon.bus.chat import ChatMessage
     from platoon.gateway.core import _logged
+    from platoon.gateway.sessions import AgentSession, Budget
     from platoon.gateway.shapes import Messages
 
+    def _session() -> AgentSession:
+        return AgentSession(episode_id="e", agent_id="a", key="k", budget=Budget(None, None))
+
     fits = [{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]
-    assert _logged(Messages(fits)) == [ChatMessage(role="user", content="hi")]
+    assert _logged(Messages(fits), _session()) == [ChatMessage(role="user", content="hi")]
     with structlog.testing.capture_logs() as logs:
-        assert _logged(Messages([{"role": "user", "content": 5}])) is None
+        assert _logged(Messages([{"role": "user", "content": 5}]), _session()) is None
     [said] = [entry for entry in logs if entry["event"] == "a call's messages are not recorded"]
     assert said["error"].startswith("messages.0.content: ")

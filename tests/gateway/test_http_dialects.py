@@ -230,6 +230,29 @@ async def test_a_call_over_http_records_its_messages_for_the_viewer(toy_tokenize
     ]
 
 
+async def test_an_http_agents_growing_and_edited_history_is_recorded_as_sent(toy_tokenizer, anyio_backend):
+    """An HTTP agent's record reads only what a call adds to its last call's messages (the
+    memo); a message edited since is recorded as it is now."""
+    first = [{"role": "user", "content": "Find it."}]
+    second = [*first, {"role": "assistant", "content": "One."}, {"role": "user", "content": "More."}]
+    third = [
+        {"role": "user", "content": "Look again."},
+        *second[1:],
+        {"role": "assistant", "content": "Two."},
+    ]
+    third.append({"role": "user", "content": "Done?"})
+    async with running_gateway(toy_tokenizer, ["One.", "Two.", "Three."], serve_http=True) as gw:
+        opened = await gw.open("ep1")
+        async with anthropic_client(opened, api_key=opened.key) as claude:
+            for messages in (first, second, third):
+                await claude.messages.create(model="platoon-policy", max_tokens=16, messages=messages)
+        records = await gw.settled()
+
+    assert [r.messages for r in records] == [
+        [ChatMessage(m["role"], m["content"]) for m in sent] for sent in (first, second, third)
+    ]
+
+
 async def test_what_agents_add_to_a_request_is_taken(toy_tokenizer, anyio_backend):
     """Hints and options the real clients send on behalf of Codex- and Claude-Code-like agents
     (cache control, metadata, thinking, reasoning, included fields) do not stop a call."""

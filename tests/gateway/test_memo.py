@@ -341,3 +341,33 @@ def test_a_prompt_the_caller_extends_leaves_the_next_one_as_a_full_render(toy_to
     prompt[0] = -1
     messages.append({"role": "assistant", "content": "Hello."})
     assert renderer.render(messages, TOOLS, memo=memo) == renderer.render(messages, TOOLS)
+
+
+# --- RecordMemo: an HTTP agent's messages, read for its record once ------------------------------
+
+
+def _recorded(memo: object, dicts: list[dict]) -> list:
+    from platoon.gateway.memo import encoded_each
+    from platoon.gateway.shapes import Messages
+
+    return memo.read(Messages(dicts, encoded_each(dicts)))  # type: ignore[attr-defined]
+
+
+def test_an_http_agents_repeated_history_is_recorded_as_the_structs_it_was_read_as():
+    from platoon.bus.chat import messages_of
+    from platoon.gateway.memo import RecordMemo
+
+    memo = RecordMemo()
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi", "extra": 1}]
+    first = _recorded(memo, history)
+    history += [{"role": "assistant", "content": None, "tool_calls": [_call(0, '{"cmd": "ls"}')]}]
+    second = _recorded(memo, history)
+    assert second == messages_of(history) and all(a is b for a, b in zip(first, second, strict=False))
+    history[0] = {"role": "system", "content": "Be long."}  # a message written otherwise is read
+    assert _recorded(memo, history) == messages_of(history)
+    for value in (1, 1.0, True):  # exact: 1, 1.0 and true are written apart
+        (message,) = _recorded(memo, [{"role": "assistant", "tool_calls": [_call(0, {"n": value})]}])
+        assert type(message.tool_calls[0].function.arguments["n"]) is type(value)
+    with pytest.raises(ValueError, match=r"messages\.3\.content"):
+        _recorded(memo, [*history, {"role": "user", "content": 3}])
+    assert _recorded(memo, history) == messages_of(history)

@@ -32,7 +32,7 @@ import msgspec
 import structlog
 
 from platoon.bus import Bus, ComponentBase, Stream
-from platoon.bus.chat import ChatMessage, SampledMessage, messages_of
+from platoon.bus.chat import ChatMessage, SampledMessage
 from platoon.bus.events import (
     AgentOpened,
     AgentOpenRequested,
@@ -455,6 +455,8 @@ class Gateway(ComponentBase):
         nothing is reserved or sampled yet."""
         if not isinstance(messages, Messages):
             messages = Messages(messages)
+        if messages.written is None:  # each message as msgpack, once: see `_render`
+            messages = messages._replace(written=encoded_each(messages.dicts))
         state = self.policies[session.policy]
         if state.sampler is None:
             raise await self._failed(session, GatewayError("sampler", "the gateway has no sampler yet"))
@@ -507,9 +509,9 @@ class Gateway(ComponentBase):
     ) -> list[int]:
         """The prompt's tokens, reusing the agent's sampled turns; a prompt that cannot fit the
         context window is refused before it is tokenized."""
-        # Each message as msgpack, once: for turns sampled before, the size bound, and the memo.
-        dicts = messages.dicts
-        written = messages.written if messages.written is not None else encoded_each(dicts)
+        # Each message as msgpack: for turns sampled before, the size bound, and the memos.
+        dicts, written = messages.dicts, messages.written
+        assert written is not None  # `_prepare` wrote them
         completions = sampled_turns(session, dicts, written)
         # Their text, bounded from above (msgpack holds each string's UTF-8, and more).
         sizes = [len(w) for w in written if w is not None]
@@ -676,7 +678,7 @@ class Gateway(ComponentBase):
                     completion_text=parsed.content,
                     started_at=slot.started,
                     duration_s=slot.duration,
-                    messages=_logged(call.messages) if record_messages else None,
+                    messages=_logged(call.messages, session) if record_messages else None,
                     policy=session.policy,
                     parse_errors=list(parsed.errors),
                 )
@@ -755,13 +757,14 @@ def _kind(exc: GatewayError) -> Literal["budget", "context_length", "bad_request
     return "bad_request" if exc.kind == "overloaded" or exc.kind == "not_found" else exc.kind
 
 
-def _logged(messages: Messages) -> list[ChatMessage] | None:
-    """An HTTP call's messages as its record carries them; None, said once a call, where one
-    does not fit the record's type: the call is recorded and trains all the same."""
+def _logged(messages: Messages, session: AgentSession) -> list[ChatMessage] | None:
+    """An HTTP call's messages as its record carries them (read where its agent's last call's
+    were not the same); None, said once a call, where one does not fit the record's type: the
+    call is recorded and trains all the same."""
     if messages.typed is not None:
         return messages.typed
     try:
-        return messages_of(messages.dicts)
+        return session.recorded.read(messages, session.prompt.compared)
     except ValueError as exc:
         log.warning("a call's messages are not recorded", error=str(exc))
         return None

@@ -31,6 +31,7 @@ from platoon.gateway.shapes import Message, Messages, Tool
 __all__ = [
     "Chunk",
     "MessageMemo",
+    "RecordMemo",
     "RenderMemo",
     "Texts",
     "encoded",
@@ -65,19 +66,26 @@ class RenderMemo:
     reads whole records, and checks what it reuses).
     """
 
-    __slots__ = ("_last", "_written")
+    __slots__ = ("_last", "_written", "compared")
 
     def __init__(self) -> None:
         # (the renderer, its chunks, each chunk's tokens)
         self._last: tuple[object, list[Chunk], list[Sequence[int]]] | None = None
         # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
         self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
+        # Its last comparison (`repeated`): (the last messages' encodings, the call's, how many lead
+        # alike), for a `RecordMemo` that holds the same two lists (an HTTP call's) not to redo it.
+        self.compared: tuple[list[bytes | None], list[bytes | None], int] | None = None
 
     def repeated(self, owner: object, now: list[bytes | None]) -> int:
         """How many of a call's leading messages (`now`: `encoded_each` of them) are the ones
         `owner` last rendered for this agent, written the same: those were checked then."""
         written = self._written
-        return same_leading(now, written[1]) if written is not None and written[0] is owner else 0
+        if written is None or written[0] is not owner:
+            return 0
+        same = same_leading(now, written[1])
+        self.compared = (written[1], now, same)
+        return same
 
     def texts(
         self,
@@ -163,6 +171,41 @@ class MessageMemo:
         exact = same + exact_from(typed, same)
         self._typed, self._dicts, self._written = typed[:exact], dicts[:exact], written[:exact]
         return Messages(dicts, written, typed)
+
+
+class RecordMemo:
+    """One HTTP agent's last call's messages as its record carries them (structs), with the
+    encodings of the dicts they were read from: a call's leading messages written as the last
+    call's were (exact: `encoded`) are recorded as those structs; only what it adds is read."""
+
+    __slots__ = ("_typed", "_written")
+
+    def __init__(self) -> None:
+        self._typed: list[ChatMessage] = []
+        self._written: list[bytes | None] = []
+
+    def read(
+        self,
+        messages: Messages,
+        compared: tuple[list[bytes | None], list[bytes | None], int] | None = None,
+    ) -> list[ChatMessage]:
+        """`messages_of(messages.dicts)`, its `written` given; one that does not fit is a
+        `ValueError` that names it. `compared`: the agent's `RenderMemo.compared`, taken where it
+        compared the same two lists."""
+        dicts, written = messages.dicts, messages.written
+        if written is None or len(written) != len(dicts):
+            return messages_of(dicts)
+        if compared is not None and compared[0] is self._written and compared[1] is written:
+            same = compared[2]
+        else:
+            same = same_leading(written, self._written)
+        try:
+            typed = self._typed[:same] + (messages_of(dicts[same:]) if same < len(dicts) else [])
+        except ValueError:
+            messages_of(dicts)  # raises again, naming the message by its place
+            raise
+        self._typed, self._written = typed, written
+        return typed
 
 
 def leading(texts: Texts, start: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
-from platoon.gateway.memo import MessageMemo, RenderMemo, encoded
+from platoon.gateway.memo import MessageMemo, RecordMemo, RenderMemo, encoded
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 from platoon.policy.base import TopLogprobs
 
@@ -69,6 +69,7 @@ class AgentSession:
     responses: OrderedDict[str, tuple[list[Message], ResponsesReply]] = field(default_factory=OrderedDict)
     prompt: RenderMemo = field(default_factory=RenderMemo)  # its last prompt, for the next render
     sent: MessageMemo = field(default_factory=MessageMemo)  # its last messages over the bus
+    recorded: RecordMemo = field(default_factory=RecordMemo)  # its last HTTP call's, recorded
     # Its last call's assistant turns, as written (`memo.encoded`), and their keys, by position.
     turn_keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)
 
