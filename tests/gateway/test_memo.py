@@ -371,3 +371,12 @@ def test_an_http_agents_repeated_history_is_recorded_as_the_structs_it_was_read_
     with pytest.raises(ValueError, match=r"messages\.3\.content"):
         _recorded(memo, [*history, {"role": "user", "content": 3}])
     assert _recorded(memo, history) == messages_of(history)
+
+
+def test_a_message_that_could_not_be_written_is_never_the_same_as_another():
+    from platoon.gateway.memo import same_written
+
+    assert same_written([b"a", None, b"c"], [b"a", None, b"c"]) == 1
+    assert same_written([b"a", b"b", b"c"], [b"a", b"b"]) == 2
+    assert same_written([b"a"], [b"a", b"b"]) == 1
+    assert same_written([b"a", b"x", None], [b"a", b"b", None]) == 1

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from platoon.gateway.memo import encoded_each
 from platoon.gateway.sessions import AgentSession, Budget, sampled_turns, turn_key
 
 
@@ -61,3 +65,51 @@ def test_a_turn_changed_in_place_since_the_last_call_gets_its_new_key():
     assert sampled_turns(session, messages) == {1: [1]}
     turn["tool_calls"][0]["function"]["arguments"] = '{"cmd": "rm -rf /"}'
     assert sampled_turns(session, messages) == {}
+
+
+def _whole_reading(session: AgentSession, messages: list[dict]) -> dict[int, list[int]]:
+    alone = _session()
+    alone.sampled = {key: list(samplings) for key, samplings in session.sampled.items()}
+    return sampled_turns(alone, messages, encoded_each(messages))
+
+
+def test_a_turn_sampled_since_the_last_call_is_spliced_by_its_occurrence_there_too():
+    """A call that repeats the last one's messages reads only what it adds, unless what was
+    sampled since changes what the repeated ones get."""
+    session = _session()
+    turn, other = _turn('{"cmd": "ls"}'), _turn('{"cmd": "pwd"}')
+    session.remember(turn_key(turn), [1])
+    messages = [turn, {"role": "tool", "content": "x"}, other]
+    assert sampled_turns(session, messages, encoded_each(messages)) == {0: [1]}
+    session.remember(turn_key(other), [2])  # `other`, never sampled at the last call, now is
+    session.remember(turn_key(turn), [3])
+    messages += [{"role": "tool", "content": "y"}, turn]
+    expected = {0: [1], 2: [2], 4: [3]}
+    assert sampled_turns(session, messages, encoded_each(messages)) == expected
+    assert _whole_reading(session, messages) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_call_read_from_the_last_one_gives_what_a_whole_reading_does(data):
+    """Histories that grow, are cut and edited, with turns sampled between calls (some more
+    than once, some sent more often than sampled): reading only what a call adds to the last
+    one's messages gives, call after call, what reading them all does."""
+    session = _session()
+    pool = [_turn(f'{{"n": {k}}}') for k in range(3)] + [_turn({"n": 1}), _turn({"n": 1.0})]
+    user = {"role": "user", "content": "go"}
+    messages: list[dict] = []
+    for step in range(data.draw(st.integers(1, 14))):
+        action = data.draw(st.sampled_from(["grow", "grow", "cut", "edit", "sample", "sample"]))
+        k = data.draw(st.integers(0, len(pool) - 1))
+        if action == "grow":
+            messages = [*messages, user, pool[k]]
+        elif action == "cut" and messages:
+            messages = messages[: data.draw(st.integers(0, len(messages)))]
+        elif action == "edit" and messages:
+            messages = list(messages)
+            messages[data.draw(st.integers(0, len(messages) - 1))] = pool[k]
+        else:
+            session.remember(turn_key(pool[k]), [step, k])
+        expected = _whole_reading(session, messages)
+        assert sampled_turns(session, messages, encoded_each(messages)) == expected, (step, messages)

@@ -122,14 +122,13 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, object]]:
 
 
 def same_leading(now: Sequence[object], before: Sequence[object]) -> int:
-    """How many leading items of `now` equal `before`'s, a None never equal to anything (a
-    memo's mark of what it could not write). One comparison in C where `now` repeats all of
-    `before`, as an agent's next call usually does."""
+    """How many leading items of `now` equal `before`'s: one comparison in C where `now`
+    repeats all of `before`, as an agent's next call usually does."""
     n = len(before)
-    if n <= len(now) and now[:n] == before and None not in before:
+    if n <= len(now) and (now == before if n == len(now) else now[:n] == before):
         return n
     same, most = 0, min(n, len(now))
-    while same < most and now[same] == before[same] and now[same] is not None:
+    while same < most and now[same] == before[same]:
         same += 1
     return same
 

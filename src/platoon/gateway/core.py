@@ -659,7 +659,7 @@ class Gateway(ComponentBase):
         call_id = new_id()
         key = turn_key(message)
         if key is not None:
-            session.sampled.setdefault(key, []).append(call.prefill + list(sampled.tokens))
+            session.remember(key, call.prefill + list(sampled.tokens))
         session.calls += 1
         if kind == "policy":
             session.budget.tokens += len(sampled.tokens)

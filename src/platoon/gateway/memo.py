@@ -37,6 +37,7 @@ __all__ = [
     "encoded",
     "encoded_each",
     "leading",
+    "same_written",
 ]
 
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
@@ -83,7 +84,7 @@ class RenderMemo:
         written = self._written
         if written is None or written[0] is not owner:
             return 0
-        same = same_leading(now, written[1])
+        same = same_written(now, written[1])
         self.compared = (written[1], now, same)
         return same
 
@@ -198,7 +199,7 @@ class RecordMemo:
         if compared is not None and compared[0] is self._written and compared[1] is written:
             same = compared[2]
         else:
-            same = same_leading(written, self._written)
+            same = same_written(written, self._written)
         try:
             typed = self._typed[:same] + (messages_of(dicts[same:]) if same < len(dicts) else [])
         except ValueError:
@@ -206,6 +207,15 @@ class RecordMemo:
             raise
         self._typed, self._written = typed, written
         return typed
+
+
+def same_written(now: Sequence[bytes | None], before: Sequence[bytes | None]) -> int:
+    """`same_leading` of two lists of encodings (`encoded_each`), where a message that could not
+    be written (None) is never the same as any."""
+    same = same_leading(now, before)
+    if same and None in before:
+        same = min(same, before.index(None))
+    return same
 
 
 def leading(texts: Texts, start: int) -> int:

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
-from platoon.gateway.memo import MessageMemo, RecordMemo, RenderMemo, encoded
+from platoon.gateway.memo import MessageMemo, RecordMemo, RenderMemo, encoded, same_written
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 from platoon.policy.base import TopLogprobs
 
-__all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "sampled_turns", "turn_key"]
+__all__ = ["AgentSession", "Budget", "Completion", "TurnKey", "TurnsRead", "sampled_turns", "turn_key"]
 
 TurnKey = tuple[str, tuple[tuple[str, str], ...]]  # an assistant turn's text and (name, arguments) calls
 
@@ -42,6 +42,18 @@ class Budget:
         return None if self.max_calls is None else max(self.max_calls - self.calls, 0)
 
 
+@dataclass(slots=True)
+class TurnsRead:
+    """What `sampled_turns` read of an agent's call, for its next call, which usually repeats
+    that call's messages and adds to them."""
+
+    written: Sequence[bytes | None] = ()  # the messages, as `memo.encoded` writes them
+    keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)  # its turns' keys, by place
+    completions: dict[int, list[int]] = field(default_factory=dict)  # what it found
+    seen: dict[TurnKey, int] = field(default_factory=dict)  # each sampled turn's last occurrence, from 0
+    unsampled: set[TurnKey] = field(default_factory=set)  # turns of which none was sampled then
+
+
 @dataclass
 class AgentSession:
     """One agent as the gateway knows it: its key, budget and the turns sampled for it."""
@@ -53,6 +65,7 @@ class AgentSession:
     depth: int = 0
     params: dict[str, object] = field(default_factory=dict)
     min_version: int = 0
+    # The tokens sampled for each turn, in the order sampled (written by `remember`).
     sampled: dict[TurnKey, list[list[int]]] = field(default_factory=dict)
     calls: int = 0
     # Its calls' sampling seeds derive from `seed` and a count of its draws (None: unseeded);
@@ -70,8 +83,13 @@ class AgentSession:
     prompt: RenderMemo = field(default_factory=RenderMemo)  # its last prompt, for the next render
     sent: MessageMemo = field(default_factory=MessageMemo)  # its last messages over the bus
     recorded: RecordMemo = field(default_factory=RecordMemo)  # its last HTTP call's, recorded
-    # Its last call's assistant turns, as written (`memo.encoded`), and their keys, by position.
-    turn_keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)
+    turns: TurnsRead = field(default_factory=TurnsRead)  # `sampled_turns` of its last call
+    fresh: list[TurnKey] = field(default_factory=list)  # turns sampled since then
+
+    def remember(self, key: TurnKey, tokens: list[int]) -> None:
+        """Keep the tokens sampled for a turn: its next prompts that hold it splice them."""
+        self.sampled.setdefault(key, []).append(tokens)
+        self.fresh.append(key)
 
 
 @dataclass
@@ -100,32 +118,61 @@ def sampled_turns(
 
     A text sampled twice (two identical tool calls, say) may have been sampled as different
     tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
+
+    A call that repeats the last one's messages and adds to them (an agent's, usually) reads
+    only what it adds, where what was sampled since leaves the last call's reading as it was.
     """
     if not session.sampled:
         return {}
-    completions: dict[int, list[int]] = {}
-    seen: dict[TurnKey, int] = {}
+    last, fresh = session.turns, session.fresh
+    session.fresh = []
+    read = TurnsRead(written=written if written is not None else ())
+    start = 0
+    if (
+        written is not None
+        and len(last.written) <= len(written)
+        and _still_read(last, fresh, session.sampled)
+        and same_written(written, last.written) == len(last.written)
+    ):
+        start = len(last.written)
+        read.keys, read.completions = dict(last.keys), dict(last.completions)
+        read.seen, read.unsampled = dict(last.seen), set(last.unsampled)
     # An agent's history repeats: a turn written as the one at its place last call has its key.
-    known, keys = session.turn_keys, {}
-    for i, message in enumerate(messages):
+    for i in range(start, len(messages)):
+        message = messages[i]
         if not (type(message) is dict or isinstance(message, Mapping)) or message.get("role") != "assistant":
             continue
         now = encoded(message) if written is None else written[i]
-        before = known.get(i)
+        before = last.keys.get(i)
         if before is not None and now is not None and before[0] == now:
             key = before[1]
         else:
             key = turn_key(message)
         if now is not None:
-            keys[i] = (now, key)
+            read.keys[i] = (now, key)
         if key is None:
             continue
         samplings = session.sampled.get(key)
         if samplings:
-            n = seen[key] = seen.get(key, -1) + 1
-            completions[i] = samplings[min(n, len(samplings) - 1)]
-    session.turn_keys = keys
-    return completions
+            n = read.seen[key] = read.seen.get(key, -1) + 1
+            read.completions[i] = samplings[min(n, len(samplings) - 1)]
+        else:
+            read.unsampled.add(key)
+    session.turns = read
+    return read.completions
+
+
+def _still_read(last: TurnsRead, fresh: list[TurnKey], sampled: dict[TurnKey, list[list[int]]]) -> bool:
+    """Whether the turns sampled since `last` leave what it read of its messages as it was: a
+    turn none of whose kind was sampled then would now be spliced, and one that occurs more
+    often than it had been sampled would now get a later sampling."""
+    for key in fresh:
+        if key in last.unsampled:
+            return False
+        last_seen = last.seen.get(key)  # its last occurrence, counted from 0
+        if last_seen is not None and last_seen >= len(sampled[key]) - fresh.count(key):
+            return False
+    return True
 
 
 def turn_key(message: Message) -> TurnKey | None:
