@@ -193,6 +193,33 @@ async def test_a_request_is_answered_by_the_reply_type_it_names():
             await bus.request(Ask(n=0), timeout=1)
 
 
+async def test_a_request_takes_its_first_reply_and_a_reply_after_its_end_is_dropped():
+    """Answered twice, a request returns the first reply; the second, like a reply to a request
+    that gave up (timed out, cancelled), reaches the subscribers and answers nothing."""
+    async with Bus() as bus:
+        late: list[Ping] = []
+        asked = anyio.Event()
+
+        async def responder(ping: Ping):
+            if ping.n == 0:  # answered only after the request gave up
+                late.append(ping)
+                asked.set()
+                return
+            await bus.publish(Pong(reply_to=ping.request_id, n=1))
+            await bus.publish(Pong(reply_to=ping.request_id, n=2))
+
+        bus.subscribe(Ping, responder)
+        async with bus.stream(Pong) as pongs:
+            assert (await bus.request(Ping(n=1), timeout=1)).n == 1
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bus.request, Ping(n=0))
+                await asked.wait()
+                tg.cancel_scope.cancel()
+            await bus.publish(Pong(reply_to=late[0].request_id, n=3))
+            assert [(await pongs.receive()).n for _ in range(3)] == [1, 2, 3]
+            assert (await bus.request(Ping(n=1), timeout=1)).n == 1
+
+
 async def test_request_times_out_and_without_responder_fails_at_once():
     async with Bus() as bus:
         with pytest.raises(NoResponder, match="Ping"):

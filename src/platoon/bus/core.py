@@ -34,7 +34,6 @@ from typing import Generic, TypeVar, TypeVarTuple
 import anyio
 import structlog
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
 
 from platoon.bus.events import ComponentFailed, Event, Reply, Request, reply_type
 
@@ -184,7 +183,7 @@ class Bus:
         self.drain_timeout = drain_timeout
         self._subs: list[Subscription[Event]] = []
         self._routes: dict[type, tuple[Subscription[Event], ...]] = {}
-        self._waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
+        self._waiters: dict[str, _Waiter] = {}
         self._tg: TaskGroup | None = None
         self._pending = 0
         self._idle = anyio.Event()
@@ -407,20 +406,18 @@ class Bus:
         expected = reply_type(type(event))
         if not self._targets(type(event)):
             raise NoResponder(f"nothing on the bus answers {type(event).__name__}")
-        send, receive = anyio.create_memory_object_stream[Reply](1)
-        self._waiters[event.request_id] = send
+        waiter = self._waiters[event.request_id] = _Waiter()
         try:
             with anyio.fail_after(math.inf if timeout is None else timeout):
                 await self.publish(event)
-                reply = await receive.receive()
+                await waiter.done.wait()
         except TimeoutError:
             raise RequestTimeout(
                 f"no reply to {type(event).__name__} {event.request_id} within {timeout} s"
             ) from None
         finally:
             self._waiters.pop(event.request_id, None)
-            send.close()
-            receive.close()
+        reply = waiter.reply
         if not isinstance(reply, expected):
             raise TypeError(
                 f"{type(event).__name__} was answered by a {type(reply).__name__}; its reply type is {expected.__name__}"
@@ -436,11 +433,19 @@ class Bus:
 
     def _resolve(self, reply: Reply) -> None:
         waiter = self._waiters.pop(reply.reply_to, None)
-        if waiter is not None:
-            try:
-                waiter.send_nowait(reply)
-            except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
+        if waiter is not None:  # the first reply answers; a request waits for no other
+            waiter.reply = reply
+            waiter.done.set()
+
+
+class _Waiter:
+    """A request's reply, once it comes (an event and a slot: lighter than a stream of one)."""
+
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.reply: Reply | None = None
 
 
 def _names(event_type: EventTypes) -> str:
