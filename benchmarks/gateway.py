@@ -230,6 +230,7 @@ async def latency(calls: int, turns: int) -> None:
         )
         floor_bus = await timed(calls, lambda: bus.request(Ping(messages=messages)))
         in_process = await timed(calls, lambda: ctx.chat(messages, TOOLS))
+        agents = await growing(bus, calls)
 
         # Over HTTP: the same client against the gateway and against a canned endpoint.
         body = {"model": "platoon-policy", "messages": messages, "tools": TOOLS}
@@ -249,8 +250,37 @@ async def latency(calls: int, turns: int) -> None:
         print(f"per call, {calls} sequential calls:")
         row("bus request/reply (floor)", floor_bus)
         row("in process: ctx.chat", in_process, floor_bus)
+        row(f"  an agent's {AGENT_CALLS} calls, growing", agents, floor_bus)
         row("bare starlette endpoint (floor)", floor_http)
         row("over HTTP: /v1/chat/completions", over_http, floor_http)
+
+
+AGENT_CALLS = 30
+
+
+async def growing(bus: Bus, calls: int) -> list[float]:
+    """`ctx.chat` as an agent calls it: its history grows by the reply and a tool result each
+    call (from a system prompt and a task to 60 messages), a new agent every 30 calls."""
+    out: list[float] = []
+    for n in range(-(-(calls + 50) // AGENT_CALLS)):
+        opened = await bus.request(AgentOpenRequested(episode_id=f"grow{n}", agent_id=f"grow{n}/root"))
+        assert opened.error is None
+        ctx = AgentContext(
+            bus=bus,
+            task=TaskRef(env="bench", split="train", task_id="0"),
+            episode_id=f"grow{n}",
+            agent_id=f"grow{n}/root",
+            instruction="",
+            tools=[],
+            budget=Budget(None),
+        )
+        messages = conversation(0)
+        for turn in range(AGENT_CALLS):
+            start = time.perf_counter()
+            reply = await ctx.chat(messages, TOOLS)
+            out.append(time.perf_counter() - start)
+            messages += [reply.message, {"role": "user", "content": f"file_{turn}.py\n" * 8}]
+    return out[50 : 50 + calls]  # the first agents' calls warm up
 
 
 # --- the server's CPU per call: server and clients in separate processes ---------------------
