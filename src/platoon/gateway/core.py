@@ -454,9 +454,9 @@ class Gateway(ComponentBase):
         """A call checked and rendered, with the parameters and the sampler it is sampled with;
         nothing is reserved or sampled yet."""
         if not isinstance(messages, Messages):
-            messages = Messages(messages)
-        if messages.written is None:  # each message as msgpack, once: see `_render`
-            messages = messages._replace(written=encoded_each(messages.dicts))
+            messages = Messages(messages, encoded_each(messages))
+        elif messages.written is None:  # each message as msgpack, once: see `_render`
+            messages = Messages(messages.dicts, encoded_each(messages.dicts), messages.typed)
         state = self.policies[session.policy]
         if state.sampler is None:
             raise await self._failed(session, GatewayError("sampler", "the gateway has no sampler yet"))
@@ -512,7 +512,8 @@ class Gateway(ComponentBase):
         # Each message as msgpack: for turns sampled before, the size bound, and the memos.
         dicts, written = messages.dicts, messages.written
         assert written is not None  # `_prepare` wrote them
-        completions = sampled_turns(session, dicts, written)
+        session.prompt.repeated(state.renderer, written)  # compared once, for the call's readers
+        completions = sampled_turns(session, dicts, written, session.prompt.compared)
         # Their text, bounded from above (msgpack holds each string's UTF-8, and more).
         sizes = [len(w) for w in written if w is not None]
         bound = sum(sizes) if len(sizes) == len(written) else size_bound(dicts)

@@ -75,7 +75,8 @@ class RenderMemo:
         # (the renderer, its messages' and tools' encodings, its context, the chunks' texts)
         self._written: tuple[object, list[bytes | None], bytes | None, object, Texts] | None = None
         # Its last comparison (`repeated`): (the last messages' encodings, the call's, how many lead
-        # alike), for a `RecordMemo` that holds the same two lists (an HTTP call's) not to redo it.
+        # alike), for the call's other readers (`sampled_turns`, `RecordMemo`) that hold the same
+        # two lists not to compare them again.
         self.compared: tuple[list[bytes | None], list[bytes | None], int] | None = None
 
     def repeated(self, owner: object, now: list[bytes | None]) -> int:
@@ -84,6 +85,9 @@ class RenderMemo:
         written = self._written
         if written is None or written[0] is not owner:
             return 0
+        compared = self.compared
+        if compared is not None and compared[0] is written[1] and compared[1] is now:
+            return compared[2]  # asked before the render, by the call's other readers
         same = same_written(now, written[1])
         self.compared = (written[1], now, same)
         return same

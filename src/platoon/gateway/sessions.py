@@ -111,10 +111,14 @@ class Completion:
 
 
 def sampled_turns(
-    session: AgentSession, messages: Sequence[Message], written: Sequence[bytes | None] | None = None
+    session: AgentSession,
+    messages: Sequence[Message],
+    written: Sequence[bytes | None] | None = None,
+    compared: tuple[Sequence[bytes | None], Sequence[bytes | None], int] | None = None,
 ) -> dict[int, list[int]]:
     """The tokens sampled for those assistant turns in `messages` that this agent was sampled
-    (`written`: each message's `memo.encoded`, where the caller has them).
+    (`written`: each message's `memo.encoded`, where the caller has them; `compared`: the agent's
+    `RenderMemo.compared`, taken where it compared the same two lists).
 
     A text sampled twice (two identical tool calls, say) may have been sampled as different
     tokens, so the n-th occurrence of a turn gets the n-th sampling of it.
@@ -132,7 +136,7 @@ def sampled_turns(
         written is not None
         and len(last.written) <= len(written)
         and _still_read(last, fresh, session.sampled)
-        and same_written(written, last.written) == len(last.written)
+        and _leading(written, last.written, compared) == len(last.written)
     ):
         start = len(last.written)
         read.keys, read.completions = dict(last.keys), dict(last.completions)
@@ -160,6 +164,16 @@ def sampled_turns(
             read.unsampled.add(key)
     session.turns = read
     return read.completions
+
+
+def _leading(
+    now: Sequence[bytes | None],
+    before: Sequence[bytes | None],
+    compared: tuple[Sequence[bytes | None], Sequence[bytes | None], int] | None,
+) -> int:
+    if compared is not None and compared[0] is before and compared[1] is now:
+        return compared[2]
+    return same_written(now, before)
 
 
 def _still_read(last: TurnsRead, fresh: list[TurnKey], sampled: dict[TurnKey, list[list[int]]]) -> bool:
