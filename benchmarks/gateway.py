@@ -52,6 +52,27 @@ parameters and controls (4), and the limiter, recording and async plumbing aroun
 building and sending the response (5). Each is a few microseconds of Python; what is left is
 spread thin.
 
+Issue #49 typed the bus's chat messages and cut the call into named phases; that cost ~20 us a
+call in process and ~10 us a short HTTP chat. Then each call was made to work on what its agent's
+call adds (`ctx.chat`'s reader, the memos' checks and comparisons, the sampled turns, an HTTP
+agent's record), a whole reply left the streaming generator, `Bus.request` waited on an event,
+and decoding went to the tokenizer's backend. The same machine idle, the trees one after the
+other: in process, this benchmark's p50 in ms (two runs each); the app alone, its CPU us a call
+(best of 7 batches of 1,024 calls, 128 agents in turn) in five fresh processes per tree,
+interleaved, as min/median:
+
+    measure                              before #49     #49, typed chat     after
+    in process, ctx.chat (18 messages)   0.148 0.147    0.169               0.124 0.125
+    an agent's 30 calls, growing         0.180 0.177    0.204               0.175 0.169
+    same, trio: ctx.chat / growing       0.161 / 0.191                      0.136 / 0.176
+    app alone, chat 2.7 KiB              109.0/115.1                        106.8/110.2
+    app alone, agent's chat 26 KiB       197.8/225.2                        188.1/199.5
+    app alone, agent's Messages 26 KiB   190.0/200.3                        185.6/194.0
+
+Server CPU at 128 clients, best of 3 processes, two runs (ms a call): chat 0.615/0.439 ->
+0.514/0.432, agent's chat 0.656/0.535 -> 0.586/0.578, Messages 0.545/0.529 -> 0.627/0.520; the
+bare endpoint in the same runs 0.324-0.457: at that load these move as much as any change.
+
 Run: python benchmarks/gateway.py [--calls N] [--turns T] [--clients C] [--per-client K] [--rounds R]
      [--backend asyncio|trio] [--app N]   (--calls 0 skips the latency part, --per-client 0 the
      server's CPU; --app N calls the apps alone, in process, N times each)
