@@ -113,3 +113,14 @@ def test_a_call_read_from_the_last_one_gives_what_a_whole_reading_does(data):
             session.remember(turn_key(pool[k]), [step, k])
         expected = _whole_reading(session, messages)
         assert sampled_turns(session, messages, encoded_each(messages)) == expected, (step, messages)
+
+
+def test_a_call_read_without_its_encodings_is_not_taken_for_the_next():
+    """Only a reading that knows the messages as written is taken for the next call's."""
+    session = _session()
+    turn = _turn('{"cmd": "ls"}')
+    session.remember(turn_key(turn), [1])
+    session.remember(turn_key(turn), [2])
+    messages = [turn, {"role": "tool", "content": "x"}, turn]
+    assert sampled_turns(session, messages) == {0: [1], 2: [2]}
+    assert sampled_turns(session, messages, encoded_each(messages)) == {0: [1], 2: [2]}

@@ -47,7 +47,7 @@ class TurnsRead:
     """What `sampled_turns` read of an agent's call, for its next call, which usually repeats
     that call's messages and adds to them."""
 
-    written: Sequence[bytes | None] = ()  # the messages, as `memo.encoded` writes them
+    written: Sequence[bytes | None] | None = None  # the messages, as `memo.encoded` writes them
     keys: dict[int, tuple[bytes, TurnKey | None]] = field(default_factory=dict)  # its turns' keys, by place
     completions: dict[int, list[int]] = field(default_factory=dict)  # what it found
     seen: dict[TurnKey, int] = field(default_factory=dict)  # each sampled turn's last occurrence, from 0
@@ -130,10 +130,11 @@ def sampled_turns(
         return {}
     last, fresh = session.turns, session.fresh
     session.fresh = []
-    read = TurnsRead(written=written if written is not None else ())
+    read = TurnsRead(written=written)
     start = 0
     if (
         written is not None
+        and last.written is not None
         and len(last.written) <= len(written)
         and _still_read(last, fresh, session.sampled)
         and _leading(written, last.written, compared) == len(last.written)
