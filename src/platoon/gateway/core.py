@@ -360,7 +360,7 @@ class Gateway(ComponentBase):
         """Render, sample, parse and record one call of `session`'s agent (`complete_stream`,
         the reply whole)."""
         call = await self._prepare(session, messages, tools, params, kind)
-        if self._text_stream(call, stream=False) is not None:  # read as it is sampled: see there
+        if _reads_stream(call, stream=False):
             return await last_of(self._replies(session, call, kind, wait, False, record_messages))
         async with Slot(self.limiter, session.budget if kind == "policy" else None, wait) as slot:
             reply = await self._sampled_whole(session, call)
@@ -413,12 +413,11 @@ class Gateway(ComponentBase):
         reply: Reply | None = None
         text: TextStream | None = None
         async with Slot(self.limiter, session.budget if kind == "policy" else None, wait) as slot:
-            if self._text_stream(call, stream) is None:
+            if not _reads_stream(call, stream):
                 reply = await self._sampled_whole(session, call)
-            else:  # a streaming sampler's tokens, read as they come
+            else:
                 for attempt in itertools.count():
-                    text = self._text_stream(call, stream)
-                    assert text is not None
+                    text = _text_stream(call)
                     sampled: SampledCompletion | None = None
                     streamed = self._sample_streamed(session, call, attempt, text, stream)
                     async with contextlib.aclosing(streamed):
@@ -537,21 +536,6 @@ class Gateway(ComponentBase):
             raise GatewayError("bad_request", str(exc), param="messages") from None
         except UnicodeError:
             raise GatewayError("bad_request", "a string is not valid Unicode", param="messages") from None
-
-    def _text_stream(self, call: PreparedCall, stream: bool) -> TextStream | None:
-        """What a streaming sampler's tokens read as, so far: for a call that streams its text, is
-        cut at a client's stop sequence or is decoded to its constraint; None for a whole sample."""
-        if not (streams(call.sampler) and (stream or call.controls.stops or call.constrained)):
-            return None
-        controls, renderer = call.controls, call.renderer
-        return TextStream(
-            renderer.decode,
-            markers=controls.markers,
-            stops=controls.stops,
-            after_first_call=controls.after_first_call,
-            stop_token_ids=renderer.stop_token_ids,
-            plain=controls.plain,
-        )
 
     async def _sampled_whole(self, session: AgentSession, call: PreparedCall) -> Reply:
         """The reply of a call sampled whole, sampled again while it is not what it must be."""
@@ -735,6 +719,26 @@ class Gateway(ComponentBase):
                 f"has {chars} characters, more than that whatever the tokenization",
                 param="messages",
             )
+
+
+def _reads_stream(call: PreparedCall, stream: bool) -> bool:
+    """Whether a call's reply is read through its sampler's stream as it comes: a streaming
+    sampler's, where the call streams its text, is cut at a client's stop sequence or is decoded
+    to its constraint. Any other reply is sampled whole."""
+    return streams(call.sampler) and bool(stream or call.controls.stops or call.constrained)
+
+
+def _text_stream(call: PreparedCall) -> TextStream:
+    """What a streaming sampler's tokens for `call` read as, so far."""
+    controls, renderer = call.controls, call.renderer
+    return TextStream(
+        renderer.decode,
+        markers=controls.markers,
+        stops=controls.stops,
+        after_first_call=controls.after_first_call,
+        stop_token_ids=renderer.stop_token_ids,
+        plain=controls.plain,
+    )
 
 
 async def last_of(replies: AsyncGenerator[str | Completion, None]) -> Completion:

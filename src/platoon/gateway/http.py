@@ -22,9 +22,8 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
-    Sequence,
 )
-from typing import Literal, NoReturn, Protocol, TypeVar
+from typing import Literal, NoReturn, Protocol, TypedDict, TypeVar
 
 import anyio
 import anyio.abc
@@ -45,9 +44,7 @@ from platoon.gateway.shapes import (
     ChatCompletion,
     JsonObject,
     Messages,
-    Params,
     ResponsesReply,
-    Tool,
 )
 from platoon.serving import BodyApp, Guard, Receive, Scope, Send, header, presented_key, serve_asgi
 
@@ -363,12 +360,12 @@ async def chat_completions(gateway: Gateway, session: AgentSession, request: Req
     shape = functools.partial(_chat_completion, gateway, session, model, logprobs)
     if stream and n == 1:
         rid = new_id()
-        replies = _sample(gateway, session, messages, tools, params, kind)
+        replies = gateway.complete_stream(session, messages, tools, params, kind, **_OVER_HTTP)
         format = dialects.ChatStream(f"chatcmpl-{rid}", model, int(time.time()), include_usage)
         return await _streamed(replies, format, lambda c: shape([c], rid))
     done: list[Completion] = []
     for _ in range(n):
-        done.append(await _answered(gateway, session, messages, tools, params, kind))
+        done.append(await gateway.complete(session, messages, tools, params, kind, **_OVER_HTTP))
     response = shape(done, done[0].call_id)
     if stream:
         return _sse(_whole(dialects.chat_stream(response, include_usage)))
@@ -422,13 +419,12 @@ async def responses(gateway: Gateway, session: AgentSession, request: Request, r
                 session.responses.popitem(last=False)
         return response
 
-    kind = _kind(request.scope)
+    asked, kind = Messages(messages), _kind(request.scope)
     if stream:
         format = dialects.ResponsesStream(f"resp_{rid}", model, int(time.time()))
-        return await _streamed(
-            _sample(gateway, session, Messages(messages), tools, params, kind), format, finish
-        )
-    return _JSON(finish(await _answered(gateway, session, Messages(messages), tools, params, kind)))
+        replies = gateway.complete_stream(session, asked, tools, params, kind, **_OVER_HTTP)
+        return await _streamed(replies, format, finish)
+    return _JSON(finish(await gateway.complete(session, asked, tools, params, kind, **_OVER_HTTP)))
 
 
 @_agent_call(_anthropic_error)
@@ -449,11 +445,12 @@ async def anthropic_messages(
         usage = (c.prompt_tokens, c.completion_tokens)
         return dialects.anthropic_response(model, c.message, c.finish_reason, usage, rid, c.stop_sequence)
 
-    kind, asked = _kind(request.scope), Messages(conversation)
+    asked, kind = Messages(conversation), _kind(request.scope)
     if stream:
         format = dialects.MessagesStream(f"msg_{rid}", model, 0)
-        return await _streamed(_sample(gateway, session, asked, tools, params, kind), format, finish)
-    return _JSON(finish(await _answered(gateway, session, asked, tools, params, kind)))
+        replies = gateway.complete_stream(session, asked, tools, params, kind, **_OVER_HTTP)
+        return await _streamed(replies, format, finish)
+    return _JSON(finish(await gateway.complete(session, asked, tools, params, kind, **_OVER_HTTP)))
 
 
 @_agent_call(_anthropic_error)
@@ -477,29 +474,14 @@ _MODEL_CALLS: dict[str, _Endpoint] = {
 }
 
 
-def _sample(
-    gateway: Gateway,
-    session: AgentSession,
-    messages: Messages,
-    tools: Sequence[Tool] | None,
-    params: Params,
-    kind: CallKind,
-) -> AsyncGenerator[str | Completion, None]:
-    """One call over HTTP, streamed: refused at once when the gateway is full (a client
-    retries), and its messages recorded, since no `ChatRequested` holds them."""
-    return gateway.complete_stream(session, messages, tools, params, kind, wait=False, record_messages=True)
+class _OverHttp(TypedDict):
+    wait: bool
+    record_messages: bool
 
 
-async def _answered(
-    gateway: Gateway,
-    session: AgentSession,
-    messages: Messages,
-    tools: Sequence[Tool] | None,
-    params: Params,
-    kind: CallKind,
-) -> Completion:
-    """`_sample`, the reply whole."""
-    return await gateway.complete(session, messages, tools, params, kind, wait=False, record_messages=True)
+# How `Gateway.complete` and `complete_stream` answer a call over HTTP: refused at once when the
+# gateway is full (a client retries), and its messages recorded, since no `ChatRequested` holds them.
+_OVER_HTTP: _OverHttp = {"wait": False, "record_messages": True}
 
 
 def _logprobs_of(gateway: Gateway, session: AgentSession, c: Completion) -> dialects.Logprobs:

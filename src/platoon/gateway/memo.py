@@ -30,6 +30,7 @@ from platoon.gateway.shapes import Message, Messages, Tool
 
 __all__ = [
     "Chunk",
+    "Compared",
     "MessageMemo",
     "RecordMemo",
     "RenderMemo",
@@ -40,6 +41,8 @@ __all__ = [
     "same_written",
 ]
 
+# Two lists of encodings compared (`same_written`): (the one before, the one now, how many lead alike)
+Compared = tuple[Sequence[bytes | None], Sequence[bytes | None], int]
 Chunk = tuple[str, Sequence[int] | None]  # a chunk's text, and the tokens sampled for it (or None)
 Texts = list[tuple[int | None, str, str]]  # (message index or None, role, text) per chunk
 
@@ -77,7 +80,7 @@ class RenderMemo:
         # Its last comparison (`repeated`): (the last messages' encodings, the call's, how many lead
         # alike), for the call's other readers (`sampled_turns`, `RecordMemo`) that hold the same
         # two lists not to compare them again.
-        self.compared: tuple[list[bytes | None], list[bytes | None], int] | None = None
+        self.compared: Compared | None = None
 
     def repeated(self, owner: object, now: list[bytes | None]) -> int:
         """How many of a call's leading messages (`now`: `encoded_each` of them) are the ones
@@ -85,10 +88,7 @@ class RenderMemo:
         written = self._written
         if written is None or written[0] is not owner:
             return 0
-        compared = self.compared
-        if compared is not None and compared[0] is written[1] and compared[1] is now:
-            return compared[2]  # asked before the render, by the call's other readers
-        same = same_written(now, written[1])
+        same = same_written(now, written[1], self.compared)  # asked before the render, usually
         self.compared = (written[1], now, same)
         return same
 
@@ -189,21 +189,14 @@ class RecordMemo:
         self._typed: list[ChatMessage] = []
         self._written: list[bytes | None] = []
 
-    def read(
-        self,
-        messages: Messages,
-        compared: tuple[list[bytes | None], list[bytes | None], int] | None = None,
-    ) -> list[ChatMessage]:
+    def read(self, messages: Messages, compared: Compared | None = None) -> list[ChatMessage]:
         """`messages_of(messages.dicts)`, its `written` given; one that does not fit is a
         `ValueError` that names it. `compared`: the agent's `RenderMemo.compared`, taken where it
         compared the same two lists."""
         dicts, written = messages.dicts, messages.written
         if written is None or len(written) != len(dicts):
             return messages_of(dicts)
-        if compared is not None and compared[0] is self._written and compared[1] is written:
-            same = compared[2]
-        else:
-            same = same_written(written, self._written)
+        same = same_written(written, self._written, compared)
         try:
             typed = self._typed[:same] + (messages_of(dicts[same:]) if same < len(dicts) else [])
         except ValueError:
@@ -213,9 +206,14 @@ class RecordMemo:
         return typed
 
 
-def same_written(now: Sequence[bytes | None], before: Sequence[bytes | None]) -> int:
+def same_written(
+    now: Sequence[bytes | None], before: Sequence[bytes | None], compared: Compared | None = None
+) -> int:
     """`same_leading` of two lists of encodings (`encoded_each`), where a message that could not
-    be written (None) is never the same as any."""
+    be written (None) is never the same as any; taken from `compared` where it compared these
+    two very lists (a call's render, sampled turns and record ask the same question)."""
+    if compared is not None and compared[0] is before and compared[1] is now:
+        return compared[2]
     same = same_leading(now, before)
     if same and None in before:
         same = min(same, before.index(None))

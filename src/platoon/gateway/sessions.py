@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from platoon.gateway.errors import GatewayError
-from platoon.gateway.memo import MessageMemo, RecordMemo, RenderMemo, encoded, same_written
+from platoon.gateway.memo import Compared, MessageMemo, RecordMemo, RenderMemo, encoded, same_written
 from platoon.gateway.shapes import AssistantMessage, Message, ResponsesReply
 from platoon.policy.base import TopLogprobs
 
@@ -114,7 +114,7 @@ def sampled_turns(
     session: AgentSession,
     messages: Sequence[Message],
     written: Sequence[bytes | None] | None = None,
-    compared: tuple[Sequence[bytes | None], Sequence[bytes | None], int] | None = None,
+    compared: Compared | None = None,
 ) -> dict[int, list[int]]:
     """The tokens sampled for those assistant turns in `messages` that this agent was sampled
     (`written`: each message's `memo.encoded`, where the caller has them; `compared`: the agent's
@@ -137,7 +137,7 @@ def sampled_turns(
         and last.written is not None
         and len(last.written) <= len(written)
         and _still_read(last, fresh, session.sampled)
-        and _leading(written, last.written, compared) == len(last.written)
+        and same_written(written, last.written, compared) == len(last.written)
     ):
         start = len(last.written)
         read.keys, read.completions = dict(last.keys), dict(last.completions)
@@ -165,16 +165,6 @@ def sampled_turns(
             read.unsampled.add(key)
     session.turns = read
     return read.completions
-
-
-def _leading(
-    now: Sequence[bytes | None],
-    before: Sequence[bytes | None],
-    compared: tuple[Sequence[bytes | None], Sequence[bytes | None], int] | None,
-) -> int:
-    if compared is not None and compared[0] is before and compared[1] is now:
-        return compared[2]
-    return same_written(now, before)
 
 
 def _still_read(last: TurnsRead, fresh: list[TurnKey], sampled: dict[TurnKey, list[list[int]]]) -> bool:
